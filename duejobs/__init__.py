@@ -1,0 +1,18 @@
+"""duejobs: durable delayed and scheduled jobs.
+
+PostgreSQL holds the truth about every schedule (what, when, which version, which state);
+Redis, through RQ, only delivers work to workers.
+"""
+
+from duejobs.app import App
+from duejobs.handlers import RetryPolicy
+from duejobs.models import Event, EventKind, Schedule, Status
+
+__all__ = [
+    "App",
+    "Event",
+    "EventKind",
+    "RetryPolicy",
+    "Schedule",
+    "Status",
+]

@@ -1,0 +1,3 @@
+from duejobs.cli import main
+
+main()

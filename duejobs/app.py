@@ -1,0 +1,314 @@
+"""``duejobs.App``: what application code uses to write, change and read schedules.
+
+Promises:
+
+* Every write is validated first; a refused call raises a ``ValueError`` subclass from
+  :mod:`duejobs.errors` naming the problem, and nothing is written.
+* A change and its history event commit together, in the caller's transaction when ``conn=``
+  is given (rolled back → nothing exists), otherwise in a transaction of its own.
+* Times come from the database clock: ``delay`` is added to PostgreSQL's time, and
+  :meth:`App.is_past_deadline` answers with it.
+* An App scoped with :meth:`App.tenant` sees and changes only that tenant's rows: another
+  tenant's id behaves exactly like an id that does not exist.
+* A database outage raises :class:`~duejobs.errors.DatabaseUnavailableError`; the transaction
+  is rolled back, so nothing is half-written.
+
+Knobs: ``database_url`` / ``redis_url`` (default: ``DUEJOBS_DATABASE_URL`` /
+``DUEJOBS_REDIS_URL``), ``max_payload_bytes`` (default 64 KiB).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+import psycopg
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+
+from duejobs import migrate, store
+from duejobs.config import Settings
+from duejobs.errors import (
+    DatabaseUnavailableError,
+    InvalidHandlerError,
+    InvalidScheduleError,
+    InvalidScheduleIdError,
+    ScheduleNotFoundError,
+    ScheduleNotLiveError,
+    SchemaMissingError,
+    TenantMismatchError,
+    VersionConflictError,
+)
+from duejobs.handlers import Handler, RetryPolicy
+from duejobs.models import Event, Schedule
+from duejobs.timespec import parse_when
+from duejobs.validation import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_TENANT,
+    check_key,
+    check_tenant,
+    check_type,
+    encode_payload,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+ScheduleId = uuid.UUID | str
+
+
+def _schedule_id(value: object) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError as exc:
+        raise InvalidScheduleIdError(f"schedule id must be a UUID, got {value!r}") from exc
+
+
+def make_engine(database_url: str) -> Engine:
+    """An engine whose sessions speak UTC and notice dropped connections before use."""
+    return create_engine(
+        database_url,
+        pool_pre_ping=True,
+        connect_args={"options": "-c timezone=UTC"},
+    )
+
+
+@dataclass
+class _Core:
+    """What every tenant scope of one App shares."""
+
+    settings: Settings
+    engine: Engine
+    max_payload_bytes: int
+    handlers: dict[str, Handler] = field(default_factory=dict)
+
+
+class App:
+    """The entry point: ``App()`` reads the URLs from the environment."""
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        redis_url: str | None = None,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        settings = Settings.from_env(database_url, redis_url)
+        self._core = _Core(settings, make_engine(settings.database_url), max_payload_bytes)
+        self._tenant: str | None = None
+
+    @classmethod
+    def _scoped(cls, core: _Core, tenant: str) -> App:
+        app = cls.__new__(cls)
+        app._core = core
+        app._tenant = tenant
+        return app
+
+    # -- configuration -----------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        return self._core.settings
+
+    @property
+    def engine(self) -> Engine:
+        return self._core.engine
+
+    @property
+    def scope(self) -> str | None:
+        """The tenant this App is limited to, or None for the unscoped App."""
+        return self._tenant
+
+    def tenant(self, name: str) -> App:
+        """An App that sees and changes only ``name``'s schedules (shares engine, handlers)."""
+        return App._scoped(self._core, check_tenant(name))
+
+    def migrate(self) -> tuple[str | None, str | None]:
+        """Create or upgrade the schema; returns (revision before, revision after)."""
+        with self._database():
+            return migrate.upgrade(self.engine)
+
+    def close(self) -> None:
+        """Close pooled database connections."""
+        self.engine.dispose()
+
+    # -- handlers ----------------------------------------------------------------------
+
+    def handler(
+        self,
+        job_type: str,
+        *,
+        max_attempts: int = 5,
+        backoff: timedelta = timedelta(seconds=1),
+        backoff_cap: timedelta = timedelta(minutes=10),
+        timeout: timedelta = timedelta(minutes=5),
+    ) -> Callable[[F], F]:
+        """Register the function that runs schedules of ``job_type`` in workers."""
+        policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, backoff_cap=backoff_cap)
+        job_type = check_type(job_type)
+        if timeout <= timedelta(0):
+            raise InvalidHandlerError(f"timeout must be positive, got {timeout}")
+
+        def register(func: F) -> F:
+            self._core.handlers[job_type] = Handler(job_type, func, policy, timeout)
+            return func
+
+        return register
+
+    @property
+    def handlers(self) -> dict[str, Handler]:
+        return dict(self._core.handlers)
+
+    # -- writing -----------------------------------------------------------------------
+
+    def schedule(
+        self,
+        job_type: str,
+        payload: Any,
+        *,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+        timezone: str | None = None,
+        key: str | None = None,
+        tenant: str | None = None,
+        conn: Connection | None = None,
+    ) -> Schedule:
+        """Persist the intent to run ``job_type`` with ``payload`` at a time.
+
+        ``key``: while a schedule with that key is live (scheduled or running) for the tenant,
+        scheduling it again returns that schedule unchanged.
+        """
+        job_type = check_type(job_type)
+        tenant = self._write_tenant(tenant)
+        key = check_key(key)
+        payload_json = encode_payload(payload, self._core.max_payload_bytes)
+        when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+        with self._transaction(conn) as c:
+            schedule, _created = store.insert_schedule(
+                c, tenant=tenant, job_type=job_type, key=key, payload_json=payload_json, when=when
+            )
+        return schedule
+
+    def reschedule(
+        self,
+        schedule_id: ScheduleId,
+        *,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        timezone: str | None = None,
+        expected_version: int | None = None,
+        conn: Connection | None = None,
+    ) -> Schedule:
+        """Move a live schedule to a new time; returns it at version + 1.
+
+        The delivery of the old version becomes stale: a worker that receives it skips it.
+        """
+        sid = _schedule_id(schedule_id)
+        when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+        if expected_version is not None and (
+            isinstance(expected_version, bool) or not isinstance(expected_version, int)
+        ):
+            raise InvalidScheduleError(f"expected_version must be an int, got {expected_version!r}")
+        with self._transaction(conn) as c:
+            schedule, _old_job = store.reschedule(c, sid, self._tenant, when, expected_version)
+            if schedule is None:
+                self._explain_refusal(c, sid, expected_version)
+        assert schedule is not None
+        return schedule
+
+    def cancel(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> bool:
+        """Cancel a schedule: True when it was scheduled or running, False otherwise.
+
+        A running handler finds out through ``ctx.ensure_current()`` before its effect.
+        """
+        sid = _schedule_id(schedule_id)
+        with self._transaction(conn) as c:
+            cancelled, _job = store.cancel(c, sid, self._tenant)
+        return cancelled
+
+    # -- reading -----------------------------------------------------------------------
+
+    def get(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> Schedule | None:
+        """The schedule as stored now, or None (also for another tenant's id)."""
+        sid = _schedule_id(schedule_id)
+        with self._transaction(conn) as c:
+            return store.get_schedule(c, sid, self._tenant)
+
+    def history(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> list[Event]:
+        """The schedule's events, oldest first."""
+        sid = _schedule_id(schedule_id)
+        with self._transaction(conn) as c:
+            return store.history(c, sid, self._tenant)
+
+    def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> bool:
+        """Whether the database clock has reached the schedule's ``run_at``.
+
+        For endpoints that must enforce a deadline themselves (an auction close, a
+        reservation expiry) instead of trusting that a job ran on time.
+        """
+        sid = _schedule_id(schedule_id)
+        with self._transaction(conn) as c:
+            past = store.is_past_run_at(c, sid, self._tenant)
+        if past is None:
+            raise ScheduleNotFoundError(f"no schedule {sid}")
+        return past
+
+    def now(self) -> datetime:
+        """The database's current time (UTC)."""
+        with self._transaction(None) as c:
+            return store.database_now(c)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _write_tenant(self, tenant: str | None) -> str:
+        if self._tenant is None:
+            return check_tenant(tenant if tenant is not None else DEFAULT_TENANT)
+        if tenant is not None and tenant != self._tenant:
+            raise TenantMismatchError(
+                f"this App is scoped to tenant {self._tenant!r} and cannot write for {tenant!r}"
+            )
+        return self._tenant
+
+    def _explain_refusal(
+        self, conn: Connection, sid: uuid.UUID, expected_version: int | None
+    ) -> None:
+        current = store.get_schedule(conn, sid, self._tenant)
+        if current is None:
+            raise ScheduleNotFoundError(f"no schedule {sid}")
+        if not current.status.is_live:
+            raise ScheduleNotLiveError(
+                f"schedule {sid} is {current.status.value}; only scheduled or running ones move"
+            )
+        assert expected_version is not None
+        raise VersionConflictError(sid, expected_version, current.version)
+
+    @contextlib.contextmanager
+    def _database(self) -> Iterator[None]:
+        try:
+            yield
+        except (OperationalError, InterfaceError) as exc:
+            raise DatabaseUnavailableError(f"PostgreSQL is unavailable: {exc.orig}") from exc
+        except ProgrammingError as exc:
+            if isinstance(exc.orig, psycopg.errors.UndefinedTable):
+                raise SchemaMissingError(
+                    f"duejobs' tables are missing ({exc.orig}): run `duejobs migrate` first"
+                ) from exc
+            raise
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise DatabaseUnavailableError(
+                    f"PostgreSQL dropped the connection: {exc.orig}"
+                ) from exc
+            raise
+
+    @contextlib.contextmanager
+    def _transaction(self, conn: Connection | None) -> Iterator[Connection]:
+        if conn is not None:
+            yield conn  # the caller's transaction: the caller commits or rolls back
+            return
+        with self._database(), self.engine.begin() as c:
+            yield c

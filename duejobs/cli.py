@@ -1,0 +1,251 @@
+"""The ``duejobs`` command line.
+
+Without ``DUEJOBS_DATABASE_URL`` / ``DUEJOBS_REDIS_URL`` every command uses the embedded
+PostgreSQL and Redis kept under ``./.duejobs`` (``--data-dir``), starting them if needed and
+saying so in one line. Bad input exits with status 2 and a message naming the problem;
+an unreachable service exits with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from duejobs.app import App
+from duejobs.config import DATABASE_ENV, REDIS_ENV
+from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
+from duejobs.errors import DuejobsError
+from duejobs.models import Event, Schedule
+from duejobs.timespec import parse_duration
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextmanager
+def services(data_dir: Path) -> Iterator[EmbeddedServices | None]:
+    """Use the configured URLs, or start/join the embedded servers for this command.
+
+    The URLs are exported to the environment so that an ``App()`` built by user code (and
+    any child process) finds the same servers.
+    """
+    if os.environ.get(DATABASE_ENV) and os.environ.get(REDIS_ENV):
+        yield None
+        return
+    embedded = start_embedded(data_dir)
+    click.echo(embedded.describe(), err=True)
+    os.environ.setdefault(DATABASE_ENV, embedded.database_url)
+    os.environ.setdefault(REDIS_ENV, embedded.redis_url)
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+def _fail(exc: Exception) -> NoReturn:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2 if isinstance(exc, ValueError) else 1)
+
+
+@contextmanager
+def _app(ctx: click.Context, migrate: bool = False) -> Iterator[App]:
+    data_dir: Path = ctx.obj["data_dir"]
+    try:
+        with services(data_dir):
+            app = App()
+            try:
+                if migrate:
+                    app.migrate()
+                yield app
+            finally:
+                app.close()
+    except DuejobsError as exc:
+        _fail(exc)
+
+
+def _schedule_dict(s: Schedule) -> dict[str, Any]:
+    return {
+        "id": str(s.id),
+        "tenant": s.tenant,
+        "type": s.type,
+        "key": s.key,
+        "status": s.status.value,
+        "version": s.version,
+        "run_at": s.run_at.isoformat(),
+        "timezone": s.timezone,
+        "run_at_local": s.run_at_local.isoformat(),
+        "attempts": s.attempts,
+        "queue_job_id": s.queue_job_id,
+        "last_error": s.last_error,
+        "payload": s.payload,
+        "created_at": s.created_at.isoformat(),
+    }
+
+
+def _event_dict(e: Event) -> dict[str, Any]:
+    return {"at": e.at.isoformat(), "kind": e.kind.value, "version": e.version, **e.detail}
+
+
+def _print_schedule(s: Schedule, as_json: bool) -> None:
+    data = _schedule_dict(s)
+    if as_json:
+        click.echo(json.dumps(data, default=str))
+        return
+    for name, value in data.items():
+        click.echo(f"{name:>13}  {json.dumps(value) if name == 'payload' else value}")
+
+
+def _when_options(func: F) -> F:
+    func = click.option("--tz", "timezone", help="IANA zone; --at without an offset is local.")(
+        func
+    )
+    func = click.option("--at", "at", help="ISO 8601 time, e.g. 2026-10-30T09:00:00-03:00.")(func)
+    return click.option("--in", "delay", help="Delay from the database clock: 45s, 30m, 1h30m.")(
+        func
+    )
+
+
+def _when(delay: str | None, at: str | None) -> dict[str, Any]:
+    if at is not None:
+        try:
+            return {"run_at": datetime.fromisoformat(at)}
+        except ValueError as exc:
+            raise click.BadParameter(f"not an ISO 8601 time: {at!r}", param_hint="--at") from exc
+    if delay is not None:
+        return {"delay": parse_duration(delay)}
+    return {}
+
+
+@click.group()
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DATA_DIR,
+    show_default=True,
+    help="Where the embedded servers keep their data when no URLs are set.",
+)
+@click.pass_context
+def main(ctx: click.Context, data_dir: Path) -> None:
+    """duejobs: durable delayed and scheduled jobs on PostgreSQL and RQ."""
+    ctx.ensure_object(dict)
+    ctx.obj["data_dir"] = data_dir
+
+
+@main.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade the schema (idempotent, safe to run concurrently)."""
+    with _app(ctx) as app:
+        before, after = app.migrate()
+        if before == after:
+            click.echo(f"schema already at revision {after}")
+        else:
+            click.echo(f"schema upgraded from {before or 'nothing'} to {after}")
+
+
+@main.command()
+@click.argument("job_type")
+@_when_options
+@click.option("--payload", default="{}", show_default=True, help="JSON payload (ids, not copies).")
+@click.option("--key", help="Business key: scheduling a live key again returns the same schedule.")
+@click.option("--tenant", default=None, help="Tenant name (default: 'default').")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def schedule(
+    ctx: click.Context,
+    job_type: str,
+    delay: str | None,
+    at: str | None,
+    timezone: str | None,
+    payload: str,
+    key: str | None,
+    tenant: str | None,
+    as_json: bool,
+) -> None:
+    """Schedule JOB_TYPE --in DURATION or --at TIME."""
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    with _app(ctx) as app:
+        s = app.schedule(
+            job_type, data, timezone=timezone, key=key, tenant=tenant, **_when(delay, at)
+        )
+        _print_schedule(s, as_json)
+
+
+@main.command()
+@click.argument("schedule_id")
+@click.pass_context
+def cancel(ctx: click.Context, schedule_id: str) -> None:
+    """Cancel a schedule (exit 1 if it was not scheduled or running)."""
+    with _app(ctx) as app:
+        cancelled = app.cancel(schedule_id)
+        click.echo("cancelled" if cancelled else "not cancelled: not scheduled or running")
+        sys.exit(0 if cancelled else 1)
+
+
+@main.command()
+@click.argument("schedule_id")
+@_when_options
+@click.option("--expected-version", type=int, help="Refuse if the schedule moved meanwhile.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def reschedule(
+    ctx: click.Context,
+    schedule_id: str,
+    delay: str | None,
+    at: str | None,
+    timezone: str | None,
+    expected_version: int | None,
+    as_json: bool,
+) -> None:
+    """Move a schedule --in DURATION or --at TIME (its version goes up by one)."""
+    with _app(ctx) as app:
+        s = app.reschedule(
+            schedule_id,
+            timezone=timezone,
+            expected_version=expected_version,
+            **_when(delay, at),
+        )
+        _print_schedule(s, as_json)
+
+
+@main.command()
+@click.argument("schedule_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def show(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
+    """Show a schedule and its history."""
+    with _app(ctx) as app:
+        s = app.get(schedule_id)
+        events = app.history(schedule_id) if s else []
+        if s is None:
+            click.echo(f"error: no schedule {schedule_id}", err=True)
+            sys.exit(1)
+        if as_json:
+            out = {**_schedule_dict(s), "history": [_event_dict(e) for e in events]}
+            click.echo(json.dumps(out, default=str))
+            return
+        _print_schedule(s, as_json=False)
+        click.echo("history:")
+        for e in events:
+            detail = " ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
+            click.echo(f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {detail}")
+
+
+@main.command()
+@click.pass_context
+def demo(ctx: click.Context) -> None:
+    """Schedule a realistic mix on the embedded services and show what is stored."""
+    from duejobs.demo import run_demo
+
+    with _app(ctx, migrate=True) as app:
+        sys.exit(run_demo(app, click.echo))

@@ -1,0 +1,96 @@
+"""Errors raised by duejobs.
+
+Everything a caller can get wrong is a ``ValueError`` subclass (:class:`InvalidScheduleError`)
+whose message names the problem; when one is raised, nothing has been written. Conditions of
+the running system (a schedule that is gone, a version that moved, a database that is down)
+have their own classes so callers can tell them apart.
+"""
+
+from __future__ import annotations
+
+
+class DuejobsError(Exception):
+    """Base class of every error duejobs raises on purpose."""
+
+
+class ConfigurationError(DuejobsError):
+    """duejobs cannot find or reach what it was configured with."""
+
+
+class SchemaMissingError(ConfigurationError):
+    """duejobs' tables do not exist in this database yet: run ``duejobs migrate``."""
+
+
+class InvalidScheduleError(DuejobsError, ValueError):
+    """A schedule request was refused before anything was written."""
+
+
+class EmptyTypeError(InvalidScheduleError):
+    """The job type is empty, not a string, or too long."""
+
+
+class InvalidTenantError(InvalidScheduleError):
+    """The tenant name is empty or has characters outside ``[A-Za-z0-9_.-]``."""
+
+
+class InvalidKeyError(InvalidScheduleError):
+    """The business key is empty, not a string, or too long."""
+
+
+class TimeSpecError(InvalidScheduleError):
+    """Both or neither of ``delay`` / ``run_at`` were given, or one has the wrong type."""
+
+
+class NegativeDelayError(InvalidScheduleError):
+    """The delay is negative (or not a finite number)."""
+
+
+class NaiveDatetimeError(InvalidScheduleError):
+    """A naive ``run_at`` was given without a ``timezone`` to read it in."""
+
+
+class UnknownTimezoneError(InvalidScheduleError):
+    """The time zone is not a known IANA name such as ``America/Sao_Paulo``."""
+
+
+class PayloadNotJSONError(InvalidScheduleError):
+    """The payload cannot be stored as JSON (sets, datetimes, NaN, ...)."""
+
+
+class PayloadTooLargeError(InvalidScheduleError):
+    """The JSON payload exceeds the configured limit; store ids, not copies."""
+
+
+class InvalidScheduleIdError(InvalidScheduleError):
+    """The schedule id is not a UUID."""
+
+
+class InvalidHandlerError(DuejobsError, ValueError):
+    """A handler registration has an invalid option (attempts, backoff, timeout)."""
+
+
+class TenantMismatchError(InvalidScheduleError):
+    """A tenant-scoped App was asked to write for another tenant."""
+
+
+class ScheduleNotFoundError(DuejobsError, LookupError):
+    """No schedule with that id is visible to this App (missing or another tenant's)."""
+
+
+class ScheduleNotLiveError(DuejobsError):
+    """The schedule already finished or was cancelled, so it cannot be rescheduled."""
+
+
+class VersionConflictError(DuejobsError):
+    """``expected_version`` no longer matches: someone else changed the schedule first."""
+
+    def __init__(self, schedule_id: object, expected: int, actual: int) -> None:
+        super().__init__(
+            f"schedule {schedule_id} is at version {actual}, not the expected {expected}"
+        )
+        self.expected = expected
+        self.actual = actual
+
+
+class DatabaseUnavailableError(DuejobsError):
+    """PostgreSQL could not be reached or dropped the connection; nothing was committed."""

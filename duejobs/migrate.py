@@ -1,0 +1,59 @@
+"""Creating and upgrading duejobs' schema (``duejobs migrate``).
+
+Promises: idempotent (running it at head changes nothing) and safe when several processes
+run it at once — each upgrade runs in one transaction holding a transaction-scoped advisory
+lock, so a second migrator waits, then finds the schema already at head. PostgreSQL's
+transactional DDL means a failed upgrade leaves the previous revision intact.
+
+Revisions live in ``migrations/`` (installed as ``duejobs.migrations``); the revision table is
+``duejobs_alembic_version`` so it never meets the application's own Alembic history.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, text
+
+VERSION_TABLE = "duejobs_alembic_version"
+# An arbitrary, fixed advisory-lock key shared by every duejobs migrator.
+_LOCK_KEY = 0x6475656A6F6273  # "duejobs"
+
+
+def alembic_config() -> Config:
+    """An Alembic config pointing at the packaged revisions."""
+    config = Config()
+    config.set_main_option("script_location", str(files("duejobs.migrations")))
+    return config
+
+
+def head_revision() -> str | None:
+    """The newest revision this version of duejobs knows."""
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None when duejobs was never migrated there)."""
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        return context.get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+    """Bring the schema to ``revision``; returns (revision before, revision after)."""
+    config = alembic_config()
+    with engine.begin() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+        before = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE}
+        ).get_current_revision()
+        config.attributes["connection"] = conn
+        command.upgrade(config, revision)
+        after = MigrationContext.configure(
+            conn, opts={"version_table": VERSION_TABLE}
+        ).get_current_revision()
+    return before, after

@@ -1,0 +1,87 @@
+"""Records that duejobs hands to callers: schedules, their statuses and their history."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+
+class Status(enum.StrEnum):
+    """Where a schedule is in its life. Stored as text with a CHECK constraint."""
+
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_live(self) -> bool:
+        """A live schedule may still run: it can be cancelled or rescheduled."""
+        return self in (Status.SCHEDULED, Status.RUNNING)
+
+
+class EventKind(enum.StrEnum):
+    """Kinds of entries in the append-only history (``scheduled_job_events``)."""
+
+    CREATED = "created"
+    RESCHEDULED = "rescheduled"
+    CANCELLED = "cancelled"
+    ENQUEUED = "enqueued"
+    STARTED = "started"
+    SKIPPED = "skipped"
+    RETRIED = "retried"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    REQUEUED = "requeued"
+    ABANDONED = "abandoned"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One row of ``scheduled_jobs`` as the database holds it now.
+
+    ``run_at`` is the intended instant, always aware and in UTC. When the schedule was given
+    as a local wall time, ``timezone`` and ``local_run_at`` keep that original intent.
+    """
+
+    id: uuid.UUID
+    tenant: str
+    type: str
+    key: str | None
+    payload: Any
+    run_at: datetime
+    timezone: str | None
+    local_run_at: datetime | None
+    status: Status
+    queue_job_id: str | None
+    version: int
+    attempts: int
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def run_at_local(self) -> datetime:
+        """``run_at`` in the schedule's own time zone (UTC when it has none)."""
+        if self.timezone is None:
+            return self.run_at
+        return self.run_at.astimezone(ZoneInfo(self.timezone))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a schedule's history, stamped with the database clock."""
+
+    id: int
+    schedule_id: uuid.UUID
+    kind: EventKind
+    version: int
+    at: datetime
+    detail: dict[str, Any]

@@ -1,0 +1,136 @@
+"""Turning what a caller says about *when* into an instant, with DST handled on purpose.
+
+Rules (documented in the README, relied upon by tests):
+
+* ``delay`` is relative to the **database's** ``now()``; this module only validates it.
+* An aware ``run_at`` is that instant; it is stored in UTC. If ``timezone`` is also given it is
+  kept as the schedule's original zone, but the instant is not reinterpreted.
+* A naive ``run_at`` needs ``timezone``: it is a wall time in that zone.
+
+  - **Gap** (spring forward, the wall time does not exist): the schedule runs at the first
+    valid instant after the gap, i.e. the moment the clocks jump (02:30 in a 02:00→03:00 gap
+    runs at 03:00 local).
+  - **Overlap** (fall back, the wall time happens twice): the schedule runs once, at the
+    first occurrence (``fold=0``, the earlier instant).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from duejobs.errors import (
+    NaiveDatetimeError,
+    NegativeDelayError,
+    TimeSpecError,
+    UnknownTimezoneError,
+)
+
+
+@dataclass(frozen=True)
+class When:
+    """A validated time request: a delay from the database clock, or an absolute instant."""
+
+    delay: timedelta | None
+    run_at: datetime | None
+    timezone: str | None
+    local_run_at: datetime | None
+
+
+def zone(name: object) -> ZoneInfo:
+    """The ``ZoneInfo`` for an IANA name, or :class:`UnknownTimezoneError`."""
+    if not isinstance(name, str) or not name or name != name.strip():
+        raise UnknownTimezoneError(
+            f"timezone must be an IANA name like 'Europe/Berlin', got {name!r}"
+        )
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise UnknownTimezoneError(f"unknown timezone {name!r}") from exc
+
+
+def as_delay(delay: object) -> timedelta:
+    """A non-negative ``timedelta`` from a timedelta or a number of seconds."""
+    if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
+        raise TimeSpecError(f"delay must be a timedelta or seconds, got {type(delay).__name__}")
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    if not math.isfinite(seconds):
+        raise NegativeDelayError(f"delay must be a finite number of seconds, got {delay!r}")
+    if seconds < 0:
+        raise NegativeDelayError(f"delay must not be negative, got {seconds} seconds")
+    return delay if isinstance(delay, timedelta) else timedelta(seconds=seconds)
+
+
+def local_to_utc(wall: datetime, tz: ZoneInfo) -> datetime:
+    """The UTC instant of a naive wall time in ``tz``, applying the module's DST rules."""
+    early = wall.replace(tzinfo=tz, fold=0)
+    utc = early.astimezone(UTC)
+    if utc.astimezone(tz).replace(tzinfo=None) == wall:
+        return utc  # exists (fold=0 is the first occurrence when it exists twice)
+    # In a gap: fold=0 reads the wall time with the offset before the jump, fold=1 with the
+    # offset after it, so the jump lies between the two instants. Transitions fall on whole
+    # seconds in the tz database: bisect over seconds for the first one with the new offset.
+    low = int(wall.replace(tzinfo=tz, fold=1).timestamp())
+    high = int(utc.timestamp())
+    low, high = min(low, high), max(low, high)
+    after = datetime.fromtimestamp(high, tz).utcoffset()
+    while high - low > 1:
+        mid = (low + high) // 2
+        if datetime.fromtimestamp(mid, tz).utcoffset() == after:
+            high = mid
+        else:
+            low = mid
+    return datetime.fromtimestamp(high, UTC)
+
+
+def parse_when(*, delay: object = None, run_at: object = None, timezone: object = None) -> When:
+    """Validate a caller's ``delay`` / ``run_at`` / ``timezone`` into a :class:`When`."""
+    if (delay is None) == (run_at is None):
+        raise TimeSpecError("give exactly one of delay= or run_at=")
+    tz_name = None
+    tz = None
+    if timezone is not None:
+        tz = zone(timezone)
+        tz_name = str(timezone)
+    if delay is not None:
+        return When(delay=as_delay(delay), run_at=None, timezone=tz_name, local_run_at=None)
+    if not isinstance(run_at, datetime):
+        raise TimeSpecError(f"run_at must be a datetime, got {type(run_at).__name__}")
+    if run_at.tzinfo is not None and run_at.utcoffset() is not None:
+        return When(delay=None, run_at=run_at.astimezone(UTC), timezone=tz_name, local_run_at=None)
+    if tz is None:
+        raise NaiveDatetimeError(
+            f"run_at {run_at.isoformat()} is naive: pass an aware datetime or timezone='Area/City'"
+        )
+    return When(delay=None, run_at=local_to_utc(run_at, tz), timezone=tz_name, local_run_at=run_at)
+
+
+_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"90"``, ``"45s"``, ``"30m"``, ``"1h30m"``, ``"2d"`` → timedelta (for the CLI)."""
+    spec = text.strip().lower()
+    if not spec:
+        raise TimeSpecError("empty duration")
+    try:
+        seconds = float(spec)
+    except ValueError:
+        pass
+    else:
+        return as_delay(seconds)
+    total = 0.0
+    number = ""
+    for char in spec:
+        if char.isdigit() or char == ".":
+            number += char
+        elif char in _UNITS and number:
+            total += float(number) * _UNITS[char]
+            number = ""
+        else:
+            raise TimeSpecError(f"cannot read duration {text!r}: use e.g. 45s, 30m, 1h30m, 2d")
+    if number:
+        raise TimeSpecError(f"duration {text!r} ends without a unit (s, m, h or d)")
+    return timedelta(seconds=total)

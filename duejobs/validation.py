@@ -1,0 +1,70 @@
+"""Checks on what callers pass in, done before anything touches the database."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from duejobs.errors import (
+    EmptyTypeError,
+    InvalidKeyError,
+    InvalidTenantError,
+    PayloadNotJSONError,
+    PayloadTooLargeError,
+)
+
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+DEFAULT_TENANT = "default"
+MAX_TYPE_LENGTH = 200
+MAX_KEY_LENGTH = 500
+# Tenants appear in queue job ids and metric labels: keep them to a safe, readable alphabet.
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def check_type(job_type: object) -> str:
+    """A job type: a non-empty string without surrounding blanks."""
+    if not isinstance(job_type, str) or not job_type.strip():
+        raise EmptyTypeError(f"job type must be a non-empty string, got {job_type!r}")
+    if job_type != job_type.strip() or len(job_type) > MAX_TYPE_LENGTH:
+        raise EmptyTypeError(
+            f"job type must have no surrounding blanks and at most {MAX_TYPE_LENGTH} characters"
+        )
+    return job_type
+
+
+def check_tenant(tenant: object) -> str:
+    """A tenant name matching ``[A-Za-z0-9][A-Za-z0-9_.-]{0,63}``."""
+    if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
+        raise InvalidTenantError(
+            f"tenant must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}, got {tenant!r}"
+        )
+    return tenant
+
+
+def check_key(key: object) -> str | None:
+    """An optional business key (``None`` means no de-duplication)."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidKeyError(
+            f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters, got {key!r}"
+        )
+    return key
+
+
+def encode_payload(payload: Any, max_bytes: int) -> str:
+    """The payload as JSON text, refused when it is not JSON or larger than ``max_bytes``."""
+    try:
+        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise PayloadNotJSONError(f"payload is not JSON-serialisable: {exc}") from exc
+    if "\\u0000" in text:
+        raise PayloadNotJSONError("payload contains a NUL character, which jsonb cannot store")
+    size = len(text.encode())
+    if size > max_bytes:
+        raise PayloadTooLargeError(
+            f"payload is {size} bytes of JSON, over the limit of {max_bytes}: "
+            "store ids and read the rest when the job runs"
+        )
+    return text

@@ -1,0 +1,116 @@
+"""The source of truth: scheduled_jobs and its history, attempts and effects.
+
+Revision ID: 0001
+Revises:
+Create Date: 2026-11-30
+"""
+
+from alembic import op
+
+revision = "0001"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+STATUSES = "'scheduled', 'running', 'succeeded', 'failed', 'cancelled'"
+EVENT_KINDS = (
+    "'created', 'rescheduled', 'cancelled', 'enqueued', 'started', 'skipped', "
+    "'retried', 'succeeded', 'failed', 'requeued', 'abandoned'"
+)
+
+
+def upgrade() -> None:
+    op.execute(
+        f"""
+        CREATE TABLE scheduled_jobs (
+            id            uuid PRIMARY KEY,
+            tenant        text NOT NULL DEFAULT 'default',
+            type          text NOT NULL,
+            key           text,
+            payload       jsonb NOT NULL,
+            run_at        timestamptz NOT NULL,
+            timezone      text,
+            local_run_at  timestamp,
+            status        text NOT NULL DEFAULT 'scheduled'
+                          CONSTRAINT scheduled_jobs_status_check CHECK (status IN ({STATUSES})),
+            queue_job_id  text,
+            version       integer NOT NULL DEFAULT 1 CHECK (version >= 1),
+            attempts      integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+            last_error    text,
+            created_at    timestamptz NOT NULL DEFAULT now(),
+            updated_at    timestamptz NOT NULL DEFAULT now(),
+            enqueued_at   timestamptz,
+            started_at    timestamptz,
+            finished_at   timestamptz
+        )
+        """
+    )
+    # The scheduler's claim: due rows not yet pushed for their current version. Partial, so its
+    # size follows the rows waiting to be pushed, never the history.
+    op.execute(
+        "CREATE INDEX scheduled_jobs_claim_idx ON scheduled_jobs (run_at) "
+        "WHERE status = 'scheduled' AND queue_job_id IS NULL"
+    )
+    # Every live `scheduled` row by time: the reconciler's overdue scan and lag figures.
+    op.execute(
+        "CREATE INDEX scheduled_jobs_due_idx ON scheduled_jobs (run_at) WHERE status = 'scheduled'"
+    )
+    # A business key names at most one live schedule per tenant; finished ones free the key.
+    op.execute(
+        "CREATE UNIQUE INDEX scheduled_jobs_live_key_idx ON scheduled_jobs (tenant, key) "
+        "WHERE key IS NOT NULL AND status IN ('scheduled', 'running')"
+    )
+    op.execute(
+        f"""
+        CREATE TABLE scheduled_job_events (
+            id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            schedule_id  uuid NOT NULL REFERENCES scheduled_jobs (id) ON DELETE CASCADE,
+            tenant       text NOT NULL,
+            kind         text NOT NULL CHECK (kind IN ({EVENT_KINDS})),
+            version      integer NOT NULL,
+            at           timestamptz NOT NULL DEFAULT now(),
+            detail       jsonb NOT NULL DEFAULT '{{}}'
+        )
+        """
+    )
+    op.execute(
+        "CREATE INDEX scheduled_job_events_schedule_idx ON scheduled_job_events (schedule_id, id)"
+    )
+    op.execute(
+        """
+        CREATE TABLE scheduled_job_attempts (
+            id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            schedule_id       uuid NOT NULL REFERENCES scheduled_jobs (id) ON DELETE CASCADE,
+            tenant            text NOT NULL,
+            version           integer NOT NULL,
+            attempt           integer NOT NULL CHECK (attempt >= 1),
+            status            text NOT NULL
+                              CHECK (status IN ('running', 'succeeded', 'failed', 'abandoned')),
+            worker            text,
+            started_at        timestamptz NOT NULL DEFAULT now(),
+            lease_expires_at  timestamptz,
+            finished_at       timestamptz,
+            next_attempt_at   timestamptz,
+            error             text,
+            UNIQUE (schedule_id, version, attempt)
+        )
+        """
+    )
+    op.execute(
+        """
+        CREATE TABLE scheduled_job_effects (
+            effect_key   text PRIMARY KEY,
+            schedule_id  uuid NOT NULL REFERENCES scheduled_jobs (id) ON DELETE CASCADE,
+            tenant       text NOT NULL,
+            version      integer NOT NULL,
+            created_at   timestamptz NOT NULL DEFAULT now()
+        )
+        """
+    )
+
+
+def downgrade() -> None:
+    op.execute("DROP TABLE scheduled_job_effects")
+    op.execute("DROP TABLE scheduled_job_attempts")
+    op.execute("DROP TABLE scheduled_job_events")
+    op.execute("DROP TABLE scheduled_jobs")

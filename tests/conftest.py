@@ -1,0 +1,145 @@
+"""Fixtures: a real PostgreSQL and a real Redis for every test that needs them.
+
+With ``DUEJOBS_DATABASE_URL`` and ``DUEJOBS_REDIS_URL`` set, those servers are used; otherwise
+the embedded ones are started (or joined) in a fixed folder under the system's temporary
+directory, so a run killed with SIGKILL leaves servers that the next run adopts and stops.
+
+Each session creates its own database on the server (the URL's role needs CREATEDB) and drops
+it at the end. The Redis database named by the URL is flushed before each test that uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+from psycopg import sql
+from sqlalchemy import Engine, text
+
+from duejobs import App
+from duejobs.app import make_engine
+from duejobs.config import DATABASE_ENV, REDIS_ENV, libpq_url, sqlalchemy_url
+from duejobs.embedded import EmbeddedServices, start_embedded
+from duejobs.migrate import upgrade
+
+TEST_DATA_DIR = Path(tempfile.gettempdir()) / f"duejobs-tests-{os.getuid()}"
+_TABLES = "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects"
+
+
+class Servers:
+    """The servers of this test session and the scratch database created on one."""
+
+    def __init__(self) -> None:
+        self.embedded: EmbeddedServices | None = None
+        server_url = os.environ.get(DATABASE_ENV)
+        redis_url = os.environ.get(REDIS_ENV)
+        if not (server_url and redis_url):
+            self.embedded = start_embedded(TEST_DATA_DIR)
+            server_url, redis_url = self.embedded.database_url, self.embedded.redis_url
+        self.server_url = libpq_url(server_url)
+        self.redis_url = redis_url
+        self.database = f"duejobs_test_{uuid.uuid4().hex[:10]}"
+        self.database_url = self.url_for(self.database)
+
+    def url_for(self, database: str) -> str:
+        """The server URL pointing at another database."""
+        head, _, query = self.server_url.partition("?")
+        return f"{head.rsplit('/', 1)[0]}/{database}" + (f"?{query}" if query else "")
+
+    def create_database(self, name: str) -> str:
+        with psycopg.connect(self.server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        return self.url_for(name)
+
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.server_url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    def describe(self) -> str:
+        where = self.embedded.describe() if self.embedded else "configured servers"
+        return f"{where}; test database {self.database}"
+
+    def stop(self) -> None:
+        self.drop_database(self.database)
+        if self.embedded is not None:
+            self.embedded.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    servers = Servers()
+    servers.create_database(servers.database)
+    config.stash[_SERVERS] = servers
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    servers = config.stash.get(_SERVERS, None)
+    if servers is not None:
+        servers.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return config.stash[_SERVERS].describe()
+
+
+_SERVERS = pytest.StashKey[Servers]()
+
+
+@pytest.fixture(scope="session")
+def servers(pytestconfig: pytest.Config) -> Servers:
+    return pytestconfig.stash[_SERVERS]
+
+
+@pytest.fixture(scope="session")
+def database_url(servers: Servers) -> str:
+    """The session's scratch database, migrated to head."""
+    engine = make_engine(sqlalchemy_url(servers.database_url))
+    upgrade(engine)
+    engine.dispose()
+    return sqlalchemy_url(servers.database_url)
+
+
+@pytest.fixture(scope="session")
+def redis_url(servers: Servers) -> str:
+    return servers.redis_url
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def app(database_url: str, redis_url: str) -> Iterator[App]:
+    """An App on empty tables."""
+    application = App(database_url=database_url, redis_url=redis_url)
+    with application.engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {_TABLES}"))
+    yield application
+    application.close()
+
+
+@pytest.fixture
+def engine(app: App) -> Engine:
+    return app.engine
+
+
+@pytest.fixture
+def count(engine: Engine) -> Callable[..., int]:
+    """Rows in one of duejobs' tables (used to prove that nothing was written)."""
+
+    def rows(table: str = "scheduled_jobs") -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+    return rows

@@ -1,0 +1,177 @@
+"""Every refused input raises a ValueError subclass naming the problem, and writes nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+
+import pytest
+
+from duejobs import App
+from duejobs.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    EmptyTypeError,
+    InvalidHandlerError,
+    InvalidKeyError,
+    InvalidScheduleIdError,
+    InvalidTenantError,
+    NaiveDatetimeError,
+    NegativeDelayError,
+    PayloadNotJSONError,
+    PayloadTooLargeError,
+    TenantMismatchError,
+    TimeSpecError,
+    UnknownTimezoneError,
+)
+
+
+@pytest.fixture
+def nothing_written(app: App, count: Callable[..., int]) -> Iterator[None]:
+    yield
+    assert count() == 0
+    assert count("scheduled_job_events") == 0
+
+
+pytestmark = pytest.mark.usefixtures("nothing_written")
+
+
+def test_naive_run_at_without_timezone_is_refused(app: App) -> None:
+    with pytest.raises(NaiveDatetimeError, match="naive") as info:
+        app.schedule("x", {}, run_at=datetime(2026, 10, 30, 9, 0))
+    assert isinstance(info.value, ValueError)
+
+
+def test_unknown_timezone_is_refused(app: App) -> None:
+    with pytest.raises(UnknownTimezoneError, match="Mars/Olympus"):
+        app.schedule("x", {}, run_at=datetime(2026, 10, 30, 9, 0), timezone="Mars/Olympus")
+
+
+def test_timezone_that_is_not_a_name_is_refused(app: App) -> None:
+    with pytest.raises(UnknownTimezoneError):
+        app.schedule("x", {}, delay=1, timezone="")
+
+
+def test_negative_delay_is_refused(app: App) -> None:
+    with pytest.raises(NegativeDelayError, match="negative"):
+        app.schedule("x", {}, delay=timedelta(seconds=-1))
+
+
+def test_negative_delay_in_seconds_is_refused(app: App) -> None:
+    with pytest.raises(NegativeDelayError):
+        app.schedule("x", {}, delay=-5)
+
+
+def test_infinite_delay_is_refused(app: App) -> None:
+    with pytest.raises(NegativeDelayError, match="finite"):
+        app.schedule("x", {}, delay=float("inf"))
+
+
+def test_both_delay_and_run_at_are_refused(app: App) -> None:
+    with pytest.raises(TimeSpecError, match="exactly one of delay= or run_at="):
+        app.schedule("x", {}, delay=1, run_at=app.now())
+
+
+def test_neither_delay_nor_run_at_is_refused(app: App) -> None:
+    with pytest.raises(TimeSpecError, match="exactly one"):
+        app.schedule("x", {})
+
+
+def test_run_at_that_is_not_a_datetime_is_refused(app: App) -> None:
+    with pytest.raises(TimeSpecError, match="run_at must be a datetime"):
+        app.schedule("x", {}, run_at="2026-10-30T09:00:00Z")  # type: ignore[arg-type]
+
+
+def test_boolean_delay_is_refused(app: App) -> None:
+    with pytest.raises(TimeSpecError, match="delay must be a timedelta or seconds"):
+        app.schedule("x", {}, delay=True)
+
+
+def test_oversized_payload_is_refused(app: App) -> None:
+    with pytest.raises(PayloadTooLargeError, match="over the limit of 65536"):
+        app.schedule("x", {"blob": "a" * 70_000}, delay=1)
+
+
+def test_payload_limit_is_configurable(database_url: str, app: App) -> None:
+    small = App(database_url=database_url, max_payload_bytes=100)
+    try:
+        with pytest.raises(PayloadTooLargeError, match="over the limit of 100"):
+            small.schedule("x", {"blob": "a" * 200}, delay=1)
+    finally:
+        small.close()
+
+
+def test_non_json_payload_is_refused(app: App) -> None:
+    with pytest.raises(PayloadNotJSONError, match="not JSON"):
+        app.schedule("x", {"when": datetime(2026, 1, 1)}, delay=1)
+
+
+def test_nan_in_payload_is_refused(app: App) -> None:
+    with pytest.raises(PayloadNotJSONError):
+        app.schedule("x", {"score": float("nan")}, delay=1)
+
+
+def test_nul_character_in_payload_is_refused(app: App) -> None:
+    with pytest.raises(PayloadNotJSONError, match="NUL"):
+        app.schedule("x", {"text": "a\x00b"}, delay=1)
+
+
+def test_empty_type_is_refused(app: App) -> None:
+    with pytest.raises(EmptyTypeError, match="job type"):
+        app.schedule("", {}, delay=1)
+
+
+def test_blank_type_is_refused(app: App) -> None:
+    with pytest.raises(EmptyTypeError):
+        app.schedule("   ", {}, delay=1)
+
+
+def test_invalid_tenant_is_refused(app: App) -> None:
+    with pytest.raises(InvalidTenantError, match="tenant must match"):
+        app.schedule("x", {}, delay=1, tenant="acme corp/../")
+
+
+def test_empty_key_is_refused(app: App) -> None:
+    with pytest.raises(InvalidKeyError, match="key must be"):
+        app.schedule("x", {}, delay=1, key="")
+
+
+def test_scoped_app_refuses_to_write_for_another_tenant(app: App) -> None:
+    with pytest.raises(TenantMismatchError, match="scoped to tenant 'acme'"):
+        app.tenant("acme").schedule("x", {}, delay=1, tenant="globex")
+
+
+def test_malformed_schedule_id_is_refused(app: App) -> None:
+    with pytest.raises(InvalidScheduleIdError, match="must be a UUID"):
+        app.cancel("not-a-uuid")
+
+
+def test_non_integer_expected_version_is_refused(app: App) -> None:
+    with pytest.raises(ValueError, match="expected_version"):
+        app.reschedule(uuid.uuid4(), delay=1, expected_version="1")  # type: ignore[arg-type]
+
+
+def test_handler_with_zero_attempts_is_refused(app: App) -> None:
+    with pytest.raises(InvalidHandlerError, match="max_attempts"):
+        app.handler("x", max_attempts=0)
+
+
+def test_handler_with_non_positive_timeout_is_refused(app: App) -> None:
+    with pytest.raises(InvalidHandlerError, match="timeout"):
+        app.handler("x", timeout=timedelta(0))
+
+
+def test_app_without_database_url_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DUEJOBS_DATABASE_URL", raising=False)
+    with pytest.raises(ConfigurationError, match="DUEJOBS_DATABASE_URL"):
+        App()
+
+
+def test_unreachable_database_raises_a_clear_error() -> None:
+    down = App(database_url="postgresql://nobody@127.0.0.1:9/none?connect_timeout=2")
+    try:
+        with pytest.raises(DatabaseUnavailableError, match="PostgreSQL is unavailable"):
+            down.schedule("x", {}, delay=1)
+    finally:
+        down.close()

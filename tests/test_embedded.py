@@ -1,0 +1,119 @@
+"""The embedded PostgreSQL and Redis: real servers, shared, stopped by their last user."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import psycopg
+import redis
+
+from duejobs.embedded import start_embedded
+
+HOLDER = """
+import json, sys
+from pathlib import Path
+from duejobs.embedded import start_embedded
+services = start_embedded(Path(sys.argv[1]))
+print(json.dumps({"db": services.database_url, "redis": services.redis_url}), flush=True)
+sys.stdin.readline()
+"""
+
+
+def _holder(data_dir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(data_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+def _server_pids(data_dir: Path) -> list[int]:
+    pids = []
+    for name in ("postgres", "redis"):
+        state = json.loads((data_dir / name / "lease.json").read_text())
+        if state["endpoint"]:
+            pids.append(state["endpoint"]["pid"])
+    return pids
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _wait_gone(pids: list[int], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(_running(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_embedded_servers_are_real_postgresql_and_redis(tmp_path: Path) -> None:
+    services = start_embedded(tmp_path)
+    try:
+        with psycopg.connect(services.database_url) as conn:
+            version = conn.execute("SHOW server_version_num").fetchone()
+        assert version is not None and int(version[0]) >= 160000
+        client = redis.Redis.from_url(services.redis_url)
+        assert client.ping() and client.info("server").get("redis_version")
+        client.close()
+    finally:
+        pids = _server_pids(tmp_path)
+        services.stop()
+    assert _wait_gone(pids)
+
+
+def test_a_second_process_reuses_the_running_servers(tmp_path: Path) -> None:
+    proc, urls = _holder(tmp_path)
+    services = start_embedded(tmp_path)
+    assert services.reused
+    assert (services.database_url, services.redis_url) == (urls["db"], urls["redis"])
+    pids = _server_pids(tmp_path)
+    services.stop()
+    assert all(_running(p) for p in pids), "stopped while another process used them"
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+    assert _wait_gone(pids), "the last user did not stop the servers"
+
+
+def test_servers_of_a_sigkilled_run_are_adopted_and_stopped(tmp_path: Path) -> None:
+    proc, urls = _holder(tmp_path)
+    pids = _server_pids(tmp_path)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert all(_running(p) for p in pids)
+    services = start_embedded(tmp_path)
+    assert services.reused and services.database_url == urls["db"]
+    services.stop()
+    assert _wait_gone(pids), "servers left behind by a killed run were not stopped"
+
+
+def test_a_server_that_died_is_replaced(tmp_path: Path) -> None:
+    first = start_embedded(tmp_path)
+    redis_pid = _server_pids(tmp_path)[1]
+    os.kill(redis_pid, signal.SIGKILL)
+    assert _wait_gone([redis_pid])
+    second = start_embedded(tmp_path)
+    try:
+        assert not second.reused
+        assert redis.Redis.from_url(second.redis_url).ping()
+    finally:
+        pids = _server_pids(tmp_path)
+        second.stop()
+        first.stop()
+    assert _wait_gone(pids)

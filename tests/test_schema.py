@@ -1,0 +1,155 @@
+"""The schema: seed columns, constraints, indexes, and `duejobs migrate` under concurrency."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import IntegrityError
+
+from duejobs import App
+from duejobs.app import make_engine
+from duejobs.config import sqlalchemy_url
+from duejobs.migrate import current_revision, head_revision, upgrade
+from tests.conftest import Servers
+
+
+@pytest.fixture
+def fresh_database(servers: Servers) -> Iterator[str]:
+    name = f"duejobs_fresh_{uuid.uuid4().hex[:8]}"
+    url = servers.create_database(name)
+    yield url
+    servers.drop_database(name)
+
+
+def _cli(*args: str, database_url: str, redis_url: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+    return subprocess.Popen(
+        [sys.executable, "-m", "duejobs", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_scheduled_jobs_keeps_every_seed_column(engine: Engine) -> None:
+    with engine.connect() as conn:
+        columns = dict(
+            conn.execute(
+                text(
+                    "SELECT column_name, data_type FROM information_schema.columns "
+                    "WHERE table_name = 'scheduled_jobs'"
+                )
+            ).all()
+        )
+    assert columns["id"] == "uuid"
+    assert columns["type"] == "text"
+    assert columns["payload"] == "jsonb"
+    assert columns["run_at"] == "timestamp with time zone"
+    assert columns["status"] == "text"
+    assert columns["queue_job_id"] == "text"
+    assert columns["version"] == "integer"
+    assert columns["created_at"] == "timestamp with time zone"
+    for added in ("tenant", "timezone", "local_run_at", "key", "attempts", "updated_at"):
+        assert added in columns
+    for added in ("last_error", "started_at", "finished_at"):
+        assert added in columns
+
+
+def test_status_outside_the_five_states_is_refused_by_the_database(app: App) -> None:
+    s = app.schedule("x", {}, delay=60)
+    with (
+        pytest.raises(IntegrityError, match="scheduled_jobs_status_check"),
+        app.engine.begin() as c,
+    ):
+        c.execute(
+            text("UPDATE scheduled_jobs SET status = 'enqueued' WHERE id = :id"), {"id": s.id}
+        )
+
+
+def test_effect_keys_are_unique(app: App) -> None:
+    s = app.schedule("x", {}, delay=60)
+    insert = text(
+        "INSERT INTO scheduled_job_effects (effect_key, schedule_id, tenant, version) "
+        "VALUES (:k, :id, 'default', 1)"
+    )
+    with app.engine.begin() as conn:
+        conn.execute(insert, {"k": f"x:{s.id}:1", "id": s.id})
+    with pytest.raises(IntegrityError), app.engine.begin() as conn:
+        conn.execute(insert, {"k": f"x:{s.id}:1", "id": s.id})
+
+
+def test_migrate_is_idempotent(fresh_database: str) -> None:
+    engine = make_engine(sqlalchemy_url(fresh_database))
+    try:
+        assert upgrade(engine) == (None, head_revision())
+        assert upgrade(engine) == (head_revision(), head_revision())
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_migrate_commands_both_succeed_once(fresh_database: str, redis_url: str) -> None:
+    procs = [_cli("migrate", database_url=fresh_database, redis_url=redis_url) for _ in range(3)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outputs
+    messages = sorted(out for out, _ in outputs)
+    assert sum("upgraded from nothing" in m for m in messages) == 1
+    assert sum("already at revision" in m for m in messages) == 2
+
+
+def test_migration_table_does_not_collide_with_the_applications_alembic(engine: Engine) -> None:
+    with engine.connect() as conn:
+        tables = set(
+            conn.execute(
+                text("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")
+            ).scalars()
+        )
+    assert "duejobs_alembic_version" in tables
+    assert "alembic_version" not in tables
+
+
+CLAIM_QUERY = """
+    EXPLAIN (FORMAT TEXT)
+    SELECT id, type, run_at, version FROM scheduled_jobs
+    WHERE status = 'scheduled' AND queue_job_id IS NULL
+      AND run_at <= now() + interval '15 minutes'
+    ORDER BY run_at
+    FOR UPDATE SKIP LOCKED
+    LIMIT 1000
+"""
+
+
+@pytest.mark.slow
+def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: App) -> None:
+    with app.engine.connect() as conn:
+        trans = conn.begin()
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at, status) "
+                "SELECT gen_random_uuid(), 'x', '{}', "
+                "       now() + interval '30 days' + g * interval '1s',"
+                "       CASE WHEN g % 2 = 0 THEN 'scheduled' ELSE 'succeeded' END "
+                "FROM generate_series(1, 1000000) g"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at) "
+                "SELECT gen_random_uuid(), 'x', '{}', now() - g * interval '1s' "
+                "FROM generate_series(1, 2000) g"
+            )
+        )
+        conn.execute(text("ANALYZE scheduled_jobs"))
+        plan = "\n".join(conn.execute(text(CLAIM_QUERY)).scalars())
+        trans.rollback()
+    # Either partial index bounds the scan by run_at: what is read follows the due rows.
+    assert re.search(r"Index Scan using scheduled_jobs_(claim|due)_idx", plan), plan
+    assert "Seq Scan" not in plan and "Sort" not in plan, plan
