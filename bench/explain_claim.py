@@ -12,35 +12,33 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from datetime import timedelta
 
 import psycopg
 
 from bench.common import scratch_database
+from duejobs import store
 
-CLAIM = """
-    SELECT id, type, run_at, version FROM scheduled_jobs
-    WHERE status = 'scheduled' AND queue_job_id IS NULL
-      AND run_at <= now() + interval '15 minutes'
-    ORDER BY run_at
-    FOR UPDATE SKIP LOCKED
-    LIMIT 1000
-"""
+# The scheduler's own statement (duejobs.store.CLAIM_DUE) in psycopg's parameter style.
+CLAIM = store.CLAIM_DUE.text.replace(":window", "%(window)s").replace(":limit", "%(limit)s")
+PARAMS = {"window": timedelta(minutes=15), "limit": 1000}
 DUE = 2000
 
 
 def fill(conn: psycopg.Connection, total: int) -> None:
     conn.execute("TRUNCATE scheduled_jobs CASCADE")
     conn.execute(
-        "INSERT INTO scheduled_jobs (id, type, payload, run_at, status) "
-        "SELECT gen_random_uuid(), 'x', '{}', now() + interval '30 days' + g * interval '1s', "
+        "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, status) "
+        "SELECT gen_random_uuid(), 'x', '{}', t, t, "
         "CASE WHEN g %% 2 = 0 THEN 'scheduled' ELSE 'succeeded' END "
-        "FROM generate_series(1, %s) g",
+        "FROM (SELECT g, now() + interval '30 days' + g * interval '1s' AS t "
+        "      FROM generate_series(1, %s) g) AS far",
         (total - DUE,),
     )
     conn.execute(
-        "INSERT INTO scheduled_jobs (id, type, payload, run_at) "
-        "SELECT gen_random_uuid(), 'x', '{}', now() - g * interval '1ms' "
-        "FROM generate_series(1, %s) g",
+        "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at) "
+        "SELECT gen_random_uuid(), 'x', '{}', t, t "
+        "FROM (SELECT now() - g * interval '1ms' AS t FROM generate_series(1, %s) g) AS d",
         (DUE,),
     )
     conn.commit()
@@ -53,7 +51,7 @@ def timed(conn: psycopg.Connection) -> float:
     samples = []
     for _ in range(10):
         start = time.perf_counter()
-        rows = conn.execute(CLAIM).fetchall()
+        rows = conn.execute(CLAIM, PARAMS).fetchall()
         samples.append(time.perf_counter() - start)
         assert len(rows) == 1000
         conn.rollback()
@@ -72,7 +70,7 @@ def main() -> None:
                 f"claim LIMIT 1000 at {size:>9,} rows: {seconds * 1000:6.2f} ms  "
                 f"ratio to {sizes[0]:,}: {seconds / base:.2f}x"
             )
-        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIM).fetchall()
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIM, PARAMS).fetchall()
         conn.rollback()
         print(f"\nplan at {sizes[-1]:,} rows:")
         for (line,) in plan:

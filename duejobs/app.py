@@ -14,12 +14,15 @@ Promises:
   is rolled back, so nothing is half-written.
 
 Knobs: ``database_url`` / ``redis_url`` (default: ``DUEJOBS_DATABASE_URL`` /
-``DUEJOBS_REDIS_URL``), ``max_payload_bytes`` (default 64 KiB).
+``DUEJOBS_REDIS_URL``), ``max_payload_bytes`` (default 64 KiB), ``queue`` (the RQ queue,
+default ``duejobs``). Cancel and reschedule also remove the superseded job from Redis when it
+is still waiting there (best effort; the worker's check is the guarantee).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,11 +30,14 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
+from redis import Redis
+from redis.exceptions import RedisError
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 
 from duejobs import migrate, store
 from duejobs.config import Settings
+from duejobs.delivery import DEFAULT_QUEUE, Deliverer
 from duejobs.errors import (
     DatabaseUnavailableError,
     InvalidHandlerError,
@@ -55,6 +61,7 @@ from duejobs.validation import (
     encode_payload,
 )
 
+log = logging.getLogger("duejobs")
 F = TypeVar("F", bound=Callable[..., Any])
 ScheduleId = uuid.UUID | str
 
@@ -84,7 +91,9 @@ class _Core:
     settings: Settings
     engine: Engine
     max_payload_bytes: int
+    queue: str
     handlers: dict[str, Handler] = field(default_factory=dict)
+    deliverer: Deliverer | None = None
 
 
 class App:
@@ -96,9 +105,11 @@ class App:
         redis_url: str | None = None,
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        queue: str = DEFAULT_QUEUE,
     ) -> None:
         settings = Settings.from_env(database_url, redis_url)
-        self._core = _Core(settings, make_engine(settings.database_url), max_payload_bytes)
+        engine = make_engine(settings.database_url)
+        self._core = _Core(settings, engine, max_payload_bytes, queue)
         self._tenant: str | None = None
 
     @classmethod
@@ -119,6 +130,18 @@ class App:
         return self._core.engine
 
     @property
+    def queue(self) -> str:
+        """The RQ queue this App's jobs are delivered on."""
+        return self._core.queue
+
+    def deliverer(self) -> Deliverer:
+        """The delivery side (RQ on Redis) of this App, created on first use."""
+        if self._core.deliverer is None:
+            redis = Redis.from_url(self.settings.require_redis())
+            self._core.deliverer = Deliverer(redis, self._core.queue)
+        return self._core.deliverer
+
+    @property
     def scope(self) -> str | None:
         """The tenant this App is limited to, or None for the unscoped App."""
         return self._tenant
@@ -133,8 +156,10 @@ class App:
             return migrate.upgrade(self.engine)
 
     def close(self) -> None:
-        """Close pooled database connections."""
+        """Close pooled database and Redis connections."""
         self.engine.dispose()
+        if self._core.deliverer is not None:
+            self._core.deliverer.redis.close()
 
     # -- handlers ----------------------------------------------------------------------
 
@@ -214,10 +239,12 @@ class App:
         ):
             raise InvalidScheduleError(f"expected_version must be an int, got {expected_version!r}")
         with self._transaction(conn) as c:
-            schedule, _old_job = store.reschedule(c, sid, self._tenant, when, expected_version)
+            schedule, old_job = store.reschedule(c, sid, self._tenant, when, expected_version)
             if schedule is None:
                 self._explain_refusal(c, sid, expected_version)
         assert schedule is not None
+        if conn is None:
+            self._discard_queue_job(old_job)
         return schedule
 
     def cancel(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> bool:
@@ -227,7 +254,9 @@ class App:
         """
         sid = _schedule_id(schedule_id)
         with self._transaction(conn) as c:
-            cancelled, _job = store.cancel(c, sid, self._tenant)
+            cancelled, job = store.cancel(c, sid, self._tenant)
+        if conn is None:
+            self._discard_queue_job(job)
         return cancelled
 
     # -- reading -----------------------------------------------------------------------
@@ -263,6 +292,20 @@ class App:
             return store.database_now(c)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _discard_queue_job(self, queue_job_id: str | None) -> None:
+        """Remove a superseded delivery that is still waiting in Redis.
+
+        Best effort by design: the worker re-reads the row and skips a stale delivery, so a
+        Redis error here is logged, not raised — the database change already committed. With
+        ``conn=`` nothing is removed, since the caller may still roll back.
+        """
+        if queue_job_id is None or not self.settings.redis_url:
+            return
+        try:
+            self.deliverer().remove(queue_job_id)
+        except RedisError as exc:
+            log.warning("could not remove stale queue job %s: %s", queue_job_id, exc)
 
     def _write_tenant(self, tenant: str | None) -> str:
         if self._tenant is None:

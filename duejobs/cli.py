@@ -8,12 +8,15 @@ an unreachable service exits with status 1.
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -24,7 +27,9 @@ from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError
 from duejobs.models import Event, Schedule
+from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.timespec import parse_duration
+from duejobs.worker import DuejobsWorker, Runtime
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -239,6 +244,89 @@ def show(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
         for e in events:
             detail = " ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
             click.echo(f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {detail}")
+
+
+def load_app(reference: str) -> App:
+    """The App named by ``MODULE:ATTRIBUTE`` (the current directory is importable)."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"expected MODULE:APP, got {reference!r}", param_hint="--app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc}", param_hint="--app"
+        ) from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(
+            f"{reference!r} is not a duejobs.App (got {type(app).__name__})", param_hint="--app"
+        )
+    return app
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+@main.command()
+@click.option("--app", "app_ref", help="MODULE:APP whose queue to use (default: App()).")
+@click.option("--window", default="15m", show_default=True, help="How far ahead to push.")
+@click.option("--batch-size", default=100, show_default=True, help="Rows per claim.")
+@click.option("--poll-interval", default=0.1, show_default=True, help="Seconds between passes.")
+@click.option("--log-level", default="info", show_default=True)
+@click.pass_context
+def scheduler(
+    ctx: click.Context,
+    app_ref: str | None,
+    window: str,
+    batch_size: int,
+    poll_interval: float,
+    log_level: str,
+) -> None:
+    """Run the windowed scheduler until SIGTERM/SIGINT (then finish the batch and exit 0)."""
+    _logging(log_level)
+    with services(ctx.obj["data_dir"]):
+        app = load_app(app_ref) if app_ref else App()
+        try:
+            config = SchedulerConfig(
+                window=parse_duration(window),
+                batch_size=batch_size,
+                poll_interval=timedelta(seconds=poll_interval),
+            )
+            loop = Scheduler(app, config)
+        except DuejobsError as exc:
+            _fail(exc)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: loop.stop())
+        click.echo(f"duejobs scheduler: queue {app.queue!r}, window {window}", err=True)
+        loop.run()
+        app.close()
+
+
+@main.command()
+@click.option("--app", "app_ref", required=True, help="MODULE:APP with the handlers.")
+@click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
+@click.option("--name", help="Worker name (default: host:pid).")
+@click.option("--log-level", default="info", show_default=True)
+@click.pass_context
+def worker(ctx: click.Context, app_ref: str, burst: bool, name: str | None, log_level: str) -> None:
+    """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
+    _logging(log_level)
+    with services(ctx.obj["data_dir"]):
+        app = load_app(app_ref)
+        runtime = Runtime(app, name=name)
+        try:
+            rq_worker = DuejobsWorker(runtime, name=name)
+        except DuejobsError as exc:
+            _fail(exc)
+        rq_worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
+        runtime.close()
+        app.close()
 
 
 @main.command()

@@ -94,3 +94,23 @@ class VersionConflictError(DuejobsError):
 
 class DatabaseUnavailableError(DuejobsError):
     """PostgreSQL could not be reached or dropped the connection; nothing was committed."""
+
+
+class ScheduleChangedError(DuejobsError):
+    """The schedule was cancelled, rescheduled or rescued while this attempt ran.
+
+    Raised by ``ctx.ensure_current()`` and ``ctx.transaction()`` so a handler stops before its
+    external effect; the worker records the attempt as stale instead of retrying it.
+    """
+
+    def __init__(self, schedule_id: object, reason: str) -> None:
+        super().__init__(f"schedule {schedule_id} changed while running: {reason}")
+        self.reason = reason
+
+
+class EffectAlreadyAppliedError(DuejobsError):
+    """The effect key is already in the ledger: this effect happened once and won't again."""
+
+
+class HandlerTimeoutError(DuejobsError):
+    """The handler ran past its type's timeout; the attempt counts as failed."""

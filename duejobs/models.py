@@ -45,8 +45,10 @@ class EventKind(enum.StrEnum):
 class Schedule:
     """One row of ``scheduled_jobs`` as the database holds it now.
 
-    ``run_at`` is the intended instant, always aware and in UTC. When the schedule was given
-    as a local wall time, ``timezone`` and ``local_run_at`` keep that original intent.
+    ``run_at`` is the intended instant, always aware and in UTC; a retry never moves it.
+    ``due_at`` is when the next delivery may start: ``run_at``, or a retry's backoff.
+    When the schedule was given as a local wall time, ``timezone`` and ``local_run_at`` keep
+    that original intent.
     """
 
     id: uuid.UUID
@@ -55,6 +57,7 @@ class Schedule:
     key: str | None
     payload: Any
     run_at: datetime
+    due_at: datetime
     timezone: str | None
     local_run_at: datetime | None
     status: Status

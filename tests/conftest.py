@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
@@ -27,9 +29,15 @@ from duejobs.app import make_engine
 from duejobs.config import DATABASE_ENV, REDIS_ENV, libpq_url, sqlalchemy_url
 from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.migrate import upgrade
+from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from tests.apps import EFFECTS_TABLE, register
 
 TEST_DATA_DIR = Path(tempfile.gettempdir()) / f"duejobs-tests-{os.getuid()}"
-_TABLES = "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects"
+_TABLES = (
+    "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
+    "test_effects"
+)
 
 
 class Servers:
@@ -102,6 +110,8 @@ def database_url(servers: Servers) -> str:
     """The session's scratch database, migrated to head."""
     engine = make_engine(sqlalchemy_url(servers.database_url))
     upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(text(EFFECTS_TABLE))
     engine.dispose()
     return sqlalchemy_url(servers.database_url)
 
@@ -143,3 +153,50 @@ def count(engine: Engine) -> Callable[..., int]:
             return int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
 
     return rows
+
+
+@pytest.fixture
+def system(app: App, redis_client: redis.Redis) -> Iterator[System]:
+    """The App with the test handlers, an empty Redis, a scheduler and a worker runtime."""
+    register(app)
+    runtime = Runtime(app, WorkerConfig(heartbeat=timedelta(milliseconds=200)))
+    yield System(
+        app,
+        Scheduler(app, SchedulerConfig(poll_interval=timedelta(milliseconds=50))),
+        runtime,
+        redis_client,
+    )
+    runtime.close()
+
+
+class System:
+    """One scheduler and one in-process RQ worker over the test App."""
+
+    def __init__(self, app: App, scheduler: Scheduler, runtime: Runtime, redis_client: redis.Redis):
+        self.app = app
+        self.scheduler = scheduler
+        self.runtime = runtime
+        self.redis = redis_client
+
+    def work(self) -> None:
+        """An RQ worker (real RQ, this process) that drains the queue and returns."""
+        DuejobsWorker(self.runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+
+    def run_until(self, done: Callable[[], bool], timeout: float = 20.0) -> None:
+        """Scheduler pass, then worker drain, until ``done()`` or the deadline."""
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, "deadline passed before the work was done"
+            self.scheduler.run_once()
+            self.work()
+            time.sleep(0.02)
+
+    def effects(self) -> list[tuple[str, int]]:
+        with self.app.engine.connect() as conn:
+            rows = conn.execute(text("SELECT effect_key, attempt FROM test_effects ORDER BY id"))
+            return [(r.effect_key, r.attempt) for r in rows]
+
+    def status(self, schedule_id: object) -> str:
+        s = self.app.get(schedule_id)  # type: ignore[arg-type]
+        assert s is not None
+        return s.status.value

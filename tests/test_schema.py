@@ -8,12 +8,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
-from duejobs import App
+from duejobs import App, store
 from duejobs.app import make_engine
 from duejobs.config import sqlalchemy_url
 from duejobs.migrate import current_revision, head_revision, upgrade
@@ -116,40 +117,38 @@ def test_migration_table_does_not_collide_with_the_applications_alembic(engine: 
     assert "alembic_version" not in tables
 
 
-CLAIM_QUERY = """
-    EXPLAIN (FORMAT TEXT)
-    SELECT id, type, run_at, version FROM scheduled_jobs
-    WHERE status = 'scheduled' AND queue_job_id IS NULL
-      AND run_at <= now() + interval '15 minutes'
-    ORDER BY run_at
-    FOR UPDATE SKIP LOCKED
-    LIMIT 1000
-"""
-
-
 @pytest.mark.slow
 def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: App) -> None:
     with app.engine.connect() as conn:
         trans = conn.begin()
         conn.execute(
             text(
-                "INSERT INTO scheduled_jobs (id, type, payload, run_at, status) "
-                "SELECT gen_random_uuid(), 'x', '{}', "
-                "       now() + interval '30 days' + g * interval '1s',"
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, status) "
+                "SELECT gen_random_uuid(), 'x', '{}', t, t, "
                 "       CASE WHEN g % 2 = 0 THEN 'scheduled' ELSE 'succeeded' END "
-                "FROM generate_series(1, 1000000) g"
+                "FROM (SELECT g, now() + interval '30 days' + g * interval '1s' AS t "
+                "      FROM generate_series(1, 1000000) g) AS far"
             )
         )
         conn.execute(
             text(
-                "INSERT INTO scheduled_jobs (id, type, payload, run_at) "
-                "SELECT gen_random_uuid(), 'x', '{}', now() - g * interval '1s' "
-                "FROM generate_series(1, 2000) g"
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at) "
+                "SELECT gen_random_uuid(), 'x', '{}', t, t "
+                "FROM (SELECT now() - g * interval '1s' AS t FROM generate_series(1, 2000) g) AS d"
             )
         )
         conn.execute(text("ANALYZE scheduled_jobs"))
-        plan = "\n".join(conn.execute(text(CLAIM_QUERY)).scalars())
+        plan = "\n".join(
+            conn.execute(
+                text("EXPLAIN " + store.CLAIM_DUE.text),
+                {"window": timedelta(minutes=15), "limit": 1000},
+            ).scalars()
+        )
         trans.rollback()
-    # Either partial index bounds the scan by run_at: what is read follows the due rows.
-    assert re.search(r"Index Scan using scheduled_jobs_(claim|due)_idx", plan), plan
-    assert "Seq Scan" not in plan and "Sort" not in plan, plan
+    # A partial index, read in due_at order, bounded by due_at and the LIMIT: what is read
+    # follows the due rows, never the table (only the <= LIMIT claimed rows are sorted after).
+    assert re.search(
+        r"Limit .*\n\s*->\s+LockRows .*\n\s*->\s+Index Scan using scheduled_jobs_(claim|due)_idx",
+        plan,
+    ), plan
+    assert "Seq Scan" not in plan, plan

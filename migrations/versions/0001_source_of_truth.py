@@ -29,6 +29,7 @@ def upgrade() -> None:
             key           text,
             payload       jsonb NOT NULL,
             run_at        timestamptz NOT NULL,
+            due_at        timestamptz NOT NULL,
             timezone      text,
             local_run_at  timestamp,
             status        text NOT NULL DEFAULT 'scheduled'
@@ -41,19 +42,27 @@ def upgrade() -> None:
             updated_at    timestamptz NOT NULL DEFAULT now(),
             enqueued_at   timestamptz,
             started_at    timestamptz,
-            finished_at   timestamptz
+            finished_at   timestamptz,
+            lease_expires_at timestamptz
         )
         """
     )
+    # `run_at` is the intent and never moves for a retry; `due_at` is when the next delivery
+    # may start (run_at, or a retry's backoff). Work is found by `due_at`.
     # The scheduler's claim: due rows not yet pushed for their current version. Partial, so its
     # size follows the rows waiting to be pushed, never the history.
     op.execute(
-        "CREATE INDEX scheduled_jobs_claim_idx ON scheduled_jobs (run_at) "
+        "CREATE INDEX scheduled_jobs_claim_idx ON scheduled_jobs (due_at) "
         "WHERE status = 'scheduled' AND queue_job_id IS NULL"
     )
     # Every live `scheduled` row by time: the reconciler's overdue scan and lag figures.
     op.execute(
-        "CREATE INDEX scheduled_jobs_due_idx ON scheduled_jobs (run_at) WHERE status = 'scheduled'"
+        "CREATE INDEX scheduled_jobs_due_idx ON scheduled_jobs (due_at) WHERE status = 'scheduled'"
+    )
+    # Running rows by lease: the reconciler finds work whose worker died.
+    op.execute(
+        "CREATE INDEX scheduled_jobs_lease_idx ON scheduled_jobs (lease_expires_at) "
+        "WHERE status = 'running'"
     )
     # A business key names at most one live schedule per tenant; finished ones free the key.
     op.execute(
@@ -85,10 +94,10 @@ def upgrade() -> None:
             version           integer NOT NULL,
             attempt           integer NOT NULL CHECK (attempt >= 1),
             status            text NOT NULL
-                              CHECK (status IN ('running', 'succeeded', 'failed', 'abandoned')),
+                              CHECK (status IN ('running', 'succeeded', 'failed', 'abandoned',
+                                                'stale')),
             worker            text,
             started_at        timestamptz NOT NULL DEFAULT now(),
-            lease_expires_at  timestamptz,
             finished_at       timestamptz,
             next_attempt_at   timestamptz,
             error             text,

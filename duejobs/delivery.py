@@ -1,0 +1,197 @@
+"""Delivery: the only module that knows RQ and its Redis keys.
+
+What it promises:
+
+* **Deterministic ids.** A delivery of (tenant, schedule, version, attempt) always has the
+  same RQ job id, ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>`` (RQ allows only
+  ``[A-Za-z0-9_-]``; a ``.`` in a tenant becomes ``_``, the schedule id keeps it unique).
+* **A re-push never creates a second live job.** Pushing checks and writes atomically (one
+  Lua script per batch): an id whose job is queued, scheduled or started is left alone; RQ's
+  own ``enqueue`` would overwrite it and run it twice.
+* **Nothing is promoted early.** Rows due now go straight onto the queue; rows due later in
+  the window go to RQ's scheduled registry with a millisecond score (RQ truncates its own to
+  whole seconds, so it can fire up to 1 s early). :meth:`Deliverer.promote` moves them onto
+  the queue when the *database* clock, passed in by the scheduler, reaches them — the worker's
+  check against the database clock stays the guarantee.
+* **One round trip per batch**, not per job; **JSON only** — a job carries ids and the
+  version, never the payload, and a Redis writer cannot get code executed by unpickling.
+
+What it does not do: decide anything. Whether a job runs is the database's call (the
+worker re-reads the row). Redis Cluster is not supported (job keys are not declared keys).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.utils import utcformat
+
+DEFAULT_QUEUE = "duejobs"
+JOB_FUNCTION = "duejobs.worker.perform"
+# A queue job that raised (the database was unreachable, say) stays visible this long.
+FAILURE_TTL = 24 * 3600
+
+_PUSH = """
+local prefix, now, stamp = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local ntemplate = tonumber(ARGV[4])
+local template = {}
+for i = 1, ntemplate do template[i] = ARGV[4 + i] end
+local live = {queued = true, scheduled = true, started = true, deferred = true}
+local queued, deferred, present = 0, 0, 0
+redis.call('SADD', KEYS[3], KEYS[1])
+for i = 5 + ntemplate, #ARGV, 4 do
+    local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 3])
+    local status = redis.call('HGET', key, 'status')
+    if status and live[status] then
+        present = present + 1
+    else
+        redis.call('DEL', key)
+        redis.call('HSET', key, 'data', ARGV[i + 1], 'description', ARGV[i + 2],
+                   'created_at', stamp, unpack(template))
+        if score <= now then
+            redis.call('HSET', key, 'status', 'queued', 'enqueued_at', stamp)
+            redis.call('RPUSH', KEYS[1], id)
+            queued = queued + 1
+        else
+            redis.call('HSET', key, 'status', 'scheduled')
+            redis.call('ZADD', KEYS[2], score, id)
+            deferred = deferred + 1
+        end
+    end
+end
+return {queued, deferred, present}
+"""
+
+_PROMOTE = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+local pushed = 0
+for _, id in ipairs(ids) do
+    local key = ARGV[1] .. id
+    if redis.call('HGET', key, 'status') == 'scheduled' then
+        redis.call('HSET', key, 'status', 'queued', 'enqueued_at', ARGV[4])
+        redis.call('RPUSH', KEYS[2], id)
+        pushed = pushed + 1
+    end
+    redis.call('ZREM', KEYS[1], id)
+end
+return pushed
+"""
+
+_REMOVE = """
+local status = redis.call('HGET', ARGV[1], 'status')
+if status == 'queued' or status == 'scheduled' then
+    redis.call('LREM', KEYS[1], 0, ARGV[2])
+    redis.call('ZREM', KEYS[2], ARGV[2])
+    redis.call('DEL', ARGV[1])
+    return 1
+end
+return 0
+"""
+
+
+def job_id(tenant: str, schedule_id: uuid.UUID, version: int, attempt: int) -> str:
+    """The RQ job id of one delivery: a pure function of its four parts."""
+    return f"dj-{tenant.replace('.', '_')}-{schedule_id.hex}-v{version}-a{attempt}"
+
+
+@dataclass(frozen=True)
+class Push:
+    """One delivery to push: which (schedule, version, attempt), and from when."""
+
+    schedule_id: uuid.UUID
+    tenant: str
+    version: int
+    attempt: int
+    due_at: datetime
+
+    @property
+    def job_id(self) -> str:
+        return job_id(self.tenant, self.schedule_id, self.version, self.attempt)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What one push did: onto the queue now, into the scheduled registry, already there."""
+
+    queued: int = 0
+    deferred: int = 0
+    present: int = 0
+
+
+class Deliverer:
+    """Pushes, promotes and removes duejobs' RQ jobs on one queue."""
+
+    def __init__(self, connection: Redis, queue_name: str = DEFAULT_QUEUE) -> None:
+        self.redis = connection
+        self.queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
+        self._prefix = Job.redis_job_namespace_prefix
+        self._template = self._constant_fields()
+        self._push = connection.register_script(_PUSH)
+        self._promote = connection.register_script(_PROMOTE)
+        self._remove = connection.register_script(_REMOVE)
+
+    @property
+    def scheduled_key(self) -> str:
+        return str(self.queue.scheduled_job_registry.key)
+
+    def _constant_fields(self) -> list[Any]:
+        """The job-hash fields RQ writes that are the same for every duejobs job."""
+        job = self.queue.create_job(
+            JOB_FUNCTION, args=["-", 0, 0, "-"], timeout=-1, result_ttl=0, failure_ttl=FAILURE_TTL
+        )
+        job.origin = self.queue.name
+        fields = job.to_dict()
+        for varying in ("data", "description", "created_at", "status", "enqueued_at"):
+            fields.pop(varying, None)
+        flat: list[Any] = []
+        for name, value in fields.items():
+            flat += [name, value]
+        return flat
+
+    @staticmethod
+    def _data(push: Push) -> bytes:
+        args = [str(push.schedule_id), push.version, push.attempt, push.tenant]
+        return zlib.compress(json.dumps([JOB_FUNCTION, None, args, {}]).encode())
+
+    def push(self, pushes: Sequence[Push], now: datetime) -> PushResult:
+        """Push a batch in one round trip: due ones (``due_at <= now``) onto the queue, the
+        rest into the scheduled registry. ``now`` is the database clock."""
+        if not pushes:
+            return PushResult()
+        stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
+        args: list[Any] = [self._prefix, now.timestamp(), stamp, len(self._template)]
+        args += self._template
+        for p in pushes:
+            description = f"duejobs {p.tenant} {p.schedule_id} v{p.version} a{p.attempt}"
+            args += [p.job_id, self._data(p), description, p.due_at.timestamp()]
+        keys = [self.queue.key, self.scheduled_key, self.queue.redis_queues_keys]
+        queued, deferred, present = self._push(keys=keys, args=args)
+        return PushResult(queued=int(queued), deferred=int(deferred), present=int(present))
+
+    def promote(self, now: datetime, limit: int = 1000) -> int:
+        """Move jobs whose time has come (by ``now``, the database clock) onto the queue."""
+        stamp = utcformat(datetime.now(UTC))
+        pushed = self._promote(
+            keys=[self.scheduled_key, self.queue.key],
+            args=[self._prefix, now.timestamp(), limit, stamp],
+        )
+        return int(pushed)
+
+    def remove(self, queue_job_id: str) -> bool:
+        """Delete a job that is still waiting (queued or scheduled); a started one is left to
+        the worker's own check. True when something was removed."""
+        removed = self._remove(
+            keys=[self.queue.key, self.scheduled_key],
+            args=[self._prefix + queue_job_id, queue_job_id],
+        )
+        return bool(removed)

@@ -1,0 +1,139 @@
+"""The windowed scheduler: moves rows that are due soon from PostgreSQL into RQ.
+
+Each pass (:meth:`Scheduler.run_once`):
+
+1. claims ``scheduled`` rows due within the window that have no queue job for their current
+   version, oldest ``due_at`` first, ``FOR UPDATE SKIP LOCKED``, in batches;
+2. pushes each batch to Redis in one round trip (due rows onto the queue, later ones into
+   RQ's scheduled registry) under deterministic job ids;
+3. records ``queue_job_id`` and an ``enqueued`` event, and commits — only after Redis
+   acknowledged the push, so a row is never marked pushed without a real queue job;
+4. keeps taking batches while they come back full, then promotes the jobs whose time has come,
+   by the database clock, from the scheduled registry onto the queue.
+
+:meth:`Scheduler.run` repeats passes every ``poll_interval`` (sub-second, so a job due in 2 s
+does not wait for the next window).
+
+What it promises: any number of schedulers may run at once — row locks with SKIP LOCKED and
+the atomic push mean no (schedule, version, attempt) is pushed twice. If the process dies
+between the push and the commit, the rows stay unmarked and are claimed again; the push then
+finds the live job and does not create a second one. PostgreSQL or Redis down: the pass
+fails, the loop logs it and backs off (up to ``max_backoff``) and keeps going.
+SIGTERM/SIGINT (via :meth:`Scheduler.stop`): no new claim starts, the batch in flight finishes.
+
+What it does not promise: the start time. A job starts when a worker is free; see ``bench/``
+for measured lag. It never starts early: the worker checks the database clock.
+
+Knobs (:class:`SchedulerConfig`): ``window`` (15 min), ``batch_size`` (100),
+``poll_interval`` (0.1 s), ``max_backoff`` (5 s); the queue is the App's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
+from duejobs import store
+from duejobs.app import App
+from duejobs.delivery import Push, PushResult
+from duejobs.errors import ConfigurationError
+
+log = logging.getLogger("duejobs.scheduler")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Scheduler knobs."""
+
+    window: timedelta = timedelta(minutes=15)
+    batch_size: int = 100
+    poll_interval: timedelta = timedelta(milliseconds=100)
+    max_backoff: timedelta = timedelta(seconds=5)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= 10_000:
+            raise ConfigurationError(f"batch_size must be 1..10000, got {self.batch_size}")
+        if self.window < timedelta(0) or self.poll_interval <= timedelta(0):
+            raise ConfigurationError("window must be >= 0 and poll_interval > 0")
+
+
+@dataclass(frozen=True)
+class PassResult:
+    """What one pass did."""
+
+    claimed: int = 0
+    queued: int = 0
+    deferred: int = 0
+    already_present: int = 0
+    promoted: int = 0
+    batches: int = 0
+
+
+class Scheduler:
+    """Claims due rows and pushes them to RQ; see the module docstring for its promises."""
+
+    def __init__(self, app: App, config: SchedulerConfig | None = None) -> None:
+        self.app = app
+        self.config = config or SchedulerConfig()
+        self.deliverer = app.deliverer()
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the batch in flight."""
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def _batch(self) -> tuple[int, PushResult, datetime]:
+        with self.app.engine.begin() as conn:
+            rows, now = store.claim_due(conn, self.config.window, self.config.batch_size)
+            pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
+            result = self.deliverer.push(pushes, now)
+            store.mark_enqueued(conn, [(p.schedule_id, p.job_id) for p in pushes])
+        return len(rows), result, now
+
+    def run_once(self) -> PassResult:
+        """One pass: batches until one comes back short (or a stop is asked), then promotion."""
+        claimed = queued = deferred = present = batches = 0
+        while True:
+            count, result, now = self._batch()
+            batches += 1
+            claimed += count
+            queued += result.queued
+            deferred += result.deferred
+            present += result.present
+            if count < self.config.batch_size or self.stopping:
+                break
+        promoted = self.deliverer.promote(now)
+        return PassResult(claimed, queued, deferred, present, promoted, batches)
+
+    def run(self) -> None:
+        """Pass after pass until :meth:`stop`; outages are logged and retried with backoff."""
+        failures = 0
+        while not self.stopping:
+            try:
+                result = self.run_once()
+            except (SQLAlchemyError, RedisError) as exc:
+                failures += 1
+                wait = min(
+                    self.config.max_backoff.total_seconds(),
+                    self.config.poll_interval.total_seconds() * 2**failures,
+                )
+                log.warning("scheduler pass failed (%s); retrying in %.1f s", exc, wait)
+                self._stopping.wait(wait)
+                continue
+            if failures:
+                log.info("scheduler recovered after %d failed passes", failures)
+            failures = 0
+            if result.claimed or result.promoted:
+                log.debug("scheduler pass: %s", result)
+            if result.claimed < self.config.batch_size:
+                self._stopping.wait(self.config.poll_interval.total_seconds())
+        log.info("scheduler stopped")

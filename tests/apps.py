@@ -1,0 +1,76 @@
+"""Handlers the delivery-path tests run, in-process (``register``) or in worker processes
+(``python -m duejobs worker --app tests.apps:app``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import text
+
+import duejobs
+from duejobs.worker import Context
+
+EFFECTS_TABLE = """
+CREATE TABLE IF NOT EXISTS test_effects (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    effect_key text NOT NULL,
+    schedule_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    worker_pid integer NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+_INSERT = text(
+    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
+    "VALUES (:key, :id, :attempt, :pid)"
+)
+
+
+def _params(ctx: Context) -> dict[str, Any]:
+    return {
+        "key": ctx.effect_key,
+        "id": ctx.schedule_id,
+        "attempt": ctx.attempt,
+        "pid": os.getpid(),
+    }
+
+
+def record(ctx: Context, payload: Any) -> None:
+    """The transactional effect: one row in test_effects, committed with `succeeded`."""
+    with ctx.transaction() as conn:
+        conn.execute(_INSERT, _params(ctx))
+
+
+def record_loosely(ctx: Context, payload: Any) -> None:
+    """An effect outside the transactional helper (like a call to an external API)."""
+    ctx.ensure_current()
+    with ctx._app.engine.begin() as conn:
+        conn.execute(_INSERT, _params(ctx))
+
+
+def flaky(ctx: Context, payload: Any) -> None:
+    """Fails on the first `fail_times` attempts, then records."""
+    if ctx.attempt <= int(payload.get("fail_times", 0)):
+        raise RuntimeError(f"transient failure on attempt {ctx.attempt}")
+    record(ctx, payload)
+
+
+def slow(ctx: Context, payload: Any) -> None:
+    """Sleeps, checks it is still current, then records."""
+    time.sleep(float(payload.get("seconds", 1)))
+    record(ctx, payload)
+
+
+def register(app: duejobs.App) -> duejobs.App:
+    fast = timedelta(milliseconds=50)
+    app.handler("record")(record)
+    app.handler("record-loosely")(record_loosely)
+    app.handler("flaky", max_attempts=3, backoff=fast, backoff_cap=timedelta(seconds=1))(flaky)
+    app.handler("slow", timeout=timedelta(seconds=60))(slow)
+    return app
+
+
+app = register(duejobs.App()) if os.environ.get("DUEJOBS_DATABASE_URL") else None

@@ -1,0 +1,360 @@
+"""The seed's test list on the delivery path: scheduler → RQ → revalidating worker.
+
+Real PostgreSQL, real Redis, real RQ workers (in this process unless a test needs several).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+import zlib
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from sqlalchemy import text
+
+from duejobs import EventKind, Status
+from duejobs.delivery import Push, job_id
+from duejobs.worker import Outcome
+from tests.conftest import System
+
+
+def _kinds(system: System, schedule_id: uuid.UUID) -> list[str]:
+    return [e.kind.value for e in system.app.history(schedule_id)]
+
+
+def _started_at(system: System, schedule_id: uuid.UUID) -> list[datetime]:
+    return [e.at for e in system.app.history(schedule_id) if e.kind is EventKind.STARTED]
+
+
+def _skips(system: System, schedule_id: uuid.UUID) -> list[str]:
+    return [
+        e.detail["reason"] for e in system.app.history(schedule_id) if e.kind is EventKind.SKIPPED
+    ]
+
+
+def test_relative_delay_runs_once_after_the_delay_by_the_database_clock(system: System) -> None:
+    s = system.app.schedule("record", {"reminder_id": 42}, delay=timedelta(seconds=1))
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    (started,) = _started_at(system, s.id)
+    assert started >= s.run_at
+    assert system.effects() == [(f"record:{s.id}:1", 1)]
+    assert _kinds(system, s.id) == ["created", "enqueued", "started", "succeeded"]
+
+
+def test_absolute_time_in_a_zone_runs_at_that_instant(system: System) -> None:
+    when = (system.app.now() + timedelta(seconds=1.5)).astimezone(ZoneInfo("America/Sao_Paulo"))
+    s = system.app.schedule("record", {}, run_at=when, timezone="America/Sao_Paulo")
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    (started,) = _started_at(system, s.id)
+    assert started >= when.astimezone(UTC)
+
+
+def test_late_job_runs_at_once_and_records_its_lag(system: System) -> None:
+    s = system.app.schedule("record", {}, run_at=system.app.now() - timedelta(hours=1))
+    result = system.scheduler.run_once()
+    assert result.queued == 1 and result.deferred == 0
+    system.work()
+    assert system.status(s.id) == "succeeded"
+    started = next(e for e in system.app.history(s.id) if e.kind is EventKind.STARTED)
+    assert started.detail["lag_ms"] >= 3_600_000
+
+
+def test_window_pushes_future_rows_to_the_scheduled_registry_not_beyond(system: System) -> None:
+    soon = system.app.schedule("record", {}, delay=timedelta(minutes=10))
+    later = system.app.schedule("record", {}, delay=timedelta(minutes=20))
+    result = system.scheduler.run_once()
+    assert (result.claimed, result.queued, result.deferred) == (1, 0, 1)
+    registry = system.scheduler.deliverer.queue.scheduled_job_registry
+    stored = system.app.get(soon.id)
+    assert stored is not None and stored.queue_job_id in registry.get_job_ids()
+    score = system.redis.zscore(registry.key, stored.queue_job_id)
+    assert score == pytest.approx(soon.due_at.timestamp(), abs=0.001)  # ms, not whole seconds
+    not_yet = system.app.get(later.id)
+    assert not_yet is not None and not_yet.queue_job_id is None
+
+
+def test_deferred_job_is_promoted_only_when_the_database_clock_reaches_it(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(seconds=1.2))
+    first = system.scheduler.run_once()
+    assert first.deferred == 1 and first.promoted == 0
+    assert system.scheduler.deliverer.queue.count == 0
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    (started,) = _started_at(system, s.id)
+    assert started >= s.run_at
+
+
+def test_run_once_reports_what_it_did(system: System) -> None:
+    for _ in range(250):
+        system.app.schedule("record", {}, delay=0)
+    result = system.scheduler.run_once()
+    assert (result.claimed, result.queued, result.batches) == (250, 250, 3)
+    again = system.scheduler.run_once()
+    assert again.claimed == 0 and again.queued == 0
+
+
+def test_queue_job_carries_ids_and_version_never_the_payload(system: System) -> None:
+    s = system.app.schedule("record", {"secret": "card-4242"}, delay=0)
+    system.scheduler.run_once()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.queue_job_id == job_id("default", s.id, 1, 1)
+    raw = system.redis.hget(f"rq:job:{stored.queue_job_id}", "data")
+    assert raw is not None
+    func, instance, args, kwargs = json.loads(zlib.decompress(raw))  # JSON, not pickle
+    assert func == "duejobs.worker.perform" and args == [str(s.id), 1, 1, "default"]
+    assert instance is None and kwargs == {}
+    assert b"card-4242" not in zlib.decompress(raw)
+    job = Job.fetch(stored.queue_job_id, connection=system.redis, serializer=JSONSerializer)
+    assert job.args == [str(s.id), 1, 1, "default"] and job.origin == "duejobs"
+
+
+def test_job_ids_are_deterministic_and_valid_for_rq() -> None:
+    sid = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    assert job_id("acme.com", sid, 3, 2) == "dj-acme_com-12345678123456781234567812345678-v3-a2"
+    assert job_id("acme.com", sid, 3, 2) == job_id("acme.com", sid, 3, 2)
+    assert job_id("acme", sid, 3, 2) != job_id("acme", sid, 4, 2)
+
+
+def test_repushing_a_live_job_does_not_create_a_second_one(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    push = Push(s.id, "default", 1, 1, s.due_at)
+    again = system.scheduler.deliverer.push([push, push], system.app.now())
+    assert (again.queued, again.present) == (0, 2)
+    assert system.scheduler.deliverer.queue.count == 1
+
+
+def test_cancel_before_execution_never_runs_and_removes_the_queue_job(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    assert system.scheduler.deliverer.queue.count == 1
+    assert system.app.cancel(s.id)
+    assert system.scheduler.deliverer.queue.count == 0
+    system.work()
+    assert system.effects() == [] and system.status(s.id) == "cancelled"
+
+
+def test_cancelled_delivery_still_in_the_queue_is_skipped(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    with system.app.engine.begin() as conn:  # conn=: the queue job is left where it is
+        system.app.cancel(s.id, conn=conn)
+    system.work()
+    assert system.effects() == []
+    assert _skips(system, s.id) == ["cancelled"]
+
+
+def test_cancel_during_execution_stops_before_the_effect(system: System) -> None:
+    def cancelled_meanwhile(ctx, payload):  # type: ignore[no-untyped-def]
+        system.app.cancel(ctx.schedule_id)  # another process cancels while this runs
+        ctx.ensure_current()
+        raise AssertionError("unreachable: ensure_current must raise")
+
+    system.app.handler("cancel-me")(cancelled_meanwhile)
+    s = system.app.schedule("cancel-me", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    assert system.status(s.id) == "cancelled"
+    assert _kinds(system, s.id)[-1] == "skipped"
+    with system.app.engine.connect() as conn:
+        status = conn.execute(
+            text("SELECT status FROM scheduled_job_attempts WHERE schedule_id = :id"), {"id": s.id}
+        ).scalar_one()
+    assert status == "stale"
+
+
+def test_cancel_during_execution_waits_for_a_transactional_effect(system: System) -> None:
+    """The effect fence locks the row: a cancel that comes too late returns False."""
+    outcome = {}
+
+    def effect_then_cancel(ctx, payload):  # type: ignore[no-untyped-def]
+        with ctx.transaction() as conn:
+            conn.execute(text("SELECT 1"))
+        outcome["cancelled"] = system.app.cancel(ctx.schedule_id)
+
+    system.app.handler("effect-then-cancel")(effect_then_cancel)
+    s = system.app.schedule("effect-then-cancel", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    assert outcome == {"cancelled": False}
+    assert system.status(s.id) == "succeeded"
+
+
+def test_reschedule_later_skips_the_old_delivery_and_runs_the_new_time_once(
+    system: System,
+) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    with system.app.engine.begin() as conn:
+        moved = system.app.reschedule(s.id, delay=timedelta(seconds=1), conn=conn)
+    system.work()  # the v1 delivery is still queued: it must be skipped
+    assert _skips(system, s.id) == ["superseded"]
+    assert system.effects() == []
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    assert system.effects() == [(f"record:{s.id}:2", 1)]
+    (started,) = _started_at(system, s.id)
+    assert started >= moved.run_at
+
+
+def test_reschedule_earlier_runs_at_the_new_time(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=10))
+    system.scheduler.run_once()
+    moved = system.app.reschedule(s.id, delay=timedelta(seconds=0.5))
+    registry = system.scheduler.deliverer.queue.scheduled_job_registry
+    assert registry.get_job_ids() == []  # the v1 job was removed from Redis
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    assert system.effects() == [(f"record:{s.id}:2", 1)]
+    assert _started_at(system, s.id)[0] >= moved.run_at
+
+
+def test_stale_version_delivery_is_skipped_and_recorded(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    moved = system.app.reschedule(s.id, delay=0)
+    stale = Push(s.id, "default", 1, 1, s.due_at)
+    system.scheduler.deliverer.push([stale], system.app.now() + timedelta(hours=1))
+    outcome = system.runtime.handle(s.id, 1, 1, "default")
+    assert outcome is Outcome.SKIPPED
+    assert _skips(system, s.id) == ["superseded"]
+    assert moved.version == 2 and system.status(s.id) == "scheduled"
+
+
+def test_same_delivery_pushed_twice_applies_one_effect(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.queue_job_id is not None
+    # The same delivery a second time, as any at-least-once transport may hand it over.
+    queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+    queue.enqueue("duejobs.worker.perform", str(s.id), 1, 1, "default", job_id="copy")
+    system.work()
+    assert system.effects() == [(f"record:{s.id}:1", 1)]
+    assert _skips(system, s.id) == ["duplicate"]
+
+
+def test_not_due_delivery_waits_for_the_database_clock(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(seconds=0.4))
+    early = Push(s.id, "default", 1, 1, s.due_at)
+    system.scheduler.deliverer.push([early], system.app.now() + timedelta(hours=1))  # forced early
+    outcome = system.runtime.handle(s.id, 1, 1, "default")
+    assert outcome is Outcome.SUCCEEDED
+    (started,) = _started_at(system, s.id)
+    assert started >= s.run_at
+
+
+def test_delivery_far_too_early_is_handed_back_without_using_an_attempt(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    system.scheduler.run_once()
+    assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.HANDED_BACK
+    stored = system.app.get(s.id)
+    assert stored is not None
+    assert stored.status is Status.SCHEDULED and stored.attempts == 0
+    assert stored.queue_job_id is None  # the scheduler pushes it again for due_at
+    assert _kinds(system, s.id)[-1] == "requeued"
+
+
+def test_delivery_for_another_tenant_is_treated_as_missing(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0, tenant="acme")
+    assert system.runtime.handle(s.id, 1, 1, "globex") is Outcome.SKIPPED
+    assert system.status(s.id) == "scheduled" and system.effects() == []
+
+
+def test_handler_reads_the_payload_from_the_row_at_run_time(system: System) -> None:
+    seen = []
+    system.app.handler("peek")(lambda ctx, payload: seen.append((payload, ctx.payload)))
+    s = system.app.schedule("peek", {"v": 1}, delay=0)
+    system.scheduler.run_once()
+    with system.app.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scheduled_jobs SET payload = '{\"v\": 2}' WHERE id = :id"), {"id": s.id}
+        )
+    system.work()
+    assert seen == [({"v": 2}, {"v": 2})]
+
+
+def test_handler_failure_retries_with_jittered_backoff_and_run_at_untouched(
+    system: System,
+) -> None:
+    s = system.app.schedule("flaky", {"fail_times": 2}, delay=0)
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.run_at == s.run_at and stored.attempts == 3
+    assert system.effects() == [(f"flaky:{s.id}:1", 3)]
+    with system.app.engine.connect() as conn:
+        attempts = conn.execute(
+            text(
+                "SELECT attempt, status, error, next_attempt_at, finished_at "
+                "FROM scheduled_job_attempts WHERE schedule_id = :id ORDER BY attempt"
+            ),
+            {"id": s.id},
+        ).all()
+    assert [(a.attempt, a.status) for a in attempts] == [
+        (1, "failed"),
+        (2, "failed"),
+        (3, "succeeded"),
+    ]
+    for failed in attempts[:2]:
+        assert "transient failure" in failed.error
+        wait = (failed.next_attempt_at - failed.finished_at).total_seconds()
+        assert 0 <= wait <= 1.0  # full jitter under the capped exponential ceiling
+    retried = [e for e in system.app.history(s.id) if e.kind is EventKind.RETRIED]
+    assert [e.detail["attempt"] for e in retried] == [1, 2]
+
+
+def test_exhausted_attempts_fail_with_the_last_error(system: System) -> None:
+    s = system.app.schedule("flaky", {"fail_times": 5}, delay=0)
+    system.run_until(lambda: system.status(s.id) == "failed")
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.attempts == 3
+    assert stored.last_error == "RuntimeError: transient failure on attempt 3"
+    assert stored.finished_at is not None and system.effects() == []
+
+
+def test_unknown_type_fails_naming_the_type_and_keeps_the_row(system: System) -> None:
+    s = system.app.schedule("no-such-type", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error == "no handler registered for type 'no-such-type'"
+
+
+def test_handler_timeout_counts_as_a_failed_attempt(system: System) -> None:
+    import time
+
+    system.app.handler("hang", max_attempts=1, timeout=timedelta(milliseconds=300))(
+        lambda ctx, payload: time.sleep(5)
+    )
+    s = system.app.schedule("hang", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error is not None and "timeout" in stored.last_error
+
+
+def test_lease_is_renewed_while_a_long_handler_runs(system: System) -> None:
+    leases = []
+
+    def long_running(ctx, payload):  # type: ignore[no-untyped-def]
+        import time
+
+        for _ in range(3):
+            with system.app.engine.connect() as conn:
+                leases.append(
+                    conn.execute(
+                        text("SELECT lease_expires_at FROM scheduled_jobs WHERE id = :id"),
+                        {"id": ctx.schedule_id},
+                    ).scalar_one()
+                )
+            time.sleep(0.5)
+
+    system.app.handler("long")(long_running)
+    s = system.app.schedule("long", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    assert system.status(s.id) == "succeeded"
+    assert leases[0] < leases[1] < leases[2]  # the heartbeat (every 0.2 s here) moved it
