@@ -1,0 +1,331 @@
+"""The delivery path across real processes: several schedulers and workers, skewed clocks,
+outages and restarts of Redis and PostgreSQL, graceful and cold shutdown."""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from duejobs import App
+from duejobs.config import sqlalchemy_url
+from duejobs.embedded import EmbeddedRedis
+from duejobs.migrate import upgrade
+from duejobs.scheduler import Scheduler, SchedulerConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Proc:
+    """A duejobs command in its own process, its output in a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "w") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "duejobs", *args],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        return self.popen.wait(timeout=timeout)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+@pytest.fixture
+def spawn(
+    tmp_path: Path, database_url: str, redis_url: str, redis_client: redis.Redis
+) -> Iterator[Callable[..., Proc]]:
+    procs: list[Proc] = []
+
+    def start(*args: str, extra_env: dict[str, str] | None = None) -> Proc:
+        env = {
+            **os.environ,
+            "DUEJOBS_DATABASE_URL": database_url,
+            "DUEJOBS_REDIS_URL": redis_url,
+            "PYTHONPATH": str(ROOT),
+            **(extra_env or {}),
+        }
+        proc = Proc(list(args), env, tmp_path / f"proc-{len(procs)}.log")
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _count(app: App, sql: str) -> int:
+    with app.engine.connect() as conn:
+        return int(conn.execute(text(sql)).scalar_one())
+
+
+def _assert_each_ran_once_and_never_early(app: App, n: int) -> None:
+    assert _count(app, "SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'") == n
+    assert _count(app, "SELECT count(*) FROM test_effects") == n
+    assert _count(app, "SELECT count(DISTINCT effect_key) FROM test_effects") == n
+    assert _count(app, "SELECT count(*) FROM scheduled_job_attempts") == n
+    started = "SELECT count(*) FROM scheduled_job_events WHERE kind = 'started'"
+    assert _count(app, started) == n
+    early = (
+        "SELECT count(*) FROM scheduled_job_events e JOIN scheduled_jobs s "
+        "ON s.id = e.schedule_id WHERE e.kind = 'started' AND e.at < s.run_at"
+    )
+    assert _count(app, early) == 0
+
+
+WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
+SCHEDULER = ["scheduler", "--poll-interval", "0.05", "--log-level", "warning"]
+
+
+def test_duplication_two_schedulers_and_two_workers_run_each_job_once(
+    app: App, spawn: Callable[..., Proc]
+) -> None:
+    n = 400
+    for i in range(n):
+        app.schedule("record", {"i": i}, delay=timedelta(milliseconds=5 * i), tenant=f"t{i % 3}")
+    procs = [spawn(*SCHEDULER), spawn(*SCHEDULER), spawn(*WORKER), spawn(*WORKER)]
+    done = "SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'"
+    wait_for(lambda: _count(app, done) == n, 90, f"{n} jobs to succeed")
+    _assert_each_ran_once_and_never_early(app, n)
+    workers = _count(app, "SELECT count(DISTINCT worker_pid) FROM test_effects")
+    assert workers == 2, "both workers should have taken part"
+    assert [p.stop() for p in procs] == [0, 0, 0, 0], [p.output() for p in procs]
+
+
+def test_peak_thousands_due_at_one_instant_all_run_once(
+    app: App, spawn: Callable[..., Proc]
+) -> None:
+    n = 2000
+    instant = app.now() + timedelta(seconds=3)
+    for i in range(n):
+        app.schedule("record", {"i": i}, run_at=instant)
+    procs = [spawn(*SCHEDULER, "--batch-size", "500"), spawn(*WORKER), spawn(*WORKER)]
+    done = "SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'"
+    wait_for(lambda: _count(app, done) == n, 120, f"{n} jobs to succeed")
+    _assert_each_ran_once_and_never_early(app, n)
+    assert [p.stop() for p in procs] == [0, 0, 0]
+
+
+def _faketime_env(offset: str) -> dict[str, str]:
+    libfaketime = pytest.importorskip("libfaketime")
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        pytest.skip("the bundled libfaketime library is built for Linux x86_64")
+    lib = Path(libfaketime.__file__).parent / "vendor" / "libfaketime" / "src"
+    return {
+        "LD_PRELOAD": str(lib / "libfaketime.so.1"),
+        "FAKETIME": offset,
+        "DONT_FAKE_MONOTONIC": "1",
+        "FAKETIME_NO_CACHE": "1",
+    }
+
+
+@pytest.mark.parametrize("offset", ["+10m", "-10m"])
+def test_clock_skew_worker_and_scheduler_ten_minutes_off_run_on_time(
+    app: App, spawn: Callable[..., Proc], offset: str
+) -> None:
+    skew = _faketime_env(offset)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import time; print(time.time())"],
+        env={**os.environ, **skew},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert abs(float(probe.stdout) - time.time()) > 500, "the process clock was not skewed"
+    n = 30
+    for i in range(n):
+        app.schedule("record", {"i": i}, delay=timedelta(seconds=1.5 + i * 0.05))
+    procs = [spawn(*SCHEDULER, extra_env=skew), spawn(*WORKER, extra_env=skew)]
+    done = "SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'"
+    wait_for(lambda: _count(app, done) == n, 30, "jobs to run on time despite the skew")
+    _assert_each_ran_once_and_never_early(app, n)
+    late = (
+        "SELECT max(extract(epoch FROM e.at - s.run_at)) FROM scheduled_job_events e "
+        "JOIN scheduled_jobs s ON s.id = e.schedule_id WHERE e.kind = 'started'"
+    )
+    with app.engine.connect() as conn:
+        assert conn.execute(text(late)).scalar_one() < 60  # not ten minutes late
+    assert [p.stop() for p in procs] == [0, 0]
+
+
+def test_worker_finishes_the_running_job_on_sigterm_then_exits(
+    app: App, spawn: Callable[..., Proc]
+) -> None:
+    s = app.schedule("slow", {"seconds": 2}, delay=0)
+    procs = [spawn(*SCHEDULER), spawn(*WORKER)]
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(app, running) == 1, 30, "the slow job to start")
+    assert procs[1].stop(signal.SIGTERM) == 0
+    stored = app.get(s.id)
+    assert stored is not None and stored.status.value == "succeeded"
+    assert procs[0].stop() == 0
+
+
+def test_cold_shutdown_leaves_a_running_row_with_a_lease_to_rescue(
+    app: App, spawn: Callable[..., Proc]
+) -> None:
+    s = app.schedule("slow", {"seconds": 30}, delay=0)
+    procs = [spawn(*SCHEDULER), spawn(*WORKER)]
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(app, running) == 1, 30, "the slow job to start")
+    procs[1].stop(signal.SIGKILL)
+    with app.engine.connect() as conn:
+        lease = conn.execute(
+            text("SELECT lease_expires_at > now() FROM scheduled_jobs WHERE id = :id"),
+            {"id": s.id},
+        ).scalar_one()
+    assert lease is True  # the reconciler rescues it once the lease expires
+    assert _count(app, "SELECT count(*) FROM test_effects") == 0
+    assert procs[0].stop() == 0
+
+
+def _scheduler_thread(app: App) -> tuple[Scheduler, threading.Thread]:
+    config = SchedulerConfig(
+        poll_interval=timedelta(milliseconds=50), max_backoff=timedelta(milliseconds=300)
+    )
+    scheduler = Scheduler(app, config)
+    thread = threading.Thread(target=scheduler.run, daemon=True)
+    thread.start()
+    return scheduler, thread
+
+
+def _pushed(app: App, ids: list[object]) -> bool:
+    return all((s := app.get(i)) is not None and s.queue_job_id for i in ids)  # type: ignore[arg-type]
+
+
+def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_url: str) -> None:
+    binary = EmbeddedRedis._binary()
+    port = _free_port()
+
+    def start_redis() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=port)
+        wait_for(lambda: _answers(client), 10, "redis to start")
+        return proc
+
+    server = start_redis()
+    local = App(database_url=database_url, redis_url=f"redis://127.0.0.1:{port}/0")
+    scheduler, thread = _scheduler_thread(local)
+    try:
+        before = [local.schedule("record", {}, delay=0).id]
+        wait_for(lambda: _pushed(local, before), 10, "the first push")
+        server.kill()
+        server.wait()
+        during = [local.schedule("record", {}, delay=0).id for _ in range(5)]
+        time.sleep(1.0)  # several failed passes
+        assert thread.is_alive()
+        assert not any(local.get(i).queue_job_id for i in during)  # type: ignore[union-attr]
+        server = start_redis()
+        wait_for(lambda: _pushed(local, during), 20, "pushes after the restart")
+        queue = local.deliverer().queue
+        assert sorted(queue.get_job_ids()) == sorted(
+            local.get(i).queue_job_id
+            for i in during  # type: ignore[union-attr]
+        )
+        assert thread.is_alive()
+    finally:
+        scheduler.stop()
+        thread.join(10)
+        local.close()
+        server.kill()
+        server.wait()
+    assert not thread.is_alive()
+
+
+HOLDER = """
+import sys
+from pathlib import Path
+from duejobs.embedded import EmbeddedPostgres
+url, _ = EmbeddedPostgres(Path(sys.argv[1])).start()
+print(url, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_scheduler_survives_a_postgresql_restart(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis
+) -> None:
+    def start_postgres() -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(tmp_path / "pg")],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        return proc, proc.stdout.readline().strip()
+
+    def stop_postgres(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(30)
+
+    holder, url = start_postgres()
+    local = App(database_url=url, redis_url=redis_url)
+    upgrade(local.engine)
+    scheduler, thread = _scheduler_thread(local)
+    try:
+        first = [local.schedule("record", {}, delay=0).id]
+        wait_for(lambda: _pushed(local, first), 10, "the first push")
+        stop_postgres(holder)  # the last user leaves: the server shuts down
+        time.sleep(1.0)
+        assert thread.is_alive()
+        holder, url2 = start_postgres()
+        assert sqlalchemy_url(url2) == local.settings.database_url
+        after = [local.schedule("record", {}, delay=0).id for _ in range(3)]
+        wait_for(lambda: _pushed(local, after), 20, "pushes after the restart")
+        assert thread.is_alive()
+    finally:
+        scheduler.stop()
+        thread.join(10)
+        local.close()
+        stop_postgres(holder)
+    assert not thread.is_alive()
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
