@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -44,3 +45,61 @@ def scratch_database() -> Iterator[tuple[str, str]]:
             )
         if embedded is not None:
             embedded.stop()
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure beside its baseline from the same run."""
+
+    name: str
+    value: float
+    baseline: float
+    unit: str
+    target: str
+    ok: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.baseline if self.baseline else float("nan")
+
+    def line(self) -> str:
+        verdict = "ok  " if self.ok else "MISS"
+        return (
+            f"{verdict} {self.name:<52} {self.value:>10.1f} {self.unit:<7} "
+            f"baseline {self.baseline:>10.1f}  ratio {self.ratio:5.2f}  target {self.target}"
+        )
+
+
+def fill_due(
+    url: str,
+    n: int,
+    *,
+    job_type: str,
+    offset: str = "0 seconds",
+    spread: str = "0 seconds",
+    background: int = 0,
+) -> None:
+    """``n`` scheduled rows due at now() + offset (+ up to ``spread``), plus ``background``
+    rows that are finished or far in the future; tables are emptied first."""
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "TRUNCATE scheduled_jobs, scheduled_job_events, scheduled_job_attempts, "
+            "scheduled_job_effects"
+        )
+        conn.execute(
+            "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at) "
+            "SELECT gen_random_uuid(), %(type)s, '{}', t, t FROM ("
+            "  SELECT now() + %(offset)s::interval + random() * %(spread)s::interval AS t "
+            "  FROM generate_series(1, %(n)s)) AS d",
+            {"type": job_type, "offset": offset, "spread": spread, "n": n},
+        )
+        if background:
+            conn.execute(
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, status) "
+                "SELECT gen_random_uuid(), %(type)s, '{}', t, t, "
+                "CASE WHEN g %% 2 = 0 THEN 'scheduled' ELSE 'succeeded' END FROM ("
+                "  SELECT g, now() + interval '2 days' + g * interval '1s' AS t "
+                "  FROM generate_series(1, %(n)s) AS g) AS d",
+                {"type": job_type, "n": background},
+            )
+        conn.execute("ANALYZE scheduled_jobs")

@@ -22,9 +22,7 @@ worker re-reads the row). Redis Cluster is not supported (job keys are not decla
 
 from __future__ import annotations
 
-import json
 import uuid
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +38,9 @@ DEFAULT_QUEUE = "duejobs"
 JOB_FUNCTION = "duejobs.worker.perform"
 # A queue job that raised (the database was unreachable, say) stays visible this long.
 FAILURE_TTL = 24 * 3600
+# Finished queue jobs linger briefly for inspection. (0 would make RQ delete each job on the
+# spot, which costs it about 1 ms per job more than letting the key expire.)
+RESULT_TTL = 60
 
 _PUSH = """
 local prefix, now, stamp = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -49,14 +50,14 @@ for i = 1, ntemplate do template[i] = ARGV[4 + i] end
 local live = {queued = true, scheduled = true, started = true, deferred = true}
 local queued, deferred, present = 0, 0, 0
 redis.call('SADD', KEYS[3], KEYS[1])
-for i = 5 + ntemplate, #ARGV, 4 do
-    local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 3])
+for i = 5 + ntemplate, #ARGV, 3 do
+    local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
     local status = redis.call('HGET', key, 'status')
     if status and live[status] then
         present = present + 1
     else
-        redis.call('DEL', key)
-        redis.call('HSET', key, 'data', ARGV[i + 1], 'description', ARGV[i + 2],
+        if status then redis.call('DEL', key) end
+        redis.call('HSET', key, 'data', ARGV[i + 1], 'description', 'duejobs ' .. id,
                    'created_at', stamp, unpack(template))
         if score <= now then
             redis.call('HSET', key, 'status', 'queued', 'enqueued_at', stamp)
@@ -147,7 +148,11 @@ class Deliverer:
     def _constant_fields(self) -> list[Any]:
         """The job-hash fields RQ writes that are the same for every duejobs job."""
         job = self.queue.create_job(
-            JOB_FUNCTION, args=["-", 0, 0, "-"], timeout=-1, result_ttl=0, failure_ttl=FAILURE_TTL
+            JOB_FUNCTION,
+            args=["-", 0, 0, "-"],
+            timeout=-1,
+            result_ttl=RESULT_TTL,
+            failure_ttl=FAILURE_TTL,
         )
         job.origin = self.queue.name
         fields = job.to_dict()
@@ -155,13 +160,20 @@ class Deliverer:
             fields.pop(varying, None)
         flat: list[Any] = []
         for name, value in fields.items():
-            flat += [name, value]
+            if value != "":  # RQ reads a missing field exactly like an empty one
+                flat += [name, value]
         return flat
 
     @staticmethod
-    def _data(push: Push) -> bytes:
-        args = [str(push.schedule_id), push.version, push.attempt, push.tenant]
-        return zlib.compress(json.dumps([JOB_FUNCTION, None, args, {}]).encode())
+    def _data(push: Push) -> str:
+        """RQ's job data: the JSON of (function, instance, args, kwargs). RQ reads it
+        uncompressed as well as zlib-compressed; skipping zlib saves most of the cost.
+        Formatted directly: a UUID, two ints and a tenant (``[A-Za-z0-9_.-]``, checked on
+        the way in) need no JSON escaping."""
+        return (
+            f'["{JOB_FUNCTION}",null,["{push.schedule_id}",{push.version},{push.attempt},'
+            f'"{push.tenant}"],{{}}]'
+        )
 
     def push(self, pushes: Sequence[Push], now: datetime) -> PushResult:
         """Push a batch in one round trip: due ones (``due_at <= now``) onto the queue, the
@@ -172,8 +184,7 @@ class Deliverer:
         args: list[Any] = [self._prefix, now.timestamp(), stamp, len(self._template)]
         args += self._template
         for p in pushes:
-            description = f"duejobs {p.tenant} {p.schedule_id} v{p.version} a{p.attempt}"
-            args += [p.job_id, self._data(p), description, p.due_at.timestamp()]
+            args += [p.job_id, self._data(p), p.due_at.timestamp()]
         keys = [self.queue.key, self.scheduled_key, self.queue.redis_queues_keys]
         queued, deferred, present = self._push(keys=keys, args=args)
         return PushResult(queued=int(queued), deferred=int(deferred), present=int(present))

@@ -3,11 +3,12 @@
 Each pass (:meth:`Scheduler.run_once`):
 
 1. claims ``scheduled`` rows due within the window that have no queue job for their current
-   version, oldest ``due_at`` first, ``FOR UPDATE SKIP LOCKED``, in batches;
+   version, oldest ``due_at`` first, ``FOR UPDATE SKIP LOCKED``, in batches, recording their
+   deterministic ``queue_job_id`` and an ``enqueued`` event in the same statement;
 2. pushes each batch to Redis in one round trip (due rows onto the queue, later ones into
-   RQ's scheduled registry) under deterministic job ids;
-3. records ``queue_job_id`` and an ``enqueued`` event, and commits — only after Redis
-   acknowledged the push, so a row is never marked pushed without a real queue job;
+   RQ's scheduled registry);
+3. commits only after Redis acknowledged the push — if the push fails the transaction rolls
+   back, so a row is never marked pushed without a real queue job;
 4. keeps taking batches while they come back full, then promotes the jobs whose time has come,
    by the database clock, from the scheduled registry onto the queue.
 
@@ -95,8 +96,9 @@ class Scheduler:
         with self.app.engine.begin() as conn:
             rows, now = store.claim_due(conn, self.config.window, self.config.batch_size)
             pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
-            result = self.deliverer.push(pushes, now)
-            store.mark_enqueued(conn, [(p.schedule_id, p.job_id) for p in pushes])
+            if any(p.job_id != r.queue_job_id for p, r in zip(pushes, rows, strict=True)):
+                raise RuntimeError("queue job ids spelled differently by SQL and Python")
+            result = self.deliverer.push(pushes, now)  # raises → rollback: rows stay unmarked
         return len(rows), result, now
 
     def run_once(self) -> PassResult:
@@ -111,7 +113,12 @@ class Scheduler:
             present += result.present
             if count < self.config.batch_size or self.stopping:
                 break
-        promoted = self.deliverer.promote(now)
+        promoted = 0
+        while True:  # a peak can make thousands due at one instant
+            moved = self.deliverer.promote(now, limit=self.config.batch_size * 10)
+            promoted += moved
+            if moved < self.config.batch_size * 10 or self.stopping:
+                break
         return PassResult(claimed, queued, deferred, present, promoted, batches)
 
     def run(self) -> None:

@@ -12,13 +12,15 @@ changed without its event and the common paths cost one round trip.
 from __future__ import annotations
 
 import enum
+import functools
+import re
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Row, text
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Connection, Row, TextClause, text
 
 from duejobs.models import Event, EventKind, Schedule, Status
 from duejobs.timespec import When
@@ -30,6 +32,25 @@ SCHEDULE_COLUMNS = (
 _LIVE = "status IN ('scheduled', 'running')"
 _TENANT = "(CAST(:tenant AS text) IS NULL OR tenant = :tenant)"
 _RUN_AT = "COALESCE(CAST(:run_at AS timestamptz), statement_timestamp() + CAST(:delay AS interval))"
+
+
+@functools.cache
+def _driver_sql(clause: TextClause) -> str:
+    """A ``text()`` statement in psycopg's own parameter style (``:name`` → ``%(name)s``)."""
+    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", clause.text.replace("%", "%%"))
+
+
+def _fast(conn: Connection, clause: TextClause, params: dict[str, Any]) -> list[Any]:
+    """Run a hot-path statement straight on psycopg, inside the connection's transaction.
+
+    Same SQL, same transaction; it skips SQLAlchemy's per-execution work (about 0.15 ms a
+    statement), which the scheduler and the worker pay once or twice per job.
+    """
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    with driver.cursor(row_factory=namedtuple_row) as cursor:
+        cursor.execute(_driver_sql(clause), params)
+        return cursor.fetchall() if cursor.description else []
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -156,7 +177,7 @@ _RESCHEDULE = text(
             started_at = NULL,
             lease_expires_at = NULL
         FROM cur
-        WHERE s.id = cur.id
+        WHERE s.id = :id AND s.id = cur.id
         RETURNING s.*, cur.old_run_at, cur.old_version, cur.old_queue_job_id
     ), event AS (
         INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
@@ -203,7 +224,7 @@ _CANCEL = text(
         SET status = 'cancelled', version = s.version + 1,
             updated_at = statement_timestamp(), finished_at = statement_timestamp()
         FROM cur
-        WHERE s.id = cur.id
+        WHERE s.id = :id AND s.id = cur.id
         RETURNING s.id, s.tenant, s.version, cur.queue_job_id
     ), event AS (
         INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version)
@@ -267,73 +288,66 @@ def database_now(conn: Connection) -> datetime:
 
 @dataclass(frozen=True)
 class DueRow:
-    """A claimed row the scheduler is about to push."""
+    """A claimed row the scheduler is about to push, with its queue job id."""
 
     id: uuid.UUID
     tenant: str
     version: int
     attempt: int
     due_at: datetime
+    queue_job_id: str
 
+
+# The queue job id of (tenant, id, version, attempt), as duejobs.delivery.job_id spells it;
+# computed here so that claiming and marking a batch is a single UPDATE. A test holds the two
+# spellings equal.
+_JOB_ID_SQL = (
+    "'dj-' || replace(s.tenant, '.', '_') || '-' || replace(CAST(s.id AS text), '-', '') "
+    "|| '-v' || s.version || '-a' || (s.attempts + 1)"
+)
 
 CLAIM_DUE = text(
-    """
+    f"""
     WITH due AS (
-        SELECT id, tenant, version, attempts + 1 AS attempt, due_at
+        SELECT id
         FROM scheduled_jobs
         WHERE status = 'scheduled' AND queue_job_id IS NULL
           AND due_at <= statement_timestamp() + CAST(:window AS interval)
         ORDER BY due_at
         FOR UPDATE SKIP LOCKED
         LIMIT :limit
+    ), upd AS (
+        UPDATE scheduled_jobs s
+        SET queue_job_id = {_JOB_ID_SQL},
+            enqueued_at = statement_timestamp(), updated_at = statement_timestamp()
+        WHERE s.id = ANY(ARRAY(SELECT id FROM due))  -- primary-key lookups, never a join
+        RETURNING s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
+                  s.queue_job_id
+    ), event AS (
+        INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+        SELECT id, tenant, 'enqueued', version, jsonb_build_object('queue_job_id', queue_job_id)
+        FROM upd
     )
-    SELECT statement_timestamp() AS db_now, due.*
-    FROM (SELECT 1) AS always LEFT JOIN due ON true
-    ORDER BY due.due_at
+    SELECT statement_timestamp() AS db_now, upd.*
+    FROM (SELECT 1) AS always LEFT JOIN upd ON true
+    ORDER BY upd.due_at
     """
 )
 
 
 def claim_due(conn: Connection, window: timedelta, limit: int) -> tuple[list[DueRow], datetime]:
-    """Lock up to ``limit`` rows due within ``window`` that have no queue job for their
-    current version, oldest first; rows locked by another scheduler are skipped.
-    Also returns the database clock, which decides what is due."""
-    rows = conn.execute(CLAIM_DUE, {"window": window, "limit": limit}).all()
+    """Claim up to ``limit`` rows due within ``window`` that have no queue job for their
+    current version, oldest first (rows locked by another scheduler are skipped), and record
+    their queue job id with an ``enqueued`` event — all in one statement. The caller pushes
+    them to Redis before committing and rolls back if the push fails, so a row is never
+    marked pushed without a real queue job. Also returns the database clock."""
+    rows = _fast(conn, CLAIM_DUE, {"window": window, "limit": limit})
     due = [
-        DueRow(r.id, r.tenant, r.version, r.attempt, r.due_at.astimezone(UTC))
+        DueRow(r.id, r.tenant, r.version, r.attempt, r.due_at.astimezone(UTC), r.queue_job_id)
         for r in rows
         if r.id is not None
     ]
     return due, rows[0].db_now.astimezone(UTC)
-
-
-_MARK_ENQUEUED = text(
-    """
-    WITH pushed AS (
-        SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:jobs AS text[])) AS p(id, job_id)
-    ), upd AS (
-        UPDATE scheduled_jobs s
-        SET queue_job_id = pushed.job_id, enqueued_at = statement_timestamp(),
-            updated_at = statement_timestamp()
-        FROM pushed
-        WHERE s.id = pushed.id
-        RETURNING s.id, s.tenant, s.version, s.queue_job_id, s.due_at
-    )
-    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
-    SELECT id, tenant, 'enqueued', version,
-           jsonb_build_object('queue_job_id', queue_job_id, 'due_at', due_at)
-    FROM upd
-    """
-)
-
-
-def mark_enqueued(conn: Connection, pushed: Sequence[tuple[uuid.UUID, str]]) -> None:
-    """Record the queue job id of each pushed row (only after Redis acknowledged it)."""
-    if pushed:
-        conn.execute(
-            _MARK_ENQUEUED,
-            {"ids": [sid for sid, _ in pushed], "jobs": [job for _, job in pushed]},
-        )
 
 
 # -- the delivery path: worker ---------------------------------------------------------------
@@ -382,7 +396,7 @@ _CLAIM_RUN = text(
             lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
             updated_at = statement_timestamp()
         FROM verdict v
-        WHERE s.id = v.id AND v.reason IS NULL
+        WHERE s.id = :id AND s.id = v.id AND v.reason IS NULL
         RETURNING s.id, s.tenant, s.version, s.due_at, s.run_at
     ), attempt AS (
         INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, status, worker)
@@ -422,7 +436,8 @@ def claim_run(
     the next attempt, and the database clock has reached ``due_at``. Skips other than
     ``not_due`` are recorded as events in the same statement.
     """
-    row = conn.execute(
+    rows = _fast(
+        conn,
         _CLAIM_RUN,
         {
             "id": schedule_id,
@@ -432,9 +447,10 @@ def claim_run(
             "worker": worker,
             "lease": lease,
         },
-    ).first()
-    if row is None:
+    )
+    if not rows:
         return RunClaim(skip=SkipReason.MISSING)
+    row = rows[0]
     return RunClaim(
         skip=SkipReason(row.reason) if row.reason else None,
         type=row.type,
@@ -575,7 +591,8 @@ def finish(
         Status.FAILED: EventKind.FAILED,
         Status.SCHEDULED: EventKind.RETRIED,
     }[outcome]
-    row = conn.execute(
+    rows = _fast(
+        conn,
         _FINISH,
         {
             "id": schedule_id,
@@ -586,8 +603,8 @@ def finish(
             "error": error,
             "retry_in": retry_in,
         },
-    ).first()
-    return row is not None
+    )
+    return bool(rows)
 
 
 _STALE = text(

@@ -26,10 +26,15 @@ writes together with ``succeeded``: exactly once for effects in the same databas
 cancel-safe (a cancel waits for the fence and then finds the schedule finished).
 
 What it does not promise: exactly-once for external effects (pass ``ctx.effect_key`` as the
-idempotency key); a handler killed with its worker (SIGKILL, cold shutdown) stays ``running``
-until its lease expires and the reconciler rescues it, so it may run again.
+idempotency key). It can run a handler twice when: its worker is killed (SIGKILL, cold
+shutdown) — the row stays ``running`` until its lease expires and the reconciler rescues it;
+or PostgreSQL itself crashes — the worker's claim and outcome commits use
+``synchronous_commit = off`` (about 1 ms per job less), so the last fraction of a second of
+them can be lost and the schedule runs again. Effects committed through ``ctx.transaction()``
+use the application's durable commits and stay exactly-once in both cases.
 
-Knobs (:class:`WorkerConfig`): ``lease`` (20 s), ``heartbeat`` (5 s), ``max_early_wait`` (1 s).
+Knobs (:class:`WorkerConfig`): ``lease`` (20 s), ``heartbeat`` (5 s), ``max_early_wait``
+(1 s), ``durable_bookkeeping`` (False: set True to fsync every claim and outcome).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ from redis import Redis
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
 from duejobs import store
 from duejobs.app import App
@@ -68,12 +74,14 @@ log = logging.getLogger("duejobs.worker")
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Worker knobs: the lease a running attempt holds, how often it is renewed, and how long
-    an early delivery may wait for its time instead of going back to the scheduler."""
+    """Worker knobs: the lease a running attempt holds, how often it is renewed, how long an
+    early delivery may wait for its time instead of going back to the scheduler, and whether
+    the worker's own claim/outcome commits wait for the disk (see the module docstring)."""
 
     lease: timedelta = timedelta(seconds=20)
     heartbeat: timedelta = timedelta(seconds=5)
     max_early_wait: timedelta = timedelta(seconds=1)
+    durable_bookkeeping: bool = False
 
 
 class Outcome(enum.StrEnum):
@@ -203,6 +211,39 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
+class _Bookkeeping:
+    """The worker's own connection for claims and outcomes.
+
+    Kept checked out (no pool round trip per job) and in autocommit: each bookkeeping step
+    is one statement, so it commits without BEGIN/COMMIT round trips. A broken connection is
+    dropped, the error surfaces (RQ records the job as failed, the row stays for the
+    reconciler), and the next job opens a new one.
+    """
+
+    def __init__(self, app: App, durable: bool) -> None:
+        self._app = app
+        self._durable = durable
+        self._conn: Connection | None = None
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Connection]:
+        if self._conn is None or self._conn.invalidated or self._conn.closed:
+            self._conn = self._app.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            if not self._durable:
+                self._conn.exec_driver_sql("SET synchronous_commit = off")
+        try:
+            yield self._conn
+        except DBAPIError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(DBAPIError):
+                self._conn.close()
+            self._conn = None
+
+
 class Runtime:
     """Handles deliveries for one App: the logic of the worker, without RQ around it."""
 
@@ -211,15 +252,17 @@ class Runtime:
         self.config = config or WorkerConfig()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._heartbeat = _Heartbeat(app, self.config)
+        self._db = _Bookkeeping(app, self.config.durable_bookkeeping)
 
     def close(self) -> None:
         self._heartbeat.stop()
+        self._db.close()
 
     def handle(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> Outcome:
         """Claim, run and close one delivery; returns what happened."""
         claim = self._claim(schedule_id, version, attempt, tenant)
         if claim.skip is SkipReason.NOT_DUE:
-            with self.app.engine.begin() as conn:
+            with self._db.connection() as conn:
                 store.hand_back(conn, schedule_id, version, attempt)
             log.info("schedule %s v%s is not due yet: handed back", schedule_id, version)
             return Outcome.HANDED_BACK
@@ -263,7 +306,7 @@ class Runtime:
         own reading of how far away it is), then claims again."""
         give_up = time.monotonic() + self.config.max_early_wait.total_seconds()
         while True:
-            with self.app.engine.begin() as conn:
+            with self._db.connection() as conn:
                 claim = store.claim_run(
                     conn,
                     schedule_id=schedule_id,
@@ -289,7 +332,7 @@ class Runtime:
         error: str | None = None,
         retry_in: timedelta | None = None,
     ) -> Outcome:
-        with self.app.engine.begin() as conn:
+        with self._db.connection() as conn:
             if store.finish(
                 conn,
                 ctx.schedule_id,
@@ -311,7 +354,7 @@ class Runtime:
         return Outcome.STALE
 
     def _stale(self, ctx: Context, reason: SkipReason) -> Outcome:
-        with self.app.engine.begin() as conn:
+        with self._db.connection() as conn:
             store.record_stale(conn, ctx.schedule_id, ctx.version, ctx.attempt, reason)
         return Outcome.STALE
 

@@ -1,0 +1,41 @@
+"""`python -m bench` (or `make bench`): every figure beside its baseline, measured in one run.
+
+Uses DUEJOBS_DATABASE_URL / DUEJOBS_REDIS_URL when set, the embedded servers otherwise, and a
+scratch database created for the run. Sizes can be reduced with the environment variables
+named in each module (BENCH_WINDOW_ROWS, BENCH_WORKER_JOBS, BENCH_PEAK_JOBS, LAG_JOBS, ...).
+Exit status 1 when a figure misses its target.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+
+from bench import lag, scheduler_throughput, worker_throughput
+from bench.common import Figure, scratch_database
+
+
+def main() -> int:
+    figures: list[Figure] = []
+    started = time.monotonic()
+    print(
+        f"duejobs benchmarks on {platform.node()} ({platform.machine()}, "
+        f"Python {platform.python_version()})",
+        flush=True,
+    )
+    with scratch_database() as (database_url, redis_url):
+        for module in (scheduler_throughput, worker_throughput, lag):
+            for figure in module.run(database_url, redis_url):
+                print(figure.line(), flush=True)
+                figures.append(figure)
+    missed = [f.name for f in figures if not f.ok]
+    print(
+        f"\n{len(figures) - len(missed)} of {len(figures)} figures on target "
+        f"({time.monotonic() - started:.0f} s)"
+    )
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Lag from the intended time to the handler's start at steady load, next to RQ's own
+`enqueue_at` measured in the same run.
+
+Steady load: LAG_JOBS jobs (300) at LAG_RATE per second (20/s), at random sub-second
+offsets. duejobs: one scheduler and one worker process; lag = the `started` event's database
+time minus `run_at` (so an early start is a negative lag by the database clock). RQ: one
+`rq worker --with-scheduler` (SimpleWorker, JSON); lag = the job's own `time.time()` at start
+minus its target.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+from sqlalchemy import text
+
+from bench.common import Figure
+from bench.procs import ROOT
+from duejobs import App
+
+JOBS = int(os.environ.get("LAG_JOBS", "300"))
+RATE = float(os.environ.get("LAG_RATE", "20"))
+LEAD = 3.0  # seconds before the first job is due, so that everything is running
+
+
+def _offsets() -> list[float]:
+    rng = random.Random(42)
+    return [LEAD + i / RATE + rng.random() / RATE for i in range(JOBS)]
+
+
+def _wait(condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("lag benchmark did not finish")
+        time.sleep(0.2)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
+    app = App(database_url=database_url, redis_url=redis_url)
+    Redis.from_url(redis_url).flushdb()
+    with app.engine.begin() as conn:
+        conn.execute(text("TRUNCATE scheduled_jobs CASCADE"))
+    env = {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": database_url,
+        "DUEJOBS_REDIS_URL": redis_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [sys.executable, "-m", "duejobs"]
+    procs = [
+        subprocess.Popen([*cmd, "scheduler", "--log-level", "warning"], env=env, cwd=ROOT),
+        subprocess.Popen(
+            [*cmd, "worker", "--app", "bench.jobs:app", "--log-level", "warning"], env=env, cwd=ROOT
+        ),
+    ]
+    try:
+        now = app.now()
+        for offset in _offsets():
+            app.schedule("noop", {}, run_at=now + timedelta(seconds=offset))
+        done = text("SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'")
+
+        def finished() -> bool:
+            with app.engine.connect() as conn:
+                return conn.execute(done).scalar_one() == JOBS
+
+        _wait(finished, LEAD + JOBS / RATE + 60)
+        with app.engine.connect() as conn:
+            lags = conn.execute(
+                text(
+                    "SELECT extract(epoch FROM e.at - s.run_at) FROM scheduled_job_events e "
+                    "JOIN scheduled_jobs s ON s.id = e.schedule_id WHERE e.kind = 'started'"
+                )
+            ).scalars()
+            return [float(x) for x in lags]
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(60)
+        app.close()
+
+
+def rq_lags(redis_url: str) -> list[float]:
+    redis = Redis.from_url(redis_url)
+    redis.flushdb()
+    rq_cli = str(Path(sys.executable).parent / "rq")
+    env = {**os.environ, "DUEJOBS_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    worker = subprocess.Popen(
+        [
+            rq_cli,
+            "worker",
+            "--with-scheduler",
+            "-w",
+            "rq.worker.SimpleWorker",
+            "-S",
+            "rq.serializers.JSONSerializer",
+            "--url",
+            redis_url,
+            "-q",
+            "lag",
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        queue = Queue("lag", connection=redis, serializer=JSONSerializer)
+        start = time.time()
+        for offset in _offsets():
+            target = start + offset
+            queue.enqueue_at(datetime.fromtimestamp(target, UTC), "bench.jobs.stamp", target)
+        _wait(lambda: redis.llen("bench:rq-lag") == JOBS, LEAD + JOBS / RATE + 60)
+        return [float(x) for x in redis.lrange("bench:rq-lag", 0, -1)]
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    ours = duejobs_lags(database_url, redis_url)
+    theirs = rq_lags(redis_url)
+    early_ours = sum(1 for lag in ours if lag < 0)
+    early_rq = sum(1 for lag in theirs if lag < 0)
+    p50, p99 = statistics.median(ours) * 1000, _percentile(ours, 0.99) * 1000
+    rq50, rq99 = statistics.median(theirs) * 1000, _percentile(theirs, 0.99) * 1000
+    return [
+        Figure(
+            "lag run_at -> start, p50 (RQ enqueue_at beside)",
+            p50,
+            rq50,
+            "ms",
+            "<= 250 ms",
+            p50 <= 250,
+        ),
+        Figure(
+            "lag run_at -> start, p99 (RQ enqueue_at beside)",
+            p99,
+            rq99,
+            "ms",
+            "<= 1000 ms",
+            p99 <= 1000,
+        ),
+        Figure(
+            f"early starts out of {JOBS} (RQ enqueue_at beside)",
+            early_ours,
+            early_rq,
+            "jobs",
+            "0",
+            early_ours == 0,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)

@@ -1,0 +1,62 @@
+"""Worker processes for the benchmarks: `python -m bench.procs KIND QUEUE`.
+
+Prints one JSON line with the wall-clock span of its burst (time.time(), comparable across
+processes on one machine). KIND is `bare` (an RQ SimpleWorker on a queue of bare jobs) or
+`duejobs` (a DuejobsWorker with the bench App)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from redis import Redis
+from rq import SimpleWorker
+from rq.serializers import JSONSerializer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spawn_workers(kind: str, queue: str, count: int, env: dict[str, str]) -> list[dict[str, float]]:
+    """Start ``count`` burst workers at once and return each one's span."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.procs", kind, queue],
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
+    spans = []
+    for proc in procs:
+        out, _ = proc.communicate(timeout=1800)
+        assert proc.returncode == 0, out
+        spans.append(json.loads(out.strip().splitlines()[-1]))
+    return spans
+
+
+def main() -> None:
+    kind, queue = sys.argv[1], sys.argv[2]
+    redis = Redis.from_url(os.environ["DUEJOBS_REDIS_URL"])
+    if kind == "bare":
+        worker = SimpleWorker([queue], connection=redis, serializer=JSONSerializer)
+    else:
+        from bench.jobs import app
+        from duejobs.worker import DuejobsWorker, Runtime
+
+        assert app is not None
+        worker = DuejobsWorker(Runtime(app))
+    import bench.jobs  # noqa: F401  (loaded before timing, as a real worker would be)
+
+    start = time.time()
+    worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
+    print(json.dumps({"start": start, "end": time.time()}))
+
+
+if __name__ == "__main__":
+    main()

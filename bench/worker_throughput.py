@@ -1,0 +1,153 @@
+"""Worker throughput with all of duejobs' bookkeeping against a bare RQ worker of the same
+class (SimpleWorker) and count, running a no-op job; and the peak: 10,000 jobs due at one
+instant drained by two workers against the same two workers draining 10,000 bare jobs.
+
+Both sides run as separate worker processes in burst mode; throughput is jobs divided by the
+span from the first worker's start to the last one's end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+import psycopg
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from bench.common import Figure, fill_due
+from bench.procs import ROOT, spawn_workers
+from duejobs import App
+from duejobs.config import libpq_url
+from duejobs.scheduler import Scheduler, SchedulerConfig
+
+JOBS = int(os.environ.get("BENCH_WORKER_JOBS", "2000"))
+PEAK = int(os.environ.get("BENCH_PEAK_JOBS", "10000"))
+
+
+def _env(database_url: str, redis_url: str) -> dict[str, str]:
+    return {"DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+
+
+def _bare(redis: Redis, n: int, workers: int, env: dict[str, str]) -> float:
+    redis.flushdb()
+    queue = Queue("bare", connection=redis, serializer=JSONSerializer)
+    for start in range(0, n, 1000):
+        datas = [
+            Queue.prepare_data("bench.jobs.noop", args=[i]) for i in range(start, start + 1000)
+        ]
+        queue.enqueue_many(datas[: n - start])
+    spans = spawn_workers("bare", "bare", workers, env)
+    assert queue.count == 0
+    return max(s["end"] for s in spans) - min(s["start"] for s in spans)
+
+
+def _ours(app: App, redis: Redis, n: int, workers: int, env: dict[str, str]) -> float:
+    redis.flushdb()
+    fill_due(libpq_url(app.settings.database_url), n, job_type="noop", offset="-1 second")
+    Scheduler(app, SchedulerConfig(batch_size=1000)).run_once()
+    spans = spawn_workers("duejobs", app.queue, workers, env)
+    with app.engine.connect() as conn:
+        done = conn.exec_driver_sql(
+            "SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'"
+        ).scalar_one()
+    assert done == n, done
+    return max(s["end"] for s in spans) - min(s["start"] for s in spans)
+
+
+def throughput(database_url: str, redis_url: str, workers: int, repeats: int = 3) -> Figure:
+    env = _env(database_url, redis_url)
+    redis = Redis.from_url(redis_url)
+    app = App(database_url=database_url, redis_url=redis_url)
+    mine, theirs = [], []
+    for _ in range(repeats):
+        theirs.append(JOBS / _bare(redis, JOBS, workers, env))
+        mine.append(JOBS / _ours(app, redis, JOBS, workers, env))
+    app.close()
+    value, baseline = statistics.median(mine), statistics.median(theirs)
+    return Figure(
+        f"worker: jobs/s with bookkeeping, {workers} SimpleWorker(s)",
+        value,
+        baseline,
+        "jobs/s",
+        ">= 0.7x bare RQ no-op",
+        value >= 0.7 * baseline,
+    )
+
+
+def peak(database_url: str, redis_url: str) -> Figure:
+    """10,000 due at one instant; a scheduler and two workers already running."""
+    env = _env(database_url, redis_url)
+    redis = Redis.from_url(redis_url)
+    bare = _bare(redis, PEAK, 2, env)
+    redis.flushdb()
+    app = App(database_url=database_url, redis_url=redis_url)
+    fill_due(libpq_url(database_url), PEAK, job_type="noop", offset="8 seconds")
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        conn.execute("UPDATE scheduled_jobs SET run_at = (SELECT min(run_at) FROM scheduled_jobs)")
+        conn.execute("UPDATE scheduled_jobs SET due_at = run_at")
+    run = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "duejobs"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "scheduler", "--batch-size", "1000", "--log-level", "warning"], env=run, cwd=ROOT
+        ),
+        *[
+            subprocess.Popen(
+                [*cmd, "worker", "--app", "bench.jobs:app", "--log-level", "warning"],
+                env=run,
+                cwd=ROOT,
+            )
+            for _ in range(2)
+        ],
+    ]
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            with app.engine.connect() as conn:
+                left = conn.exec_driver_sql(
+                    "SELECT count(*) FROM scheduled_jobs WHERE status <> 'succeeded'"
+                ).scalar_one()
+            if left == 0:
+                break
+            assert time.monotonic() < deadline, "peak did not drain"
+            time.sleep(0.2)
+        with app.engine.connect() as conn:
+            drain = conn.exec_driver_sql(
+                "SELECT extract(epoch FROM max(finished_at) - min(run_at)) FROM scheduled_jobs"
+            ).scalar_one()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(60)
+        app.close()
+    return Figure(
+        f"peak: {PEAK} due at one instant, 2 workers, drain",
+        float(drain),
+        bare,
+        "s",
+        "<= 1.3x bare drain",
+        float(drain) <= 1.3 * bare,
+    )
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    return [
+        throughput(database_url, redis_url, workers=1),
+        throughput(database_url, redis_url, workers=2),
+        peak(database_url, redis_url),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)
