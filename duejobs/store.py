@@ -19,8 +19,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Row, TextClause, text
+from sqlalchemy.exc import DBAPIError
 
 from duejobs.models import Event, EventKind, Schedule, Status
 from duejobs.timespec import When
@@ -48,9 +50,19 @@ def _fast(conn: Connection, clause: TextClause, params: dict[str, Any]) -> list[
     """
     driver = conn.connection.driver_connection
     assert driver is not None
-    with driver.cursor(row_factory=namedtuple_row) as cursor:
-        cursor.execute(_driver_sql(clause), params)
-        return cursor.fetchall() if cursor.description else []
+    sql = _driver_sql(clause)
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+    except psycopg.Error as exc:
+        # Surface it as SQLAlchemy would, and retire a broken connection from the pool.
+        broken = driver.closed or isinstance(exc, psycopg.OperationalError)
+        if broken:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(
+            sql, params, exc, psycopg.Error, connection_invalidated=broken
+        ) from exc
 
 
 def _utc(value: datetime | None) -> datetime | None:

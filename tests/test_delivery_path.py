@@ -10,13 +10,16 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
-from duejobs import EventKind, Status
+from duejobs import EventKind, Status, store
+from duejobs.config import libpq_url
 from duejobs.delivery import Push, job_id
 from duejobs.worker import Outcome
 from tests.conftest import System
@@ -370,3 +373,15 @@ def test_sql_and_python_spell_queue_job_ids_alike(system: System) -> None:
     assert len(rows) == 4
     for r in rows:
         assert r.queue_job_id == job_id(r.tenant, r.id, r.version, r.attempts + 1)
+
+
+def test_a_connection_dropped_mid_pass_surfaces_as_a_database_error(system: System) -> None:
+    system.app.schedule("record", {}, delay=0)
+    with system.app.engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with psycopg.connect(libpq_url(system.app.settings.database_url), autocommit=True) as a:
+            a.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(OperationalError):
+            store.claim_due(conn, timedelta(minutes=15), 10)
+        assert conn.invalidated
+    assert system.scheduler.run_once().claimed == 1  # the pool hands out a fresh connection
