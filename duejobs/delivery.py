@@ -88,6 +88,16 @@ end
 return pushed
 """
 
+_DEFER = """
+if redis.call('EXISTS', ARGV[1]) == 1 then
+    redis.call('HSET', ARGV[1], 'status', 'scheduled')
+    redis.call('PERSIST', ARGV[1])
+    redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+    return 1
+end
+return 0
+"""
+
 _REMOVE = """
 local status = redis.call('HGET', ARGV[1], 'status')
 if status == 'queued' or status == 'scheduled' then
@@ -140,6 +150,7 @@ class Deliverer:
         self._push = connection.register_script(_PUSH)
         self._promote = connection.register_script(_PROMOTE)
         self._remove = connection.register_script(_REMOVE)
+        self._defer = connection.register_script(_DEFER)
 
     @property
     def scheduled_key(self) -> str:
@@ -197,6 +208,18 @@ class Deliverer:
             args=[self._prefix, now.timestamp(), limit, stamp],
         )
         return int(pushed)
+
+    def defer(self, queue_job_id: str, due_at: datetime) -> bool:
+        """Put a job that just ran back into the scheduled registry for ``due_at``.
+
+        For a delivery that came too early: its job keeps its id (the row still names it), so
+        nothing can push a second one. Called after RQ has finished with the job.
+        """
+        deferred = self._defer(
+            keys=[self.scheduled_key],
+            args=[self._prefix + queue_job_id, queue_job_id, due_at.timestamp()],
+        )
+        return bool(deferred)
 
     def remove(self, queue_job_id: str) -> bool:
         """Delete a job that is still waiting (queued or scheduled); a started one is left to

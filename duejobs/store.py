@@ -473,27 +473,20 @@ def claim_run(
     )
 
 
-_HAND_BACK = text(
+_DEFERRED = text(
     """
-    WITH upd AS (
-        UPDATE scheduled_jobs
-        SET queue_job_id = NULL, updated_at = statement_timestamp()
-        WHERE id = :id AND version = :version AND status = 'scheduled'
-          AND attempts = :attempt - 1
-        RETURNING id, tenant, version, due_at
-    )
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'requeued', version,
            jsonb_build_object('reason', 'not_due', 'due_at', due_at, 'attempt', :attempt)
-    FROM upd
+    FROM scheduled_jobs
+    WHERE id = :id AND version = :version AND status = 'scheduled'
     """
 )
 
 
-def hand_back(conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int) -> None:
-    """Give an early delivery back to the scheduler, which pushes it again for ``due_at``.
-    No attempt is consumed."""
-    conn.execute(_HAND_BACK, {"id": schedule_id, "version": version, "attempt": attempt})
+def record_deferred(conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int) -> None:
+    """Record that an early delivery was put back for its ``due_at`` (no attempt used)."""
+    conn.execute(_DEFERRED, {"id": schedule_id, "version": version, "attempt": attempt})
 
 
 _CURRENT = """

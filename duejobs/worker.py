@@ -8,8 +8,8 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    never consulted, so a worker whose clock is ten minutes off behaves like any other.
 2. **Otherwise skips, and records why**: missing, cancelled, superseded (another version),
    duplicate (already running or done — RQ can deliver one id twice). A delivery that arrived
-   early waits up to ``max_early_wait`` (measured against the database's answer), or is given
-   back to the scheduler, which pushes it again for ``due_at``; no attempt is consumed.
+   early waits up to ``max_early_wait`` (measured against the database's answer), or is put
+   back into the scheduled registry for ``due_at`` under its own id; no attempt is consumed.
 3. **Runs the handler** with ``ctx`` (ids, version, attempt, ``effect_key``, ``run_at``, and
    the payload read from the row now) under the type's timeout, while a heartbeat thread
    extends the lease so the reconciler can tell a slow handler from a dead worker.
@@ -54,7 +54,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from redis import Redis
-from rq import SimpleWorker
+from redis.exceptions import RedisError
+from rq import Queue, SimpleWorker
+from rq.job import Job
 from rq.serializers import JSONSerializer
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
@@ -91,7 +93,7 @@ class Outcome(enum.StrEnum):
     RETRYING = "retrying"
     FAILED = "failed"
     SKIPPED = "skipped"
-    HANDED_BACK = "handed_back"
+    DEFERRED = "deferred"
     STALE = "stale"
 
 
@@ -253,6 +255,8 @@ class Runtime:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._heartbeat = _Heartbeat(app, self.config)
         self._db = _Bookkeeping(app, self.config.durable_bookkeeping)
+        # Set by handle() when the delivery came too early: the time to put it back for.
+        self.deferred: datetime | None = None
 
     def close(self) -> None:
         self._heartbeat.stop()
@@ -260,12 +264,17 @@ class Runtime:
 
     def handle(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> Outcome:
         """Claim, run and close one delivery; returns what happened."""
+        self.deferred = None
         claim = self._claim(schedule_id, version, attempt, tenant)
         if claim.skip is SkipReason.NOT_DUE:
+            assert claim.due_at is not None
             with self._db.connection() as conn:
-                store.hand_back(conn, schedule_id, version, attempt)
-            log.info("schedule %s v%s is not due yet: handed back", schedule_id, version)
-            return Outcome.HANDED_BACK
+                store.record_deferred(conn, schedule_id, version, attempt)
+            self.deferred = claim.due_at
+            log.info(
+                "schedule %s v%s is not due until %s: deferred", schedule_id, version, claim.due_at
+            )
+            return Outcome.DEFERRED
         if claim.skip is not None:
             log.info("skipped %s v%s a%s: %s", schedule_id, version, attempt, claim.skip.value)
             return Outcome.SKIPPED
@@ -371,7 +380,11 @@ def perform(schedule_id: str, version: int, attempt: int, tenant: str) -> str:
 
 class DuejobsWorker(SimpleWorker):
     """An RQ SimpleWorker (no fork per job: one pooled database connection serves every job)
-    with the JSON serializer. The first SIGTERM/SIGINT finishes the current job, then exits."""
+    with the JSON serializer. The first SIGTERM/SIGINT finishes the current job, then exits.
+
+    A delivery that came too early is put back into the scheduled registry under its own id,
+    once RQ has finished with it (so no other process can push a second job meanwhile).
+    """
 
     def __init__(self, runtime: Runtime, **kwargs: Any):
         global _runtime
@@ -379,3 +392,13 @@ class DuejobsWorker(SimpleWorker):
         connection = Redis.from_url(runtime.app.settings.require_redis())
         queues = [runtime.app.queue]
         super().__init__(queues, connection=connection, serializer=JSONSerializer, **kwargs)
+        self._runtime = runtime
+
+    def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
+        super().handle_job_success(job, queue, *args, **kwargs)
+        due_at, self._runtime.deferred = self._runtime.deferred, None
+        if due_at is not None:
+            try:
+                self._runtime.app.deliverer().defer(job.id, due_at)
+            except RedisError:
+                log.exception("could not put %s back for %s; the reconciler will", job.id, due_at)

@@ -247,15 +247,26 @@ def test_not_due_delivery_waits_for_the_database_clock(system: System) -> None:
     assert started >= s.run_at
 
 
-def test_delivery_far_too_early_is_handed_back_without_using_an_attempt(system: System) -> None:
+def test_delivery_far_too_early_is_put_back_for_its_time_without_using_an_attempt(
+    system: System,
+) -> None:
     s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
     system.scheduler.run_once()
-    assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.HANDED_BACK
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.queue_job_id is not None
+    deliverer = system.scheduler.deliverer
+    assert deliverer.promote(system.app.now() + timedelta(hours=1)) == 1  # forced early
+    system.work()
     stored = system.app.get(s.id)
     assert stored is not None
     assert stored.status is Status.SCHEDULED and stored.attempts == 0
-    assert stored.queue_job_id is None  # the scheduler pushes it again for due_at
     assert _kinds(system, s.id)[-1] == "requeued"
+    registry = deliverer.queue.scheduled_job_registry
+    assert registry.get_job_ids() == [stored.queue_job_id]  # same id, back for due_at
+    score = system.redis.zscore(registry.key, stored.queue_job_id)
+    assert score == pytest.approx(s.due_at.timestamp(), abs=0.001)
+    assert system.redis.ttl(f"rq:job:{stored.queue_job_id}") == -1  # no expiry left on it
+    assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.DEFERRED
 
 
 def test_delivery_for_another_tenant_is_treated_as_missing(system: System) -> None:
