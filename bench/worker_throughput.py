@@ -50,7 +50,9 @@ def _bare(redis: Redis, n: int, workers: int, env: dict[str, str]) -> float:
 def _ours(app: App, redis: Redis, n: int, workers: int, env: dict[str, str]) -> float:
     redis.flushdb()
     fill_due(libpq_url(app.settings.database_url), n, job_type="noop", offset="-1 second")
-    Scheduler(app, SchedulerConfig(batch_size=1000)).run_once()
+    scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
+    scheduler.run_once()
+    scheduler.close()
     spans = spawn_workers("duejobs", app.queue, workers, env)
     with app.engine.connect() as conn:
         done = conn.exec_driver_sql(

@@ -305,6 +305,7 @@ def scheduler(
             signal.signal(signum, lambda *_: loop.stop())
         click.echo(f"duejobs scheduler: queue {app.queue!r}, window {window}", err=True)
         loop.run()
+        loop.close()
         app.close()
 
 

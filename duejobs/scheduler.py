@@ -26,13 +26,16 @@ What it does not promise: the start time. A job starts when a worker is free; se
 for measured lag. It never starts early: the worker checks the database clock.
 
 Knobs (:class:`SchedulerConfig`): ``window`` (15 min), ``batch_size`` (100),
-``poll_interval`` (0.1 s), ``max_backoff`` (5 s); the queue is the App's.
+``poll_interval`` (0.1 s), ``max_backoff`` (5 s), ``concurrency`` (2 claim loops per pass,
+each on its own connection — while one waits for Redis the other works PostgreSQL; safe for
+the same reason several schedulers are); the queue is the App's.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -55,10 +58,13 @@ class SchedulerConfig:
     batch_size: int = 100
     poll_interval: timedelta = timedelta(milliseconds=100)
     max_backoff: timedelta = timedelta(seconds=5)
+    concurrency: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= 10_000:
             raise ConfigurationError(f"batch_size must be 1..10000, got {self.batch_size}")
+        if not 1 <= self.concurrency <= 16:
+            raise ConfigurationError(f"concurrency must be 1..16, got {self.concurrency}")
         if self.window < timedelta(0) or self.poll_interval <= timedelta(0):
             raise ConfigurationError("window must be >= 0 and poll_interval > 0")
 
@@ -83,10 +89,15 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.deliverer = app.deliverer()
         self._stopping = threading.Event()
+        self._pool = ThreadPoolExecutor(self.config.concurrency, "duejobs-claim")
 
     def stop(self) -> None:
         """Ask the loop to stop after the batch in flight."""
         self._stopping.set()
+
+    def close(self) -> None:
+        """Release the claim threads (the loop must have stopped)."""
+        self._pool.shutdown(wait=True)
 
     @property
     def stopping(self) -> bool:
@@ -101,8 +112,8 @@ class Scheduler:
             result = self.deliverer.push(pushes, now)  # raises → rollback: rows stay unmarked
         return len(rows), result, now
 
-    def run_once(self) -> PassResult:
-        """One pass: batches until one comes back short (or a stop is asked), then promotion."""
+    def _drain(self) -> tuple[PassResult, datetime]:
+        """Batches on one connection until one comes back short (or a stop is asked)."""
         claimed = queued = deferred = present = batches = 0
         while True:
             count, result, now = self._batch()
@@ -112,7 +123,20 @@ class Scheduler:
             deferred += result.deferred
             present += result.present
             if count < self.config.batch_size or self.stopping:
-                break
+                return PassResult(claimed, queued, deferred, present, 0, batches), now
+
+    def run_once(self) -> PassResult:
+        """One pass: ``concurrency`` claim loops drain what is due, then promotion."""
+        if self.config.concurrency == 1:
+            drained = [self._drain()]
+        else:
+            futures = [self._pool.submit(self._drain) for _ in range(self.config.concurrency)]
+            drained = [f.result() for f in futures]
+        claimed, queued, deferred, present, batches = (
+            sum(getattr(r, name) for r, _ in drained)
+            for name in ("claimed", "queued", "deferred", "already_present", "batches")
+        )
+        now = max(now for _, now in drained)
         promoted = 0
         while True:  # a peak can make thousands due at one instant
             moved = self.deliverer.promote(now, limit=self.config.batch_size * 10)

@@ -21,6 +21,7 @@ from sqlalchemy.exc import OperationalError
 from duejobs import EventKind, Status, store
 from duejobs.config import libpq_url
 from duejobs.delivery import Push, job_id
+from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.worker import Outcome
 from tests.conftest import System
 
@@ -93,10 +94,23 @@ def test_deferred_job_is_promoted_only_when_the_database_clock_reaches_it(system
 def test_run_once_reports_what_it_did(system: System) -> None:
     for _ in range(250):
         system.app.schedule("record", {}, delay=0)
-    result = system.scheduler.run_once()
+    one_loop = Scheduler(system.app, SchedulerConfig(batch_size=100, concurrency=1))
+    result = one_loop.run_once()
     assert (result.claimed, result.queued, result.batches) == (250, 250, 3)
-    again = system.scheduler.run_once()
-    assert again.claimed == 0 and again.queued == 0
+    again = system.scheduler.run_once()  # two claim loops: both find nothing
+    assert (again.claimed, again.queued, again.batches) == (0, 0, 2)
+    one_loop.close()
+
+
+def test_parallel_claim_loops_never_push_a_row_twice(system: System) -> None:
+    for _ in range(3000):
+        system.app.schedule("record", {}, delay=timedelta(minutes=1))
+    scheduler = Scheduler(system.app, SchedulerConfig(batch_size=200, concurrency=4))
+    result = scheduler.run_once()
+    scheduler.close()
+    assert (result.claimed, result.deferred, result.already_present) == (3000, 3000, 0)
+    registry = system.scheduler.deliverer.queue.scheduled_job_registry
+    assert registry.count == 3000
 
 
 def test_queue_job_carries_ids_and_version_never_the_payload(system: System) -> None:

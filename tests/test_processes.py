@@ -259,6 +259,7 @@ def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_u
     finally:
         scheduler.stop()
         thread.join(10)
+        scheduler.close()
         local.close()
         server.kill()
         server.wait()
@@ -311,6 +312,7 @@ def test_scheduler_survives_a_postgresql_restart(
     finally:
         scheduler.stop()
         thread.join(10)
+        scheduler.close()
         local.close()
         stop_postgres(holder)
     assert not thread.is_alive()
