@@ -8,6 +8,7 @@ an unreachable service exits with status 1.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
@@ -27,9 +28,10 @@ from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError
 from duejobs.models import Event, Schedule
+from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.timespec import parse_duration
-from duejobs.worker import DuejobsWorker, Runtime
+from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -313,14 +315,29 @@ def scheduler(
 @click.option("--app", "app_ref", required=True, help="MODULE:APP with the handlers.")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
 @click.option("--name", help="Worker name (default: host:pid).")
+@click.option(
+    "--lease", default=20.0, show_default=True, help="Seconds a running job's lease lasts."
+)
+@click.option("--heartbeat", default=5.0, show_default=True, help="Seconds between renewals.")
 @click.option("--log-level", default="info", show_default=True)
 @click.pass_context
-def worker(ctx: click.Context, app_ref: str, burst: bool, name: str | None, log_level: str) -> None:
+def worker(
+    ctx: click.Context,
+    app_ref: str,
+    burst: bool,
+    name: str | None,
+    lease: float,
+    heartbeat: float,
+    log_level: str,
+) -> None:
     """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
     _logging(log_level)
+    if not 0 < heartbeat < lease:
+        raise click.BadParameter("need 0 < --heartbeat < --lease", param_hint="--heartbeat")
+    config = WorkerConfig(lease=timedelta(seconds=lease), heartbeat=timedelta(seconds=heartbeat))
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref)
-        runtime = Runtime(app, name=name)
+        runtime = Runtime(app, config, name=name)
         try:
             rq_worker = DuejobsWorker(runtime, name=name)
         except DuejobsError as exc:
@@ -328,6 +345,44 @@ def worker(ctx: click.Context, app_ref: str, burst: bool, name: str | None, log_
         rq_worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
         runtime.close()
         app.close()
+
+
+def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
+    data = dataclasses.asdict(result)
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    kinds = {
+        "repushed": "schedules without a live queue job, pushed again",
+        "rescued": "running attempts whose worker died, back to scheduled",
+        "failed": "running attempts whose worker died, attempts exhausted",
+        "orphans_removed": "queue jobs without a current schedule, removed",
+        "promoted": "deferred jobs whose time came, moved onto the queue",
+    }
+    click.echo(f"checked {result.checked} scheduled rows in the window")
+    for name, text_ in kinds.items():
+        click.echo(f"{data[name]:>8}  {text_}")
+
+
+@main.command()
+@click.option("--every", type=float, help="Run a pass every SECONDS until SIGTERM/SIGINT.")
+@click.option("--window", default="15m", show_default=True, help="How far ahead to check.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
+@click.option("--log-level", default="warning", show_default=True)
+@click.pass_context
+def reconcile(
+    ctx: click.Context, every: float | None, window: str, as_json: bool, log_level: str
+) -> None:
+    """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds."""
+    _logging(log_level)
+    with _app(ctx) as app:
+        reconciler = Reconciler(app, ReconcileConfig(window=parse_duration(window)))
+        if every is None:
+            _print_reconciled(reconciler.run_once(), as_json)
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: reconciler.stop())
+        reconciler.run(timedelta(seconds=every), report=lambda r: _print_reconciled(r, as_json))
 
 
 @main.command()

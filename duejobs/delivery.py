@@ -22,8 +22,9 @@ worker re-reads the row). Redis Cluster is not supported (job keys are not decla
 
 from __future__ import annotations
 
+import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -48,7 +49,7 @@ local ntemplate = tonumber(ARGV[4])
 local template = {}
 for i = 1, ntemplate do template[i] = ARGV[4 + i] end
 local live = {queued = true, scheduled = true, started = true, deferred = true}
-local queued, deferred, present = 0, 0, 0
+local queued, deferred, present, created = 0, 0, 0, {}
 redis.call('SADD', KEYS[3], KEYS[1])
 for i = 5 + ntemplate, #ARGV, 3 do
     local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
@@ -57,6 +58,7 @@ for i = 5 + ntemplate, #ARGV, 3 do
         present = present + 1
     else
         if status then redis.call('DEL', key) end
+        created[#created + 1] = id
         redis.call('HSET', key, 'data', ARGV[i + 1], 'description', 'duejobs ' .. id,
                    'created_at', stamp, unpack(template))
         if score <= now then
@@ -70,7 +72,7 @@ for i = 5 + ntemplate, #ARGV, 3 do
         end
     end
 end
-return {queued, deferred, present}
+return {queued, deferred, present, created}
 """
 
 _PROMOTE = """
@@ -115,6 +117,17 @@ def job_id(tenant: str, schedule_id: uuid.UUID, version: int, attempt: int) -> s
     return f"dj-{tenant.replace('.', '_')}-{schedule_id.hex}-v{version}-a{attempt}"
 
 
+_JOB_ID = re.compile(r"dj-[A-Za-z0-9_-]+-(?P<id>[0-9a-f]{32})-v(?P<v>\d+)-a(?P<a>\d+)")
+
+
+def parse_job_id(queue_job_id: str) -> tuple[uuid.UUID, int, int] | None:
+    """(schedule id, version, attempt) of a duejobs job id; None for anything else."""
+    match = _JOB_ID.fullmatch(queue_job_id)
+    if match is None:
+        return None
+    return uuid.UUID(match["id"]), int(match["v"]), int(match["a"])
+
+
 @dataclass(frozen=True)
 class Push:
     """One delivery to push: which (schedule, version, attempt), and from when."""
@@ -132,11 +145,13 @@ class Push:
 
 @dataclass(frozen=True)
 class PushResult:
-    """What one push did: onto the queue now, into the scheduled registry, already there."""
+    """What one push did: onto the queue now, into the scheduled registry, already there;
+    and the ids of the jobs it created."""
 
     queued: int = 0
     deferred: int = 0
     present: int = 0
+    created: frozenset[str] = frozenset()
 
 
 class Deliverer:
@@ -197,8 +212,13 @@ class Deliverer:
         for p in pushes:
             args += [p.job_id, self._data(p), p.due_at.timestamp()]
         keys = [self.queue.key, self.scheduled_key, self.queue.redis_queues_keys]
-        queued, deferred, present = self._push(keys=keys, args=args)
-        return PushResult(queued=int(queued), deferred=int(deferred), present=int(present))
+        queued, deferred, present, created = self._push(keys=keys, args=args)
+        return PushResult(
+            queued=int(queued),
+            deferred=int(deferred),
+            present=int(present),
+            created=frozenset(i.decode() if isinstance(i, bytes) else i for i in created),
+        )
 
     def promote(self, now: datetime, limit: int = 1000) -> int:
         """Move jobs whose time has come (by ``now``, the database clock) onto the queue."""
@@ -208,6 +228,20 @@ class Deliverer:
             args=[self._prefix, now.timestamp(), limit, stamp],
         )
         return int(pushed)
+
+    def waiting_job_ids(self, chunk: int = 1000) -> Iterator[list[str]]:
+        """The ids of jobs waiting on the queue or in the scheduled registry, in chunks."""
+        for key, read in (
+            (self.queue.key, self.redis.lrange),
+            (self.scheduled_key, self.redis.zrange),
+        ):
+            start = 0
+            while True:
+                ids = read(key, start, start + chunk - 1)
+                if not ids:
+                    break
+                yield [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+                start += chunk
 
     def defer(self, queue_job_id: str, due_at: datetime) -> bool:
         """Put a job that just ran back into the scheduled registry for ``due_at``.

@@ -15,6 +15,7 @@ import enum
 import functools
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -405,6 +406,10 @@ _CLAIM_RUN = text(
     ), upd AS (
         UPDATE scheduled_jobs s
         SET status = 'running', attempts = :attempt, started_at = statement_timestamp(),
+            max_attempts = (SELECT h.max_attempts
+                            FROM unnest(CAST(:types AS text[]), CAST(:maxes AS integer[]))
+                                 AS h(type, max_attempts)
+                            WHERE h.type = v.type),
             lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
             updated_at = statement_timestamp()
         FROM verdict v
@@ -441,12 +446,14 @@ def claim_run(
     attempt: int,
     worker: str,
     lease: timedelta,
+    max_attempts: dict[str, int],
 ) -> RunClaim:
     """Turn a delivery into a running attempt, in one statement, or say why not.
 
     Runs only if the row (of that tenant) is ``scheduled`` at the delivered version, this is
     the next attempt, and the database clock has reached ``due_at``. Skips other than
-    ``not_due`` are recorded as events in the same statement.
+    ``not_due`` are recorded as events in the same statement. The row keeps the worker's
+    ``max_attempts`` for its type, so the reconciler can rescue it without the handlers.
     """
     rows = _fast(
         conn,
@@ -458,6 +465,8 @@ def claim_run(
             "attempt": attempt,
             "worker": worker,
             "lease": lease,
+            "types": list(max_attempts),
+            "maxes": list(max_attempts.values()),
         },
     )
     if not rows:
@@ -638,3 +647,158 @@ def record_stale(
         _STALE,
         {"id": schedule_id, "version": version, "attempt": attempt, "reason": reason.value},
     )
+
+
+# -- reconciliation --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """A ``scheduled`` row inside the window, as the reconciler checks it against Redis."""
+
+    id: uuid.UUID
+    tenant: str
+    version: int
+    attempt: int
+    due_at: datetime
+    queue_job_id: str
+    was_pushed: bool
+
+
+_WINDOW = text(
+    f"""
+    WITH page AS (
+        SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
+               s.queue_job_id AS current, {_JOB_ID_SQL} AS job
+        FROM scheduled_jobs s
+        WHERE s.status = 'scheduled'
+          AND s.due_at <= statement_timestamp() + CAST(:window AS interval)
+          AND (s.due_at, s.id) > (CAST(:after_due AS timestamptz), CAST(:after_id AS uuid))
+        ORDER BY s.due_at, s.id
+        FOR UPDATE SKIP LOCKED
+        LIMIT :limit
+    ), upd AS (
+        UPDATE scheduled_jobs s
+        SET queue_job_id = {_JOB_ID_SQL}, enqueued_at = statement_timestamp(),
+            updated_at = statement_timestamp()
+        WHERE s.id = ANY(ARRAY(SELECT id FROM page WHERE current IS DISTINCT FROM job))
+        RETURNING s.id, s.tenant, s.version, s.queue_job_id
+    ), event AS (
+        INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+        SELECT id, tenant, 'enqueued', version,
+               jsonb_build_object('queue_job_id', queue_job_id, 'by', 'reconciler')
+        FROM upd
+    )
+    SELECT id, tenant, version, attempt, due_at, job AS queue_job_id,
+           current IS NOT NULL AS was_pushed
+    FROM page
+    ORDER BY due_at, id
+    """
+)
+
+
+def window_page(
+    conn: Connection,
+    window: timedelta,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> list[WindowRow]:
+    """One page (keyset on ``due_at``, ``id``) of ``scheduled`` rows due within ``window``,
+    locked (SKIP LOCKED), with their deterministic queue job id — recorded on the rows no
+    scheduler has pushed yet (only those are written). The caller pushes them all; a live job
+    is left alone."""
+    after_due, after_id = after or (datetime(1970, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+    rows = _fast(
+        conn,
+        _WINDOW,
+        {"window": window, "after_due": after_due, "after_id": after_id, "limit": limit},
+    )
+    return [
+        WindowRow(
+            r.id,
+            r.tenant,
+            r.version,
+            r.attempt,
+            r.due_at.astimezone(UTC),
+            r.queue_job_id,
+            r.was_pushed,
+        )
+        for r in rows
+    ]
+
+
+def record_repushed(conn: Connection, rows: Sequence[WindowRow]) -> None:
+    """History for rows whose queue job had vanished and was pushed again."""
+    if rows:
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail) "
+                "SELECT id, tenant, 'requeued', version, "
+                "jsonb_build_object('reason', 'queue_job_missing', 'queue_job_id', job) "
+                "FROM scheduled_jobs JOIN unnest(CAST(:ids AS uuid[]), CAST(:jobs AS text[])) "
+                "AS r(rid, job) ON id = rid"
+            ),
+            {"ids": [r.id for r in rows], "jobs": [r.queue_job_id for r in rows]},
+        )
+
+
+_RESCUE = text(
+    """
+    WITH expired AS (
+        SELECT id FROM scheduled_jobs
+        WHERE status = 'running' AND lease_expires_at < statement_timestamp()
+        ORDER BY lease_expires_at
+        FOR UPDATE SKIP LOCKED
+        LIMIT :limit
+    ), upd AS (
+        UPDATE scheduled_jobs s
+        SET status = CASE WHEN s.attempts >= COALESCE(s.max_attempts, 1) THEN 'failed'
+                          ELSE 'scheduled' END,
+            queue_job_id = NULL,
+            due_at = statement_timestamp(),
+            lease_expires_at = NULL,
+            last_error = 'attempt ' || s.attempts || ' abandoned: its worker stopped renewing '
+                         || 'the lease',
+            finished_at = CASE WHEN s.attempts >= COALESCE(s.max_attempts, 1)
+                               THEN statement_timestamp() END,
+            updated_at = statement_timestamp()
+        WHERE s.id = ANY(ARRAY(SELECT id FROM expired))
+        RETURNING s.id, s.tenant, s.version, s.attempts, s.status
+    ), attempt AS (
+        UPDATE scheduled_job_attempts a
+        SET status = 'abandoned', finished_at = statement_timestamp(),
+            error = 'the worker stopped renewing the lease'
+        FROM upd
+        WHERE a.schedule_id = upd.id AND a.version = upd.version AND a.attempt = upd.attempts
+          AND a.status = 'running'
+    ), event AS (
+        INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+        SELECT id, tenant, 'abandoned', version,
+               jsonb_build_object('attempt', attempts, 'then', status)
+        FROM upd
+        UNION ALL
+        SELECT id, tenant, 'failed', version,
+               jsonb_build_object('attempt', attempts, 'error', 'attempts exhausted')
+        FROM upd WHERE status = 'failed'
+    )
+    SELECT status, count(*) AS n FROM upd GROUP BY status
+    """
+)
+
+
+def rescue_expired(conn: Connection, limit: int) -> dict[str, int]:
+    """Running rows whose lease expired (their worker is gone): the attempt is recorded as
+    abandoned; the row goes back to ``scheduled`` (due now) or, with its attempts exhausted,
+    to ``failed``. Returns counts by new status."""
+    return {r.status: int(r.n) for r in _fast(conn, _RESCUE, {"limit": limit})}
+
+
+def schedule_states(
+    conn: Connection, ids: Sequence[uuid.UUID]
+) -> dict[uuid.UUID, tuple[Status, int]]:
+    """(status, version) of each id that exists (for telling orphan queue jobs)."""
+    rows = conn.execute(
+        text("SELECT id, status, version FROM scheduled_jobs WHERE id = ANY(CAST(:ids AS uuid[]))"),
+        {"ids": list(ids)},
+    )
+    return {r.id: (Status(r.status), r.version) for r in rows}

@@ -324,6 +324,7 @@ class Runtime:
                     attempt=attempt,
                     worker=self.name,
                     lease=self.config.lease,
+                    max_attempts={t: h.retry.max_attempts for t, h in self.app.handlers.items()},
                 )
             if claim.skip is not SkipReason.NOT_DUE:
                 return claim

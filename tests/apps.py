@@ -64,12 +64,20 @@ def slow(ctx: Context, payload: Any) -> None:
     record(ctx, payload)
 
 
+def stall_once(ctx: Context, payload: Any) -> None:
+    """Hangs on its first attempt (a worker killed there must be rescued), then records."""
+    if ctx.attempt == 1:
+        time.sleep(float(payload.get("seconds", 60)))
+    record(ctx, payload)
+
+
 def register(app: duejobs.App) -> duejobs.App:
     fast = timedelta(milliseconds=50)
     app.handler("record")(record)
     app.handler("record-loosely")(record_loosely)
     app.handler("flaky", max_attempts=3, backoff=fast, backoff_cap=timedelta(seconds=1))(flaky)
     app.handler("slow", timeout=timedelta(seconds=60))(slow)
+    app.handler("stall-once", timeout=timedelta(minutes=5))(stall_once)
     return app
 
 

@@ -11,6 +11,9 @@ it at the end. The Redis database named by the URL is flushed before each test t
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -200,3 +203,62 @@ class System:
         s = self.app.get(schedule_id)  # type: ignore[arg-type]
         assert s is not None
         return s.status.value
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Proc:
+    """A duejobs command in its own process, its output in a file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "w") as out:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "duejobs", *args],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+        return self.popen.wait(timeout=timeout)
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+@pytest.fixture
+def spawn(
+    tmp_path: Path, database_url: str, redis_url: str, redis_client: redis.Redis
+) -> Iterator[Callable[..., Proc]]:
+    procs: list[Proc] = []
+
+    def start(*args: str, extra_env: dict[str, str] | None = None) -> Proc:
+        env = {
+            **os.environ,
+            "DUEJOBS_DATABASE_URL": database_url,
+            "DUEJOBS_REDIS_URL": redis_url,
+            "PYTHONPATH": str(ROOT),
+            **(extra_env or {}),
+        }
+        proc = Proc(list(args), env, tmp_path / f"proc-{len(procs)}.log")
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.1)

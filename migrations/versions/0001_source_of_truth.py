@@ -37,6 +37,7 @@ def upgrade() -> None:
             queue_job_id  text,
             version       integer NOT NULL DEFAULT 1 CHECK (version >= 1),
             attempts      integer NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+            max_attempts  integer,
             last_error    text,
             created_at    timestamptz NOT NULL DEFAULT now(),
             updated_at    timestamptz NOT NULL DEFAULT now(),

@@ -1,0 +1,150 @@
+"""The reconciler: finds every drift between the table and the queue, and heals it.
+
+The queue is a delivery mechanism, not the authority; each pass (:meth:`Reconciler.run_once`)
+makes Redis agree with PostgreSQL again:
+
+1. **Schedules without a job.** Every ``scheduled`` row inside the window is checked against
+   Redis and, if its queue job is missing or no longer waiting (Redis lost it — a restart, a
+   ``FLUSHALL``, an eviction — or a push failed), pushed again under its deterministic id.
+   A live job is left alone, so this never creates a second one. Rows the scheduler has not
+   pushed yet are pushed too, so deliveries go on even with no scheduler running.
+2. **Work whose worker died.** ``running`` rows whose lease expired (the worker stopped
+   renewing it: SIGKILL, a lost host) get their attempt recorded as ``abandoned`` and go back
+   to ``scheduled`` — due at once — or to ``failed`` once attempts are exhausted. With the
+   default lease (20 s, renewed every 5 s) and ``--every 5`` that happens within 25 s of
+   the death. A handler that is merely slow keeps renewing its lease and is never rescued.
+3. **Jobs without a schedule.** Waiting queue jobs whose schedule is missing, finished,
+   cancelled, or at another version are removed from Redis.
+
+Then jobs whose time has come are promoted, as the scheduler does.
+
+Safe while schedulers, workers and other reconcilers run: rows are locked with SKIP LOCKED,
+pushes are atomic and idempotent, and a job is only removed when the database says for certain
+that nobody will run it. A crash mid-pass leaves nothing worse: each batch commits on its own.
+
+Cost of a pass: the ``scheduled`` rows inside the window (plus expired leases and the waiting
+queue jobs), read in pages of ``batch_size`` — never the history of finished rows.
+
+Knobs (:class:`ReconcileConfig`): ``window`` (15 min, as the scheduler), ``batch_size`` (1000).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
+from duejobs import store
+from duejobs.app import App
+from duejobs.delivery import Push, parse_job_id
+from duejobs.models import Status
+
+log = logging.getLogger("duejobs.reconcile")
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    """Reconciler knobs."""
+
+    window: timedelta = timedelta(minutes=15)
+    batch_size: int = 1000
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    """What one pass fixed, by kind."""
+
+    checked: int = 0
+    repushed: int = 0
+    rescued: int = 0
+    failed: int = 0
+    orphans_removed: int = 0
+    promoted: int = 0
+
+    @property
+    def fixed(self) -> int:
+        return self.repushed + self.rescued + self.failed + self.orphans_removed
+
+
+class Reconciler:
+    """One reconciliation pass at a time; see the module docstring for its promises."""
+
+    def __init__(self, app: App, config: ReconcileConfig | None = None) -> None:
+        self.app = app
+        self.config = config or ReconcileConfig()
+        self.deliverer = app.deliverer()
+        self._stopping = threading.Event()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run_once(self) -> ReconcileResult:
+        """Rescue, re-push, remove orphans, promote; returns the counts."""
+        with self.app.engine.begin() as conn:
+            rescued = store.rescue_expired(conn, self.config.batch_size)
+        checked, repushed, now = self._repush_window()
+        removed = self._remove_orphans()
+        promoted = self.deliverer.promote(now)
+        result = ReconcileResult(
+            checked=checked,
+            repushed=repushed,
+            rescued=rescued.get(Status.SCHEDULED.value, 0),
+            failed=rescued.get(Status.FAILED.value, 0),
+            orphans_removed=removed,
+            promoted=promoted,
+        )
+        if result.fixed:
+            log.info("reconciled: %s", result)
+        return result
+
+    def _repush_window(self) -> tuple[int, int, datetime]:
+        checked = repushed = 0
+        after: tuple[datetime, uuid.UUID] | None = None
+        while True:
+            with self.app.engine.begin() as conn:
+                rows = store.window_page(conn, self.config.window, after, self.config.batch_size)
+                now = store.database_now(conn)
+                pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
+                result = self.deliverer.push(pushes, now)
+                lost = [r for r in rows if r.was_pushed and r.queue_job_id in result.created]
+                store.record_repushed(conn, lost)
+            checked += len(rows)
+            repushed += len(lost)
+            if len(rows) < self.config.batch_size:
+                return checked, repushed, now
+            after = (rows[-1].due_at, rows[-1].id)
+
+    def _remove_orphans(self) -> int:
+        removed = 0
+        for ids in self.deliverer.waiting_job_ids(self.config.batch_size):
+            parsed = {job: parse_job_id(job) for job in ids}
+            ours = {job: p for job, p in parsed.items() if p is not None}
+            with self.app.engine.connect() as conn:
+                states = store.schedule_states(conn, [p[0] for p in ours.values()])
+            for job, (schedule_id, version, _attempt) in ours.items():
+                state = states.get(schedule_id)
+                # Only what the database says for certain: gone, finished, or superseded.
+                # A row that is `scheduled` at this version may be mid-push by a scheduler.
+                if state is None or not state[0].is_live or state[1] != version:
+                    removed += self.deliverer.remove(job)
+        return removed
+
+    def run(
+        self, every: timedelta, report: Callable[[ReconcileResult], None] | None = None
+    ) -> None:
+        """A pass every ``every`` until :meth:`stop`; outages are logged and retried."""
+        while not self._stopping.is_set():
+            try:
+                result = self.run_once()
+            except (SQLAlchemyError, RedisError) as exc:
+                log.warning("reconcile pass failed (%s); retrying", exc)
+            else:
+                if report is not None:
+                    report(result)
+            self._stopping.wait(every.total_seconds())

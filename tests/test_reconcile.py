@@ -1,0 +1,238 @@
+"""The reconciler: schedules without jobs, jobs without schedules, work whose worker died."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from sqlalchemy import text
+
+from duejobs import EventKind, Status
+from duejobs.delivery import Push
+from duejobs.reconcile import Reconciler
+from duejobs.worker import Runtime, WorkerConfig
+from tests.conftest import Proc, System, wait_for
+from tests.test_processes import SCHEDULER
+
+
+def _kinds(system: System, schedule_id: object) -> list[str]:
+    return [e.kind.value for e in system.app.history(schedule_id)]  # type: ignore[arg-type]
+
+
+def test_redis_flushall_then_one_pass_every_schedule_runs_exactly_once(system: System) -> None:
+    due = [system.app.schedule("record", {"i": i}, delay=0).id for i in range(30)]
+    later = [
+        system.app.schedule("record", {"i": i}, delay=timedelta(seconds=1.5)).id for i in range(30)
+    ]
+    system.scheduler.run_once()
+    assert system.scheduler.deliverer.queue.count == 30
+    system.redis.flushall()
+    result = Reconciler(system.app).run_once()
+    assert (result.checked, result.repushed) == (60, 60)
+    assert system.scheduler.deliverer.queue.count == 30  # the due ones are back on the queue
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in due + later))
+    effects = system.effects()
+    assert len(effects) == 60 and len({key for key, _ in effects}) == 60
+    assert "requeued" in _kinds(system, due[0])
+
+
+def test_a_pass_with_nothing_lost_pushes_nothing_twice(system: System) -> None:
+    for _ in range(10):
+        system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    result = Reconciler(system.app).run_once()
+    assert (result.checked, result.repushed, result.orphans_removed) == (10, 0, 0)
+    assert system.scheduler.deliverer.queue.count == 10
+
+
+def test_schedules_no_scheduler_pushed_are_pushed_by_the_reconciler(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    result = Reconciler(system.app).run_once()
+    assert result.checked == 1 and result.repushed == 0  # never pushed, so not "lost"
+    system.work()
+    assert system.status(s.id) == "succeeded"
+    assert _kinds(system, s.id) == ["created", "enqueued", "started", "succeeded"]
+
+
+SCHEDULER_KILLED_AFTER_PUSH = """
+import os, signal, sys
+from duejobs import App, store
+from duejobs.delivery import Push
+app = App()
+with app.engine.begin() as conn:
+    rows, now = store.claim_due(conn, __import__("datetime").timedelta(minutes=15), 1000)
+    app.deliverer().push([Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows], now)
+    print(len(rows), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # between the push and the commit
+"""
+
+
+def test_scheduler_sigkilled_between_claim_and_commit_all_run_once(
+    system: System, database_url: str, redis_url: str
+) -> None:
+    ids = [system.app.schedule("record", {"i": i}, delay=0).id for i in range(40)]
+    env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+    killed = subprocess.run(
+        [sys.executable, "-c", SCHEDULER_KILLED_AFTER_PUSH], env=env, capture_output=True, text=True
+    )
+    assert killed.returncode == -signal.SIGKILL and killed.stdout.strip() == "40"
+    assert all(system.app.get(i).queue_job_id is None for i in ids)  # type: ignore[union-attr]
+    assert system.scheduler.deliverer.queue.count == 40  # pushed, never committed
+    again = system.scheduler.run_once()
+    assert (again.claimed, again.already_present) == (40, 40)
+    assert system.scheduler.deliverer.queue.count == 40  # no second job for anyone
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
+    assert len(system.effects()) == 40
+
+
+def test_orphan_queue_jobs_are_removed(system: System) -> None:
+    cancelled = system.app.schedule("record", {}, delay=0)
+    superseded = system.app.schedule("record", {}, delay=0)
+    deleted = system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    kept = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    with system.app.engine.begin() as conn:  # conn=: nothing is removed from Redis by these
+        system.app.cancel(cancelled.id, conn=conn)
+        system.app.reschedule(superseded.id, delay=timedelta(minutes=1), conn=conn)
+        conn.execute(text("DELETE FROM scheduled_jobs WHERE id = :id"), {"id": deleted.id})
+    system.scheduler.deliverer.queue.enqueue("bench.jobs.noop", job_id="not-ours")
+    result = Reconciler(system.app).run_once()
+    assert result.orphans_removed == 3
+    queue = system.scheduler.deliverer.queue
+    kept_job = system.app.get(kept.id).queue_job_id  # type: ignore[union-attr]
+    assert set(queue.get_job_ids()) == {kept_job, "not-ours"}
+    assert queue.scheduled_job_registry.count == 1  # superseded's new version, deferred
+
+
+def _expire_lease(system: System, schedule_id: object) -> None:
+    with system.app.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET lease_expires_at = now() - interval '1 second' "
+                "WHERE id = :id"
+            ),
+            {"id": schedule_id},
+        )
+
+
+def test_expired_lease_goes_back_to_scheduled_and_the_next_attempt_runs(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    with system.app.engine.begin() as conn:  # a worker claimed it, then died
+        conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET status = 'running', attempts = 1, max_attempts = 5, "
+                "lease_expires_at = now() - interval '1 second' WHERE id = :id"
+            ),
+            {"id": s.id},
+        )
+    result = Reconciler(system.app).run_once()
+    assert (result.rescued, result.failed) == (1, 0)
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.SCHEDULED and stored.attempts == 1
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    assert system.effects() == [(f"record:{s.id}:1", 2)]
+    assert "abandoned" in _kinds(system, s.id)
+
+
+def test_expired_lease_with_attempts_exhausted_fails(system: System) -> None:
+    system.app.handler("once", max_attempts=1)(lambda ctx, payload: time.sleep(0))
+    s = system.app.schedule("once", {}, delay=0)
+    with system.app.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET status = 'running', attempts = 1, max_attempts = 1, "
+                "lease_expires_at = now() - interval '1 second' WHERE id = :id"
+            ),
+            {"id": s.id},
+        )
+    result = Reconciler(system.app).run_once()
+    assert (result.rescued, result.failed) == (0, 1)
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error is not None and "abandoned" in stored.last_error
+    assert _kinds(system, s.id)[-2:] == ["abandoned", "failed"]
+
+
+def test_a_live_long_handler_is_never_rescued(system: System) -> None:
+    short = Runtime(
+        system.app,
+        WorkerConfig(lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200)),
+    )
+    s = system.app.schedule("slow", {"seconds": 3}, delay=0)
+    reconciler = Reconciler(system.app)
+    stop = threading.Event()
+    passes: list[int] = []
+
+    def reconcile() -> None:
+        while not stop.is_set():
+            r = reconciler.run_once()
+            passes.append(r.rescued + r.failed)
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=reconcile)
+    thread.start()
+    try:
+        outcome = short.handle(s.id, 1, 1, "default")
+    finally:
+        stop.set()
+        thread.join()
+        short.close()
+    assert outcome.value == "succeeded"
+    assert len(passes) >= 10 and sum(passes) == 0
+    assert EventKind.ABANDONED.value not in _kinds(system, s.id)
+
+
+def test_worker_sigkilled_mid_handler_is_rescued_within_30_s_and_applies_its_effect_once(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    s = system.app.schedule("stall-once", {"seconds": 120}, delay=0)
+    scheduler = spawn(*SCHEDULER)
+    worker = spawn("worker", "--app", "tests.apps:app", "--log-level", "warning")  # defaults
+    wait_for(lambda: system.status(s.id) == "running", 30, "the first attempt to start")
+    worker.stop(signal.SIGKILL)
+    killed_at = system.app.now()
+    reconciler = Reconciler(system.app)
+    wait_for(lambda: reconciler.run_once().rescued == 1, 40, "the rescue")
+    rescued_at = system.app.now()
+    assert (rescued_at - killed_at).total_seconds() <= 30
+    spawn("worker", "--app", "tests.apps:app", "--log-level", "warning")
+    wait_for(lambda: system.status(s.id) == "succeeded", 30, "the second attempt")
+    assert system.effects() == [(f"stall-once:{s.id}:1", 2)]
+    with system.app.engine.connect() as conn:
+        attempts = conn.execute(
+            text("SELECT attempt, status FROM scheduled_job_attempts ORDER BY attempt")
+        ).all()
+    assert [tuple(a) for a in attempts] == [(1, "abandoned"), (2, "succeeded")]
+    assert scheduler.stop() == 0
+
+
+def test_reconcile_command_prints_what_it_fixed(
+    system: System, database_url: str, redis_url: str
+) -> None:
+    for _ in range(3):
+        system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    system.redis.flushall()
+    env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+    run = [sys.executable, "-m", "duejobs", "reconcile"]
+    shown = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert "3  schedules without a live queue job, pushed again" in shown.stdout
+    as_json = subprocess.run([*run, "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 0 and '"repushed": 0' in as_json.stdout
+
+
+def test_stale_pushes_of_an_old_attempt_are_not_orphans_while_the_row_is_current(
+    system: System,
+) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    system.scheduler.run_once()
+    # Same version, another attempt: the worker skips it as a duplicate; not removed here.
+    system.scheduler.deliverer.push([Push(s.id, "default", 1, 7, s.due_at)], system.app.now())
+    assert Reconciler(system.app).run_once().orphans_removed == 0
