@@ -30,6 +30,8 @@ from duejobs.errors import DuejobsError
 from duejobs.models import Event, Schedule
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.stats import collect as collect_stats
+from duejobs.stats import render as render_stats
 from duejobs.timespec import parse_duration
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
 
@@ -383,6 +385,20 @@ def reconcile(
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: reconciler.stop())
         reconciler.run(timedelta(seconds=every), report=lambda r: _print_reconciled(r, as_json))
+
+
+@main.command()
+@click.option("--since", default="1h", show_default=True, help="How much history to read.")
+@click.option("--late-after", default="1m", show_default=True, help="Overdue beyond this: late.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def stats(ctx: click.Context, since: str, late_after: str, as_json: bool) -> None:
+    """Lag, late jobs, orphans and counts, overall and per tenant / type."""
+    with _app(ctx) as app:
+        figures = collect_stats(
+            app, since=parse_duration(since), late_after=parse_duration(late_after)
+        )
+        click.echo(json.dumps(figures.as_dict()) if as_json else render_stats(figures))
 
 
 @main.command()

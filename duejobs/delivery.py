@@ -229,6 +229,23 @@ class Deliverer:
         )
         return int(pushed)
 
+    def live(self, queue_job_ids: Sequence[str]) -> list[bool]:
+        """Whether each job is still waiting or running (one pipelined round trip)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job in queue_job_ids:
+                pipe.hget(self._prefix + job, "status")
+            statuses = pipe.execute()
+        live = {b"queued", b"scheduled", b"started", b"deferred"}
+        return [status in live for status in statuses]
+
+    def depth(self) -> tuple[int, int]:
+        """(jobs waiting on the queue, jobs in the scheduled registry)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.llen(self.queue.key)
+            pipe.zcard(self.scheduled_key)
+            queued, deferred = pipe.execute()
+        return int(queued), int(deferred)
+
     def waiting_job_ids(self, chunk: int = 1000) -> Iterator[list[str]]:
         """The ids of jobs waiting on the queue or in the scheduled registry, in chunks."""
         for key, read in (

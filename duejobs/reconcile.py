@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -70,6 +70,23 @@ class ReconcileResult:
     @property
     def fixed(self) -> int:
         return self.repushed + self.rescued + self.failed + self.orphans_removed
+
+
+def orphan_jobs(app: App, chunk: int = 1000) -> Iterator[str]:
+    """Waiting queue jobs of duejobs whose schedule is gone, finished, or at another version.
+
+    Only what the database says for certain: a row that is ``scheduled`` at the job's version
+    may be in the middle of a push by a scheduler, so its job is never called an orphan.
+    The scan follows the queue while workers take from it: a job it misses is found next time.
+    """
+    for ids in app.deliverer().waiting_job_ids(chunk):
+        ours = {job: parsed for job in ids if (parsed := parse_job_id(job)) is not None}
+        with app.engine.connect() as conn:
+            states = store.schedule_states(conn, [p[0] for p in ours.values()])
+        for job, (schedule_id, version, _attempt) in ours.items():
+            state = states.get(schedule_id)
+            if state is None or not state[0].is_live or state[1] != version:
+                yield job
 
 
 class Reconciler:
@@ -121,19 +138,9 @@ class Reconciler:
             after = (rows[-1].due_at, rows[-1].id)
 
     def _remove_orphans(self) -> int:
-        removed = 0
-        for ids in self.deliverer.waiting_job_ids(self.config.batch_size):
-            parsed = {job: parse_job_id(job) for job in ids}
-            ours = {job: p for job, p in parsed.items() if p is not None}
-            with self.app.engine.connect() as conn:
-                states = store.schedule_states(conn, [p[0] for p in ours.values()])
-            for job, (schedule_id, version, _attempt) in ours.items():
-                state = states.get(schedule_id)
-                # Only what the database says for certain: gone, finished, or superseded.
-                # A row that is `scheduled` at this version may be mid-push by a scheduler.
-                if state is None or not state[0].is_live or state[1] != version:
-                    removed += self.deliverer.remove(job)
-        return removed
+        return sum(
+            self.deliverer.remove(job) for job in orphan_jobs(self.app, self.config.batch_size)
+        )
 
     def run(
         self, every: timedelta, report: Callable[[ReconcileResult], None] | None = None

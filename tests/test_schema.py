@@ -8,7 +8,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import Engine, text
@@ -138,13 +138,25 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
             )
         )
         conn.execute(text("ANALYZE scheduled_jobs"))
-        plan = "\n".join(
-            conn.execute(
-                text("EXPLAIN " + store.CLAIM_DUE.text),
-                {"window": timedelta(minutes=15), "limit": 1000},
-            ).scalars()
-        )
+
+        def explain(statement: str, **params: object) -> str:
+            return "\n".join(conn.execute(text("EXPLAIN " + statement), params).scalars())
+
+        plan = explain(store.CLAIM_DUE.text, window=timedelta(minutes=15), limit=1000)
+        others = {
+            "stats": explain(store._LIVE_FIGURES.text, late=timedelta(minutes=1)),
+            "reconcile": explain(
+                store._WINDOW.text,
+                window=timedelta(minutes=15),
+                after_due=datetime(1970, 1, 1, tzinfo=UTC),
+                after_id=uuid.UUID(int=0),
+                limit=1000,
+            ),
+            "rescue": explain(store._RESCUE.text, limit=1000),
+        }
         trans.rollback()
+    for name, other in others.items():
+        assert "Seq Scan on scheduled_jobs" not in other, (name, other)
     # A partial index, read in due_at order, bounded by due_at and the LIMIT: what is read
     # follows the due rows, never the table (only the <= LIMIT claimed rows are sorted after).
     assert re.search(

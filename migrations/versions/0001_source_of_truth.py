@@ -86,6 +86,9 @@ def upgrade() -> None:
     op.execute(
         "CREATE INDEX scheduled_job_events_schedule_idx ON scheduled_job_events (schedule_id, id)"
     )
+    # Recent history for stats (lag, cancellations, retries in the last hour): the table is
+    # append-only, so a BRIN index on time stays tiny and nearly free to maintain.
+    op.execute("CREATE INDEX scheduled_job_events_at_brin ON scheduled_job_events USING brin (at)")
     op.execute(
         """
         CREATE TABLE scheduled_job_attempts (

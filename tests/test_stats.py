@@ -1,0 +1,84 @@
+"""`duejobs stats`: every figure matches what the test did."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+from sqlalchemy import text
+
+from duejobs.stats import collect, render
+from tests.conftest import System
+
+
+def test_stats_figures_match_what_happened(system: System) -> None:
+    app = system.app
+    done = [app.schedule("record", {"i": i}, delay=0, tenant="acme").id for i in range(3)]
+    flaky = app.schedule("flaky", {"fail_times": 1}, delay=0, tenant="acme").id
+    cancelled = app.schedule("record", {}, delay=timedelta(hours=1), tenant="globex")
+    app.cancel(cancelled.id)
+    moved = app.schedule("record", {}, delay=timedelta(hours=1), tenant="globex")
+    app.reschedule(moved.id, delay=timedelta(hours=2))
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in [*done, flaky]))
+
+    # Drift and lateness the figures must show:
+    late = app.schedule("record", {}, run_at=app.now() - timedelta(minutes=5), tenant="acme")
+    lost = app.schedule("record", {}, delay=0, tenant="globex")
+    orphaned = app.schedule("record", {}, delay=0, tenant="globex")
+    with app.engine.begin() as conn:  # only these two get pushed
+        conn.execute(
+            text("UPDATE scheduled_jobs SET due_at = due_at + interval '1 day' WHERE id = :id"),
+            {"id": late.id},
+        )
+    system.scheduler.run_once()
+    with app.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scheduled_jobs SET due_at = run_at WHERE id = :id"), {"id": late.id}
+        )
+        app.cancel(orphaned.id, conn=conn)  # its queue job stays in Redis
+    lost_job = app.get(lost.id).queue_job_id  # type: ignore[union-attr]
+    system.redis.delete(f"rq:job:{lost_job}")  # Redis lost this one
+
+    stats = collect(app, since=timedelta(hours=1), late_after=timedelta(minutes=1))
+    overall = stats.overall
+    assert (overall.scheduled, overall.running) == (3, 0)  # late, lost, moved
+    assert (overall.overdue, overall.late) == (2, 1)
+    assert 290 <= stats.oldest_overdue_seconds <= 400
+    assert stats.schedules_without_job == 2  # late (never pushed) and lost (job gone)
+    assert stats.jobs_without_schedule == 1  # the cancelled one's job
+    assert stats.queued == 2  # lost's id is still listed; orphaned's job waits
+    counts = stats.recent.counts
+    assert counts["cancelled"] == 2 and counts["rescheduled"] == 1
+    assert counts["succeeded"] == 4 and counts["retried"] == 1 and counts["started"] == 5
+    lag = stats.recent.lag_ms
+    assert lag["p50"] is not None and lag["max"] is not None and 0 <= lag["p50"] <= lag["max"]
+    by_tenant = {f.tenant: f for f in stats.live if f.tenant}
+    assert by_tenant["acme"].late == 1 and by_tenant["globex"].scheduled == 2
+    by_type = {a.type: a for a in stats.activity if a.type and a.tenant is None}
+    assert by_type["record"].counts["started"] == 3 and by_type["flaky"].counts["started"] == 2
+    table = render(stats)
+    assert "schedules without job      2" in table and "type flaky" in table
+
+
+def test_stats_command_prints_a_table_and_json(
+    system: System, database_url: str, redis_url: str
+) -> None:
+    system.app.schedule("record", {}, delay=0, tenant="acme")
+    env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+    table = subprocess.run(
+        [sys.executable, "-m", "duejobs", "stats"], env=env, capture_output=True, text=True
+    )
+    assert table.returncode == 0, table.stderr
+    assert "scheduled         1" in table.stdout and "acme" in table.stdout
+    as_json = subprocess.run(
+        [sys.executable, "-m", "duejobs", "stats", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    data = json.loads(as_json.stdout)
+    overall = next(f for f in data["live"] if f["tenant"] is None and f["type"] is None)
+    assert data["schedules_without_job"] == 1 and overall["scheduled"] == 1
