@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -23,6 +22,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from duejobs import logs, metrics
 from duejobs.app import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
@@ -271,10 +271,19 @@ def load_app(reference: str) -> App:
     return app
 
 
-def _logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+def _operations(func: F) -> F:
+    """Options every long-running command shares: logs and metrics."""
+    func = click.option("--metrics-port", type=int, help="Serve Prometheus /metrics here.")(func)
+    func = click.option(
+        "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    )(func)
+    return click.option("--log-level", default="info", show_default=True)(func)
+
+
+def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
+    logs.configure(log_level, log_format)
+    if metrics_port is not None:
+        metrics.serve(metrics_port)
 
 
 @main.command()
@@ -282,7 +291,8 @@ def _logging(level: str) -> None:
 @click.option("--window", default="15m", show_default=True, help="How far ahead to push.")
 @click.option("--batch-size", default=100, show_default=True, help="Rows per claim.")
 @click.option("--poll-interval", default=0.1, show_default=True, help="Seconds between passes.")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--concurrency", default=2, show_default=True, help="Parallel claim loops.")
+@_operations
 @click.pass_context
 def scheduler(
     ctx: click.Context,
@@ -290,10 +300,13 @@ def scheduler(
     window: str,
     batch_size: int,
     poll_interval: float,
+    concurrency: int,
     log_level: str,
+    log_format: str,
+    metrics_port: int | None,
 ) -> None:
     """Run the windowed scheduler until SIGTERM/SIGINT (then finish the batch and exit 0)."""
-    _logging(log_level)
+    _operate(log_level, log_format, metrics_port)
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref) if app_ref else App()
         try:
@@ -301,6 +314,7 @@ def scheduler(
                 window=parse_duration(window),
                 batch_size=batch_size,
                 poll_interval=timedelta(seconds=poll_interval),
+                concurrency=concurrency,
             )
             loop = Scheduler(app, config)
         except DuejobsError as exc:
@@ -321,7 +335,7 @@ def scheduler(
     "--lease", default=20.0, show_default=True, help="Seconds a running job's lease lasts."
 )
 @click.option("--heartbeat", default=5.0, show_default=True, help="Seconds between renewals.")
-@click.option("--log-level", default="info", show_default=True)
+@_operations
 @click.pass_context
 def worker(
     ctx: click.Context,
@@ -331,9 +345,11 @@ def worker(
     lease: float,
     heartbeat: float,
     log_level: str,
+    log_format: str,
+    metrics_port: int | None,
 ) -> None:
     """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
-    _logging(log_level)
+    _operate(log_level, log_format, metrics_port)
     if not 0 < heartbeat < lease:
         raise click.BadParameter("need 0 < --heartbeat < --lease", param_hint="--heartbeat")
     config = WorkerConfig(lease=timedelta(seconds=lease), heartbeat=timedelta(seconds=heartbeat))
@@ -370,21 +386,35 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
 @click.option("--every", type=float, help="Run a pass every SECONDS until SIGTERM/SIGINT.")
 @click.option("--window", default="15m", show_default=True, help="How far ahead to check.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
-@click.option("--log-level", default="warning", show_default=True)
+@_operations
 @click.pass_context
 def reconcile(
-    ctx: click.Context, every: float | None, window: str, as_json: bool, log_level: str
+    ctx: click.Context,
+    every: float | None,
+    window: str,
+    as_json: bool,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
 ) -> None:
-    """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds."""
-    _logging(log_level)
+    """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds.
+
+    With --metrics-port, the figures of `duejobs stats` are exported after every pass."""
+    _operate(log_level, log_format, metrics_port)
     with _app(ctx) as app:
         reconciler = Reconciler(app, ReconcileConfig(window=parse_duration(window)))
+
+        def report(result: ReconcileResult) -> None:
+            _print_reconciled(result, as_json)
+            if metrics_port is not None:
+                metrics.observe_stats(collect_stats(app))
+
         if every is None:
-            _print_reconciled(reconciler.run_once(), as_json)
+            report(reconciler.run_once())
             return
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: reconciler.stop())
-        reconciler.run(timedelta(seconds=every), report=lambda r: _print_reconciled(r, as_json))
+        reconciler.run(timedelta(seconds=every), report=report)
 
 
 @main.command()

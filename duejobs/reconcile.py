@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from duejobs import store
+from duejobs import metrics, store
 from duejobs.app import App
 from duejobs.delivery import Push, parse_job_id
 from duejobs.models import Status
@@ -116,6 +116,8 @@ class Reconciler:
             orphans_removed=removed,
             promoted=promoted,
         )
+        for kind in ("repushed", "rescued", "failed", "orphans_removed"):
+            metrics.FIXED.labels(kind).inc(getattr(result, kind))
         if result.fixed:
             log.info("reconciled: %s", result)
         return result

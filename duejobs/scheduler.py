@@ -42,7 +42,7 @@ from datetime import datetime, timedelta
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from duejobs import store
+from duejobs import metrics, store
 from duejobs.app import App
 from duejobs.delivery import Push, PushResult
 from duejobs.errors import ConfigurationError
@@ -127,6 +127,15 @@ class Scheduler:
 
     def run_once(self) -> PassResult:
         """One pass: ``concurrency`` claim loops drain what is due, then promotion."""
+        with metrics.PASS_SECONDS.time():
+            result = self._pass()
+        metrics.PUSHED.labels("queue").inc(result.queued)
+        metrics.PUSHED.labels("scheduled").inc(result.deferred)
+        metrics.PUSHED.labels("already_present").inc(result.already_present)
+        metrics.PROMOTED.inc(result.promoted)
+        return result
+
+    def _pass(self) -> PassResult:
         if self.config.concurrency == 1:
             drained = [self._drain()]
         else:
@@ -152,6 +161,7 @@ class Scheduler:
             try:
                 result = self.run_once()
             except (SQLAlchemyError, RedisError) as exc:
+                metrics.FAILED_PASSES.inc()
                 failures += 1
                 wait = min(
                     self.config.max_backoff.total_seconds(),

@@ -61,7 +61,7 @@ from rq.serializers import JSONSerializer
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from duejobs import store
+from duejobs import metrics, store
 from duejobs.app import App
 from duejobs.errors import (
     EffectAlreadyAppliedError,
@@ -266,25 +266,43 @@ class Runtime:
         """Claim, run and close one delivery; returns what happened."""
         self.deferred = None
         claim = self._claim(schedule_id, version, attempt, tenant)
+        outcome = self._run(claim, schedule_id, version, attempt, tenant)
+        metrics.DELIVERIES.labels(tenant, claim.type or "-", outcome.value).inc()
+        return outcome
+
+    def _run(
+        self,
+        claim: store.RunClaim,
+        schedule_id: uuid.UUID,
+        version: int,
+        attempt: int,
+        tenant: str,
+    ) -> Outcome:
+        where = {
+            "schedule_id": str(schedule_id),
+            "version": version,
+            "tenant": tenant,
+            "attempt": attempt,
+        }
         if claim.skip is SkipReason.NOT_DUE:
             assert claim.due_at is not None
             with self._db.connection() as conn:
                 store.record_deferred(conn, schedule_id, version, attempt)
             self.deferred = claim.due_at
-            log.info(
-                "schedule %s v%s is not due until %s: deferred", schedule_id, version, claim.due_at
-            )
+            log.info("not due until %s: deferred", claim.due_at, extra=where)
             return Outcome.DEFERRED
         if claim.skip is not None:
-            log.info("skipped %s v%s a%s: %s", schedule_id, version, attempt, claim.skip.value)
+            log.info("skipped: %s", claim.skip.value, extra=where)
             return Outcome.SKIPPED
-        assert claim.run_at is not None
+        assert claim.run_at is not None and claim.due_at is not None and claim.db_now is not None
+        metrics.LAG.labels(claim.type).observe((claim.db_now - claim.due_at).total_seconds())
         ctx = Context(
             schedule_id, tenant, claim.type, version, attempt, claim.run_at, claim.payload, self.app
         )
         handler = self.app.handlers.get(claim.type)
         if handler is None:
             error = f"no handler registered for type {claim.type!r}"
+            log.error(error, extra=where)
             return self._close(ctx, Status.FAILED, error=error)
         try:
             with (
@@ -293,13 +311,12 @@ class Runtime:
             ):
                 handler.func(ctx, claim.payload)
         except ScheduleChangedError as exc:
+            log.info("changed while running: %s", exc.reason, extra=where)
             return self._stale(ctx, SkipReason(exc.reason))
         except EffectAlreadyAppliedError:
             return self._close(ctx, Status.SUCCEEDED)
         except Exception as exc:
-            log.warning(
-                "schedule %s v%s attempt %s failed", schedule_id, version, attempt, exc_info=True
-            )
+            log.warning("attempt failed: %s", _describe(exc), extra=where, exc_info=True)
             if attempt < handler.retry.max_attempts:
                 wait = handler.retry.delay_before(attempt)
                 return self._close(ctx, Status.SCHEDULED, error=_describe(exc), retry_in=wait)

@@ -1,0 +1,56 @@
+"""Log setup for the long-running commands: text or JSON lines, with the schedule's identity.
+
+Records logged with ``extra={"schedule_id": ..., "version": ..., "tenant": ...,
+"attempt": ...}`` carry those fields: appended as ``key=value`` in text, as keys in JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+
+FIELDS = ("schedule_id", "version", "tenant", "attempt")
+
+
+def _context(record: logging.LogRecord) -> dict[str, object]:
+    return {name: getattr(record, name) for name in FIELDS if hasattr(record, name)}
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message key=value ...``"""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        context = _context(record)
+        if context:
+            text += " " + " ".join(f"{k}={v}" for k, v in context.items())
+        return text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        data: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+            **_context(record),
+        }
+        if record.exc_info:
+            data["exception"] = self.formatException(record.exc_info)
+        return json.dumps(data, default=str)
+
+
+def configure(level: str, fmt: str = "text") -> None:
+    """Send duejobs' (and RQ's) logs to stderr in ``fmt`` (``text`` or ``json``)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())

@@ -1,0 +1,87 @@
+"""Prometheus metrics and structured logs of the long-running commands."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from collections.abc import Callable
+
+from prometheus_client import REGISTRY
+
+from tests.conftest import Proc, System, wait_for
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_worker_counts_outcomes_and_observes_lag_by_type(system: System) -> None:
+    before_ok = _sample(
+        "duejobs_deliveries_total", tenant="acme", type="record", outcome="succeeded"
+    )
+    before_skip = _sample(
+        "duejobs_deliveries_total", tenant="acme", type="record", outcome="skipped"
+    )
+    before_lag = _sample("duejobs_lag_seconds_count", type="record")
+    ids = [system.app.schedule("record", {}, delay=0, tenant="acme").id for _ in range(3)]
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
+    system.runtime.handle(ids[0], 1, 1, "acme")  # a duplicate delivery
+    after_ok = _sample(
+        "duejobs_deliveries_total", tenant="acme", type="record", outcome="succeeded"
+    )
+    assert after_ok - before_ok == 3
+    after_skip = _sample(
+        "duejobs_deliveries_total", tenant="acme", type="record", outcome="skipped"
+    )
+    assert after_skip - before_skip == 1
+    assert _sample("duejobs_lag_seconds_count", type="record") - before_lag == 3
+
+
+def test_scheduler_counts_what_it_pushed(system: System) -> None:
+    before = _sample("duejobs_scheduler_pushed_total", where="queue")
+    for _ in range(4):
+        system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    assert _sample("duejobs_scheduler_pushed_total", where="queue") - before == 4
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_reconciler_serves_the_stats_figures_as_metrics(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    system.app.schedule("record", {}, delay=0, tenant="acme")
+    port = _free_port()
+    proc = spawn("reconcile", "--every", "0.5", "--metrics-port", str(port), "--json")
+    url = f"http://127.0.0.1:{port}/metrics"
+
+    def scraped() -> str:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return str(response.read().decode())
+        except OSError:
+            return ""
+
+    wait_for(lambda: 'duejobs_scheduled{tenant="acme"} 1.0' in scraped(), 30, "the gauges")
+    body = scraped()
+    assert "duejobs_schedules_without_job" in body and "duejobs_reconciler_fixed_total" in body
+    assert proc.stop() == 0
+    passes = [json.loads(line) for line in proc.output().splitlines() if line.startswith("{")]
+    assert passes and "repushed" in passes[0]
+
+
+def test_json_logs_carry_the_schedule_identity(system: System, spawn: Callable[..., Proc]) -> None:
+    s = system.app.schedule("flaky", {"fail_times": 1}, delay=0, tenant="acme")
+    system.scheduler.run_once()
+    worker = spawn("worker", "--app", "tests.apps:app", "--burst", "--log-format", "json")
+    assert worker.popen.wait(60) == 0
+    records = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
+    failed = [r for r in records if r.get("message", "").startswith("attempt failed")]
+    assert failed, worker.output()
+    assert failed[0]["schedule_id"] == str(s.id) and failed[0]["tenant"] == "acme"
+    assert failed[0]["version"] == 1 and failed[0]["attempt"] == 1
