@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -22,7 +23,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from duejobs import logs, metrics
+from duejobs import logs, metrics, store
 from duejobs.app import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
@@ -429,6 +430,31 @@ def stats(ctx: click.Context, since: str, late_after: str, as_json: bool) -> Non
             app, since=parse_duration(since), late_after=parse_duration(late_after)
         )
         click.echo(json.dumps(figures.as_dict()) if as_json else render_stats(figures))
+
+
+@main.command()
+@click.option("--older-than", required=True, help="Age of finished schedules to delete: 30d.")
+@click.option("--batch-size", default=1000, show_default=True, help="Rows per transaction.")
+@click.pass_context
+def prune(ctx: click.Context, older_than: str, batch_size: int) -> None:
+    """Delete finished schedules (and their history) older than --older-than, in batches."""
+    age = parse_duration(older_than)
+    if age <= timedelta(0) or batch_size < 1:
+        raise click.BadParameter("need a positive age and batch size", param_hint="--older-than")
+    with _app(ctx) as app:
+        started, total = time.monotonic(), 0
+        while True:
+            with app.engine.begin() as conn:
+                deleted = store.prune_finished(conn, age, batch_size)
+            total += deleted
+            if deleted < batch_size:
+                break
+        elapsed = time.monotonic() - started
+        rate = total / elapsed if elapsed > 0 else 0.0
+        click.echo(
+            f"pruned {total} finished schedules with their history in {elapsed:.1f} s "
+            f"({rate:,.0f} rows/s)"
+        )
 
 
 @main.command()

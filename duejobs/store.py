@@ -917,3 +917,26 @@ def overdue_queue_jobs(conn: Connection, limit: int) -> list[str | None]:
         {"limit": limit},
     )
     return [r.queue_job_id for r in rows]
+
+
+# -- retention -------------------------------------------------------------------------------
+
+_PRUNE = text(
+    """
+    WITH old AS (
+        SELECT id FROM scheduled_jobs
+        WHERE status IN ('succeeded', 'failed', 'cancelled')
+          AND finished_at < statement_timestamp() - CAST(:age AS interval)
+        ORDER BY finished_at
+        LIMIT :limit
+        FOR UPDATE SKIP LOCKED
+    )
+    DELETE FROM scheduled_jobs WHERE id = ANY(ARRAY(SELECT id FROM old))
+    """
+)
+
+
+def prune_finished(conn: Connection, older_than: timedelta, limit: int) -> int:
+    """Delete up to ``limit`` schedules that finished (succeeded, failed, cancelled) longer
+    than ``older_than`` ago, with their events, attempts and effects. Never a live row."""
+    return int(conn.execute(_PRUNE, {"age": older_than, "limit": limit}).rowcount)

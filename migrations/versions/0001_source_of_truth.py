@@ -65,6 +65,11 @@ def upgrade() -> None:
         "CREATE INDEX scheduled_jobs_lease_idx ON scheduled_jobs (lease_expires_at) "
         "WHERE status = 'running'"
     )
+    # Finished rows by age: `duejobs prune` deletes them oldest first, in batches.
+    op.execute(
+        "CREATE INDEX scheduled_jobs_finished_idx ON scheduled_jobs (finished_at) "
+        "WHERE status IN ('succeeded', 'failed', 'cancelled')"
+    )
     # A business key names at most one live schedule per tenant; finished ones free the key.
     op.execute(
         "CREATE UNIQUE INDEX scheduled_jobs_live_key_idx ON scheduled_jobs (tenant, key) "
@@ -119,6 +124,9 @@ def upgrade() -> None:
             created_at   timestamptz NOT NULL DEFAULT now()
         )
         """
+    )
+    op.execute(
+        "CREATE INDEX scheduled_job_effects_schedule_idx ON scheduled_job_effects (schedule_id)"
     )
 
 
