@@ -460,8 +460,9 @@ def prune(ctx: click.Context, older_than: str, batch_size: int) -> None:
 @main.command()
 @click.pass_context
 def demo(ctx: click.Context) -> None:
-    """Schedule a realistic mix on the embedded services and show what is stored."""
-    from duejobs.demo import run_demo
+    """The whole system end to end: scheduler, workers, reconciler and a realistic mix."""
+    from duejobs.demo import register, run_demo
 
     with _app(ctx, migrate=True) as app:
-        sys.exit(run_demo(app, click.echo))
+        status = run_demo(register(app), ctx.obj["data_dir"], click.echo)
+    sys.exit(status)

@@ -1,67 +1,257 @@
-"""``duejobs demo``: a realistic mix of schedules written, changed and read back.
+"""``duejobs demo``: the whole system, end to end, in under a minute.
 
-Exit status 0 only when everything the demo wrote reads back as intended.
+It migrates, starts a scheduler, two workers and a reconciler (separate processes, as in
+production), schedules a realistic mix — reminders with relative delays, a digest at 09:00
+America/Sao_Paulo, a reschedule, a cancellation, a burst of notifications due at the same
+instant, a webhook that fails once and is retried — shows live progress, then checks the
+outcome: each schedule ran once or was skipped for the right reason, lag p50/p99, attempts.
+Everything it started is stopped. Exit status 0 only when every check holds.
+
+Workers import this module (``--app duejobs.demo:app``) for the handlers below.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from sqlalchemy import text
 
 from duejobs.app import App
-from duejobs.models import EventKind, Schedule, Status
+from duejobs.config import DATABASE_ENV
+from duejobs.worker import Context
+
+BURST = 200
+PROCESS_FLAGS = ["--log-level", "warning"]
 
 
-def _row(s: Schedule) -> str:
-    local = s.run_at_local.strftime("%Y-%m-%d %H:%M:%S %Z")
-    return f"{s.type:<18} {s.status.value:<10} v{s.version:<3} {local:<28} {s.key or ''}"
+def _apply(ctx: Context, payload: Any) -> None:
+    """The effect of every demo job: recorded once in the effect ledger, cancel-safe."""
+    ctx.ensure_current()
+    with ctx.transaction():
+        pass
 
 
-def run_demo(app: App, echo: Callable[[str], None]) -> int:
-    """Write the mix, print it, and return the exit status."""
-    acme = app.tenant("acme")
-    now = app.now()
-    run = now.strftime("%H%M%S%f")
-    reminder = acme.schedule(
-        "send-reminder", {"reminder_id": 42}, delay=timedelta(minutes=30), key=f"reminder:{run}"
-    )
-    again = acme.schedule(
-        "send-reminder", {"reminder_id": 42}, delay=timedelta(minutes=30), key=f"reminder:{run}"
-    )
+def _flaky_webhook(ctx: Context, payload: Any) -> None:
+    if ctx.attempt == 1:
+        raise ConnectionError("webhook endpoint timed out (the demo fails it once)")
+    _apply(ctx, payload)
+
+
+def register(application: App) -> App:
+    for job_type in (
+        "send-reminder",
+        "expire-reservation",
+        "follow-up",
+        "morning-digest",
+        "campaign-notification",
+    ):
+        application.handler(job_type)(_apply)
+    application.handler("flaky-webhook", backoff=timedelta(milliseconds=500))(_flaky_webhook)
+    return application
+
+
+app = register(App()) if os.environ.get(DATABASE_ENV) else None
+
+
+@dataclass
+class Mix:
+    """What the demo scheduled, by role."""
+
+    reminders: list[uuid.UUID]
+    digest: uuid.UUID
+    rescheduled: uuid.UUID
+    cancelled: uuid.UUID
+    burst: list[uuid.UUID]
+    flaky: uuid.UUID
+
+    @property
+    def to_run(self) -> list[uuid.UUID]:
+        return [*self.reminders, self.rescheduled, *self.burst, self.flaky]
+
+    @property
+    def all(self) -> list[uuid.UUID]:
+        return [*self.to_run, self.digest, self.cancelled]
+
+
+def schedule_mix(application: App) -> Mix:
+    acme, globex = application.tenant("acme"), application.tenant("globex")
+    now = application.now()
+    reminders = [
+        acme.schedule("send-reminder", {"reminder_id": i}, delay=timedelta(seconds=1 + i))
+        for i in range(10)
+    ]
     tomorrow = (now + timedelta(days=1)).date()
-    local_nine = datetime(tomorrow.year, tomorrow.month, tomorrow.day, 9, 0)
-    morning = acme.schedule(
+    digest = acme.schedule(
         "morning-digest",
         {"user_id": 7},
-        run_at=local_nine,
+        run_at=datetime(tomorrow.year, tomorrow.month, tomorrow.day, 9, 0),
         timezone="America/Sao_Paulo",
-        key=f"digest:7:{tomorrow}",
+        key=f"digest:7:{tomorrow}:{now.timestamp()}",
     )
-    expiry = acme.schedule("expire-reservation", {"reservation_id": 9}, delay=timedelta(minutes=15))
-    moved = acme.reschedule(expiry.id, delay=timedelta(minutes=45), expected_version=1)
-    follow_up = acme.schedule("follow-up", {"lead_id": 3}, delay=timedelta(hours=2))
-    acme.cancel(follow_up.id)
+    expiry = acme.schedule("expire-reservation", {"reservation_id": 9}, delay=20)
+    acme.reschedule(expiry.id, delay=3, expected_version=1)
+    follow_up = globex.schedule("follow-up", {"lead_id": 3}, delay=4)
+    globex.cancel(follow_up.id)
+    instant = now + timedelta(seconds=6)
+    burst = [
+        globex.schedule("campaign-notification", {"user_id": i}, run_at=instant)
+        for i in range(BURST)
+    ]
+    flaky = globex.schedule("flaky-webhook", {"order_id": 77}, delay=2)
+    return Mix(
+        [r.id for r in reminders],
+        digest.id,
+        expiry.id,
+        follow_up.id,
+        [b.id for b in burst],
+        flaky.id,
+    )
 
-    rows = [acme.get(s.id) for s in (reminder, morning, moved, follow_up)]
-    echo(f"database time: {now.isoformat()}")
-    echo(f"{'type':<18} {'status':<10} {'ver':<4} {'run at (local)':<28} key")
-    for s in rows:
-        assert s is not None
-        echo(_row(s))
-    echo("history of the rescheduled reservation expiry:")
-    for e in acme.history(moved.id):
-        echo(f"  v{e.version} {e.kind.value:<11} {e.detail.get('new_run_at') or ''}")
 
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "duejobs", *args, *PROCESS_FLAGS],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=os.environ.copy(),
+        )
+
+
+def _state(application: App, ids: list[uuid.UUID]) -> dict[str, int]:
+    with application.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT status, count(*) FROM scheduled_jobs "
+                "WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"
+            ),
+            {"ids": ids},
+        )
+        return {status: int(n) for status, n in rows}
+
+
+def _table(state: dict[str, int]) -> Table:
+    table = Table(title="schedules by status", show_edge=False)
+    for status in ("scheduled", "running", "succeeded", "failed", "cancelled"):
+        table.add_column(status, justify="right")
+    table.add_row(
+        *(
+            str(state.get(s, 0))
+            for s in ("scheduled", "running", "succeeded", "failed", "cancelled")
+        )
+    )
+    return table
+
+
+def check(application: App, mix: Mix) -> tuple[dict[str, bool], dict[str, float]]:
+    """The summary: each check by name, and the lag figures (ms)."""
+    with application.engine.connect() as conn:
+        per_row = {
+            r.id: r
+            for r in conn.execute(
+                text(
+                    "SELECT s.id, s.status, s.version, s.attempts, s.run_at, "
+                    "  (SELECT count(*) FROM scheduled_job_effects f WHERE f.schedule_id = s.id) "
+                    "    AS effects, "
+                    "  (SELECT count(*) FROM scheduled_job_events e WHERE e.schedule_id = s.id "
+                    "     AND e.kind = 'started') AS starts, "
+                    "  (SELECT count(*) FROM scheduled_job_events e WHERE e.schedule_id = s.id "
+                    "     AND e.kind = 'started' AND e.at < s.run_at) AS early, "
+                    "  (SELECT min(e.version) FROM scheduled_job_events e "
+                    "     WHERE e.schedule_id = s.id AND e.kind = 'started') AS started_version "
+                    "FROM scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))"
+                ),
+                {"ids": mix.all},
+            )
+        }
+        lag = conn.execute(
+            text(
+                "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP "
+                "(ORDER BY CAST(detail->>'lag_ms' AS double precision)) "
+                "FROM scheduled_job_events WHERE kind = 'started' "
+                "AND schedule_id = ANY(CAST(:ids AS uuid[]))"
+            ),
+            {"ids": mix.all},
+        ).scalar_one()
+    once = [per_row[i] for i in mix.to_run]
+    flaky, moved, gone = per_row[mix.flaky], per_row[mix.rescheduled], per_row[mix.cancelled]
     checks = {
-        "30-minute reminder stored": reminder.status is Status.SCHEDULED,
-        "same key returned the same schedule": again.id == reminder.id,
-        "09:00 America/Sao_Paulo kept as local time": morning.run_at_local.hour == 9,
-        "reschedule bumped the version": moved.version == 2,
-        "history keeps old and new times": [e.kind for e in acme.history(moved.id)]
-        == [EventKind.CREATED, EventKind.RESCHEDULED],
-        "cancellation persisted": (acme.get(follow_up.id) or follow_up).status is Status.CANCELLED,
-        "other tenants see none of it": app.tenant("globex").get(reminder.id) is None,
+        f"all {len(once)} due schedules succeeded": all(r.status == "succeeded" for r in once),
+        "each effect applied exactly once": all(r.effects == 1 for r in once),
+        "no job started before its run_at (database clock)": all(r.early == 0 for r in once),
+        f"the burst of {BURST} due at one instant all ran once": all(
+            per_row[i].status == "succeeded" and per_row[i].starts == 1 for i in mix.burst
+        ),
+        "the rescheduled reservation ran once, at version 2 only": moved.version == 2
+        and moved.starts == 1
+        and moved.started_version == 2,
+        "the cancelled follow-up never started": gone.status == "cancelled" and gone.starts == 0,
+        "the flaky webhook failed once, then succeeded on attempt 2": flaky.status == "succeeded"
+        and flaky.attempts == 2
+        and flaky.effects == 1,
+        "the 09:00 America/Sao_Paulo digest waits for its time": per_row[mix.digest].status
+        == "scheduled",
     }
+    p50, p99 = lag or (None, None)
+    return checks, {"p50": p50 or 0.0, "p99": p99 or 0.0}
+
+
+def run_demo(application: App, data_dir: Path, echo: Callable[[str], None]) -> int:
+    """Run the demo against ``application`` (whose URLs are exported to child processes)."""
+    console = Console()
+    logs = data_dir / "demo-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = [
+        _spawn(["scheduler"], logs / "scheduler.log"),
+        _spawn(["worker", "--app", "duejobs.demo:app"], logs / "worker-1.log"),
+        _spawn(["worker", "--app", "duejobs.demo:app"], logs / "worker-2.log"),
+        _spawn(["reconcile", "--every", "2"], logs / "reconciler.log"),
+    ]
+    try:
+        mix = schedule_mix(application)
+        echo(
+            f"scheduled {len(mix.all)}: 10 reminders, a 09:00 America/Sao_Paulo digest, "
+            f"a reschedule, a cancellation, a burst of {BURST} at one instant, a flaky webhook"
+        )
+        deadline = time.monotonic() + 50
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        progress = Progress(*columns, console=console)
+        task = progress.add_task("running due schedules", total=len(mix.to_run))
+        with Live(console=console, refresh_per_second=8) as live:
+            while True:
+                state = _state(application, mix.all)
+                progress.update(task, completed=state.get("succeeded", 0))
+                live.update(Group(progress, _table(state)))
+                if state.get("succeeded", 0) == len(mix.to_run) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.25)
+        checks, lag = check(application, mix)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(30)
     for name, ok in checks.items():
-        echo(f"{'ok ' if ok else 'FAIL'} {name}")
+        echo(f"{'ok  ' if ok else 'FAIL'} {name}")
+    echo(f"lag run_at -> start: p50 {lag['p50']:.0f} ms, p99 {lag['p99']:.0f} ms")
+    echo(f"logs of the scheduler, workers and reconciler: {logs}")
     return 0 if all(checks.values()) else 1

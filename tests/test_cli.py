@@ -110,10 +110,19 @@ def test_show_of_an_unknown_id_exits_1(env: dict[str, str]) -> None:
     assert result.returncode == 1 and "no schedule" in result.stderr
 
 
-def test_demo_runs_and_checks_what_it_wrote(env: dict[str, str]) -> None:
-    result = run("demo", env=env)
+def test_demo_runs_the_whole_system_and_checks_the_outcome(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    result = run("--data-dir", str(tmp_path), "demo", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "FAIL" not in result.stdout and "ok  cancellation persisted" in result.stdout
+    assert "FAIL" not in result.stdout
+    for check in (
+        "each effect applied exactly once",
+        "the cancelled follow-up never started",
+        "the flaky webhook failed once, then succeeded on attempt 2",
+    ):
+        assert f"ok   {check}" in result.stdout
+    assert "lag run_at -> start: p50" in result.stdout
 
 
 def test_without_urls_the_cli_uses_embedded_servers_and_says_so(tmp_path: Path) -> None:
