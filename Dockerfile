@@ -1,0 +1,9 @@
+# The duejobs image used by docker-compose.yml: the package and its CLI, nothing else.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY duejobs ./duejobs
+COPY migrations ./migrations
+RUN pip install --no-cache-dir . && useradd --system duejobs
+USER duejobs
+ENTRYPOINT ["duejobs"]

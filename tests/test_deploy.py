@@ -1,0 +1,97 @@
+"""docker-compose.yml and the Dockerfile, checked without a Docker engine: the services, their
+commands (parsed by duejobs' own CLI), health checks, metrics ports and environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from duejobs.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
+
+
+def test_compose_has_every_part_of_the_system(compose: dict[str, Any]) -> None:
+    assert set(compose["services"]) == {
+        "postgres",
+        "redis",
+        "migrate",
+        "scheduler",
+        "worker",
+        "reconciler",
+    }
+
+
+def test_schedulers_and_workers_are_replicated(compose: dict[str, Any]) -> None:
+    assert compose["services"]["scheduler"]["deploy"]["replicas"] >= 2
+    assert compose["services"]["worker"]["deploy"]["replicas"] >= 2
+
+
+def test_every_service_has_a_health_check_or_is_one_shot(compose: dict[str, Any]) -> None:
+    for name, service in compose["services"].items():
+        if name == "migrate":
+            assert service["restart"] == "no"
+            continue
+        assert "healthcheck" in service, name
+
+
+@pytest.mark.parametrize("name", ["migrate", "scheduler", "worker", "reconciler"])
+def test_duejobs_commands_parse_with_the_real_cli(compose: dict[str, Any], name: str) -> None:
+    args = [
+        a.replace("${DUEJOBS_APP:-duejobs.demo:app}", "duejobs.demo:app")
+        for a in compose["services"][name]["command"]
+    ]
+    command = main.get_command(click.Context(main), args[0])
+    assert command is not None, args[0]
+    command.make_context(args[0], args[1:])  # raises on an unknown option or bad value
+
+
+@pytest.mark.parametrize(
+    ("name", "port"), [("scheduler", "9101"), ("worker", "9102"), ("reconciler", "9103")]
+)
+def test_metrics_ports_are_served_and_health_checked(
+    compose: dict[str, Any], name: str, port: str
+) -> None:
+    service = compose["services"][name]
+    assert service["command"][service["command"].index("--metrics-port") + 1] == port
+    assert port in service["expose"] and f"localhost:{port}/metrics" in str(service["healthcheck"])
+
+
+def test_processes_wait_for_a_migrated_database_and_a_healthy_redis(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in ("scheduler", "worker", "reconciler"):
+        needs = services[name]["depends_on"]
+        assert needs["migrate"]["condition"] == "service_completed_successfully"
+        assert needs["redis"]["condition"] == "service_healthy"
+
+
+def test_urls_point_at_the_compose_services(compose: dict[str, Any]) -> None:
+    postgres = compose["services"]["postgres"]["environment"]
+    for name in ("migrate", "scheduler", "worker", "reconciler"):
+        env = compose["services"][name]["environment"]
+        assert env["DUEJOBS_DATABASE_URL"] == (
+            f"postgresql://{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}"
+            f"@postgres:5432/{postgres['POSTGRES_DB']}"
+        )
+        assert env["DUEJOBS_REDIS_URL"].startswith("redis://redis:6379/")
+
+
+def test_dockerfile_copies_what_exists_and_runs_the_cli() -> None:
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    for line in lines:
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), source
+    assert 'ENTRYPOINT ["duejobs"]' in lines
