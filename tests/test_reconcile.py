@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import text
 
 from duejobs import EventKind, Status
@@ -60,32 +61,37 @@ def test_schedules_no_scheduler_pushed_are_pushed_by_the_reconciler(system: Syst
     assert _kinds(system, s.id) == ["created", "enqueued", "started", "succeeded"]
 
 
-SCHEDULER_KILLED_AFTER_PUSH = """
+SCHEDULER_KILLED = """
 import os, signal, sys
+from datetime import timedelta
 from duejobs import App, store
 from duejobs.delivery import Push
 app = App()
 with app.engine.begin() as conn:
-    rows, now = store.claim_due(conn, __import__("datetime").timedelta(minutes=15), 1000)
-    app.deliverer().push([Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows], now)
+    rows, now = store.claim_due(conn, timedelta(minutes=15), 1000)
+    if sys.argv[1] == "after-push":
+        pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
+        app.deliverer().push(pushes, now)
     print(len(rows), flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)  # between the push and the commit
+    os.kill(os.getpid(), signal.SIGKILL)  # the transaction never commits
 """
 
 
+@pytest.mark.parametrize("moment", ["before-push", "after-push"])
 def test_scheduler_sigkilled_between_claim_and_commit_all_run_once(
-    system: System, database_url: str, redis_url: str
+    system: System, database_url: str, redis_url: str, moment: str
 ) -> None:
     ids = [system.app.schedule("record", {"i": i}, delay=0).id for i in range(40)]
     env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
     killed = subprocess.run(
-        [sys.executable, "-c", SCHEDULER_KILLED_AFTER_PUSH], env=env, capture_output=True, text=True
+        [sys.executable, "-c", SCHEDULER_KILLED, moment], env=env, capture_output=True, text=True
     )
     assert killed.returncode == -signal.SIGKILL and killed.stdout.strip() == "40"
     assert all(system.app.get(i).queue_job_id is None for i in ids)  # type: ignore[union-attr]
-    assert system.scheduler.deliverer.queue.count == 40  # pushed, never committed
+    pushed = 40 if moment == "after-push" else 0
+    assert system.scheduler.deliverer.queue.count == pushed
     again = system.scheduler.run_once()
-    assert (again.claimed, again.already_present) == (40, 40)
+    assert (again.claimed, again.already_present) == (40, pushed)
     assert system.scheduler.deliverer.queue.count == 40  # no second job for anyone
     system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
     assert len(system.effects()) == 40
