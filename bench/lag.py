@@ -26,7 +26,7 @@ from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
 from bench.common import Figure
-from bench.procs import ROOT
+from bench.procs import ROOT, stop_all
 from duejobs import App
 
 JOBS = int(os.environ.get("LAG_JOBS", "300"))
@@ -90,10 +90,7 @@ def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
             ).scalars()
             return [float(x) for x in lags]
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(60)
+        stop_all(procs)
         app.close()
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -38,6 +39,14 @@ def spawn_workers(kind: str, queue: str, count: int, env: dict[str, str]) -> lis
         assert proc.returncode == 0, out
         spans.append(json.loads(out.strip().splitlines()[-1]))
     return spans
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM every process (warm shutdown), then wait for each."""
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        proc.wait(60)
 
 
 def main() -> None:

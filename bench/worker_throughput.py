@@ -9,7 +9,6 @@ span from the first worker's start to the last one's end.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from bench.common import Figure, fill_due
-from bench.procs import ROOT, spawn_workers
+from bench.procs import ROOT, spawn_workers, stop_all
 from duejobs import App
 from duejobs.config import libpq_url
 from duejobs.scheduler import Scheduler, SchedulerConfig
@@ -124,10 +123,7 @@ def peak(database_url: str, redis_url: str) -> Figure:
                 "SELECT extract(epoch FROM max(finished_at) - min(run_at)) FROM scheduled_jobs"
             ).scalar_one()
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            proc.wait(60)
+        stop_all(procs)
         app.close()
     return Figure(
         f"peak: {PEAK} due at one instant, 2 workers, drain",

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -120,15 +121,23 @@ def test_clock_skew_worker_and_scheduler_ten_minutes_off_run_on_time(
     assert [p.stop() for p in procs] == [0, 0]
 
 
-def test_worker_finishes_the_running_job_on_sigterm_then_exits(
-    app: App, spawn: Callable[..., Proc]
-) -> None:
-    s = app.schedule("slow", {"seconds": 2}, delay=0)
+def _slow_job_running(
+    app: App, spawn: Callable[..., Proc], seconds: float
+) -> tuple[uuid.UUID, list[Proc]]:
+    """A scheduler and a worker, the worker busy with a job of ``seconds``."""
+    s = app.schedule("slow", {"seconds": seconds}, delay=0)
     procs = [spawn(*SCHEDULER), spawn(*WORKER)]
     running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
     wait_for(lambda: _count(app, running) == 1, 30, "the slow job to start")
+    return s.id, procs
+
+
+def test_worker_finishes_the_running_job_on_sigterm_then_exits(
+    app: App, spawn: Callable[..., Proc]
+) -> None:
+    schedule_id, procs = _slow_job_running(app, spawn, seconds=2)
     assert procs[1].stop(signal.SIGTERM) == 0
-    stored = app.get(s.id)
+    stored = app.get(schedule_id)
     assert stored is not None and stored.status.value == "succeeded"
     assert procs[0].stop() == 0
 
@@ -136,15 +145,12 @@ def test_worker_finishes_the_running_job_on_sigterm_then_exits(
 def test_cold_shutdown_leaves_a_running_row_with_a_lease_to_rescue(
     app: App, spawn: Callable[..., Proc]
 ) -> None:
-    s = app.schedule("slow", {"seconds": 30}, delay=0)
-    procs = [spawn(*SCHEDULER), spawn(*WORKER)]
-    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
-    wait_for(lambda: _count(app, running) == 1, 30, "the slow job to start")
+    schedule_id, procs = _slow_job_running(app, spawn, seconds=30)
     procs[1].stop(signal.SIGKILL)
     with app.engine.connect() as conn:
         lease = conn.execute(
             text("SELECT lease_expires_at > now() FROM scheduled_jobs WHERE id = :id"),
-            {"id": s.id},
+            {"id": schedule_id},
         ).scalar_one()
     assert lease is True  # the reconciler rescues it once the lease expires
     assert _count(app, "SELECT count(*) FROM test_effects") == 0

@@ -116,27 +116,22 @@ def test_orphan_queue_jobs_are_removed(system: System) -> None:
     assert queue.scheduled_job_registry.count == 1  # superseded's new version, deferred
 
 
-def _expire_lease(system: System, schedule_id: object) -> None:
+def _abandoned_by_its_worker(system: System, schedule_id: object, max_attempts: int) -> None:
+    """The row as a worker leaves it when it dies mid-handler: running, lease expired."""
     with system.app.engine.begin() as conn:
         conn.execute(
             text(
-                "UPDATE scheduled_jobs SET lease_expires_at = now() - interval '1 second' "
+                "UPDATE scheduled_jobs SET status = 'running', attempts = 1, "
+                "max_attempts = :max, lease_expires_at = now() - interval '1 second' "
                 "WHERE id = :id"
             ),
-            {"id": schedule_id},
+            {"id": schedule_id, "max": max_attempts},
         )
 
 
 def test_expired_lease_goes_back_to_scheduled_and_the_next_attempt_runs(system: System) -> None:
     s = system.app.schedule("record", {}, delay=0)
-    with system.app.engine.begin() as conn:  # a worker claimed it, then died
-        conn.execute(
-            text(
-                "UPDATE scheduled_jobs SET status = 'running', attempts = 1, max_attempts = 5, "
-                "lease_expires_at = now() - interval '1 second' WHERE id = :id"
-            ),
-            {"id": s.id},
-        )
+    _abandoned_by_its_worker(system, s.id, max_attempts=5)
     result = Reconciler(system.app).run_once()
     assert (result.rescued, result.failed) == (1, 0)
     stored = system.app.get(s.id)
@@ -149,14 +144,7 @@ def test_expired_lease_goes_back_to_scheduled_and_the_next_attempt_runs(system: 
 def test_expired_lease_with_attempts_exhausted_fails(system: System) -> None:
     system.app.handler("once", max_attempts=1)(lambda ctx, payload: time.sleep(0))
     s = system.app.schedule("once", {}, delay=0)
-    with system.app.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE scheduled_jobs SET status = 'running', attempts = 1, max_attempts = 1, "
-                "lease_expires_at = now() - interval '1 second' WHERE id = :id"
-            ),
-            {"id": s.id},
-        )
+    _abandoned_by_its_worker(system, s.id, max_attempts=1)
     result = Reconciler(system.app).run_once()
     assert (result.rescued, result.failed) == (0, 1)
     stored = system.app.get(s.id)
