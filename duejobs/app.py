@@ -51,7 +51,7 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler, RetryPolicy
 from duejobs.models import Event, Schedule
-from duejobs.timespec import parse_when
+from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_TENANT,
@@ -171,15 +171,21 @@ class App:
         backoff: timedelta = timedelta(seconds=1),
         backoff_cap: timedelta = timedelta(minutes=10),
         timeout: timedelta = timedelta(minutes=5),
+        jitter: timedelta | float = timedelta(0),
     ) -> Callable[[F], F]:
-        """Register the function that runs schedules of ``job_type`` in workers."""
+        """Register the function that runs schedules of ``job_type`` in workers.
+
+        ``jitter``: the default spread for this type's schedules written through this App
+        (see :meth:`schedule`); leave it at zero for types whose time must be exact.
+        """
+        spread = as_delay(jitter, "jitter")
         policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, backoff_cap=backoff_cap)
         job_type = check_type(job_type)
         if timeout <= timedelta(0):
             raise InvalidHandlerError(f"timeout must be positive, got {timeout}")
 
         def register(func: F) -> F:
-            self._core.handlers[job_type] = Handler(job_type, func, policy, timeout)
+            self._core.handlers[job_type] = Handler(job_type, func, policy, timeout, spread)
             return func
 
         return register
@@ -200,21 +206,39 @@ class App:
         timezone: str | None = None,
         key: str | None = None,
         tenant: str | None = None,
+        jitter: timedelta | float | None = None,
         conn: Connection | None = None,
     ) -> Schedule:
         """Persist the intent to run ``job_type`` with ``payload`` at a time.
 
         ``key``: while a schedule with that key is live (scheduled or running) for the tenant,
         scheduling it again returns that schedule unchanged.
+
+        ``jitter`` (default: the type's, from :meth:`handler`, else none): spreads the start
+        over ``[run_at, run_at + jitter)`` — never before the intended instant — at a point
+        fixed by the schedule's id, so a re-push, a reconcile or a reschedule never moves it.
+        ``run_at`` keeps the intended instant; ``due_at`` is the effective one. For peaks
+        (thousands of reminders at 09:00) whose exact second does not matter.
         """
         job_type = check_type(job_type)
         tenant = self._write_tenant(tenant)
         key = check_key(key)
         payload_json = encode_payload(payload, self._core.max_payload_bytes)
         when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+        if jitter is None:
+            handler = self._core.handlers.get(job_type)
+            spread = handler.jitter if handler else timedelta(0)
+        else:
+            spread = as_delay(jitter, "jitter")
         with self._transaction(conn) as c:
             schedule, _created = store.insert_schedule(
-                c, tenant=tenant, job_type=job_type, key=key, payload_json=payload_json, when=when
+                c,
+                tenant=tenant,
+                job_type=job_type,
+                key=key,
+                payload_json=payload_json,
+                when=when,
+                jitter=spread,
             )
         return schedule
 

@@ -45,3 +45,4 @@ class Handler:
     func: Callable[..., Any]
     retry: RetryPolicy
     timeout: timedelta
+    jitter: timedelta = timedelta(0)

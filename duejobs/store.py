@@ -107,16 +107,19 @@ _INSERT = text(
     f"""
     WITH new AS (
         INSERT INTO scheduled_jobs
-            (id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at)
-        VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {_RUN_AT}, {_RUN_AT},
-                :timezone, :local_run_at)
+            (id, tenant, type, key, payload, run_at, due_at, jitter_offset, timezone,
+             local_run_at)
+        VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {_RUN_AT},
+                {_RUN_AT} + CAST(:jitter_offset AS interval), :jitter_offset, :timezone,
+                :local_run_at)
         ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {_LIVE} DO NOTHING
         RETURNING {SCHEDULE_COLUMNS}
     ), event AS (
         INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
         SELECT id, tenant, 'created', version,
-               jsonb_build_object('run_at', run_at, 'timezone', timezone,
-                                  'local_run_at', local_run_at, 'key', key)
+               jsonb_strip_nulls(jsonb_build_object(
+                   'run_at', run_at, 'timezone', timezone, 'local_run_at', local_run_at,
+                   'key', key, 'due_at', CASE WHEN due_at <> run_at THEN due_at END))
         FROM new
     )
     SELECT {SCHEDULE_COLUMNS} FROM new
@@ -137,10 +140,17 @@ def insert_schedule(
     key: str | None,
     payload_json: str,
     when: When,
+    jitter: timedelta = timedelta(0),
 ) -> tuple[Schedule, bool]:
-    """Create a schedule, or return the live one holding ``key``; (schedule, created)."""
+    """Create a schedule, or return the live one holding ``key``; (schedule, created).
+
+    With ``jitter``, the schedule is due at ``run_at`` plus a fixed share of it drawn from its
+    own id: spread over ``[0, jitter)`` after the intended instant, never before, and the same
+    on every re-push, reconcile or reschedule."""
+    schedule_id = uuid.uuid4()
     params = {
-        "id": uuid.uuid4(),
+        "id": schedule_id,
+        "jitter_offset": jitter * ((schedule_id.int >> 64) / 2**64),
         "tenant": tenant,
         "type": job_type,
         "key": key,
@@ -178,7 +188,7 @@ _RESCHEDULE = text(
     ), upd AS (
         UPDATE scheduled_jobs s
         SET run_at = {_RUN_AT},
-            due_at = {_RUN_AT},
+            due_at = {_RUN_AT} + s.jitter_offset,
             timezone = COALESCE(CAST(:timezone AS text), s.timezone),
             local_run_at = :local_run_at,
             version = s.version + 1,

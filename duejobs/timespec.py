@@ -51,15 +51,15 @@ def zone(name: object) -> ZoneInfo:
         raise UnknownTimezoneError(f"unknown timezone {name!r}") from exc
 
 
-def as_delay(delay: object) -> timedelta:
+def as_delay(delay: object, name: str = "delay") -> timedelta:
     """A non-negative ``timedelta`` from a timedelta or a number of seconds."""
     if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
-        raise TimeSpecError(f"delay must be a timedelta or seconds, got {type(delay).__name__}")
+        raise TimeSpecError(f"{name} must be a timedelta or seconds, got {type(delay).__name__}")
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
     if not math.isfinite(seconds):
-        raise NegativeDelayError(f"delay must be a finite number of seconds, got {delay!r}")
+        raise NegativeDelayError(f"{name} must be a finite number of seconds, got {delay!r}")
     if seconds < 0:
-        raise NegativeDelayError(f"delay must not be negative, got {seconds} seconds")
+        raise NegativeDelayError(f"{name} must not be negative, got {seconds} seconds")
     return delay if isinstance(delay, timedelta) else timedelta(seconds=seconds)
 
 

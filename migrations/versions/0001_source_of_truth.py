@@ -30,6 +30,7 @@ def upgrade() -> None:
             payload       jsonb NOT NULL,
             run_at        timestamptz NOT NULL,
             due_at        timestamptz NOT NULL,
+            jitter_offset interval NOT NULL DEFAULT '0' CHECK (jitter_offset >= interval '0'),
             timezone      text,
             local_run_at  timestamp,
             status        text NOT NULL DEFAULT 'scheduled'
