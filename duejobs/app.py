@@ -22,6 +22,7 @@ is still waiting there (best effort; the worker's check is the guarantee).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import uuid
 from collections.abc import Callable, Iterator
@@ -50,8 +51,9 @@ from duejobs.errors import (
     VersionConflictError,
 )
 from duejobs.handlers import Handler, RetryPolicy
-from duejobs.models import Event, Schedule
-from duejobs.timespec import as_delay, parse_when
+from duejobs.models import DstGap, DstOverlap, Event, Misfire, Recurring, Schedule
+from duejobs.recurring import Rule, check_cron, first_after
+from duejobs.timespec import as_delay, parse_when, zone
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_TENANT,
@@ -73,6 +75,32 @@ def _schedule_id(value: object) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError as exc:
         raise InvalidScheduleIdError(f"schedule id must be a UUID, got {value!r}") from exc
+
+
+E = TypeVar("E", DstGap, DstOverlap, Misfire)
+
+
+def _choice(kind: type[E], value: object, name: str) -> E:
+    try:
+        return kind(str(value))
+    except ValueError as exc:
+        choices = ", ".join(repr(k.value) for k in kind)
+        raise InvalidScheduleError(f"{name} must be one of {choices}, got {value!r}") from exc
+
+
+def _same_definition(current: Recurring, spec: dict[str, Any]) -> bool:
+    return (
+        current.type == spec["type"]
+        and json.dumps(current.payload, sort_keys=True, separators=(",", ":"))
+        == json.dumps(json.loads(spec["payload"]), sort_keys=True, separators=(",", ":"))
+        and current.cron == spec["cron"]
+        and current.timezone == spec["timezone"]
+        and current.dst_gap.value == spec["dst_gap"]
+        and current.dst_overlap.value == spec["dst_overlap"]
+        and current.misfire.value == spec["misfire"]
+        and current.grace == spec["grace"]
+        and current.status == "active"
+    )
 
 
 def make_engine(database_url: str) -> Engine:
@@ -282,6 +310,124 @@ class App:
         if conn is None:
             self._discard_queue_job(job)
         return cancelled
+
+    # -- recurring schedules -----------------------------------------------------------
+
+    def recurring(
+        self,
+        name: str,
+        *,
+        cron: str,
+        type: str,
+        payload: Any = None,
+        timezone: str = "UTC",
+        tenant: str | None = None,
+        dst_gap: DstGap | str = DstGap.SHIFT,
+        dst_overlap: DstOverlap | str = DstOverlap.ONCE,
+        misfire: Misfire | str = Misfire.LATEST,
+        grace: timedelta | float = timedelta(0),
+    ) -> Recurring:
+        """Create (or replace) the recurring schedule ``name`` of the tenant.
+
+        Occurrences become ordinary schedules shortly before they are due (see
+        :mod:`duejobs.recurring` for the DST and misfire policies). Calling it again with the
+        same definition changes nothing; with another one it bumps the version and cancels
+        the occurrences not yet run.
+        """
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise InvalidScheduleError(f"recurring name must be 1-200 characters, got {name!r}")
+        rule = Rule(
+            check_cron(cron),
+            str(zone(timezone)),
+            _choice(DstGap, dst_gap, "dst_gap"),
+            _choice(DstOverlap, dst_overlap, "dst_overlap"),
+        )
+        spec: dict[str, Any] = {
+            "tenant": self._write_tenant(tenant),
+            "name": name,
+            "type": check_type(type),
+            "payload": encode_payload(
+                payload if payload is not None else {}, self._core.max_payload_bytes
+            ),
+            "cron": rule.cron,
+            "timezone": rule.timezone,
+            "dst_gap": rule.dst_gap.value,
+            "dst_overlap": rule.dst_overlap.value,
+            "misfire": _choice(Misfire, misfire, "misfire").value,
+            "grace": as_delay(grace, "grace"),
+        }
+        with self._transaction(None) as c:
+            current = store.get_recurring(c, spec["tenant"], name, lock=True)
+            if current is not None and _same_definition(current, spec):
+                return current
+            saved = store.save_recurring(c, spec, first_after(rule, store.database_now(c)))
+            jobs = store.cancel_occurrences(c, saved.id, "superseded") if current else []
+        for job in jobs:
+            self._discard_queue_job(job)
+        return saved
+
+    def get_recurring(self, name: str, *, tenant: str | None = None) -> Recurring | None:
+        """The recurring schedule ``name`` (of this App's tenant, or ``tenant``)."""
+        with self._transaction(None) as c:
+            return store.get_recurring(c, self._write_tenant(tenant), name)
+
+    def update_recurring(
+        self, name: str, *, tenant: str | None = None, **changes: Any
+    ) -> Recurring:
+        """Change some of a recurring schedule's fields (version + 1 if anything changed)."""
+        current = self.get_recurring(name, tenant=tenant)
+        if current is None:
+            raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
+        fields = {
+            "cron": current.cron,
+            "type": current.type,
+            "payload": current.payload,
+            "timezone": current.timezone,
+            "dst_gap": current.dst_gap,
+            "dst_overlap": current.dst_overlap,
+            "misfire": current.misfire,
+            "grace": current.grace,
+        }
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise InvalidScheduleError(f"cannot update {sorted(unknown)} of a recurring schedule")
+        return self.recurring(name, tenant=current.tenant, **{**fields, **changes})
+
+    def pause_recurring(self, name: str, *, tenant: str | None = None) -> Recurring:
+        """Stop materializing occurrences; those not yet run are cancelled."""
+        return self._set_recurring(name, tenant, "paused")
+
+    def resume_recurring(self, name: str, *, tenant: str | None = None) -> Recurring:
+        """Start again from the next occurrence after now."""
+        return self._set_recurring(name, tenant, "active")
+
+    def delete_recurring(self, name: str, *, tenant: str | None = None) -> bool:
+        """Delete the definition and cancel its occurrences not yet run (history stays)."""
+        with self._transaction(None) as c:
+            current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
+            if current is None:
+                return False
+            jobs = store.cancel_occurrences(c, current.id, "recurring schedule deleted")
+            store.delete_recurring(c, current.id)
+        for job in jobs:
+            self._discard_queue_job(job)
+        return True
+
+    def _set_recurring(self, name: str, tenant: str | None, status: str) -> Recurring:
+        with self._transaction(None) as c:
+            current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
+            if current is None:
+                raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
+            jobs: list[str] = []
+            restart = None
+            if status == "paused":
+                jobs = store.cancel_occurrences(c, current.id, "recurring schedule paused")
+            elif current.status != "active":
+                restart = first_after(Rule.of(current), store.database_now(c))
+            updated = store.set_recurring_status(c, current.id, status, restart)
+        for job in jobs:
+            self._discard_queue_job(job)
+        return updated
 
     # -- reading -----------------------------------------------------------------------
 

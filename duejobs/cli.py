@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -28,7 +29,7 @@ from duejobs.app import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError
-from duejobs.models import Event, Schedule
+from duejobs.models import DstGap, DstOverlap, Event, Misfire, Recurring, Schedule
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.stats import collect as collect_stats
@@ -455,6 +456,113 @@ def prune(ctx: click.Context, older_than: str, batch_size: int) -> None:
             f"pruned {total} finished schedules with their history in {elapsed:.1f} s "
             f"({rate:,.0f} rows/s)"
         )
+
+
+@main.group()
+def recurring() -> None:
+    """Recurring schedules: cron in a time zone, with DST and misfire policies."""
+
+
+def _print_recurring(r: Recurring) -> None:
+    data = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(r).items()}
+    data["id"], data["grace"] = str(r.id), r.grace.total_seconds()
+    click.echo(json.dumps(data, default=str))
+
+
+_TENANT = click.option("--tenant", default=None, help="Tenant name (default: 'default').")
+
+
+@recurring.command("set")
+@click.argument("name")
+@click.option("--cron", required=True, help="Cron expression, e.g. '0 9 * * MON-FRI'.")
+@click.option("--type", "job_type", required=True, help="Job type of each occurrence.")
+@click.option("--tz", "timezone", default="UTC", show_default=True, help="IANA zone.")
+@click.option("--payload", default="{}", show_default=True, help="JSON payload.")
+@click.option("--dst-gap", type=click.Choice([g.value for g in DstGap]), default="shift")
+@click.option("--dst-overlap", type=click.Choice([o.value for o in DstOverlap]), default="once")
+@click.option("--misfire", type=click.Choice([m.value for m in Misfire]), default="latest")
+@click.option("--grace", default="0s", show_default=True, help="Late by less: still on time.")
+@_TENANT
+@click.pass_context
+def recurring_set(
+    ctx: click.Context,
+    name: str,
+    cron: str,
+    job_type: str,
+    timezone: str,
+    payload: str,
+    dst_gap: str,
+    dst_overlap: str,
+    misfire: str,
+    grace: str,
+    tenant: str | None,
+) -> None:
+    """Create or replace the recurring schedule NAME."""
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    with _app(ctx) as app:
+        _print_recurring(
+            app.recurring(
+                name,
+                cron=cron,
+                type=job_type,
+                payload=data,
+                timezone=timezone,
+                tenant=tenant,
+                dst_gap=dst_gap,
+                dst_overlap=dst_overlap,
+                misfire=misfire,
+                grace=parse_duration(grace),
+            )
+        )
+
+
+@recurring.command("show")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_show(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Show the recurring schedule NAME (exit 1 if there is none)."""
+    with _app(ctx) as app:
+        found = app.get_recurring(name, tenant=tenant)
+        if found is None:
+            click.echo(f"error: no recurring schedule {name!r}", err=True)
+            sys.exit(1)
+        _print_recurring(found)
+
+
+@recurring.command("pause")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_pause(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Pause NAME: its occurrences not yet run are cancelled."""
+    with _app(ctx) as app:
+        _print_recurring(app.pause_recurring(name, tenant=tenant))
+
+
+@recurring.command("resume")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_resume(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Resume NAME from its next occurrence after now."""
+    with _app(ctx) as app:
+        _print_recurring(app.resume_recurring(name, tenant=tenant))
+
+
+@recurring.command("delete")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_delete(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Delete NAME (exit 1 if there is none); occurrences keep their history."""
+    with _app(ctx) as app:
+        deleted = app.delete_recurring(name, tenant=tenant)
+        click.echo("deleted" if deleted else f"no recurring schedule {name!r}")
+        sys.exit(0 if deleted else 1)
 
 
 @main.command()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -88,3 +88,48 @@ class Event:
     version: int
     at: datetime
     detail: dict[str, Any]
+
+
+class DstGap(enum.StrEnum):
+    """A local time that does not exist (spring forward)."""
+
+    SHIFT = "shift"  # run at the first valid instant after the gap (default)
+    SKIP = "skip"  # do not run that day
+
+
+class DstOverlap(enum.StrEnum):
+    """A local time that happens twice (fall back)."""
+
+    ONCE = "once"  # run at its first occurrence only (default)
+    TWICE = "twice"  # run at both instants
+
+
+class Misfire(enum.StrEnum):
+    """Occurrences missed while no scheduler ran (downtime longer than the window)."""
+
+    LATEST = "latest"  # run the latest missed occurrence once (default)
+    ALL = "all"  # run every missed occurrence
+    SKIP = "skip"  # run none of them
+
+
+@dataclass(frozen=True)
+class Recurring:
+    """A recurring schedule: a cron expression in a time zone, materialized as ordinary
+    ``scheduled_jobs`` rows (occurrences) shortly before each is due."""
+
+    id: uuid.UUID
+    tenant: str
+    name: str
+    type: str
+    payload: Any
+    cron: str
+    timezone: str
+    dst_gap: DstGap
+    dst_overlap: DstOverlap
+    misfire: Misfire
+    grace: timedelta
+    status: str
+    version: int
+    next_run_at: datetime
+    created_at: datetime
+    updated_at: datetime

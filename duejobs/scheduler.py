@@ -12,6 +12,9 @@ Each pass (:meth:`Scheduler.run_once`):
 4. keeps taking batches while they come back full, then promotes the jobs whose time has come,
    by the database clock, from the scheduled registry onto the queue.
 
+Each pass first materializes the occurrences of recurring schedules that enter the window
+(:mod:`duejobs.recurring`), so they are claimed in the same pass.
+
 :meth:`Scheduler.run` repeats passes every ``poll_interval`` (sub-second, so a job due in 2 s
 does not wait for the next window).
 
@@ -42,7 +45,7 @@ from datetime import datetime, timedelta
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from duejobs import metrics, store
+from duejobs import metrics, recurring, store
 from duejobs.app import App
 from duejobs.delivery import Push, PushResult
 from duejobs.errors import ConfigurationError
@@ -136,6 +139,7 @@ class Scheduler:
         return result
 
     def _pass(self) -> PassResult:
+        recurring.materialize_once(self.app.engine, self.config.window)
         if self.config.concurrency == 1:
             drained = [self._drain()]
         else:

@@ -21,6 +21,34 @@ EVENT_KINDS = (
 
 def upgrade() -> None:
     op.execute(
+        """
+        CREATE TABLE recurring_schedules (
+            id            uuid PRIMARY KEY,
+            tenant        text NOT NULL DEFAULT 'default',
+            name          text NOT NULL,
+            type          text NOT NULL,
+            payload       jsonb NOT NULL,
+            cron          text NOT NULL,
+            timezone      text NOT NULL,
+            dst_gap       text NOT NULL CHECK (dst_gap IN ('shift', 'skip')),
+            dst_overlap   text NOT NULL CHECK (dst_overlap IN ('once', 'twice')),
+            misfire       text NOT NULL CHECK (misfire IN ('latest', 'all', 'skip')),
+            grace         interval NOT NULL DEFAULT '0',
+            status        text NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'paused')),
+            version       integer NOT NULL DEFAULT 1,
+            next_run_at   timestamptz NOT NULL,
+            created_at    timestamptz NOT NULL DEFAULT now(),
+            updated_at    timestamptz NOT NULL DEFAULT now(),
+            UNIQUE (tenant, name)
+        )
+        """
+    )
+    # The materializer's work: active definitions whose next occurrence enters the window.
+    op.execute(
+        "CREATE INDEX recurring_schedules_next_idx ON recurring_schedules (next_run_at) "
+        "WHERE status = 'active'"
+    )
+    op.execute(
         f"""
         CREATE TABLE scheduled_jobs (
             id            uuid PRIMARY KEY,
@@ -45,9 +73,18 @@ def upgrade() -> None:
             enqueued_at   timestamptz,
             started_at    timestamptz,
             finished_at   timestamptz,
-            lease_expires_at timestamptz
+            lease_expires_at timestamptz,
+            recurring_id      uuid REFERENCES recurring_schedules (id) ON DELETE SET NULL,
+            recurring_version integer
         )
         """
+    )
+    # An occurrence's id is derived from (recurring schedule, its version, the instant), so the
+    # primary key is what stops two schedulers from creating it twice. This index finds the
+    # occurrences still to run when a recurring schedule is updated, paused or deleted.
+    op.execute(
+        "CREATE INDEX scheduled_jobs_recurring_idx ON scheduled_jobs (recurring_id) "
+        "WHERE recurring_id IS NOT NULL AND status = 'scheduled'"
     )
     # `run_at` is the intent and never moves for a retry; `due_at` is when the next delivery
     # may start (run_at, or a retry's backoff). Work is found by `due_at`.
@@ -136,3 +173,4 @@ def downgrade() -> None:
     op.execute("DROP TABLE scheduled_job_attempts")
     op.execute("DROP TABLE scheduled_job_events")
     op.execute("DROP TABLE scheduled_jobs")
+    op.execute("DROP TABLE recurring_schedules")

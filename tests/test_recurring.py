@@ -1,0 +1,300 @@
+"""Recurring schedules: DST and misfire policies, materialization, updates, pause, delete."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from croniter import croniter
+from sqlalchemy import text
+
+from duejobs import App
+from duejobs.errors import InvalidScheduleError, UnknownTimezoneError
+from duejobs.models import DstGap, DstOverlap
+from duejobs.recurring import InvalidCronError, Rule, materialize_once, occurrences
+from tests.conftest import System
+
+WINDOW = timedelta(minutes=15)
+
+
+def _local(rule: Rule, start: datetime, days: int) -> list[str]:
+    found, _ = occurrences(rule, start, start + timedelta(days=days))
+    return [o.run_at.astimezone(ZoneInfo(rule.timezone)).isoformat() for o in found]
+
+
+@pytest.mark.parametrize(
+    ("zone", "day_before", "expected_shift"),
+    [
+        ("Europe/Berlin", datetime(2026, 3, 28, 12, tzinfo=UTC), "2026-03-29T03:00:00+02:00"),
+        ("America/New_York", datetime(2026, 3, 7, 12, tzinfo=UTC), "2026-03-08T03:00:00-04:00"),
+    ],
+)
+def test_dst_gap_runs_at_the_end_of_the_gap_or_is_skipped(
+    zone: str, day_before: datetime, expected_shift: str
+) -> None:
+    shift = Rule("30 2 * * *", zone, DstGap.SHIFT, DstOverlap.ONCE)
+    skip = Rule("30 2 * * *", zone, DstGap.SKIP, DstOverlap.ONCE)
+    shifted = _local(shift, day_before, 3)
+    assert len(shifted) == 3 and shifted[0] == expected_shift
+    skipped = _local(skip, day_before, 3)
+    assert len(skipped) == 2 and expected_shift not in skipped
+    assert all("T02:30:00" in t for t in skipped)
+
+
+@pytest.mark.parametrize(
+    ("zone", "day_before", "twice"),
+    [
+        (
+            "Europe/Berlin",
+            datetime(2026, 10, 24, 12, tzinfo=UTC),
+            ["2026-10-25T02:30:00+02:00", "2026-10-25T02:30:00+01:00"],
+        ),
+        (
+            "America/New_York",
+            datetime(2026, 10, 31, 12, tzinfo=UTC),
+            ["2026-11-01T01:30:00-04:00", "2026-11-01T01:30:00-05:00"],
+        ),
+    ],
+)
+def test_dst_overlap_runs_once_or_twice(zone: str, day_before: datetime, twice: list[str]) -> None:
+    cron = "30 2 * * *" if zone == "Europe/Berlin" else "30 1 * * *"
+    once = _local(Rule(cron, zone, DstGap.SHIFT, DstOverlap.ONCE), day_before, 2)
+    both = _local(Rule(cron, zone, DstGap.SHIFT, DstOverlap.TWICE), day_before, 2)
+    assert twice[0] in once and twice[1] not in once
+    assert twice[0] in both and twice[1] in both
+    assert len(both) == len(once) + 1
+
+
+def _rows(app: App, where: str = "true") -> list[tuple[datetime, str, int]]:
+    with app.engine.connect() as conn:
+        return [
+            (r.run_at, r.status, r.recurring_version)
+            for r in conn.execute(
+                text(
+                    "SELECT run_at, status, recurring_version FROM scheduled_jobs "
+                    f"WHERE recurring_id IS NOT NULL AND {where} ORDER BY run_at"
+                )
+            )
+        ]
+
+
+def test_occurrences_inside_the_window_become_ordinary_schedules(app: App) -> None:
+    r = app.recurring("tick", cron="* * * * *", type="record", payload={"k": 1})
+    result = materialize_once(app.engine, WINDOW)
+    assert result.definitions == 1 and 14 <= result.created <= 16
+    rows = _rows(app)
+    now = app.now()
+    assert all(now < run_at <= now + WINDOW for run_at, _, _ in rows)
+    assert {status for _, status, _ in rows} == {"scheduled"}
+    assert [t.second for t, _, _ in rows] == [0] * len(rows)
+    first = app.get(_ids(app)[0])
+    assert first is not None and first.type == "record" and first.payload == {"k": 1}
+    assert first.timezone == "UTC" and first.tenant == r.tenant
+    assert materialize_once(app.engine, WINDOW).created == 0  # nothing new until time moves
+
+
+def _ids(app: App) -> list[object]:
+    with app.engine.connect() as conn:
+        return list(
+            conn.execute(
+                text("SELECT id FROM scheduled_jobs WHERE recurring_id IS NOT NULL ORDER BY run_at")
+            ).scalars()
+        )
+
+
+def test_two_schedulers_never_create_an_occurrence_twice(app: App) -> None:
+    app.recurring("tick", cron="* * * * *", type="record")
+    barrier = threading.Barrier(4)
+
+    def materialize() -> None:
+        barrier.wait()
+        materialize_once(app.engine, WINDOW)
+
+    threads = [threading.Thread(target=materialize) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    created = len(_rows(app))
+    with app.engine.begin() as conn:  # a scheduler that read a stale position does it again
+        conn.execute(text("UPDATE recurring_schedules SET next_run_at = now()"))
+    materialize_once(app.engine, WINDOW)
+    assert len(_rows(app)) == created and 14 <= created <= 16
+
+
+def _downtime(app: App, hours: float) -> datetime:
+    with app.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE recurring_schedules SET next_run_at = now() - make_interval(secs => :s)"),
+            {"s": hours * 3600},
+        )
+        return conn.execute(text("SELECT next_run_at FROM recurring_schedules")).scalar_one()
+
+
+def _expected_missed(cron: str, since: datetime, until: datetime) -> list[datetime]:
+    it = croniter(cron, since - timedelta(microseconds=1))
+    found = []
+    while (t := it.get_next(datetime)) <= until:
+        found.append(t)
+    return found
+
+
+@pytest.mark.parametrize("policy", ["latest", "all", "skip"])
+def test_misfire_policy_after_a_downtime_spanning_several_occurrences(
+    app: App, policy: str
+) -> None:
+    app.recurring("every-5", cron="*/5 * * * *", type="record", misfire=policy)
+    since = _downtime(app, hours=1)
+    now = app.now()
+    missed = _expected_missed("*/5 * * * *", since, now)
+    assert len(missed) >= 11
+    materialize_once(app.engine, WINDOW)
+    past = [t for t, _, _ in _rows(app, "run_at <= now()")]
+    expected = {"latest": missed[-1:], "all": missed, "skip": []}[policy]
+    assert past == expected
+    future = _rows(app, "run_at > now()")
+    assert len(future) == 3  # the window goes on as usual
+
+
+def test_grace_counts_recent_misses_as_on_time(app: App) -> None:
+    app.recurring("every-5", cron="*/5 * * * *", type="record", grace=timedelta(minutes=30))
+    since = _downtime(app, hours=1)
+    now = app.now()
+    materialize_once(app.engine, WINDOW)
+    past = [t for t, _, _ in _rows(app, "run_at <= now()")]
+    recent = [
+        t for t in _expected_missed("*/5 * * * *", since, now) if t >= now - timedelta(minutes=30)
+    ]
+    older = [
+        t for t in _expected_missed("*/5 * * * *", since, now) if t < now - timedelta(minutes=30)
+    ]
+    assert past == [older[-1], *recent]
+
+
+def test_a_missed_occurrence_runs_through_the_whole_pipeline(system: System) -> None:
+    system.app.recurring("nightly", cron="0 3 * * *", type="record", timezone="America/Sao_Paulo")
+    _downtime(system.app, hours=48)
+    system.run_until(lambda: len(system.effects()) == 1)
+    ((run_at, status, version),) = _rows(system.app, "run_at <= now()")
+    assert status == "succeeded" and version == 1
+    assert run_at.astimezone(ZoneInfo("America/Sao_Paulo")).hour == 3
+
+
+def test_updating_the_cron_bumps_the_version_and_supersedes_unrun_occurrences(app: App) -> None:
+    app.recurring("tick", cron="* * * * *", type="record")
+    materialize_once(app.engine, WINDOW)
+    before = len(_rows(app))
+    updated = app.update_recurring("tick", cron="*/5 * * * *")
+    assert updated.version == 2
+    assert {s for _, s, _ in _rows(app)} == {"cancelled"} and len(_rows(app)) == before
+    materialize_once(app.engine, WINDOW)
+    live = _rows(app, "status = 'scheduled'")
+    assert 3 <= len(live) <= 4 and {v for _, _, v in live} == {2}
+    assert all(t.minute % 5 == 0 for t, _, _ in live)
+
+
+def test_same_definition_again_changes_nothing(app: App) -> None:
+    first = app.recurring("tick", cron="0 9 * * MON-FRI", type="record", timezone="Europe/Lisbon")
+    again = app.recurring("tick", cron="0 9 * * MON-FRI", type="record", timezone="Europe/Lisbon")
+    assert again.version == first.version == 1 and again.id == first.id
+    assert first.next_run_at.astimezone(ZoneInfo("Europe/Lisbon")).hour == 9
+
+
+def test_pause_cancels_unrun_occurrences_and_resume_starts_after_now(app: App) -> None:
+    app.recurring("tick", cron="* * * * *", type="record")
+    materialize_once(app.engine, WINDOW)
+    paused = app.pause_recurring("tick")
+    assert paused.status == "paused"
+    assert {s for _, s, _ in _rows(app)} == {"cancelled"}
+    assert materialize_once(app.engine, WINDOW).definitions == 0
+    _downtime(app, hours=2)
+    resumed = app.resume_recurring("tick")
+    assert resumed.status == "active" and resumed.next_run_at > app.now()
+    result = materialize_once(app.engine, WINDOW)
+    assert result.misfired == 0 and result.created >= 14
+
+
+def test_delete_cancels_unrun_occurrences_and_keeps_history(app: App) -> None:
+    app.recurring("tick", cron="* * * * *", type="record")
+    materialize_once(app.engine, WINDOW)
+    assert app.delete_recurring("tick") is True
+    assert app.get_recurring("tick") is None
+    assert app.delete_recurring("tick") is False
+    with app.engine.connect() as conn:
+        left = conn.execute(
+            text(
+                "SELECT count(*), count(recurring_id) FROM scheduled_jobs "
+                "WHERE status = 'cancelled'"
+            )
+        ).one()
+    assert left[0] >= 14 and left[1] == 0  # rows stay, detached from the deleted definition
+
+
+def test_another_tenant_cannot_see_or_change_a_recurring_schedule(app: App) -> None:
+    app.tenant("acme").recurring("report", cron="0 8 * * *", type="record")
+    globex = app.tenant("globex")
+    assert globex.get_recurring("report") is None
+    assert globex.delete_recurring("report") is False
+    assert app.tenant("acme").get_recurring("report") is not None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"cron": "61 * * * *"}, InvalidCronError, "not a valid cron"),
+        ({"timezone": "Mars/Olympus"}, UnknownTimezoneError, "unknown timezone"),
+        ({"dst_gap": "later"}, InvalidScheduleError, "dst_gap must be one of"),
+        ({"misfire": "sometimes"}, InvalidScheduleError, "misfire must be one of"),
+        ({"grace": -5}, InvalidScheduleError, "grace must not be negative"),
+    ],
+)
+def test_bad_recurring_definitions_are_refused_and_nothing_is_written(
+    app: App, kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    spec: dict[str, object] = {"cron": "0 9 * * *", "type": "record", **kwargs}
+    with pytest.raises(error, match=message):
+        app.recurring("bad", **spec)  # type: ignore[arg-type]
+    assert app.get_recurring("bad") is None
+
+
+def test_recurring_from_the_shell(app: App, database_url: str, redis_url: str) -> None:
+    env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "duejobs", "recurring", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+
+    made = run(
+        "set",
+        "digest",
+        "--cron",
+        "0 9 * * MON-FRI",
+        "--type",
+        "record",
+        "--tz",
+        "America/Sao_Paulo",
+        "--tenant",
+        "acme",
+        "--misfire",
+        "skip",
+    )
+    assert made.returncode == 0, made.stderr
+    data = json.loads(made.stdout)
+    assert data["misfire"] == "skip" and data["timezone"] == "America/Sao_Paulo"
+    assert json.loads(run("pause", "digest", "--tenant", "acme").stdout)["status"] == "paused"
+    assert json.loads(run("resume", "digest", "--tenant", "acme").stdout)["status"] == "active"
+    assert run("show", "digest").returncode == 1  # the default tenant has none
+    bad = run("set", "x", "--cron", "nope", "--type", "record")
+    assert bad.returncode == 2 and "not a valid cron" in bad.stderr
+    assert run("delete", "digest", "--tenant", "acme").returncode == 0
+    assert run("delete", "digest", "--tenant", "acme").returncode == 1
