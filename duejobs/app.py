@@ -235,6 +235,7 @@ class App:
         key: str | None = None,
         tenant: str | None = None,
         jitter: timedelta | float | None = None,
+        expires_after: timedelta | float | None = None,
         conn: Connection | None = None,
     ) -> Schedule:
         """Persist the intent to run ``job_type`` with ``payload`` at a time.
@@ -247,6 +248,10 @@ class App:
         fixed by the schedule's id, so a re-push, a reconcile or a reschedule never moves it.
         ``run_at`` keeps the intended instant; ``due_at`` is the effective one. For peaks
         (thousands of reminders at 09:00) whose exact second does not matter.
+
+        ``expires_after``: a delivery that would start later than this after its due time is
+        skipped and the schedule cancelled, recorded as expired (a reminder three days late
+        may be better not sent). By default a late schedule runs anyway.
         """
         job_type = check_type(job_type)
         tenant = self._write_tenant(tenant)
@@ -258,6 +263,7 @@ class App:
             spread = handler.jitter if handler else timedelta(0)
         else:
             spread = as_delay(jitter, "jitter")
+        expiry = None if expires_after is None else as_delay(expires_after, "expires_after")
         with self._transaction(conn) as c:
             schedule, _created = store.insert_schedule(
                 c,
@@ -267,6 +273,7 @@ class App:
                 payload_json=payload_json,
                 when=when,
                 jitter=spread,
+                expires_after=expiry,
             )
         return schedule
 

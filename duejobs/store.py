@@ -117,11 +117,11 @@ _INSERT = text(
     f"""
     WITH new AS (
         INSERT INTO scheduled_jobs
-            (id, tenant, type, key, payload, run_at, due_at, jitter_offset, timezone,
-             local_run_at)
+            (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
+             timezone, local_run_at)
         VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {_RUN_AT},
-                {_RUN_AT} + CAST(:jitter_offset AS interval), :jitter_offset, :timezone,
-                :local_run_at)
+                {_RUN_AT} + CAST(:jitter_offset AS interval), :jitter_offset,
+                CAST(:expires_after AS interval), :timezone, :local_run_at)
         ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {_LIVE} DO NOTHING
         RETURNING {SCHEDULE_COLUMNS}
     ), event AS (
@@ -151,6 +151,7 @@ def insert_schedule(
     payload_json: str,
     when: When,
     jitter: timedelta = timedelta(0),
+    expires_after: timedelta | None = None,
 ) -> tuple[Schedule, bool]:
     """Create a schedule, or return the live one holding ``key``; (schedule, created).
 
@@ -161,6 +162,7 @@ def insert_schedule(
     params = {
         "id": schedule_id,
         "jitter_offset": jitter * ((schedule_id.int >> 64) / 2**64),
+        "expires_after": expires_after,
         "tenant": tenant,
         "type": job_type,
         "key": key,
@@ -394,6 +396,7 @@ class SkipReason(enum.StrEnum):
     SUPERSEDED = "superseded"
     DUPLICATE = "duplicate"
     NOT_DUE = "not_due"
+    EXPIRED = "expired"
 
 
 @dataclass(frozen=True)
@@ -411,7 +414,8 @@ class RunClaim:
 _CLAIM_RUN = text(
     """
     WITH cur AS (
-        SELECT id, tenant, type, version, status, attempts, run_at, due_at, payload
+        SELECT id, tenant, type, version, status, attempts, run_at, due_at, payload,
+               expires_after
         FROM scheduled_jobs
         WHERE id = :id AND tenant = :tenant
         FOR UPDATE
@@ -421,8 +425,16 @@ _CLAIM_RUN = text(
                     WHEN version <> :version THEN 'superseded'
                     WHEN status <> 'scheduled' OR attempts <> :attempt - 1 THEN 'duplicate'
                     WHEN due_at > statement_timestamp() THEN 'not_due'
+                    WHEN due_at + expires_after < statement_timestamp() THEN 'expired'
                END AS reason
         FROM cur
+    ), expire AS (
+        UPDATE scheduled_jobs s
+        SET status = 'cancelled', version = s.version + 1, finished_at = statement_timestamp(),
+            updated_at = statement_timestamp(),
+            last_error = 'expired: due ' || v.due_at || ', allowed ' || v.expires_after || ' late'
+        FROM verdict v
+        WHERE s.id = :id AND s.id = v.id AND v.reason = 'expired'
     ), upd AS (
         UPDATE scheduled_jobs s
         SET status = 'running', attempts = :attempt, started_at = statement_timestamp(),
@@ -450,7 +462,7 @@ _CLAIM_RUN = text(
                jsonb_build_object('reason', reason, 'delivered_version', :version,
                                   'attempt', :attempt, 'worker', :worker)
         FROM verdict
-        WHERE reason IN ('cancelled', 'superseded', 'duplicate')
+        WHERE reason IN ('cancelled', 'superseded', 'duplicate', 'expired')
     )
     SELECT type, payload, run_at, due_at, reason, statement_timestamp() AS db_now FROM verdict
     """

@@ -410,3 +410,29 @@ def test_a_connection_dropped_mid_pass_surfaces_as_a_database_error(system: Syst
             store.claim_due(conn, timedelta(minutes=15), 10)
         assert conn.invalidated
     assert system.scheduler.run_once().claimed == 1  # the pool hands out a fresh connection
+
+
+def test_a_schedule_later_than_its_expiry_is_skipped_and_recorded_as_expired(
+    system: System,
+) -> None:
+    stale = system.app.schedule(
+        "record", {}, run_at=system.app.now() - timedelta(days=3), expires_after=timedelta(days=1)
+    )
+    late_but_fine = system.app.schedule(
+        "record", {}, run_at=system.app.now() - timedelta(days=3)
+    )  # no expiry: a late schedule runs anyway
+    in_time = system.app.schedule("record", {}, delay=0, expires_after=timedelta(hours=1))
+    system.scheduler.run_once()
+    system.work()
+    expired = system.app.get(stale.id)
+    assert expired is not None and expired.status is Status.CANCELLED
+    assert expired.last_error is not None and expired.last_error.startswith("expired")
+    assert _skips(system, stale.id) == ["expired"]
+    assert system.status(late_but_fine.id) == "succeeded"
+    assert system.status(in_time.id) == "succeeded"
+    assert len(system.effects()) == 2
+
+
+def test_negative_expiry_is_refused(system: System) -> None:
+    with pytest.raises(ValueError, match="expires_after must not be negative"):
+        system.app.schedule("record", {}, delay=0, expires_after=-1)

@@ -59,6 +59,7 @@ def upgrade() -> None:
             run_at        timestamptz NOT NULL,
             due_at        timestamptz NOT NULL,
             jitter_offset interval NOT NULL DEFAULT '0' CHECK (jitter_offset >= interval '0'),
+            expires_after interval CHECK (expires_after >= interval '0'),
             timezone      text,
             local_run_at  timestamp,
             status        text NOT NULL DEFAULT 'scheduled'
