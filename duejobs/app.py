@@ -258,8 +258,8 @@ class App:
         key = check_key(key)
         payload_json = encode_payload(payload, self._core.max_payload_bytes)
         when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+        handler = self._core.handlers.get(job_type)
         if jitter is None:
-            handler = self._core.handlers.get(job_type)
             spread = handler.jitter if handler else timedelta(0)
         else:
             spread = as_delay(jitter, "jitter")
@@ -274,6 +274,7 @@ class App:
                 when=when,
                 jitter=spread,
                 expires_after=expiry,
+                max_attempts=handler.retry.max_attempts if handler else None,
             )
         return schedule
 

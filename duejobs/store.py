@@ -118,10 +118,11 @@ _INSERT = text(
     WITH new AS (
         INSERT INTO scheduled_jobs
             (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
-             timezone, local_run_at)
+             max_attempts, timezone, local_run_at)
         VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {_RUN_AT},
                 {_RUN_AT} + CAST(:jitter_offset AS interval), :jitter_offset,
-                CAST(:expires_after AS interval), :timezone, :local_run_at)
+                CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
+                :local_run_at)
         ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {_LIVE} DO NOTHING
         RETURNING {SCHEDULE_COLUMNS}
     ), event AS (
@@ -152,6 +153,7 @@ def insert_schedule(
     when: When,
     jitter: timedelta = timedelta(0),
     expires_after: timedelta | None = None,
+    max_attempts: int | None = None,
 ) -> tuple[Schedule, bool]:
     """Create a schedule, or return the live one holding ``key``; (schedule, created).
 
@@ -163,6 +165,7 @@ def insert_schedule(
         "id": schedule_id,
         "jitter_offset": jitter * ((schedule_id.int >> 64) / 2**64),
         "expires_after": expires_after,
+        "max_attempts": max_attempts,
         "tenant": tenant,
         "type": job_type,
         "key": key,
@@ -428,20 +431,9 @@ _CLAIM_RUN = text(
                     WHEN due_at + expires_after < statement_timestamp() THEN 'expired'
                END AS reason
         FROM cur
-    ), expire AS (
-        UPDATE scheduled_jobs s
-        SET status = 'cancelled', version = s.version + 1, finished_at = statement_timestamp(),
-            updated_at = statement_timestamp(),
-            last_error = 'expired: due ' || v.due_at || ', allowed ' || v.expires_after || ' late'
-        FROM verdict v
-        WHERE s.id = :id AND s.id = v.id AND v.reason = 'expired'
     ), upd AS (
         UPDATE scheduled_jobs s
         SET status = 'running', attempts = :attempt, started_at = statement_timestamp(),
-            max_attempts = (SELECT h.max_attempts
-                            FROM unnest(CAST(:types AS text[]), CAST(:maxes AS integer[]))
-                                 AS h(type, max_attempts)
-                            WHERE h.type = v.type),
             lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
             updated_at = statement_timestamp()
         FROM verdict v
@@ -478,14 +470,12 @@ def claim_run(
     attempt: int,
     worker: str,
     lease: timedelta,
-    max_attempts: dict[str, int],
 ) -> RunClaim:
     """Turn a delivery into a running attempt, in one statement, or say why not.
 
     Runs only if the row (of that tenant) is ``scheduled`` at the delivered version, this is
     the next attempt, and the database clock has reached ``due_at``. Skips other than
-    ``not_due`` are recorded as events in the same statement. The row keeps the worker's
-    ``max_attempts`` for its type, so the reconciler can rescue it without the handlers.
+    ``not_due`` are recorded as events in the same statement.
     """
     rows = _fast(
         conn,
@@ -497,8 +487,6 @@ def claim_run(
             "attempt": attempt,
             "worker": worker,
             "lease": lease,
-            "types": list(max_attempts),
-            "maxes": list(max_attempts.values()),
         },
     )
     if not rows:
@@ -523,6 +511,19 @@ _DEFERRED = text(
     WHERE id = :id AND version = :version AND status = 'scheduled'
     """
 )
+
+
+def expire(conn: Connection, schedule_id: uuid.UUID, version: int) -> None:
+    """Cancel a schedule whose delivery came later than its ``expires_after`` allows."""
+    conn.execute(
+        text(
+            "UPDATE scheduled_jobs SET status = 'cancelled', version = version + 1, "
+            "finished_at = statement_timestamp(), updated_at = statement_timestamp(), "
+            "last_error = 'expired: due ' || due_at || ', allowed ' || expires_after || ' late' "
+            "WHERE id = :id AND version = :version AND status = 'scheduled'"
+        ),
+        {"id": schedule_id, "version": version},
+    )
 
 
 def record_deferred(conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int) -> None:
@@ -784,14 +785,14 @@ _RESCUE = text(
         LIMIT :limit
     ), upd AS (
         UPDATE scheduled_jobs s
-        SET status = CASE WHEN s.attempts >= COALESCE(s.max_attempts, 1) THEN 'failed'
+        SET status = CASE WHEN s.attempts >= s.max_attempts THEN 'failed'
                           ELSE 'scheduled' END,
             queue_job_id = NULL,
             due_at = statement_timestamp(),
             lease_expires_at = NULL,
             last_error = 'attempt ' || s.attempts || ' abandoned: its worker stopped renewing '
                          || 'the lease',
-            finished_at = CASE WHEN s.attempts >= COALESCE(s.max_attempts, 1)
+            finished_at = CASE WHEN s.attempts >= s.max_attempts
                                THEN statement_timestamp() END,
             updated_at = statement_timestamp()
         WHERE s.id = ANY(ARRAY(SELECT id FROM expired))
@@ -821,7 +822,9 @@ _RESCUE = text(
 def rescue_expired(conn: Connection, limit: int) -> dict[str, int]:
     """Running rows whose lease expired (their worker is gone): the attempt is recorded as
     abandoned; the row goes back to ``scheduled`` (due now) or, with its attempts exhausted,
-    to ``failed``. Returns counts by new status."""
+    to ``failed``. (A row scheduled by an App that did not know the type's handler has no
+    ``max_attempts``: it goes back, and the worker fails it if no attempt is left.)
+    Returns counts by new status."""
     return {r.status: int(r.n) for r in _fast(conn, _RESCUE, {"limit": limit})}
 
 

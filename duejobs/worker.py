@@ -7,7 +7,8 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    ``running`` with an attempt row, a ``started`` event and a lease. The worker's own clock is
    never consulted, so a worker whose clock is ten minutes off behaves like any other.
 2. **Otherwise skips, and records why**: missing, cancelled, superseded (another version),
-   duplicate (already running or done — RQ can deliver one id twice). A delivery that arrived
+   duplicate (already running or done — RQ can deliver one id twice), expired (later than
+   the schedule's ``expires_after``; the schedule is then cancelled). A delivery that arrived
    early waits up to ``max_early_wait`` (measured against the database's answer), or is put
    back into the scheduled registry for ``due_at`` under its own id; no attempt is consumed.
 3. **Runs the handler** with ``ctx`` (ids, version, attempt, ``effect_key``, ``run_at``, and
@@ -291,6 +292,9 @@ class Runtime:
             self.deferred = claim.due_at
             log.info("not due until %s: deferred", claim.due_at, extra=where)
             return Outcome.DEFERRED
+        if claim.skip is SkipReason.EXPIRED:
+            with self._db.connection() as conn:
+                store.expire(conn, schedule_id, version)
         if claim.skip is not None:
             log.info("skipped: %s", claim.skip.value, extra=where)
             return Outcome.SKIPPED
@@ -303,6 +307,9 @@ class Runtime:
         if handler is None:
             error = f"no handler registered for type {claim.type!r}"
             log.error(error, extra=where)
+            return self._close(ctx, Status.FAILED, error=error)
+        if attempt > handler.retry.max_attempts:  # a rescued attempt beyond the policy
+            error = f"attempts exhausted ({attempt - 1} of {handler.retry.max_attempts})"
             return self._close(ctx, Status.FAILED, error=error)
         try:
             with (
@@ -341,7 +348,6 @@ class Runtime:
                     attempt=attempt,
                     worker=self.name,
                     lease=self.config.lease,
-                    max_attempts={t: h.retry.max_attempts for t, h in self.app.handlers.items()},
                 )
             if claim.skip is not SkipReason.NOT_DUE:
                 return claim
