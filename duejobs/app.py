@@ -220,7 +220,12 @@ class App:
 
     @property
     def handlers(self) -> dict[str, Handler]:
+        """A copy of the registrations, by type."""
         return dict(self._core.handlers)
+
+    def handler_for(self, job_type: str) -> Handler | None:
+        """The registration for ``job_type`` (no copy: the worker asks once per job)."""
+        return self._core.handlers.get(job_type)
 
     # -- writing -----------------------------------------------------------------------
 
@@ -258,7 +263,7 @@ class App:
         key = check_key(key)
         payload_json = encode_payload(payload, self._core.max_payload_bytes)
         when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
-        handler = self._core.handlers.get(job_type)
+        handler = self.handler_for(job_type)
         if jitter is None:
             spread = handler.jitter if handler else timedelta(0)
         else:

@@ -127,8 +127,10 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> Mat
     """Turn the occurrences entering ``window`` into rows; see the module docstring."""
     created = misfired = 0
     with engine.begin() as conn:
-        definitions, now = store.due_recurring(conn, window, batch)
+        definitions = store.due_recurring(conn, window, batch)
+        now = store.database_now(conn) if definitions else None
         for r in definitions:
+            assert now is not None
             start, backlog = r.next_run_at - _TICK, []
             cutoff = now - r.grace
             if r.next_run_at < cutoff and r.misfire is not Misfire.ALL:

@@ -1091,9 +1091,7 @@ def cancel_occurrences(conn: Connection, recurring_id: uuid.UUID, reason: str) -
     return [r.queue_job_id for r in rows]
 
 
-def due_recurring(
-    conn: Connection, window: timedelta, limit: int
-) -> tuple[list[Recurring], datetime]:
+def due_recurring(conn: Connection, window: timedelta, limit: int) -> list[Recurring]:
     """Lock (SKIP LOCKED) active definitions whose next occurrence enters the window."""
     rows = conn.execute(
         text(
@@ -1104,7 +1102,7 @@ def due_recurring(
         ),
         {"window": window, "limit": limit},
     ).all()
-    return [_recurring(r) for r in rows], database_now(conn)
+    return [_recurring(r) for r in rows]
 
 
 @dataclass(frozen=True)

@@ -303,7 +303,7 @@ class Runtime:
         ctx = Context(
             schedule_id, tenant, claim.type, version, attempt, claim.run_at, claim.payload, self.app
         )
-        handler = self.app.handlers.get(claim.type)
+        handler = self.app.handler_for(claim.type)
         if handler is None:
             error = f"no handler registered for type {claim.type!r}"
             log.error(error, extra=where)
