@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
 
-from duejobs import migrate, store
+from duejobs import metrics, migrate, store
 from duejobs.config import Settings
 from duejobs.delivery import DEFAULT_QUEUE, Deliverer
 from duejobs.errors import (
@@ -44,6 +45,7 @@ from duejobs.errors import (
     InvalidHandlerError,
     InvalidScheduleError,
     InvalidScheduleIdError,
+    QuotaExceededError,
     ScheduleNotFoundError,
     ScheduleNotLiveError,
     SchemaMissingError,
@@ -64,6 +66,8 @@ from duejobs.validation import (
 )
 
 log = logging.getLogger("duejobs")
+# How long an App trusts the quota it read for a tenant (one query saved per schedule()).
+QUOTA_CACHE_SECONDS = 10.0
 F = TypeVar("F", bound=Callable[..., Any])
 ScheduleId = uuid.UUID | str
 
@@ -122,6 +126,7 @@ class _Core:
     queue: str
     handlers: dict[str, Handler] = field(default_factory=dict)
     deliverer: Deliverer | None = None
+    quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
 
 
 class App:
@@ -270,6 +275,13 @@ class App:
             spread = as_delay(jitter, "jitter")
         expiry = None if expires_after is None else as_delay(expires_after, "expires_after")
         with self._transaction(conn) as c:
+            cap = self._live_quota(c, tenant)
+            if cap is not None and store.count_live_up_to(c, tenant, cap) >= cap:
+                existing = store.live_by_key(c, tenant, key) if key else None
+                if existing is not None:
+                    return existing
+                metrics.QUOTA_REFUSALS.labels(tenant).inc()
+                raise QuotaExceededError(tenant, cap)
             schedule, _created = store.insert_schedule(
                 c,
                 tenant=tenant,
@@ -323,6 +335,35 @@ class App:
         if conn is None:
             self._discard_queue_job(job)
         return cancelled
+
+    # -- quotas --------------------------------------------------------------------------
+
+    def set_quota(self, tenant: str, *, max_live: int | None) -> None:
+        """Cap a tenant's live (scheduled or running) schedules; ``None`` lifts the cap.
+
+        Tenant ``"*"`` sets the default for tenants without their own. A :meth:`schedule`
+        beyond the cap raises :class:`~duejobs.errors.QuotaExceededError` and writes nothing.
+        Other processes apply a change within ``QUOTA_CACHE_SECONDS``.
+        """
+        if self._tenant is not None:
+            raise TenantMismatchError("quotas are set through an unscoped App")
+        if tenant != store.DEFAULT_QUOTA_TENANT:
+            check_tenant(tenant)
+        if max_live is not None and (
+            isinstance(max_live, bool) or not isinstance(max_live, int) or max_live < 0
+        ):
+            raise InvalidScheduleError(f"max_live must be an int >= 0 or None, got {max_live!r}")
+        with self._transaction(None) as c:
+            store.set_quota(c, tenant, max_live)
+        self._core.quotas.clear()
+
+    def _live_quota(self, conn: Connection, tenant: str) -> int | None:
+        cached = self._core.quotas.get(tenant)
+        if cached is not None and time.monotonic() - cached[0] < QUOTA_CACHE_SECONDS:
+            return cached[1]
+        cap = store.live_quota(conn, tenant)
+        self._core.quotas[tenant] = (time.monotonic(), cap)
+        return cap
 
     # -- recurring schedules -----------------------------------------------------------
 

@@ -566,6 +566,23 @@ def recurring_delete(ctx: click.Context, name: str, tenant: str | None) -> None:
 
 
 @main.command()
+@click.argument("tenant")
+@click.option("--max-live", required=True, help="Cap on live schedules, or 'none' to lift it.")
+@click.pass_context
+def quota(ctx: click.Context, tenant: str, max_live: str) -> None:
+    """Set TENANT's quota of live schedules ('*' sets the default)."""
+    if max_live.lower() == "none":
+        cap = None
+    elif max_live.isdigit():
+        cap = int(max_live)
+    else:
+        raise click.BadParameter("a number >= 0 or 'none'", param_hint="--max-live")
+    with _app(ctx) as app:
+        app.set_quota(tenant, max_live=cap)
+        click.echo(f"quota of {tenant}: {'no cap' if cap is None else cap} live schedules")
+
+
+@main.command()
 @click.pass_context
 def demo(ctx: click.Context) -> None:
     """The whole system end to end: scheduler, workers, reconciler and a realistic mix."""

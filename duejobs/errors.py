@@ -73,6 +73,15 @@ class TenantMismatchError(InvalidScheduleError):
     """A tenant-scoped App was asked to write for another tenant."""
 
 
+class QuotaExceededError(DuejobsError):
+    """The tenant already has as many live schedules as its quota allows; nothing written."""
+
+    def __init__(self, tenant: str, cap: int) -> None:
+        super().__init__(f"tenant {tenant!r} has reached its quota of {cap} live schedules")
+        self.tenant = tenant
+        self.cap = cap
+
+
 class ScheduleNotFoundError(DuejobsError, LookupError):
     """No schedule with that id is visible to this App (missing or another tenant's)."""
 

@@ -8,6 +8,7 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
 * scheduler: ``duejobs_scheduler_pushed_total{where}`` (queue, scheduled, already_present),
   ``duejobs_scheduler_promoted_total``, ``duejobs_scheduler_pass_seconds``,
   ``duejobs_scheduler_failed_passes_total``;
+* any App: ``duejobs_quota_refusals_total{tenant}``;
 * reconciler: ``duejobs_reconciler_fixed_total{kind}`` and, from ``duejobs stats`` after every
   pass, the gauges ``duejobs_scheduled{tenant}``, ``duejobs_running{tenant}``,
   ``duejobs_late{tenant}``, ``duejobs_overdue{tenant}``, ``duejobs_oldest_overdue_seconds``,
@@ -44,6 +45,9 @@ PUSHED = Counter("duejobs_scheduler_pushed", "Jobs pushed by the scheduler.", ["
 PROMOTED = Counter("duejobs_scheduler_promoted", "Deferred jobs moved onto the queue.")
 PASS_SECONDS = Histogram("duejobs_scheduler_pass_seconds", "Duration of a scheduler pass.")
 FAILED_PASSES = Counter("duejobs_scheduler_failed_passes", "Scheduler passes that failed (outage).")
+QUOTA_REFUSALS = Counter(
+    "duejobs_quota_refusals", "schedule() calls refused by a tenant's quota.", ["tenant"]
+)
 FIXED = Counter("duejobs_reconciler_fixed", "Drift fixed by the reconciler.", ["kind"])
 
 SCHEDULED = Gauge("duejobs_scheduled", "Scheduled rows.", ["tenant"])

@@ -183,6 +183,12 @@ def insert_schedule(
             return _schedule(existing), False
 
 
+def live_by_key(conn: Connection, tenant: str, key: str) -> Schedule | None:
+    """The live schedule holding ``key`` for ``tenant``, if any."""
+    row = conn.execute(_LIVE_BY_KEY, {"tenant": tenant, "key": key}).first()
+    return None if row is None else _schedule(row)
+
+
 def get_schedule(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> Schedule | None:
     """The schedule with that id, if it exists and belongs to ``tenant`` (None: any tenant)."""
     row = conn.execute(
@@ -1170,3 +1176,53 @@ def advance_recurring(conn: Connection, recurring_id: uuid.UUID, next_run_at: da
         text("UPDATE recurring_schedules SET next_run_at = :next WHERE id = :id"),
         {"id": recurring_id, "next": next_run_at},
     )
+
+
+# -- tenant quotas ---------------------------------------------------------------------------
+
+DEFAULT_QUOTA_TENANT = "*"
+
+
+def set_quota(conn: Connection, tenant: str, max_live: int | None) -> None:
+    """Set (or, with None, lift) a tenant's cap on live schedules; tenant '*' is the default."""
+    conn.execute(
+        text(
+            "INSERT INTO tenant_quotas (tenant, max_live) VALUES (:tenant, :max_live) "
+            "ON CONFLICT (tenant) DO UPDATE SET max_live = EXCLUDED.max_live, "
+            "updated_at = statement_timestamp()"
+        ),
+        {"tenant": tenant, "max_live": max_live},
+    )
+
+
+def live_quota(conn: Connection, tenant: str) -> int | None:
+    """The tenant's cap on live schedules: its own, else the default, else none."""
+    row = conn.execute(
+        text(
+            "SELECT max_live FROM tenant_quotas WHERE tenant IN (:tenant, :default) "
+            "ORDER BY tenant = :default LIMIT 1"
+        ),
+        {"tenant": tenant, "default": DEFAULT_QUOTA_TENANT},
+    ).first()
+    return None if row is None else row.max_live
+
+
+def count_live_up_to(conn: Connection, tenant: str, cap: int) -> int:
+    """The tenant's live schedules, counted up to ``cap`` under a per-tenant lock held until
+    the transaction ends (so concurrent admissions cannot both take the last place)."""
+    conn.execute(
+        text("SELECT pg_advisory_xact_lock(hashtext('duejobs-quota:' || :tenant))"),
+        {"tenant": tenant},
+    )
+    waiting = conn.execute(
+        text(
+            "SELECT count(*) FROM (SELECT 1 FROM scheduled_jobs "
+            "WHERE tenant = :tenant AND status = 'scheduled' LIMIT :cap) AS w"
+        ),
+        {"tenant": tenant, "cap": cap},
+    ).scalar_one()
+    running = conn.execute(
+        text("SELECT count(*) FROM scheduled_jobs WHERE status = 'running' AND tenant = :tenant"),
+        {"tenant": tenant},
+    ).scalar_one()
+    return int(waiting) + int(running)

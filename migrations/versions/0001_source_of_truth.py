@@ -109,6 +109,11 @@ def upgrade() -> None:
         "CREATE INDEX scheduled_jobs_finished_idx ON scheduled_jobs (finished_at) "
         "WHERE status IN ('succeeded', 'failed', 'cancelled')"
     )
+    # Per-tenant quotas count a tenant's waiting rows (running ones come from the lease index).
+    op.execute(
+        "CREATE INDEX scheduled_jobs_tenant_idx ON scheduled_jobs (tenant) "
+        "WHERE status = 'scheduled'"
+    )
     # A business key names at most one live schedule per tenant; finished ones free the key.
     op.execute(
         "CREATE UNIQUE INDEX scheduled_jobs_live_key_idx ON scheduled_jobs (tenant, key) "
@@ -166,9 +171,20 @@ def upgrade() -> None:
     op.execute(
         "CREATE INDEX scheduled_job_effects_schedule_idx ON scheduled_job_effects (schedule_id)"
     )
+    # Quotas per tenant; the row of tenant '*' is the default for tenants without their own.
+    op.execute(
+        """
+        CREATE TABLE tenant_quotas (
+            tenant      text PRIMARY KEY,
+            max_live    integer CHECK (max_live >= 0),
+            updated_at  timestamptz NOT NULL DEFAULT now()
+        )
+        """
+    )
 
 
 def downgrade() -> None:
+    op.execute("DROP TABLE tenant_quotas")
     op.execute("DROP TABLE scheduled_job_effects")
     op.execute("DROP TABLE scheduled_job_attempts")
     op.execute("DROP TABLE scheduled_job_events")
