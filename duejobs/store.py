@@ -444,17 +444,17 @@ _CLAIM_RUN = text(
             updated_at = statement_timestamp()
         FROM verdict v
         WHERE s.id = :id AND s.id = v.id AND v.reason IS NULL
-        RETURNING s.id, s.tenant, s.version, s.due_at, s.run_at
+        RETURNING s.id, s.tenant, s.version, s.due_at, s.run_at, s.type
     ), attempt AS (
         INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, status, worker)
         SELECT id, tenant, version, :attempt, 'running', :worker FROM upd
     ), event AS (
         INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
-        SELECT upd.id, upd.tenant, 'started', upd.version,
+        SELECT id, tenant, 'started', version,
                jsonb_build_object(
-                   'attempt', :attempt, 'worker', :worker, 'type', v.type,
-                   'lag_ms', round(extract(epoch FROM statement_timestamp() - upd.due_at) * 1000))
-        FROM upd JOIN verdict v ON v.id = upd.id
+                   'attempt', :attempt, 'worker', :worker, 'type', type,
+                   'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
+        FROM upd
         UNION ALL
         SELECT id, tenant, 'skipped', version,
                jsonb_build_object('reason', reason, 'delivered_version', :version,
