@@ -223,11 +223,6 @@ class App:
 
         return register
 
-    @property
-    def handlers(self) -> dict[str, Handler]:
-        """A copy of the registrations, by type."""
-        return dict(self._core.handlers)
-
     def handler_for(self, job_type: str) -> Handler | None:
         """The registration for ``job_type`` (no copy: the worker asks once per job)."""
         return self._core.handlers.get(job_type)

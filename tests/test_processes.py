@@ -3,6 +3,7 @@ outages and restarts of Redis and PostgreSQL, graceful and cold shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import signal
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -157,14 +158,22 @@ def test_cold_shutdown_leaves_a_running_row_with_a_lease_to_rescue(
     assert procs[0].stop() == 0
 
 
-def _scheduler_thread(app: App) -> tuple[Scheduler, threading.Thread]:
+@contextlib.contextmanager
+def _scheduler_thread(app: App) -> Iterator[threading.Thread]:
+    """A scheduler loop in a thread, stopped (batch in flight finished) on the way out."""
     config = SchedulerConfig(
         poll_interval=timedelta(milliseconds=50), max_backoff=timedelta(milliseconds=300)
     )
     scheduler = Scheduler(app, config)
     thread = threading.Thread(target=scheduler.run, daemon=True)
     thread.start()
-    return scheduler, thread
+    try:
+        yield thread
+    finally:
+        scheduler.stop()
+        thread.join(10)
+        scheduler.close()
+        assert not thread.is_alive()
 
 
 def _pushed(app: App, ids: list[object]) -> bool:
@@ -187,32 +196,28 @@ def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_u
 
     server = start_redis()
     local = App(database_url=database_url, redis_url=f"redis://127.0.0.1:{port}/0")
-    scheduler, thread = _scheduler_thread(local)
     try:
-        before = [local.schedule("record", {}, delay=0).id]
-        wait_for(lambda: _pushed(local, before), 10, "the first push")
-        server.kill()
-        server.wait()
-        during = [local.schedule("record", {}, delay=0).id for _ in range(5)]
-        time.sleep(1.0)  # several failed passes
-        assert thread.is_alive()
-        assert not any(local.get(i).queue_job_id for i in during)  # type: ignore[union-attr]
-        server = start_redis()
-        wait_for(lambda: _pushed(local, during), 20, "pushes after the restart")
-        queue = local.deliverer().queue
-        assert sorted(queue.get_job_ids()) == sorted(
-            local.get(i).queue_job_id
-            for i in during  # type: ignore[union-attr]
-        )
-        assert thread.is_alive()
+        with _scheduler_thread(local) as thread:
+            before = [local.schedule("record", {}, delay=0).id]
+            wait_for(lambda: _pushed(local, before), 10, "the first push")
+            server.kill()
+            server.wait()
+            during = [local.schedule("record", {}, delay=0).id for _ in range(5)]
+            time.sleep(1.0)  # several failed passes
+            assert thread.is_alive()
+            assert not any(local.get(i).queue_job_id for i in during)  # type: ignore[union-attr]
+            server = start_redis()
+            wait_for(lambda: _pushed(local, during), 20, "pushes after the restart")
+            queue = local.deliverer().queue
+            assert sorted(queue.get_job_ids()) == sorted(
+                local.get(i).queue_job_id
+                for i in during  # type: ignore[union-attr]
+            )
+            assert thread.is_alive()
     finally:
-        scheduler.stop()
-        thread.join(10)
-        scheduler.close()
         local.close()
         server.kill()
         server.wait()
-    assert not thread.is_alive()
 
 
 HOLDER = """
@@ -246,25 +251,21 @@ def test_scheduler_survives_a_postgresql_restart(
     holder, url = start_postgres()
     local = App(database_url=url, redis_url=redis_url)
     upgrade(local.engine)
-    scheduler, thread = _scheduler_thread(local)
     try:
-        first = [local.schedule("record", {}, delay=0).id]
-        wait_for(lambda: _pushed(local, first), 10, "the first push")
-        stop_postgres(holder)  # the last user leaves: the server shuts down
-        time.sleep(1.0)
-        assert thread.is_alive()
-        holder, url2 = start_postgres()
-        assert sqlalchemy_url(url2) == local.settings.database_url
-        after = [local.schedule("record", {}, delay=0).id for _ in range(3)]
-        wait_for(lambda: _pushed(local, after), 20, "pushes after the restart")
-        assert thread.is_alive()
+        with _scheduler_thread(local) as thread:
+            first = [local.schedule("record", {}, delay=0).id]
+            wait_for(lambda: _pushed(local, first), 10, "the first push")
+            stop_postgres(holder)  # the last user leaves: the server shuts down
+            time.sleep(1.0)
+            assert thread.is_alive()
+            holder, url2 = start_postgres()
+            assert sqlalchemy_url(url2) == local.settings.database_url
+            after = [local.schedule("record", {}, delay=0).id for _ in range(3)]
+            wait_for(lambda: _pushed(local, after), 20, "pushes after the restart")
+            assert thread.is_alive()
     finally:
-        scheduler.stop()
-        thread.join(10)
-        scheduler.close()
         local.close()
         stop_postgres(holder)
-    assert not thread.is_alive()
 
 
 def _answers(client: redis.Redis) -> bool:
