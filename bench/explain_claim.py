@@ -1,8 +1,11 @@
-"""The scheduler's claim query at 10k, 100k and 1M rows: plan and time stay flat.
+"""The scheduler's claim at 10k, 100k and 1M rows: plan and time stay flat.
 
-Rows: a fixed 2,000 due; the rest far-future `scheduled` or finished (half each).
-Prints the median time of 10 executions per size, its ratio to the 10k size, and the
-EXPLAIN (ANALYZE, BUFFERS) plan at the largest size.
+Rows: a fixed 2,000 due, spread over DUE_TENANTS (10) tenants; the rest far-future
+`scheduled` or finished (half each), spread over TENANTS (200) tenants — the walk over tenants
+visits every tenant with rows waiting to be pushed, so their number is held fixed too.
+Prints the median time of 10 claims of 1,000 rows per size (both statements: the walk over
+tenants and the claim of their shares, rolled back), its ratio to the 10k size, and the
+EXPLAIN (ANALYZE, BUFFERS) plans at the largest size.
 
     python -m bench.explain_claim            # SIZES=10000,100000,1000000 by default
 """
@@ -15,31 +18,34 @@ import time
 from datetime import timedelta
 
 import psycopg
+from sqlalchemy import Engine, text
 
 from bench.common import scratch_database
 from duejobs import store
+from duejobs.app import make_engine
+from duejobs.config import sqlalchemy_url
 
-# The scheduler's own statement (duejobs.store.CLAIM_DUE) in psycopg's parameter style.
-CLAIM = store.CLAIM_DUE.text.replace(":window", "%(window)s").replace(":limit", "%(limit)s")
-PARAMS = {"window": timedelta(minutes=15), "limit": 1000}
+WINDOW = timedelta(minutes=15)
 DUE = 2000
+DUE_TENANTS = int(os.environ.get("DUE_TENANTS", "10"))
+TENANTS = int(os.environ.get("TENANTS", "200"))
 
 
 def fill(conn: psycopg.Connection, total: int) -> None:
     conn.execute("TRUNCATE scheduled_jobs CASCADE")
     conn.execute(
-        "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, status) "
-        "SELECT gen_random_uuid(), 'x', '{}', t, t, "
+        "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at, status) "
+        "SELECT gen_random_uuid(), 't' || (g %% %s), 'x', '{}', t, t, "
         "CASE WHEN g %% 2 = 0 THEN 'scheduled' ELSE 'succeeded' END "
         "FROM (SELECT g, now() + interval '30 days' + g * interval '1s' AS t "
         "      FROM generate_series(1, %s) g) AS far",
-        (total - DUE,),
+        (TENANTS, total - DUE),
     )
     conn.execute(
-        "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at) "
-        "SELECT gen_random_uuid(), 'x', '{}', t, t "
-        "FROM (SELECT now() - g * interval '1ms' AS t FROM generate_series(1, %s) g) AS d",
-        (DUE,),
+        "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at) "
+        "SELECT gen_random_uuid(), 't' || (g %% %s), 'x', '{}', t, t "
+        "FROM (SELECT g, now() - g * interval '1ms' AS t FROM generate_series(1, %s) g) AS d",
+        (DUE_TENANTS, DUE),
     )
     conn.commit()
     conn.autocommit = True
@@ -47,34 +53,61 @@ def fill(conn: psycopg.Connection, total: int) -> None:
     conn.autocommit = False
 
 
-def timed(conn: psycopg.Connection) -> float:
+def timed(engine: Engine) -> float:
     samples = []
     for _ in range(10):
-        start = time.perf_counter()
-        rows = conn.execute(CLAIM, PARAMS).fetchall()
-        samples.append(time.perf_counter() - start)
-        assert len(rows) == 1000
-        conn.rollback()
+        with engine.connect() as conn:
+            trans = conn.begin()
+            start = time.perf_counter()
+            claim = store.claim_due(conn, WINDOW, 1000)
+            samples.append(time.perf_counter() - start)
+            trans.rollback()
+        assert len(claim.rows) == 1000
     return statistics.median(samples)
+
+
+def plans(engine: Engine) -> list[str]:
+    """EXPLAIN ANALYZE of the walk, then of the claim of the shares the walk found."""
+    out = []
+    with engine.connect() as conn:
+        trans = conn.begin()
+        walk_params = {"window": WINDOW, "limit": 1000, "after": ""}
+        walk = conn.execute(store.CLAIM_WALK, walk_params).all()
+        shares = store.fair_shares(1000, [w.due for w in walk])
+        claim_params = {
+            "window": WINDOW,
+            "tenants": [w.tenant for w in walk],
+            "shares": shares,
+            "caps": [None] * len(walk),
+        }
+        for statement, params in (
+            (store.CLAIM_WALK, walk_params),
+            (store.CLAIM_SHARES, claim_params),
+        ):
+            explain = text("EXPLAIN (ANALYZE, BUFFERS) " + statement.text)
+            out += ["", *list(conn.execute(explain, params).scalars())]
+        trans.rollback()
+    return out
 
 
 def main() -> None:
     sizes = [int(s) for s in os.environ.get("SIZES", "10000,100000,1000000").split(",")]
     with scratch_database() as (url, _redis), psycopg.connect(url) as conn:
+        engine = make_engine(sqlalchemy_url(url))
         base = None
         for size in sizes:
             fill(conn, size)
-            seconds = timed(conn)
+            seconds = timed(engine)
             base = base or seconds
             print(
-                f"claim LIMIT 1000 at {size:>9,} rows: {seconds * 1000:6.2f} ms  "
-                f"ratio to {sizes[0]:,}: {seconds / base:.2f}x"
+                f"claim of 1000 at {size:>10,} rows: {seconds * 1000:6.2f} ms  "
+                f"ratio to {sizes[0]:,}: {seconds / base:.2f}x",
+                flush=True,
             )
-        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIM, PARAMS).fetchall()
-        conn.rollback()
-        print(f"\nplan at {sizes[-1]:,} rows:")
-        for (line,) in plan:
+        print(f"\nplans at {sizes[-1]:,} rows (the walk, then the claim):")
+        for line in plans(engine):
             print("  " + line)
+        engine.dispose()
 
 
 if __name__ == "__main__":

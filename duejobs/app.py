@@ -22,6 +22,7 @@ is still waiting there (best effort; the worker's check is the guarantee).
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import time
@@ -69,6 +70,15 @@ log = logging.getLogger("duejobs")
 # How long an App trusts the quota it read for a tenant (one query saved per schedule()).
 QUOTA_CACHE_SECONDS = 10.0
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Unset(enum.Enum):
+    """Marks an argument that was not given (``None`` has a meaning of its own)."""
+
+    UNSET = "unset"
+
+
+UNSET = Unset.UNSET
 ScheduleId = uuid.UUID | str
 
 
@@ -333,24 +343,51 @@ class App:
 
     # -- quotas --------------------------------------------------------------------------
 
-    def set_quota(self, tenant: str, *, max_live: int | None) -> None:
-        """Cap a tenant's live (scheduled or running) schedules; ``None`` lifts the cap.
+    def set_quota(
+        self,
+        tenant: str,
+        *,
+        max_live: int | Unset | None = UNSET,
+        max_inflight: int | Unset | None = UNSET,
+    ) -> None:
+        """Set a tenant's caps; only the caps given change, ``None`` clears one.
 
-        Tenant ``"*"`` sets the default for tenants without their own. A :meth:`schedule`
-        beyond the cap raises :class:`~duejobs.errors.QuotaExceededError` and writes nothing.
-        Other processes apply a change within ``QUOTA_CACHE_SECONDS``.
+        * ``max_live``: live (scheduled or running) schedules. A :meth:`schedule` beyond it
+          raises :class:`~duejobs.errors.QuotaExceededError` and writes nothing.
+        * ``max_inflight``: jobs pushed to Redis or running at once. The scheduler pushes
+          such a tenant's rows only when due and only while it has room: the rest wait in
+          the table, so a tenant's burst never sits in the queue ahead of other tenants.
+
+        Tenant ``"*"`` holds the defaults; a tenant's cleared cap follows the default.
+        Other processes apply a ``max_live`` change within ``QUOTA_CACHE_SECONDS``; the
+        scheduler reads ``max_inflight`` on every claim.
         """
         if self._tenant is not None:
             raise TenantMismatchError("quotas are set through an unscoped App")
         if tenant != store.DEFAULT_QUOTA_TENANT:
             check_tenant(tenant)
-        if max_live is not None and (
-            isinstance(max_live, bool) or not isinstance(max_live, int) or max_live < 0
-        ):
-            raise InvalidScheduleError(f"max_live must be an int >= 0 or None, got {max_live!r}")
+        caps = {
+            name: value
+            for name, value in (("max_live", max_live), ("max_inflight", max_inflight))
+            if not isinstance(value, Unset)
+        }
+        if not caps:
+            raise InvalidScheduleError("set_quota needs max_live= or max_inflight=")
+        for name, value in caps.items():
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0
+            ):
+                raise InvalidScheduleError(f"{name} must be an int >= 0 or None, got {value!r}")
         with self._transaction(None) as c:
-            store.set_quota(c, tenant, max_live)
+            store.set_quota(c, tenant, caps)
         self._core.quotas.clear()
+
+    def quotas(self) -> list[store.Quota]:
+        """Every stored quota: the default (tenant ``"*"``) first, then per-tenant ones."""
+        if self._tenant is not None:
+            raise TenantMismatchError("quotas are read through an unscoped App")
+        with self.engine.connect() as c:
+            return store.quotas(c)
 
     def _live_quota(self, conn: Connection, tenant: str) -> int | None:
         cached = self._core.quotas.get(tenant)

@@ -25,7 +25,7 @@ from typing import Any, NoReturn, TypeVar
 import click
 
 from duejobs import logs, metrics, store
-from duejobs.app import App
+from duejobs.app import UNSET, App, Unset
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError
@@ -565,21 +565,47 @@ def recurring_delete(ctx: click.Context, name: str, tenant: str | None) -> None:
         sys.exit(0 if deleted else 1)
 
 
+def _cap(value: str | None, name: str) -> int | Unset | None:
+    if value is None:
+        return UNSET
+    if value.lower() == "none":
+        return None
+    if value.isdigit():
+        return int(value)
+    raise click.BadParameter("a number >= 0 or 'none'", param_hint=name)
+
+
 @main.command()
-@click.argument("tenant")
-@click.option("--max-live", required=True, help="Cap on live schedules, or 'none' to lift it.")
+@click.argument("tenant", required=False)
+@click.option("--max-live", help="Cap on live schedules, or 'none' to clear it.")
+@click.option("--max-inflight", help="Cap on jobs pushed or running, or 'none' to clear it.")
 @click.pass_context
-def quota(ctx: click.Context, tenant: str, max_live: str) -> None:
-    """Set TENANT's quota of live schedules ('*' sets the default)."""
-    if max_live.lower() == "none":
-        cap = None
-    elif max_live.isdigit():
-        cap = int(max_live)
-    else:
-        raise click.BadParameter("a number >= 0 or 'none'", param_hint="--max-live")
+def quota(
+    ctx: click.Context, tenant: str | None, max_live: str | None, max_inflight: str | None
+) -> None:
+    """Set TENANT's quotas ('*' sets the defaults); without options, list them all."""
+    live = _cap(max_live, "--max-live")
+    inflight = _cap(max_inflight, "--max-inflight")
     with _app(ctx) as app:
-        app.set_quota(tenant, max_live=cap)
-        click.echo(f"quota of {tenant}: {'no cap' if cap is None else cap} live schedules")
+        if tenant is None or (isinstance(live, Unset) and isinstance(inflight, Unset)):
+            if tenant is not None:
+                raise click.UsageError("give --max-live and/or --max-inflight")
+            for q in app.quotas():
+                unset = "no cap" if q.tenant == "*" else "default"
+                live_cap, inflight_cap = (
+                    unset if cap is None else cap for cap in (q.max_live, q.max_inflight)
+                )
+                click.echo(f"{q.tenant}: max_live={live_cap} max_inflight={inflight_cap}")
+            return
+        app.set_quota(tenant, max_live=live, max_inflight=inflight)
+        for name, value in (("live schedules", live), ("jobs in flight", inflight)):
+            if not isinstance(value, Unset):
+                shown = "the default" if value is None and tenant != "*" else _show_cap(value)
+                click.echo(f"quota of {tenant}: {shown} {name}")
+
+
+def _show_cap(value: int | None) -> str:
+    return "no cap" if value is None else str(value)
 
 
 @main.command()

@@ -2,15 +2,17 @@
 
 Each long-running command takes ``--metrics-port``; the process then serves ``/metrics``.
 
-* worker: ``duejobs_lag_seconds{type}`` (histogram, due time → handler start, database clock)
+* worker: ``duejobs_lag_seconds{tenant,type}`` (histogram, due time → handler start, database clock)
   and ``duejobs_deliveries_total{tenant,type,outcome}`` (succeeded, retrying, failed, skipped,
   stale, deferred);
 * scheduler: ``duejobs_scheduler_pushed_total{where}`` (queue, scheduled, already_present),
   ``duejobs_scheduler_promoted_total``, ``duejobs_scheduler_pass_seconds``,
-  ``duejobs_scheduler_failed_passes_total``;
+  ``duejobs_scheduler_failed_passes_total``, ``duejobs_scheduler_throttled_total{tenant}``
+  (passes in which a tenant's due rows waited for room under its in-flight quota);
 * any App: ``duejobs_quota_refusals_total{tenant}``;
 * reconciler: ``duejobs_reconciler_fixed_total{kind}`` and, from ``duejobs stats`` after every
   pass, the gauges ``duejobs_scheduled{tenant}``, ``duejobs_running{tenant}``,
+  ``duejobs_in_flight{tenant}`` (pushed to Redis or running, what an in-flight quota caps),
   ``duejobs_late{tenant}``, ``duejobs_overdue{tenant}``, ``duejobs_oldest_overdue_seconds``,
   ``duejobs_schedules_without_job``, ``duejobs_jobs_without_schedule``,
   ``duejobs_redis_jobs{where}``.
@@ -33,7 +35,7 @@ LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 90
 LAG = Histogram(
     "duejobs_lag_seconds",
     "Due time to handler start (database clock).",
-    ["type"],
+    ["tenant", "type"],
     buckets=LAG_BUCKETS,
 )
 DELIVERIES = Counter(
@@ -44,6 +46,11 @@ DELIVERIES = Counter(
 PUSHED = Counter("duejobs_scheduler_pushed", "Jobs pushed by the scheduler.", ["where"])
 PROMOTED = Counter("duejobs_scheduler_promoted", "Deferred jobs moved onto the queue.")
 PASS_SECONDS = Histogram("duejobs_scheduler_pass_seconds", "Duration of a scheduler pass.")
+THROTTLED = Counter(
+    "duejobs_scheduler_throttled",
+    "Scheduler passes in which a tenant's due rows waited for its in-flight quota.",
+    ["tenant"],
+)
 FAILED_PASSES = Counter("duejobs_scheduler_failed_passes", "Scheduler passes that failed (outage).")
 QUOTA_REFUSALS = Counter(
     "duejobs_quota_refusals", "schedule() calls refused by a tenant's quota.", ["tenant"]
@@ -52,6 +59,7 @@ FIXED = Counter("duejobs_reconciler_fixed", "Drift fixed by the reconciler.", ["
 
 SCHEDULED = Gauge("duejobs_scheduled", "Scheduled rows.", ["tenant"])
 RUNNING = Gauge("duejobs_running", "Running rows.", ["tenant"])
+IN_FLIGHT = Gauge("duejobs_in_flight", "Jobs pushed to Redis or running.", ["tenant"])
 OVERDUE = Gauge("duejobs_overdue", "Scheduled rows already due.", ["tenant"])
 LATE = Gauge("duejobs_late", "Scheduled rows due longer ago than the late threshold.", ["tenant"])
 OLDEST = Gauge("duejobs_oldest_overdue_seconds", "Age of the oldest overdue row.")
@@ -73,6 +81,7 @@ def observe_stats(stats: Stats) -> None:
         tenant = figures.tenant or "all"
         SCHEDULED.labels(tenant).set(figures.scheduled)
         RUNNING.labels(tenant).set(figures.running)
+        IN_FLIGHT.labels(tenant).set(figures.in_flight)
         OVERDUE.labels(tenant).set(figures.overdue)
         LATE.labels(tenant).set(figures.late)
     OLDEST.set(stats.oldest_overdue_seconds)

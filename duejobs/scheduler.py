@@ -3,8 +3,12 @@
 Each pass (:meth:`Scheduler.run_once`):
 
 1. claims ``scheduled`` rows due within the window that have no queue job for their current
-   version, oldest ``due_at`` first, ``FOR UPDATE SKIP LOCKED``, in batches, recording their
-   deterministic ``queue_job_id`` and an ``enqueued`` event in the same statement;
+   version, ``FOR UPDATE SKIP LOCKED``, in batches, recording their deterministic
+   ``queue_job_id`` and an ``enqueued`` event. Each batch is shared fairly among the tenants
+   that have due rows (equal shares, a tenant needing less leaves the rest to the others,
+   oldest ``due_at`` first within a tenant; the walk over tenants resumes where the last batch
+   stopped), and is pushed in turns (every tenant's first row, then every second), so a
+   tenant with 20,000 rows due does not delay one with 20;
 2. pushes each batch to Redis in one round trip (due rows onto the queue, later ones into
    RQ's scheduled registry);
 3. commits only after Redis acknowledged the push — if the push fails the transaction rolls
@@ -25,13 +29,22 @@ finds the live job and does not create a second one. PostgreSQL or Redis down: t
 fails, the loop logs it and backs off (up to ``max_backoff``) and keeps going.
 SIGTERM/SIGINT (via :meth:`Scheduler.stop`): no new claim starts, the batch in flight finishes.
 
+Tenants with an in-flight quota (``App.set_quota(max_inflight=)``) have only their *due* rows
+pushed, and only while their pushed-or-running jobs are under the cap; the rest stay in the
+table. Two claims never fill the same tenant's last places (a per-tenant lock held to the
+claim's commit). Without such a quota a tenant's pushed backlog waits in the one RQ queue,
+first in first out: set a default in-flight quota (tenant ``"*"``) to keep a burst from
+delaying everyone else.
+
 What it does not promise: the start time. A job starts when a worker is free; see ``bench/``
 for measured lag. It never starts early: the worker checks the database clock.
 
 Knobs (:class:`SchedulerConfig`): ``window`` (15 min), ``batch_size`` (100),
-``poll_interval`` (0.1 s), ``max_backoff`` (5 s), ``concurrency`` (2 claim loops per pass,
-each on its own connection — while one waits for Redis the other works PostgreSQL; safe for
-the same reason several schedulers are); the queue is the App's.
+``poll_interval`` (0.1 s; ``throttled_poll_interval``, 25 ms, while a tenant's due rows wait
+only for in-flight room, so its slots refill promptly), ``max_backoff`` (5 s),
+``concurrency`` (2 claim loops per pass, each on its own connection — while one waits for
+Redis the other works PostgreSQL; safe for the same reason several schedulers are); the queue
+is the App's.
 """
 
 from __future__ import annotations
@@ -60,6 +73,7 @@ class SchedulerConfig:
     window: timedelta = timedelta(minutes=15)
     batch_size: int = 100
     poll_interval: timedelta = timedelta(milliseconds=100)
+    throttled_poll_interval: timedelta = timedelta(milliseconds=25)
     max_backoff: timedelta = timedelta(seconds=5)
     concurrency: int = 2
 
@@ -70,6 +84,8 @@ class SchedulerConfig:
             raise ConfigurationError(f"concurrency must be 1..16, got {self.concurrency}")
         if self.window < timedelta(0) or self.poll_interval <= timedelta(0):
             raise ConfigurationError("window must be >= 0 and poll_interval > 0")
+        if self.throttled_poll_interval <= timedelta(0):
+            raise ConfigurationError("throttled_poll_interval must be > 0")
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,8 @@ class PassResult:
     already_present: int = 0
     promoted: int = 0
     batches: int = 0
+    # Tenants whose due rows waited for room under their in-flight quota.
+    throttled: frozenset[str] = frozenset()
 
 
 class Scheduler:
@@ -92,6 +110,8 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.deliverer = app.deliverer()
         self._stopping = threading.Event()
+        # Where the next claim's walk over tenants starts (shared by the claim loops).
+        self._cursor = ""
         self._pool = ThreadPoolExecutor(self.config.concurrency, "duejobs-claim")
 
     def stop(self) -> None:
@@ -106,27 +126,36 @@ class Scheduler:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
-    def _batch(self) -> tuple[int, PushResult, datetime]:
+    def _batch(self) -> tuple[store.Claim, PushResult]:
         with self.app.engine.begin() as conn:
-            rows, now = store.claim_due(conn, self.config.window, self.config.batch_size)
+            claim = store.claim_due(
+                conn, self.config.window, self.config.batch_size, after=self._cursor
+            )
+            self._cursor = claim.cursor
+            rows = claim.rows
             pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
             if any(p.job_id != r.queue_job_id for p, r in zip(pushes, rows, strict=True)):
                 raise RuntimeError("queue job ids spelled differently by SQL and Python")
-            result = self.deliverer.push(pushes, now)  # raises → rollback: rows stay unmarked
-        return len(rows), result, now
+            result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback
+        return claim, result
 
     def _drain(self) -> tuple[PassResult, datetime]:
         """Batches on one connection until one comes back short (or a stop is asked)."""
         claimed = queued = deferred = present = batches = 0
+        throttled: set[str] = set()
         while True:
-            count, result, now = self._batch()
+            claim, result = self._batch()
             batches += 1
-            claimed += count
+            claimed += len(claim.rows)
             queued += result.queued
             deferred += result.deferred
             present += result.present
-            if count < self.config.batch_size or self.stopping:
-                return PassResult(claimed, queued, deferred, present, 0, batches), now
+            throttled.update(claim.throttled)
+            if len(claim.rows) < self.config.batch_size or self.stopping:
+                drained = PassResult(
+                    claimed, queued, deferred, present, 0, batches, frozenset(throttled)
+                )
+                return drained, claim.db_now
 
     def run_once(self) -> PassResult:
         """One pass: ``concurrency`` claim loops drain what is due, then promotion."""
@@ -136,6 +165,8 @@ class Scheduler:
         metrics.PUSHED.labels("scheduled").inc(result.deferred)
         metrics.PUSHED.labels("already_present").inc(result.already_present)
         metrics.PROMOTED.inc(result.promoted)
+        for tenant in result.throttled:
+            metrics.THROTTLED.labels(tenant).inc()
         return result
 
     def _pass(self) -> PassResult:
@@ -149,6 +180,7 @@ class Scheduler:
             sum(getattr(r, name) for r, _ in drained)
             for name in ("claimed", "queued", "deferred", "already_present", "batches")
         )
+        throttled = frozenset().union(*(r.throttled for r, _ in drained))
         now = max(now for _, now in drained)
         promoted = 0
         while True:  # a peak can make thousands due at one instant
@@ -156,7 +188,7 @@ class Scheduler:
             promoted += moved
             if moved < self.config.batch_size * 10 or self.stopping:
                 break
-        return PassResult(claimed, queued, deferred, present, promoted, batches)
+        return PassResult(claimed, queued, deferred, present, promoted, batches, throttled)
 
     def run(self) -> None:
         """Pass after pass until :meth:`stop`; outages are logged and retried with backoff."""
@@ -180,5 +212,10 @@ class Scheduler:
             if result.claimed or result.promoted:
                 log.debug("scheduler pass: %s", result)
             if result.claimed < self.config.batch_size:
-                self._stopping.wait(self.config.poll_interval.total_seconds())
+                pause = (
+                    self.config.throttled_poll_interval
+                    if result.throttled
+                    else self.config.poll_interval
+                )
+                self._stopping.wait(pause.total_seconds())
         log.info("scheduler stopped")

@@ -10,7 +10,10 @@ The seed's list, each a figure, overall and per tenant / per type:
 * **jobs without a schedule**: waiting queue jobs whose schedule is gone, finished, or at
   another version (what the reconciler removes);
 * **cancellations, reschedules, attempts, retries, failures, abandoned attempts** over the
-  last ``since``; and the live counts (scheduled, running) and queue depth.
+  last ``since``; and the live counts (scheduled, running) and queue depth;
+* per tenant, **in flight** (pushed to Redis or running) against its in-flight quota, and its
+  live schedules against its live quota (quota refusals are counted in the metrics, since a
+  refused ``schedule()`` writes nothing).
 
 Cost: the live rows (two partial-index scans), the events of the last ``since`` (a BRIN
 index on time), at most ``check_limit`` overdue rows checked against Redis, and the waiting
@@ -41,6 +44,18 @@ class Stats:
     deferred: int
     schedules_without_job: int
     jobs_without_schedule: int
+    quotas: list[store.Quota]
+
+    def caps(self, tenant: str) -> tuple[int | None, int | None]:
+        """A tenant's effective (max_live, max_inflight): its own, else the default's."""
+        own = {q.tenant: q for q in self.quotas}
+        mine, default = own.get(tenant), own.get(store.DEFAULT_QUOTA_TENANT)
+
+        def pick(name: str) -> int | None:
+            value = getattr(mine, name, None)
+            return getattr(default, name, None) if value is None else value
+
+        return pick("max_live"), pick("max_inflight")
 
     @property
     def overall(self) -> store.LiveFigures:
@@ -70,7 +85,11 @@ class Stats:
             "schedules_without_job": self.schedules_without_job,
             "jobs_without_schedule": self.jobs_without_schedule,
             "oldest_overdue_seconds": self.oldest_overdue_seconds,
-            "live": [{k: iso(v) for k, v in asdict(f).items()} for f in self.live],
+            "live": [
+                {**{k: iso(v) for k, v in asdict(f).items()}, "in_flight": f.in_flight}
+                for f in self.live
+            ],
+            "quotas": [asdict(q) for q in self.quotas],
             "activity": [asdict(a) for a in self.activity],
         }
 
@@ -88,6 +107,7 @@ def collect(
         live = store.live_figures(conn, late_after)
         recent = store.activity(conn, since)
         overdue = store.overdue_queue_jobs(conn, check_limit)
+        quotas = store.quotas(conn)
     deliverer = app.deliverer()
     pushed = [job for job in overdue if job is not None]
     alive = deliverer.live(pushed) if pushed else []
@@ -102,6 +122,7 @@ def collect(
         deferred=deferred,
         schedules_without_job=(len(overdue) - len(pushed)) + alive.count(False),
         jobs_without_schedule=sum(1 for _ in orphan_jobs(app)),
+        quotas=quotas,
     )
 
 
@@ -137,14 +158,23 @@ def render(stats: Stats) -> str:
         )
     tenants = [f for f in stats.live if f.tenant is not None]
     if tenants:
-        lines += ["", f"  {'tenant':<24}{'scheduled':>10}{'running':>9}{'overdue':>9}{'late':>7}"]
+        lines += [
+            "",
+            f"  {'tenant':<20}{'live':>10}{'in flight':>12}{'running':>9}{'overdue':>9}"
+            f"{'late':>7}{'lag p99':>9}{'cancelled':>11}{'retried':>9}{'failed':>8}",
+        ]
         activity = {a.tenant: a for a in stats.activity if a.tenant is not None}
-        lines[-1] += f"{'cancelled':>11}{'rescheduled':>13}{'retried':>9}{'failed':>8}"
         for f in sorted(tenants, key=lambda f: f.tenant or ""):
-            counts = activity[f.tenant].counts if f.tenant in activity else {}
+            assert f.tenant is not None
+            act = activity.get(f.tenant)
+            counts = act.counts if act else {}
+            max_live, max_inflight = stats.caps(f.tenant)
+            live = f"{f.scheduled + f.running}" + ("" if max_live is None else f"/{max_live}")
+            in_flight = f"{f.in_flight}" + ("" if max_inflight is None else f"/{max_inflight}")
+            lag = _ms(act.lag_ms["p99"]) if act else "-"
             lines.append(
-                f"  {f.tenant:<24}{f.scheduled:>10}{f.running:>9}{f.overdue:>9}{f.late:>7}"
-                f"{counts.get('cancelled', 0):>11}{counts.get('rescheduled', 0):>13}"
+                f"  {f.tenant:<20}{live:>10}{in_flight:>12}{f.running:>9}{f.overdue:>9}"
+                f"{f.late:>7}{lag:>9}{counts.get('cancelled', 0):>11}"
                 f"{counts.get('retried', 0):>9}{counts.get('failed', 0):>8}"
             )
     return "\n".join(lines)

@@ -350,16 +350,106 @@ _JOB_ID_SQL = (
     "|| '-v' || s.version || '-a' || (s.attempts + 1)"
 )
 
-CLAIM_DUE = text(
+DEFAULT_QUOTA_TENANT = "*"
+
+
+# A tenant's quota: its own cap, else the default's (tenant '*'), else none.
+def _cap_sql(column: str, tenant: str) -> str:
+    return (
+        f"COALESCE((SELECT {column} FROM tenant_quotas WHERE tenant = {tenant}), "
+        f"(SELECT {column} FROM tenant_quotas WHERE tenant = '{DEFAULT_QUOTA_TENANT}'))"
+    )
+
+
+# A tenant's in-flight jobs, pushed (counted up to its cap) plus running.
+def _inflight_sql(tenant: str, cap: str) -> str:
+    return (
+        f"((SELECT count(*) FROM (SELECT 1 FROM scheduled_jobs WHERE tenant = {tenant} "
+        f"AND status = 'scheduled' AND queue_job_id IS NOT NULL LIMIT {cap}) AS pushed) "
+        f"+ (SELECT count(*) FROM scheduled_jobs WHERE status = 'running' AND tenant = {tenant}))"
+    )
+
+
+# A tenant's rows waiting to be pushed that are due: within the window, or only those already
+# due for a tenant with an in-flight cap (its backlog waits in the table, not in Redis).
+# Spelled as a range of (tenant, due_at) pairs, without `tenant = ...`, so that only the
+# per-tenant claim index can serve it: with the equality the planner may take the global
+# due_at index instead and filter out every other tenant's rows on the way.
+def _tenant_due_sql(row: str, tenant: str, cap: str) -> str:
+    horizon = (
+        f"statement_timestamp() + CASE WHEN {cap} IS NULL "
+        "THEN CAST(:window AS interval) ELSE interval '0' END"
+    )
+    pair = f"({row}.tenant, {row}.due_at)"
+    return (
+        f"{row}.status = 'scheduled' AND {row}.queue_job_id IS NULL "
+        f"AND {pair} >= ({tenant}, CAST('-infinity' AS timestamptz)) "
+        f"AND {pair} <= ({tenant}, {horizon})"
+    )
+
+
+_UNPUSHED = "status = 'scheduled' AND queue_job_id IS NULL"
+
+# First half of a claim: walk the tenants that have rows waiting to be pushed, in name order
+# after a cursor, one index probe each (the recursion is evaluated only as far as the LIMIT
+# pulls it), and count each one's due rows up to the batch size. Capped tenants are locked
+# (try-lock, held to the end of the claim's transaction) so that two claims never both fill
+# the same tenant's last places; their in-flight count here is an estimate for sharing the
+# batch, and the claim counts again under the lock.
+CLAIM_WALK = text(
     f"""
-    WITH due AS (
-        SELECT id
-        FROM scheduled_jobs
-        WHERE status = 'scheduled' AND queue_job_id IS NULL
-          AND due_at <= statement_timestamp() + CAST(:window AS interval)
-        ORDER BY due_at
-        FOR UPDATE SKIP LOCKED
-        LIMIT :limit
+    WITH RECURSIVE tenants (tenant) AS (
+        SELECT min(tenant) FROM scheduled_jobs
+        WHERE {_UNPUSHED} AND tenant > :after
+          AND EXISTS (SELECT 1 FROM scheduled_jobs WHERE {_UNPUSHED}
+                      AND due_at <= statement_timestamp() + CAST(:window AS interval))
+      UNION ALL
+        SELECT (SELECT min(s.tenant) FROM scheduled_jobs s
+                WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL
+                  AND s.tenant > t.tenant)
+        FROM tenants t WHERE t.tenant IS NOT NULL
+    ), capped AS (
+        SELECT t.tenant, {_cap_sql("max_inflight", "t.tenant")} AS cap
+        FROM tenants t WHERE t.tenant IS NOT NULL
+    ), walked AS (
+        SELECT c.tenant, c.cap,
+               (SELECT count(*) FROM (
+                    SELECT 1 FROM scheduled_jobs s
+                    WHERE {_tenant_due_sql("s", "c.tenant", "c.cap")}
+                    LIMIT :limit) AS d) AS due
+        FROM capped c
+    ), picked AS (
+        SELECT * FROM walked WHERE due > 0 LIMIT :limit
+    )
+    SELECT statement_timestamp() AS db_now, p.tenant, p.due, p.cap,
+           CASE WHEN p.cap IS NOT NULL
+                THEN pg_try_advisory_xact_lock(hashtext('duejobs-inflight:' || p.tenant))
+           END AS locked,
+           CASE WHEN p.cap IS NOT NULL THEN {_inflight_sql("p.tenant", "p.cap")} END AS inflight
+    FROM (SELECT 1) AS always LEFT JOIN picked p ON true
+    """
+)
+
+# Second half: take each tenant's share of the batch, oldest first, FOR UPDATE SKIP LOCKED
+# (a capped tenant's share cut to the room its cap leaves, counted afresh), record the queue
+# job ids and an `enqueued` event, and return the rows in turns — every tenant's first row,
+# then every tenant's second — so that the push interleaves tenants in the queue as well.
+CLAIM_SHARES = text(
+    f"""
+    WITH plan AS (
+        SELECT p.tenant, p.cap,
+               CASE WHEN p.cap IS NULL THEN p.share
+                    ELSE LEAST(p.share, p.cap - {_inflight_sql("p.tenant", "p.cap")}) END AS n
+        FROM unnest(CAST(:tenants AS text[]), CAST(:shares AS integer[]),
+                    CAST(:caps AS integer[])) AS p(tenant, share, cap)
+    ), due AS (
+        SELECT c.id FROM plan p CROSS JOIN LATERAL (
+            SELECT s.id FROM scheduled_jobs s
+            WHERE {_tenant_due_sql("s", "p.tenant", "p.cap")}
+            ORDER BY s.tenant, s.due_at
+            LIMIT GREATEST(p.n, 0)
+            FOR UPDATE SKIP LOCKED
+        ) AS c
     ), upd AS (
         UPDATE scheduled_jobs s
         SET queue_job_id = {_JOB_ID_SQL},
@@ -372,26 +462,87 @@ CLAIM_DUE = text(
         SELECT id, tenant, 'enqueued', version, jsonb_build_object('queue_job_id', queue_job_id)
         FROM upd
     )
-    SELECT statement_timestamp() AS db_now, upd.*
-    FROM (SELECT 1) AS always LEFT JOIN upd ON true
-    ORDER BY upd.due_at
+    SELECT upd.*, row_number() OVER (PARTITION BY upd.tenant ORDER BY upd.due_at) AS turn
+    FROM upd
+    ORDER BY turn, upd.due_at
     """
 )
 
 
-def claim_due(conn: Connection, window: timedelta, limit: int) -> tuple[list[DueRow], datetime]:
+def fair_shares(limit: int, wants: Sequence[int]) -> list[int]:
+    """Split ``limit`` places among tenants wanting ``wants``: equal shares, a tenant wanting
+    less than its share leaves the rest to the others (water-filling), and places that do not
+    divide evenly go one each to the first tenants in order."""
+    shares = [0] * len(wants)
+    left = limit
+    active = [i for i, want in enumerate(wants) if want > 0]
+    while left > 0 and active:
+        each = left // len(active)
+        if each == 0:
+            for i in active[:left]:
+                shares[i] += 1
+            break
+        for i in active:
+            given = min(each, wants[i] - shares[i])
+            shares[i] += given
+            left -= given
+        active = [i for i in active if shares[i] < wants[i]]
+    return shares
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim took, and what it learned on the way."""
+
+    rows: list[DueRow]
+    db_now: datetime
+    # Capped tenants whose due rows were held back by their in-flight quota.
+    throttled: list[str]
+    # Where the next claim's walk starts: the last tenant walked when the walk was cut at
+    # ``limit`` tenants, else "" (the next claim starts again from the first tenant).
+    cursor: str
+
+
+def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") -> Claim:
     """Claim up to ``limit`` rows due within ``window`` that have no queue job for their
-    current version, oldest first (rows locked by another scheduler are skipped), and record
-    their queue job id with an ``enqueued`` event — all in one statement. The caller pushes
-    them to Redis before committing and rolls back if the push fails, so a row is never
-    marked pushed without a real queue job. Also returns the database clock."""
-    rows = _fast(conn, CLAIM_DUE, {"window": window, "limit": limit})
+    current version, shared fairly among the tenants that have some (walked in name order
+    after ``after``), oldest first within a tenant, rows locked by another scheduler skipped;
+    record their queue job id with an ``enqueued`` event. A tenant with an in-flight quota
+    gets only its due rows, and only as many as its quota leaves room for. The caller pushes
+    the rows to Redis before committing and rolls back if the push fails, so a row is never
+    marked pushed without a real queue job."""
+    params: dict[str, Any] = {"window": window, "limit": limit, "after": after}
+    walk = _fast(conn, CLAIM_WALK, params)
+    if walk[0].tenant is None and after:
+        walk = _fast(conn, CLAIM_WALK, params | {"after": ""})
+    now = walk[0].db_now.astimezone(UTC)
+    tenants = [w for w in walk if w.tenant is not None]
+    wants = [
+        w.due if w.cap is None else min(w.due, max(0, w.cap - w.inflight)) if w.locked else 0
+        for w in tenants
+    ]
+    throttled = [w.tenant for w, want in zip(tenants, wants, strict=True) if want < w.due]
+    cursor = tenants[-1].tenant if len(tenants) == limit else ""
+    plan = [
+        (w, share) for w, share in zip(tenants, fair_shares(limit, wants), strict=True) if share
+    ]
+    if not plan:
+        return Claim([], now, throttled, cursor)
+    rows = _fast(
+        conn,
+        CLAIM_SHARES,
+        {
+            "window": window,
+            "tenants": [w.tenant for w, _ in plan],
+            "shares": [share for _, share in plan],
+            "caps": [w.cap for w, _ in plan],
+        },
+    )
     due = [
         DueRow(r.id, r.tenant, r.version, r.attempt, r.due_at.astimezone(UTC), r.queue_job_id)
         for r in rows
-        if r.id is not None
     ]
-    return due, rows[0].db_now.astimezone(UTC)
+    return Claim(due, now, throttled, cursor)
 
 
 # -- the delivery path: worker ---------------------------------------------------------------
@@ -859,14 +1010,21 @@ class LiveFigures:
     overdue: int
     late: int
     oldest_overdue: datetime | None
+    pushed: int  # scheduled rows whose job is in Redis
+
+    @property
+    def in_flight(self) -> int:
+        """Pushed to Redis or running: what an in-flight quota caps."""
+        return self.pushed + self.running
 
 
 _LIVE_FIGURES = text(
     """
     WITH live AS (
-        SELECT tenant, type, status, due_at FROM scheduled_jobs WHERE status = 'scheduled'
+        SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed
+        FROM scheduled_jobs WHERE status = 'scheduled'
         UNION ALL
-        SELECT tenant, type, status, due_at FROM scheduled_jobs WHERE status = 'running'
+        SELECT tenant, type, status, due_at, false FROM scheduled_jobs WHERE status = 'running'
     )
     SELECT CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
            CASE WHEN GROUPING(type) = 0 THEN type END AS type,
@@ -878,7 +1036,8 @@ _LIVE_FIGURES = text(
                             AND due_at < statement_timestamp() - CAST(:late AS interval))
                AS late,
            min(due_at) FILTER (WHERE status = 'scheduled' AND due_at <= statement_timestamp())
-               AS oldest_overdue
+               AS oldest_overdue,
+           count(*) FILTER (WHERE pushed) AS pushed
     FROM live
     GROUP BY GROUPING SETS ((), (tenant), (type))
     """
@@ -891,7 +1050,14 @@ def live_figures(conn: Connection, late_after: timedelta) -> list[LiveFigures]:
     rows = conn.execute(_LIVE_FIGURES, {"late": late_after})
     return [
         LiveFigures(
-            r.tenant, r.type, r.scheduled, r.running, r.overdue, r.late, _utc(r.oldest_overdue)
+            r.tenant,
+            r.type,
+            r.scheduled,
+            r.running,
+            r.overdue,
+            r.late,
+            _utc(r.oldest_overdue),
+            r.pushed,
         )
         for r in rows
     ]
@@ -1180,31 +1346,53 @@ def advance_recurring(conn: Connection, recurring_id: uuid.UUID, next_run_at: da
 
 # -- tenant quotas ---------------------------------------------------------------------------
 
-DEFAULT_QUOTA_TENANT = "*"
+QUOTA_COLUMNS = ("max_live", "max_inflight")
 
 
-def set_quota(conn: Connection, tenant: str, max_live: int | None) -> None:
-    """Set (or, with None, lift) a tenant's cap on live schedules; tenant '*' is the default."""
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's own caps as stored (``None``: the default's applies), or the default's."""
+
+    tenant: str
+    max_live: int | None
+    max_inflight: int | None
+
+
+def set_quota(conn: Connection, tenant: str, caps: dict[str, int | None]) -> None:
+    """Set the given caps (``QUOTA_COLUMNS``) of a tenant, or of the default (tenant '*');
+    ``None`` clears one (a tenant then follows the default, the default means no cap)."""
+    if not caps or not set(caps) <= set(QUOTA_COLUMNS):
+        raise ValueError(f"caps must name some of {QUOTA_COLUMNS}, got {sorted(caps)}")
+    columns = ", ".join(caps)
+    values = ", ".join(f":{c}" for c in caps)
+    updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in caps)
     conn.execute(
         text(
-            "INSERT INTO tenant_quotas (tenant, max_live) VALUES (:tenant, :max_live) "
-            "ON CONFLICT (tenant) DO UPDATE SET max_live = EXCLUDED.max_live, "
-            "updated_at = statement_timestamp()"
+            f"INSERT INTO tenant_quotas (tenant, {columns}) VALUES (:tenant, {values}) "
+            f"ON CONFLICT (tenant) DO UPDATE SET {updates}, updated_at = statement_timestamp()"
         ),
-        {"tenant": tenant, "max_live": max_live},
+        {"tenant": tenant, **caps},
     )
+
+
+def quotas(conn: Connection) -> list[Quota]:
+    """Every stored quota row, the default first."""
+    rows = conn.execute(
+        text(
+            "SELECT tenant, max_live, max_inflight FROM tenant_quotas "
+            "ORDER BY tenant <> :default, tenant"
+        ),
+        {"default": DEFAULT_QUOTA_TENANT},
+    )
+    return [Quota(r.tenant, r.max_live, r.max_inflight) for r in rows]
 
 
 def live_quota(conn: Connection, tenant: str) -> int | None:
     """The tenant's cap on live schedules: its own, else the default, else none."""
-    row = conn.execute(
-        text(
-            "SELECT max_live FROM tenant_quotas WHERE tenant IN (:tenant, :default) "
-            "ORDER BY tenant = :default LIMIT 1"
-        ),
-        {"tenant": tenant, "default": DEFAULT_QUOTA_TENANT},
-    ).first()
-    return None if row is None else row.max_live
+    value = conn.execute(
+        text(f"SELECT {_cap_sql('max_live', ':tenant')}"), {"tenant": tenant}
+    ).scalar_one()
+    return None if value is None else int(value)
 
 
 def count_live_up_to(conn: Connection, tenant: str, cap: int) -> int:
@@ -1214,15 +1402,12 @@ def count_live_up_to(conn: Connection, tenant: str, cap: int) -> int:
         text("SELECT pg_advisory_xact_lock(hashtext('duejobs-quota:' || :tenant))"),
         {"tenant": tenant},
     )
-    waiting = conn.execute(
+    count = conn.execute(
         text(
-            "SELECT count(*) FROM (SELECT 1 FROM scheduled_jobs "
-            "WHERE tenant = :tenant AND status = 'scheduled' LIMIT :cap) AS w"
+            "SELECT (SELECT count(*) FROM (SELECT 1 FROM scheduled_jobs WHERE tenant = :tenant "
+            "        AND status = 'scheduled' AND queue_job_id IS NULL LIMIT :cap) AS waiting) "
+            f"+ {_inflight_sql(':tenant', ':cap')}"
         ),
         {"tenant": tenant, "cap": cap},
     ).scalar_one()
-    running = conn.execute(
-        text("SELECT count(*) FROM scheduled_jobs WHERE status = 'running' AND tenant = :tenant"),
-        {"tenant": tenant},
-    ).scalar_one()
-    return int(waiting) + int(running)
+    return int(count)

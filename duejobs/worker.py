@@ -299,7 +299,9 @@ class Runtime:
             log.info("skipped: %s", claim.skip.value, extra=where)
             return Outcome.SKIPPED
         assert claim.run_at is not None and claim.due_at is not None and claim.db_now is not None
-        metrics.LAG.labels(claim.type).observe((claim.db_now - claim.due_at).total_seconds())
+        metrics.LAG.labels(tenant, claim.type).observe(
+            (claim.db_now - claim.due_at).total_seconds()
+        )
         ctx = Context(
             schedule_id, tenant, claim.type, version, attempt, claim.run_at, claim.payload, self.app
         )

@@ -23,7 +23,7 @@ def test_worker_counts_outcomes_and_observes_lag_by_type(system: System) -> None
     before_skip = _sample(
         "duejobs_deliveries_total", tenant="acme", type="record", outcome="skipped"
     )
-    before_lag = _sample("duejobs_lag_seconds_count", type="record")
+    before_lag = _sample("duejobs_lag_seconds_count", tenant="acme", type="record")
     ids = [system.app.schedule("record", {}, delay=0, tenant="acme").id for _ in range(3)]
     system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
     system.runtime.handle(ids[0], 1, 1, "acme")  # a duplicate delivery
@@ -35,7 +35,7 @@ def test_worker_counts_outcomes_and_observes_lag_by_type(system: System) -> None
         "duejobs_deliveries_total", tenant="acme", type="record", outcome="skipped"
     )
     assert after_skip - before_skip == 1
-    assert _sample("duejobs_lag_seconds_count", type="record") - before_lag == 3
+    assert _sample("duejobs_lag_seconds_count", tenant="acme", type="record") - before_lag == 3
 
 
 def test_scheduler_counts_what_it_pushed(system: System) -> None:

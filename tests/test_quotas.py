@@ -95,3 +95,12 @@ def test_quota_from_the_shell(app: App, database_url: str, redis_url: str) -> No
         app.schedule("x", {}, delay=60, tenant="acme")
     with pytest.raises(QuotaExceededError):
         app.schedule("x", {}, delay=60, tenant="acme")
+    inflight = subprocess.run(
+        [*run, "*", "--max-inflight", "50"], env=env, capture_output=True, text=True
+    )
+    assert inflight.returncode == 0 and "quota of *: 50 jobs in flight" in inflight.stdout
+    listing = subprocess.run(run, env=env, capture_output=True, text=True)
+    assert listing.stdout.splitlines() == [
+        "*: max_live=no cap max_inflight=50",
+        "acme: max_live=2 max_inflight=default",
+    ]

@@ -68,7 +68,8 @@ from duejobs import App, store
 from duejobs.delivery import Push
 app = App()
 with app.engine.begin() as conn:
-    rows, now = store.claim_due(conn, timedelta(minutes=15), 1000)
+    claim = store.claim_due(conn, timedelta(minutes=15), 1000)
+    rows, now = claim.rows, claim.db_now
     if sys.argv[1] == "after-push":
         pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
         app.deliverer().push(pushes, now)

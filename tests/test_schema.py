@@ -142,7 +142,14 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         def explain(statement: str, **params: object) -> str:
             return "\n".join(conn.execute(text("EXPLAIN " + statement), params).scalars())
 
-        plan = explain(store.CLAIM_DUE.text, window=timedelta(minutes=15), limit=1000)
+        walk = explain(store.CLAIM_WALK.text, window=timedelta(minutes=15), limit=1000, after="")
+        claim = explain(
+            store.CLAIM_SHARES.text,
+            window=timedelta(minutes=15),
+            tenants=["default"],
+            shares=[1000],
+            caps=[None],
+        )
         others = {
             "stats": explain(store._LIVE_FIGURES.text, late=timedelta(minutes=1)),
             "reconcile": explain(
@@ -157,10 +164,13 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         trans.rollback()
     for name, other in others.items():
         assert "Seq Scan on scheduled_jobs" not in other, (name, other)
-    # A partial index, read in due_at order, bounded by due_at and the LIMIT: what is read
-    # follows the due rows, never the table (only the <= LIMIT claimed rows are sorted after).
+    # The walk over tenants: probes of the per-tenant claim index, nothing sequential.
+    assert "scheduled_jobs_claim_tenant_idx" in walk and "Seq Scan" not in walk, walk
+    # The claim: the per-tenant partial index, read in due_at order, bounded by due_at and the
+    # LIMIT — what is read follows the due rows, never the table.
     assert re.search(
-        r"Limit .*\n\s*->\s+LockRows .*\n\s*->\s+Index Scan using scheduled_jobs_(claim|due)_idx",
-        plan,
-    ), plan
-    assert "Seq Scan" not in plan, plan
+        r"Limit .*\n(?:.*\n)*?\s*->\s+LockRows .*\n\s*->\s+Index Scan using "
+        r"scheduled_jobs_claim_tenant_idx .*\n\s*Index Cond: .*due_at",
+        claim,
+    ), claim
+    assert "Seq Scan on scheduled_jobs" not in claim, claim

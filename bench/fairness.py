@@ -1,0 +1,186 @@
+"""A small tenant's lag while a large tenant's burst drains, beside its lag on an idle system.
+
+One scheduler and two worker processes; every tenant under the default in-flight quota
+(FAIR_INFLIGHT, 20). Tenant "b" schedules FAIR_B_JOBS (100) jobs at FAIR_B_RATE (10/s):
+
+1. idle: nothing else runs — b's lag p50/p99 (the `started` event minus `run_at`, database
+   clock) is the baseline;
+2. burst: tenant "a" has FAIR_A_JOBS (20,000) rows due at once, then b schedules the same
+   stream — b's lag p50/p99 again, and how many of a's rows were still waiting when b's last
+   job started (the burst was still draining throughout).
+
+Target: b's p99 during the burst <= 2x its p99 when idle. With FAIR_UNCAPPED=1 the burst
+phase is run once more without any in-flight quota, to show what the quota buys.
+
+    python -m bench.fairness
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+
+from redis import Redis
+from sqlalchemy import text
+
+from bench.common import Figure
+from bench.procs import ROOT, stop_all
+from duejobs import App
+
+A_JOBS = int(os.environ.get("FAIR_A_JOBS", "20000"))
+B_JOBS = int(os.environ.get("FAIR_B_JOBS", "100"))
+B_RATE = float(os.environ.get("FAIR_B_RATE", "10"))
+INFLIGHT = int(os.environ.get("FAIR_INFLIGHT", "20"))
+LEAD = 1.0  # seconds before b's first job is due
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def _wait(condition: object, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("fairness benchmark did not finish")
+        time.sleep(0.2)
+
+
+def _b_stream(app: App) -> datetime:
+    """Schedule b's jobs, evenly spread from LEAD seconds on; returns when the stream starts."""
+    start = app.now() + timedelta(seconds=LEAD)
+    for i in range(B_JOBS):
+        app.schedule("noop", {}, run_at=start + timedelta(seconds=i / B_RATE), tenant="b")
+    return start
+
+
+def _b_lags(app: App, since: datetime) -> list[float]:
+    """b's lags (seconds) for the jobs due from ``since``, once they all started."""
+    query = text(
+        "SELECT extract(epoch FROM e.at - s.run_at) FROM scheduled_job_events e "
+        "JOIN scheduled_jobs s ON s.id = e.schedule_id "
+        "WHERE e.kind = 'started' AND s.tenant = 'b' AND s.run_at >= :since"
+    )
+
+    def lags() -> list[float]:
+        with app.engine.connect() as conn:
+            return [float(x) for x in conn.execute(query, {"since": since}).scalars()]
+
+    _wait(lambda: len(lags()) >= B_JOBS, LEAD + B_JOBS / B_RATE + 120)
+    return lags()
+
+
+def _burst(app: App) -> None:
+    with app.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at) "
+                "SELECT gen_random_uuid(), 'a', 'noop', '{}', now(), now() "
+                "FROM generate_series(1, :n)"
+            ),
+            {"n": A_JOBS},
+        )
+
+
+def _a_waiting(app: App) -> int:
+    with app.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM scheduled_jobs WHERE tenant = 'a' "
+                    "AND status = 'scheduled'"
+                )
+            ).scalar_one()
+        )
+
+
+def _reset(app: App, redis_url: str) -> None:
+    Redis.from_url(redis_url).flushdb()
+    with app.engine.begin() as conn:
+        conn.execute(text("TRUNCATE scheduled_jobs, tenant_quotas CASCADE"))
+
+
+def _start(database_url: str, redis_url: str) -> list[subprocess.Popen[bytes]]:
+    env = {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": database_url,
+        "DUEJOBS_REDIS_URL": redis_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [sys.executable, "-m", "duejobs"]
+    worker = [*cmd, "worker", "--app", "bench.jobs:app", "--log-level", "warning"]
+    return [
+        subprocess.Popen([*cmd, "scheduler", "--log-level", "warning"], env=env, cwd=ROOT),
+        subprocess.Popen(worker, env=env, cwd=ROOT),
+        subprocess.Popen(worker, env=env, cwd=ROOT),
+    ]
+
+
+def _phase(
+    app: App, database_url: str, redis_url: str, *, burst: bool, cap: int | None
+) -> tuple[list[float], int]:
+    _reset(app, redis_url)
+    if cap is not None:
+        app.set_quota("*", max_inflight=cap)
+    procs = _start(database_url, redis_url)
+    try:
+        time.sleep(1.0)  # processes up
+        if burst:
+            _burst(app)
+        since = _b_stream(app)
+        lags = _b_lags(app, since)
+        return lags, _a_waiting(app)
+    finally:
+        stop_all(procs)
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    app = App(database_url=database_url, redis_url=redis_url)
+    try:
+        idle, _ = _phase(app, database_url, redis_url, burst=False, cap=INFLIGHT)
+        busy, a_left = _phase(app, database_url, redis_url, burst=True, cap=INFLIGHT)
+        if os.environ.get("FAIR_UNCAPPED") == "1":
+            free, free_left = _phase(app, database_url, redis_url, burst=True, cap=None)
+            print(
+                f"  without an in-flight quota: b's lag p50 {statistics.median(free) * 1000:,.0f}"
+                f" ms, p99 {_percentile(free, 0.99) * 1000:,.0f} ms "
+                f"({free_left:,} of a's rows still waiting)",
+                flush=True,
+            )
+    finally:
+        _reset(app, redis_url)
+        app.close()
+    p50, p99 = statistics.median(busy) * 1000, _percentile(busy, 0.99) * 1000
+    idle50, idle99 = statistics.median(idle) * 1000, _percentile(idle, 0.99) * 1000
+    return [
+        Figure(
+            f"b's lag p50 while a's {A_JOBS:,} drain (b idle beside)",
+            p50,
+            idle50,
+            "ms",
+            "(context)",
+            True,
+        ),
+        Figure(
+            f"b's lag p99 while a's {A_JOBS:,} drain ({a_left:,} still waiting at b's end; "
+            "b idle beside)",
+            p99,
+            idle99,
+            "ms",
+            "<= 2x idle",
+            p99 <= 2 * idle99,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)
