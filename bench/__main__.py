@@ -12,7 +12,7 @@ import platform
 import sys
 import time
 
-from bench import lag, scheduler_throughput, worker_throughput
+from bench import fairness, lag, scheduler_throughput, worker_throughput
 from bench.common import Figure, scratch_database
 
 
@@ -25,7 +25,7 @@ def main() -> int:
         flush=True,
     )
     with scratch_database() as (database_url, redis_url):
-        for module in (scheduler_throughput, worker_throughput, lag):
+        for module in (scheduler_throughput, worker_throughput, lag, fairness):
             for figure in module.run(database_url, redis_url):
                 print(figure.line(), flush=True)
                 figures.append(figure)

@@ -13,6 +13,8 @@ What it promises:
   whole seconds, so it can fire up to 1 s early). :meth:`Deliverer.promote` moves them onto
   the queue when the *database* clock, passed in by the scheduler, reaches them — the worker's
   check against the database clock stays the guarantee.
+* **Fair order.** Jobs the scheduler marks ``front`` (the first job of a tenant that has
+  nothing else queued or running) go to the front of the queue, like RQ's ``at_front``.
 * **One round trip per batch**, not per job; **JSON only** — a job carries ids and the
   version, never the payload, and a Redis writer cannot get code executed by unpickling.
 
@@ -49,9 +51,9 @@ local ntemplate = tonumber(ARGV[4])
 local template = {}
 for i = 1, ntemplate do template[i] = ARGV[4 + i] end
 local live = {queued = true, scheduled = true, started = true, deferred = true}
-local queued, deferred, present, created = 0, 0, 0, {}
+local queued, deferred, present, created, front = 0, 0, 0, {}, {}
 redis.call('SADD', KEYS[3], KEYS[1])
-for i = 5 + ntemplate, #ARGV, 3 do
+for i = 5 + ntemplate, #ARGV, 4 do
     local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
     local status = redis.call('HGET', key, 'status')
     if status and live[status] then
@@ -63,7 +65,11 @@ for i = 5 + ntemplate, #ARGV, 3 do
                    'created_at', stamp, unpack(template))
         if score <= now then
             redis.call('HSET', key, 'status', 'queued', 'enqueued_at', stamp)
-            redis.call('RPUSH', KEYS[1], id)
+            if ARGV[i + 3] == '1' then
+                front[#front + 1] = id
+            else
+                redis.call('RPUSH', KEYS[1], id)
+            end
             queued = queued + 1
         else
             redis.call('HSET', key, 'status', 'scheduled')
@@ -72,6 +78,7 @@ for i = 5 + ntemplate, #ARGV, 3 do
         end
     end
 end
+for j = #front, 1, -1 do redis.call('LPUSH', KEYS[1], front[j]) end
 return {queued, deferred, present, created}
 """
 
@@ -137,6 +144,8 @@ class Push:
     version: int
     attempt: int
     due_at: datetime
+    # Due now: onto the front of the queue rather than the back (RQ's at_front).
+    front: bool = False
 
     @property
     def job_id(self) -> str:
@@ -203,14 +212,15 @@ class Deliverer:
 
     def push(self, pushes: Sequence[Push], now: datetime) -> PushResult:
         """Push a batch in one round trip: due ones (``due_at <= now``) onto the queue, the
-        rest into the scheduled registry. ``now`` is the database clock."""
+        rest into the scheduled registry; due ones marked ``front`` go to the front of the
+        queue, in the batch's order. ``now`` is the database clock."""
         if not pushes:
             return PushResult()
         stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
         args: list[Any] = [self._prefix, now.timestamp(), stamp, len(self._template)]
         args += self._template
         for p in pushes:
-            args += [p.job_id, self._data(p), p.due_at.timestamp()]
+            args += [p.job_id, self._data(p), p.due_at.timestamp(), "1" if p.front else "0"]
         keys = [self.queue.key, self.scheduled_key, self.queue.redis_queues_keys]
         queued, deferred, present, created = self._push(keys=keys, args=args)
         return PushResult(

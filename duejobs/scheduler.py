@@ -8,7 +8,8 @@ Each pass (:meth:`Scheduler.run_once`):
    that have due rows (equal shares, a tenant needing less leaves the rest to the others,
    oldest ``due_at`` first within a tenant; the walk over tenants resumes where the last batch
    stopped), and is pushed in turns (every tenant's first row, then every second), so a
-   tenant with 20,000 rows due does not delay one with 20;
+   tenant with 20,000 rows due does not delay one with 20; the first row of a tenant with
+   nothing queued or running goes to the front of the queue;
 2. pushes each batch to Redis in one round trip (due rows onto the queue, later ones into
    RQ's scheduled registry);
 3. commits only after Redis acknowledged the push — if the push fails the transaction rolls
@@ -133,7 +134,7 @@ class Scheduler:
             )
             self._cursor = claim.cursor
             rows = claim.rows
-            pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
+            pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at, r.front) for r in rows]
             if any(p.job_id != r.queue_job_id for p, r in zip(pushes, rows, strict=True)):
                 raise RuntimeError("queue job ids spelled differently by SQL and Python")
             result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback

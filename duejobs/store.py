@@ -340,6 +340,9 @@ class DueRow:
     attempt: int
     due_at: datetime
     queue_job_id: str
+    # Pushed to the front of the queue: the first row of a tenant with nothing in the queue
+    # or running (see claim_due).
+    front: bool = False
 
 
 # The queue job id of (tenant, id, version, attempt), as duejobs.delivery.job_id spells it;
@@ -392,7 +395,8 @@ _UNPUSHED = "status = 'scheduled' AND queue_job_id IS NULL"
 
 # First half of a claim: walk the tenants that have rows waiting to be pushed, in name order
 # after a cursor, one index probe each (the recursion is evaluated only as far as the LIMIT
-# pulls it), and count each one's due rows up to the batch size. Capped tenants are locked
+# pulls it), and count each one's due rows up to the batch size. A tenant is "sparse" when it
+# has nothing due in the queue and nothing running. Capped tenants are locked
 # (try-lock, held to the end of the claim's transaction) so that two claims never both fill
 # the same tenant's last places; their in-flight count here is an estimate for sharing the
 # batch, and the claim counts again under the lock.
@@ -425,7 +429,13 @@ CLAIM_WALK = text(
            CASE WHEN p.cap IS NOT NULL
                 THEN pg_try_advisory_xact_lock(hashtext('duejobs-inflight:' || p.tenant))
            END AS locked,
-           CASE WHEN p.cap IS NOT NULL THEN {_inflight_sql("p.tenant", "p.cap")} END AS inflight
+           CASE WHEN p.cap IS NOT NULL THEN {_inflight_sql("p.tenant", "p.cap")} END AS inflight,
+           NOT EXISTS (SELECT 1 FROM scheduled_jobs s
+                       WHERE s.status = 'scheduled' AND s.queue_job_id IS NOT NULL
+                         AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
+                         AND (s.tenant, s.due_at) <= (p.tenant, statement_timestamp()))
+           AND NOT EXISTS (SELECT 1 FROM scheduled_jobs s
+                           WHERE s.status = 'running' AND s.tenant = p.tenant) AS sparse
     FROM (SELECT 1) AS always LEFT JOIN picked p ON true
     """
 )
@@ -508,7 +518,13 @@ def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") 
     current version, shared fairly among the tenants that have some (walked in name order
     after ``after``), oldest first within a tenant, rows locked by another scheduler skipped;
     record their queue job id with an ``enqueued`` event. A tenant with an in-flight quota
-    gets only its due rows, and only as many as its quota leaves room for. The caller pushes
+    gets only its due rows, and only as many as its quota leaves room for.
+
+    The first row of a *sparse* tenant — nothing due in the queue, nothing running — is
+    marked ``front``: pushed to the front of the queue, it does not wait behind another
+    tenant's backlog (the sparse-flow rule of fair queueing, as in FQ-CoDel). A tenant's
+    later rows go to the back, so a busy tenant cannot jump the queue, and the front lane
+    carries at most one job per tenant per batch. The caller pushes
     the rows to Redis before committing and rolls back if the push fails, so a row is never
     marked pushed without a real queue job."""
     params: dict[str, Any] = {"window": window, "limit": limit, "after": after}
@@ -538,8 +554,17 @@ def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") 
             "caps": [w.cap for w, _ in plan],
         },
     )
+    sparse = {w.tenant for w in tenants if w.sparse}
     due = [
-        DueRow(r.id, r.tenant, r.version, r.attempt, r.due_at.astimezone(UTC), r.queue_job_id)
+        DueRow(
+            r.id,
+            r.tenant,
+            r.version,
+            r.attempt,
+            r.due_at.astimezone(UTC),
+            r.queue_job_id,
+            front=r.turn == 1 and r.tenant in sparse,
+        )
         for r in rows
     ]
     return Claim(due, now, throttled, cursor)

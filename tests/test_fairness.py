@@ -284,3 +284,19 @@ def test_stats_show_each_tenants_in_flight_jobs_against_its_quota(system: System
     assert rows == {"big": ["200/1000", "10/10"], "small": ["3/1000", "3"]}
     metrics.observe_stats(stats)
     assert REGISTRY.get_sample_value("duejobs_in_flight", {"tenant": "big"}) == 10
+
+
+def test_a_tenant_with_nothing_in_flight_gets_its_next_job_to_the_front_of_the_queue(
+    system: System,
+) -> None:
+    system.app.set_quota("*", max_inflight=50)
+    due_rows(system.app.engine, "big", 200)
+    system.scheduler.run_once()  # big: 50 queued
+    for _ in range(3):
+        system.app.schedule("record", {}, delay=0, tenant="small")
+    system.scheduler.run_once()
+    # small had nothing queued or running: its first job goes first, the others to the back;
+    # big, with jobs in the queue, stays at the back.
+    assert queued_tenants(system)[:2] == ["small", "big"]
+    assert queued_tenants(system)[-2:] == ["small", "small"]
+    assert len(queued_tenants(system)) == 53

@@ -22,10 +22,11 @@ def upgrade() -> None:
         "CREATE INDEX scheduled_jobs_claim_tenant_idx ON scheduled_jobs (tenant, due_at) "
         "WHERE status = 'scheduled' AND queue_job_id IS NULL"
     )
-    # A capped tenant's pushed-but-not-started jobs, counted up to its in-flight cap before
-    # each claim (its running ones come from the lease index).
+    # Pushed-but-not-started jobs by tenant and time: a capped tenant's are counted up to its
+    # in-flight cap before each claim (its running ones come from the lease index), and a
+    # tenant with none due is "sparse" — its next job may go to the front of the queue.
     op.execute(
-        "CREATE INDEX scheduled_jobs_pushed_idx ON scheduled_jobs (tenant) "
+        "CREATE INDEX scheduled_jobs_pushed_idx ON scheduled_jobs (tenant, due_at) "
         "WHERE status = 'scheduled' AND queue_job_id IS NOT NULL"
     )
     # Live quotas now count through the two indexes above (and the lease index for running
