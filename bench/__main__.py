@@ -3,7 +3,8 @@
 Uses DUEJOBS_DATABASE_URL / DUEJOBS_REDIS_URL when set, the embedded servers otherwise, and a
 scratch database created for the run. Sizes can be reduced with the environment variables
 named in each module (BENCH_WINDOW_ROWS, BENCH_WORKER_JOBS, BENCH_PEAK_JOBS, LAG_JOBS, ...).
-Exit status 1 when a figure misses its target.
+Exit status 1 when a figure misses its target. `python -m bench lag fairness` runs only the
+named modules.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import platform
 import sys
 import time
 
-from bench import fairness, lag, scheduler_throughput, worker_throughput
+from bench import bulk, fairness, lag, scheduler_throughput, worker_throughput
 from bench.common import Figure, scratch_database
 
 
@@ -24,8 +25,12 @@ def main() -> int:
         f"Python {platform.python_version()})",
         flush=True,
     )
+    modules = (scheduler_throughput, worker_throughput, lag, fairness, bulk)
+    chosen = sys.argv[1:]
     with scratch_database() as (database_url, redis_url):
-        for module in (scheduler_throughput, worker_throughput, lag, fairness):
+        for module in modules:
+            if chosen and module.__name__.removeprefix("bench.") not in chosen:
+                continue
             for figure in module.run(database_url, redis_url):
                 print(figure.line(), flush=True)
                 figures.append(figure)

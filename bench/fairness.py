@@ -59,17 +59,19 @@ def _b_stream(app: App) -> datetime:
     return start
 
 
-def _b_lags(app: App, since: datetime) -> list[float]:
-    """b's lags (seconds) for the jobs due from ``since``, once they all started."""
+def _b_lags(app: App, since: datetime, kind: str = "started") -> list[float]:
+    """b's lags (seconds) from ``run_at`` to its ``kind`` event for the jobs due from
+    ``since``, once they all have one."""
     query = text(
         "SELECT extract(epoch FROM e.at - s.run_at) FROM scheduled_job_events e "
         "JOIN scheduled_jobs s ON s.id = e.schedule_id "
-        "WHERE e.kind = 'started' AND s.tenant = 'b' AND s.run_at >= :since"
+        "WHERE e.kind = :kind AND s.tenant = 'b' AND s.run_at >= :since"
     )
 
     def lags() -> list[float]:
         with app.engine.connect() as conn:
-            return [float(x) for x in conn.execute(query, {"since": since}).scalars()]
+            rows = conn.execute(query, {"since": since, "kind": kind}).scalars()
+            return [float(x) for x in rows]
 
     _wait(lambda: len(lags()) >= B_JOBS, LEAD + B_JOBS / B_RATE + 120)
     return lags()
@@ -134,7 +136,17 @@ def _phase(
             _burst(app)
         since = _b_stream(app)
         lags = _b_lags(app, since)
-        return lags, _a_waiting(app)
+        left = _a_waiting(app)
+        pushed = _b_lags(app, since, "enqueued")
+        print(
+            f"  {'burst' if burst else 'alone'}, cap {cap}: b pushed after p50 "
+            f"{statistics.median(pushed) * 1000:,.0f} ms / p99 "
+            f"{_percentile(pushed, 0.99) * 1000:,.0f} ms, started after p50 "
+            f"{statistics.median(lags) * 1000:,.0f} ms / p99 "
+            f"{_percentile(lags, 0.99) * 1000:,.0f} ms",
+            flush=True,
+        )
+        return lags, left
     finally:
         stop_all(procs)
 

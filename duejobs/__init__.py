@@ -6,7 +6,7 @@ Redis, through RQ, only delivers work to workers.
 
 from duejobs.app import App
 from duejobs.handlers import RetryPolicy
-from duejobs.models import Event, EventKind, Schedule, Status
+from duejobs.models import Event, EventKind, Schedule, ScheduleRequest, Status
 
 __all__ = [
     "App",
@@ -14,5 +14,6 @@ __all__ = [
     "EventKind",
     "RetryPolicy",
     "Schedule",
+    "ScheduleRequest",
     "Status",
 ]

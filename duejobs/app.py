@@ -25,9 +25,11 @@ import contextlib
 import enum
 import json
 import logging
+import select
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -35,8 +37,14 @@ from typing import Any, TypeVar
 import psycopg
 from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import Connection, Engine, create_engine
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError, ProgrammingError
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+)
 
 from duejobs import metrics, migrate, store
 from duejobs.config import Settings
@@ -54,7 +62,15 @@ from duejobs.errors import (
     VersionConflictError,
 )
 from duejobs.handlers import Handler, RetryPolicy
-from duejobs.models import DstGap, DstOverlap, Event, Misfire, Recurring, Schedule
+from duejobs.models import (
+    DstGap,
+    DstOverlap,
+    Event,
+    Misfire,
+    Recurring,
+    Schedule,
+    ScheduleRequest,
+)
 from duejobs.recurring import Rule, check_cron, first_after
 from duejobs.timespec import as_delay, parse_when, zone
 from duejobs.validation import (
@@ -119,11 +135,25 @@ def _same_definition(current: Recurring, spec: dict[str, Any]) -> bool:
 
 def make_engine(database_url: str) -> Engine:
     """An engine whose sessions speak UTC and notice dropped connections before use."""
-    return create_engine(
-        database_url,
-        pool_pre_ping=True,
-        connect_args={"options": "-c timezone=UTC"},
-    )
+    engine = create_engine(database_url, connect_args={"options": "-c timezone=UTC"})
+    event.listen(engine, "checkout", _discard_if_closed_by_server)
+    return engine
+
+
+def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Replace a pooled connection the server closed, without a round trip.
+
+    An idle connection has nothing to read; when the server ends it (a restart, an
+    administrator, an idle timeout) its socket turns readable. Checking that costs a system
+    call, where a ``SELECT 1`` before every use would cost a round trip per ``schedule()``.
+    A silently lost network path is not seen here; its first statement fails instead.
+    """
+    pgconn = dbapi_connection.pgconn
+    if dbapi_connection.closed:
+        raise DisconnectionError("connection closed")
+    readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    if readable:
+        raise DisconnectionError("the server closed this connection")
 
 
 @dataclass
@@ -268,37 +298,80 @@ class App:
         skipped and the schedule cancelled, recorded as expired (a reminder three days late
         may be better not sent). By default a late schedule runs anyway.
         """
-        job_type = check_type(job_type)
-        tenant = self._write_tenant(tenant)
-        key = check_key(key)
-        payload_json = encode_payload(payload, self._core.max_payload_bytes)
-        when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
-        handler = self.handler_for(job_type)
-        if jitter is None:
-            spread = handler.jitter if handler else timedelta(0)
-        else:
-            spread = as_delay(jitter, "jitter")
-        expiry = None if expires_after is None else as_delay(expires_after, "expires_after")
+        new = self._new_row(
+            ScheduleRequest(
+                job_type, payload, delay, run_at, timezone, key, tenant, jitter, expires_after
+            )
+        )
         with self._transaction(conn) as c:
-            cap = self._live_quota(c, tenant)
-            if cap is not None and store.count_live_up_to(c, tenant, cap) >= cap:
-                existing = store.live_by_key(c, tenant, key) if key else None
+            cap = self._live_quota(c, new.tenant)
+            if cap is not None and store.count_live_up_to(c, new.tenant, cap) >= cap:
+                existing = store.live_by_key(c, new.tenant, new.key) if new.key else None
                 if existing is not None:
                     return existing
-                metrics.QUOTA_REFUSALS.labels(tenant).inc()
-                raise QuotaExceededError(tenant, cap)
-            schedule, _created = store.insert_schedule(
-                c,
-                tenant=tenant,
-                job_type=job_type,
-                key=key,
-                payload_json=payload_json,
-                when=when,
-                jitter=spread,
-                expires_after=expiry,
-                max_attempts=handler.retry.max_attempts if handler else None,
-            )
+                metrics.QUOTA_REFUSALS.labels(new.tenant).inc()
+                raise QuotaExceededError(new.tenant, cap)
+            schedule, _created = store.insert_schedule(c, new)
         return schedule
+
+    def schedule_many(
+        self, requests: Iterable[ScheduleRequest], *, conn: Connection | None = None
+    ) -> list[uuid.UUID]:
+        """Persist many schedules at once (COPY); their ids, in order.
+
+        Each :class:`~duejobs.ScheduleRequest` means what the same arguments mean to
+        :meth:`schedule`, including keys (a live key's holder's id is returned) and jitter.
+        All or nothing: a bad request raises its error, prefixed with its position, and
+        nothing is written; so does a batch that would take a tenant over its live quota. ``conn=`` joins your
+        transaction (under a savepoint, so a refused batch leaves it usable).
+        """
+        rows = []
+        for position, request in enumerate(requests):
+            try:
+                rows.append(self._new_row(request))
+            except InvalidScheduleError as exc:
+                raise type(exc)(f"request {position}: {exc}") from exc
+        if not rows:
+            return []
+        tenants = Counter(r.tenant for r in rows)
+        with self._transaction(conn) as c:
+            scope = c.begin_nested() if conn is not None else contextlib.nullcontext()
+            with scope:
+                ids = store.insert_schedules(c, rows)
+                for tenant, wanted in tenants.items():
+                    cap = self._live_quota(c, tenant)
+                    if cap is not None and store.count_live_up_to(c, tenant, cap + 1) > cap:
+                        metrics.QUOTA_REFUSALS.labels(tenant).inc(wanted)
+                        raise QuotaExceededError(tenant, cap)
+        return ids
+
+    def _new_row(self, request: ScheduleRequest) -> store.NewRow:
+        """Validate one request (every check :meth:`schedule` makes) into a row to insert."""
+        if not isinstance(request, ScheduleRequest):
+            raise InvalidScheduleError(
+                f"expected a duejobs.ScheduleRequest, got {type(request).__name__}"
+            )
+        job_type = check_type(request.type)
+        tenant = self._write_tenant(request.tenant)
+        key = check_key(request.key)
+        payload_json = encode_payload(request.payload, self._core.max_payload_bytes)
+        when = parse_when(delay=request.delay, run_at=request.run_at, timezone=request.timezone)
+        handler = self.handler_for(job_type)
+        if request.jitter is None:
+            spread = handler.jitter if handler else timedelta(0)
+        else:
+            spread = as_delay(request.jitter, "jitter")
+        expiry = request.expires_after
+        return store.NewRow(
+            tenant=tenant,
+            job_type=job_type,
+            key=key,
+            payload_json=payload_json,
+            when=when,
+            jitter=spread,
+            expires_after=None if expiry is None else as_delay(expiry, "expires_after"),
+            max_attempts=handler.retry.max_attempts if handler else None,
+        )
 
     def reschedule(
         self,

@@ -79,6 +79,22 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class ScheduleRequest:
+    """One schedule for :meth:`duejobs.App.schedule_many`: the arguments of
+    :meth:`duejobs.App.schedule`, with the same meaning and the same checks."""
+
+    type: str
+    payload: Any
+    delay: timedelta | float | None = None
+    run_at: datetime | None = None
+    timezone: str | None = None
+    key: str | None = None
+    tenant: str | None = None
+    jitter: timedelta | float | None = None
+    expires_after: timedelta | float | None = None
+
+
+@dataclass(frozen=True)
 class Event:
     """One entry of a schedule's history, stamped with the database clock."""
 

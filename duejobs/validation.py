@@ -53,10 +53,14 @@ def check_key(key: object) -> str | None:
     return key
 
 
+# One encoder for every payload: json.dumps with options builds a new one on every call.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode_payload(payload: Any, max_bytes: int) -> str:
     """The payload as JSON text, refused when it is not JSON or larger than ``max_bytes``."""
     try:
-        text = json.dumps(payload, allow_nan=False, separators=(",", ":"), ensure_ascii=False)
+        text = _ENCODER.encode(payload)
     except (TypeError, ValueError) as exc:
         raise PayloadNotJSONError(f"payload is not JSON-serialisable: {exc}") from exc
     if "\\u0000" in text:

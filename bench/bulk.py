@@ -1,0 +1,138 @@
+"""Bulk scheduling: `app.schedule_many` beside a raw COPY of the same rows, in one run.
+
+BULK_ROWS (100,000) schedules across 10 tenants, due over the next day:
+
+* baseline — psycopg's COPY of the finished rows straight into `scheduled_jobs` (id, tenant,
+  type, payload, run_at, due_at), then COMMIT: the fastest a client can put them in the table,
+  with no validation, no history and no key handling;
+* duejobs — `app.schedule_many(requests)` with the same requests built beforehand: every
+  check `schedule()` makes, COPY into a staging table, one INSERT ... SELECT that also writes
+  each `created` event, COMMIT.
+
+Also: the statements one `schedule()` sends, COMMIT included (counted at the engine, pool
+warm, no quota): the insert with its `created` event is one statement, then the commit.
+
+Target: schedule_many >= 0.5x the raw COPY's rows/s.
+
+    python -m bench.bulk
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+from sqlalchemy import event
+
+from bench.common import Figure
+from duejobs import App, ScheduleRequest
+
+ROWS = int(os.environ.get("BULK_ROWS", "100000"))
+
+
+def _truncate(url: str) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute("TRUNCATE scheduled_jobs CASCADE")
+
+
+def _requests(start: datetime) -> list[ScheduleRequest]:
+    return [
+        ScheduleRequest(
+            "remind",
+            {"user": i, "message": "your booking starts soon"},
+            run_at=start + timedelta(seconds=i % 86_400),
+            tenant=f"t{i % 10}",
+        )
+        for i in range(ROWS)
+    ]
+
+
+def raw_copy(url: str, requests: list[ScheduleRequest]) -> float:
+    rows = [
+        (uuid.uuid4(), r.tenant, r.type, json.dumps(r.payload), r.run_at, r.run_at)
+        for r in requests
+    ]
+    with psycopg.connect(url) as conn:
+        started = time.perf_counter()
+        with (
+            conn.cursor() as cursor,
+            cursor.copy(
+                "COPY scheduled_jobs (id, tenant, type, payload, run_at, due_at) FROM STDIN"
+            ) as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+        conn.commit()
+        return time.perf_counter() - started
+
+
+def bulk(app: App, requests: list[ScheduleRequest]) -> float:
+    started = time.perf_counter()
+    ids = app.schedule_many(requests)
+    elapsed = time.perf_counter() - started
+    assert len(set(ids)) == ROWS
+    return elapsed
+
+
+def statements_per_schedule(app: App) -> float:
+    """Statements a single ``schedule()`` sends, COMMIT included (pool warm, no quota)."""
+    sent: list[str] = []
+
+    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
+        sent.append(statement)
+
+    app.schedule("remind", {}, delay=60)  # warm the pool
+    event.listen(app.engine, "before_cursor_execute", count)
+    event.listen(app.engine, "commit", lambda conn: sent.append("COMMIT"))
+    try:
+        for _ in range(10):
+            app.schedule("remind", {}, delay=60)
+    finally:
+        event.remove(app.engine, "before_cursor_execute", count)
+    return len(sent) / 10
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    app = App(database_url=database_url, redis_url=redis_url)
+    try:
+        start = datetime.now(UTC) + timedelta(days=1)
+        requests = _requests(start)
+        _truncate(database_url)
+        copy_s = raw_copy(database_url, requests)
+        _truncate(database_url)
+        ours_s = bulk(app, requests)
+        _truncate(database_url)
+        per_call = statements_per_schedule(app)
+        _truncate(database_url)
+    finally:
+        app.close()
+    return [
+        Figure(
+            f"bulk: schedule_many of {ROWS:,} (raw COPY beside)",
+            ROWS / ours_s,
+            ROWS / copy_s,
+            "rows/s",
+            ">= 0.5x raw COPY",
+            ROWS / ours_s >= 0.5 * ROWS / copy_s,
+        ),
+        Figure(
+            "bulk: statements per schedule() incl. COMMIT",
+            per_call,
+            2,
+            "stmts",
+            "one round trip + commit",
+            per_call <= 2,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)
