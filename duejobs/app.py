@@ -322,8 +322,8 @@ class App:
         Each :class:`~duejobs.ScheduleRequest` means what the same arguments mean to
         :meth:`schedule`, including keys (a live key's holder's id is returned) and jitter.
         All or nothing: a bad request raises its error, prefixed with its position, and
-        nothing is written; so does a batch that would take a tenant over its live quota. ``conn=`` joins your
-        transaction (under a savepoint, so a refused batch leaves it usable).
+        nothing is written; so does a batch that would take a tenant over its live quota.
+        ``conn=`` joins your transaction (under a savepoint: a refused batch leaves it usable).
         """
         rows = []
         for position, request in enumerate(requests):
