@@ -1,0 +1,130 @@
+"""Horizontal scale: 1, 2 and 4 scheduler processes, and 1, 2 and 4 worker processes, on the
+same database — throughput, and a check that nothing was pushed or run twice or lost.
+
+* schedulers: HZ_ROWS (20,000) rows across 20 tenants made due at once while N `duejobs
+  scheduler` processes run; the time until every row is pushed; then Redis must hold exactly
+  one queue job per row and the table exactly one `enqueued` event per row;
+* workers: HZ_JOBS (3,000) jobs pushed, then N burst DuejobsWorker processes drain them
+  (bare RQ SimpleWorkers beside, same N); every row must end `succeeded` with one attempt.
+
+Each figure is the rate with N processes beside the rate with one; the machine has 2 cores,
+so the curve flattens where the cores run out — that is the honest result, not a target.
+
+    python -m bench.horizontal
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from redis import Redis
+from sqlalchemy import text
+
+from bench.common import Figure
+from bench.fairness import _reset
+from bench.procs import ROOT, stop_all
+from bench.worker_throughput import _bare, _env, _ours
+from duejobs import App
+
+ROWS = int(os.environ.get("HZ_ROWS", "20000"))
+JOBS = int(os.environ.get("HZ_JOBS", "3000"))
+COUNTS = (1, 2, 4)
+
+
+def _schedulers(app: App, database_url: str, redis_url: str, n: int) -> float:
+    _reset(app, redis_url)
+    env = {**os.environ, **_env(database_url, redis_url), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "duejobs", "scheduler", "--log-level", "warning"]
+    procs = [subprocess.Popen(cmd, env=env, cwd=ROOT) for _ in range(n)]
+    try:
+        time.sleep(2.0)  # all up and polling
+        with app.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at) "
+                    "SELECT gen_random_uuid(), 't' || (g % 20), 'noop', '{}', now(), now() "
+                    "FROM generate_series(1, :n) g"
+                ),
+                {"n": ROWS},
+            )
+        started = time.perf_counter()
+        deadline = time.monotonic() + 300
+        query = text("SELECT count(*) FROM scheduled_jobs WHERE queue_job_id IS NULL")
+        while True:
+            with app.engine.connect() as conn:
+                if conn.execute(query).scalar_one() == 0:
+                    break
+            assert time.monotonic() < deadline, "schedulers did not push everything"
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - started
+    finally:
+        stop_all(procs)
+    redis = Redis.from_url(redis_url)
+    queued = redis.llen(app.deliverer().queue.key)
+    with app.engine.connect() as conn:
+        events = conn.execute(
+            text("SELECT count(*) FROM scheduled_job_events WHERE kind = 'enqueued'")
+        ).scalar_one()
+    assert queued == ROWS == events, (queued, events)  # none twice, none lost
+    return ROWS / elapsed
+
+
+def _workers(app: App, database_url: str, redis_url: str, n: int) -> tuple[float, float]:
+    env = _env(database_url, redis_url)
+    redis = Redis.from_url(redis_url)
+    _reset(app, redis_url)
+    ours = JOBS / _ours(app, redis, JOBS, n, env)
+    with app.engine.connect() as conn:
+        attempts = conn.execute(text("SELECT count(*) FROM scheduled_job_attempts")).scalar_one()
+    assert attempts == JOBS, attempts  # every job run once
+    bare = JOBS / _bare(redis, JOBS, n, env)
+    return ours, bare
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    app = App(database_url=database_url, redis_url=redis_url)
+    figures = []
+    try:
+        one = None
+        for n in COUNTS:
+            rate = _schedulers(app, database_url, redis_url, n)
+            one = one or rate
+            figures.append(
+                Figure(
+                    f"scale: {n} scheduler process(es), rows/s (1 beside)",
+                    rate,
+                    one,
+                    "rows/s",
+                    "no duplicates, none lost",
+                    True,
+                )
+            )
+        first = None
+        for n in COUNTS:
+            ours, bare = _workers(app, database_url, redis_url, n)
+            first = first or ours
+            figures.append(
+                Figure(
+                    f"scale: {n} worker process(es), jobs/s (1 beside; bare RQ {bare:,.0f})",
+                    ours,
+                    first,
+                    "jobs/s",
+                    "every job once",
+                    True,
+                )
+            )
+    finally:
+        _reset(app, redis_url)
+        app.close()
+    return figures
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)
