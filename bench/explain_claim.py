@@ -5,7 +5,9 @@ Rows: a fixed 2,000 due, spread over DUE_TENANTS (10) tenants; the rest far-futu
 visits every tenant with rows waiting to be pushed, so their number is held fixed too.
 Prints the median time of 10 claims of 1,000 rows per size (both statements: the walk over
 tenants and the claim of their shares, rolled back), its ratio to the 10k size, and the
-EXPLAIN (ANALYZE, BUFFERS) plans at the largest size.
+EXPLAIN (ANALYZE, BUFFERS) plans at the largest size. At each size it also times the live
+figures of `duejobs stats` (they count every live row: their bound) and one reconciler pass
+(bounded by the rows inside the window and the expired leases).
 
     python -m bench.explain_claim            # SIZES=10000,100000,1000000 by default
 """
@@ -18,12 +20,14 @@ import time
 from datetime import timedelta
 
 import psycopg
+from redis import Redis
 from sqlalchemy import Engine, text
 
 from bench.common import scratch_database
-from duejobs import store
+from duejobs import App, store
 from duejobs.app import make_engine
 from duejobs.config import sqlalchemy_url
+from duejobs.reconcile import Reconciler
 
 WINDOW = timedelta(minutes=15)
 DUE = 2000
@@ -90,9 +94,28 @@ def plans(engine: Engine) -> list[str]:
     return out
 
 
+def stats_and_reconcile(url: str, redis_url: str) -> tuple[float, float, int]:
+    """Seconds for `duejobs stats`' live figures, seconds for one reconciler pass (which
+    pushes the window's rows to Redis), and the live rows the figures counted."""
+    app = App(database_url=url, redis_url=redis_url)
+    Redis.from_url(redis_url).flushdb()
+    try:
+        with app.engine.connect() as conn:
+            start = time.perf_counter()
+            live = store.live_figures(conn, timedelta(minutes=1))
+            stats_s = time.perf_counter() - start
+        start = time.perf_counter()
+        Reconciler(app).run_once()
+        reconcile_s = time.perf_counter() - start
+    finally:
+        app.close()
+    overall = next(f for f in live if f.tenant is None and f.type is None)
+    return stats_s, reconcile_s, overall.scheduled + overall.running
+
+
 def main() -> None:
     sizes = [int(s) for s in os.environ.get("SIZES", "10000,100000,1000000").split(",")]
-    with scratch_database() as (url, _redis), psycopg.connect(url) as conn:
+    with scratch_database() as (url, redis_url), psycopg.connect(url) as conn:
         engine = make_engine(sqlalchemy_url(url))
         base = None
         for size in sizes:
@@ -102,6 +125,12 @@ def main() -> None:
             print(
                 f"claim of 1000 at {size:>10,} rows: {seconds * 1000:6.2f} ms  "
                 f"ratio to {sizes[0]:,}: {seconds / base:.2f}x",
+                flush=True,
+            )
+            stats_s, reconcile_s, live = stats_and_reconcile(url, redis_url)
+            print(
+                f"    stats live figures: {stats_s * 1000:8.1f} ms over {live:,} live rows; "
+                f"one reconcile pass: {reconcile_s * 1000:7.1f} ms",
                 flush=True,
             )
         print(f"\nplans at {sizes[-1]:,} rows (the walk, then the claim):")

@@ -77,6 +77,7 @@ from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_TENANT,
     check_key,
+    check_queue,
     check_tenant,
     check_type,
     encode_payload,
@@ -129,6 +130,7 @@ def _same_definition(current: Recurring, spec: dict[str, Any]) -> bool:
         and current.dst_overlap.value == spec["dst_overlap"]
         and current.misfire.value == spec["misfire"]
         and current.grace == spec["grace"]
+        and current.queue == spec["queue"]
         and current.status == "active"
     )
 
@@ -182,7 +184,7 @@ class App:
     ) -> None:
         settings = Settings.from_env(database_url, redis_url)
         engine = make_engine(settings.database_url)
-        self._core = _Core(settings, engine, max_payload_bytes, queue)
+        self._core = _Core(settings, engine, max_payload_bytes, check_queue(queue))
         self._tenant: str | None = None
 
     @classmethod
@@ -245,12 +247,17 @@ class App:
         backoff_cap: timedelta = timedelta(minutes=10),
         timeout: timedelta = timedelta(minutes=5),
         jitter: timedelta | float = timedelta(0),
+        queue: str | None = None,
     ) -> Callable[[F], F]:
         """Register the function that runs schedules of ``job_type`` in workers.
 
         ``jitter``: the default spread for this type's schedules written through this App
         (see :meth:`schedule`); leave it at zero for types whose time must be exact.
+        ``queue``: the RQ queue this type's schedules are delivered on (default: the App's),
+        so that a pool of workers (``duejobs worker --queue``) serves it apart from the
+        others — a slow type then cannot hold up a fast one.
         """
+        route = None if queue is None else check_queue(queue)
         spread = as_delay(jitter, "jitter")
         policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, backoff_cap=backoff_cap)
         job_type = check_type(job_type)
@@ -258,7 +265,7 @@ class App:
             raise InvalidHandlerError(f"timeout must be positive, got {timeout}")
 
         def register(func: F) -> F:
-            self._core.handlers[job_type] = Handler(job_type, func, policy, timeout, spread)
+            self._core.handlers[job_type] = Handler(job_type, func, policy, timeout, spread, route)
             return func
 
         return register
@@ -281,6 +288,7 @@ class App:
         tenant: str | None = None,
         jitter: timedelta | float | None = None,
         expires_after: timedelta | float | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
     ) -> Schedule:
         """Persist the intent to run ``job_type`` with ``payload`` at a time.
@@ -297,10 +305,22 @@ class App:
         ``expires_after``: a delivery that would start later than this after its due time is
         skipped and the schedule cancelled, recorded as expired (a reminder three days late
         may be better not sent). By default a late schedule runs anyway.
+
+        ``queue``: the RQ queue to deliver it on (default: its type's, else the App's) — to
+        route by tenant, say.
         """
         new = self._new_row(
             ScheduleRequest(
-                job_type, payload, delay, run_at, timezone, key, tenant, jitter, expires_after
+                job_type,
+                payload,
+                delay,
+                run_at,
+                timezone,
+                key,
+                tenant,
+                jitter,
+                expires_after,
+                queue,
             )
         )
         with self._transaction(conn) as c:
@@ -362,6 +382,7 @@ class App:
         else:
             spread = as_delay(request.jitter, "jitter")
         expiry = request.expires_after
+        route = self._route(job_type, request.queue)
         return store.NewRow(
             tenant=tenant,
             job_type=job_type,
@@ -371,6 +392,7 @@ class App:
             jitter=spread,
             expires_after=None if expiry is None else as_delay(expiry, "expires_after"),
             max_attempts=handler.retry.max_attempts if handler else None,
+            queue=route,
         )
 
     def reschedule(
@@ -485,13 +507,15 @@ class App:
         dst_overlap: DstOverlap | str = DstOverlap.ONCE,
         misfire: Misfire | str = Misfire.LATEST,
         grace: timedelta | float = timedelta(0),
+        queue: str | None = None,
     ) -> Recurring:
         """Create (or replace) the recurring schedule ``name`` of the tenant.
 
         Occurrences become ordinary schedules shortly before they are due (see
         :mod:`duejobs.recurring` for the DST and misfire policies). Calling it again with the
         same definition changes nothing; with another one it bumps the version and cancels
-        the occurrences not yet run.
+        the occurrences not yet run. ``queue``: as for :meth:`schedule` (default: the type's,
+        else the App's).
         """
         if not isinstance(name, str) or not name or len(name) > 200:
             raise InvalidScheduleError(f"recurring name must be 1-200 characters, got {name!r}")
@@ -514,6 +538,7 @@ class App:
             "dst_overlap": rule.dst_overlap.value,
             "misfire": _choice(Misfire, misfire, "misfire").value,
             "grace": as_delay(grace, "grace"),
+            "queue": self._route(type, queue),
         }
         with self._transaction(None) as c:
             current = store.get_recurring(c, spec["tenant"], name, lock=True)
@@ -546,6 +571,7 @@ class App:
             "dst_overlap": current.dst_overlap,
             "misfire": current.misfire,
             "grace": current.grace,
+            "queue": current.queue,
         }
         unknown = set(changes) - set(fields)
         if unknown:
@@ -635,6 +661,13 @@ class App:
             self.deliverer().remove(queue_job_id)
         except RedisError as exc:
             log.warning("could not remove stale queue job %s: %s", queue_job_id, exc)
+
+    def _route(self, job_type: str, queue: str | None) -> str:
+        """The queue a schedule goes to: the one asked for, else its type's, else the App's."""
+        if queue is not None:
+            return check_queue(queue)
+        handler = self.handler_for(job_type)
+        return handler.queue if handler and handler.queue else self._core.queue
 
     def _write_tenant(self, tenant: str | None) -> str:
         if self._tenant is None:

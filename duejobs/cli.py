@@ -35,6 +35,7 @@ from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.stats import collect as collect_stats
 from duejobs.stats import render as render_stats
 from duejobs.timespec import parse_duration
+from duejobs.validation import check_queue
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -332,6 +333,12 @@ def scheduler(
 @main.command()
 @click.option("--app", "app_ref", required=True, help="MODULE:APP with the handlers.")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="RQ queue to take jobs from; repeat for several, in priority order (default: the App's).",
+)
 @click.option("--name", help="Worker name (default: host:pid).")
 @click.option(
     "--lease", default=20.0, show_default=True, help="Seconds a running job's lease lasts."
@@ -343,6 +350,7 @@ def worker(
     ctx: click.Context,
     app_ref: str,
     burst: bool,
+    queues: tuple[str, ...],
     name: str | None,
     lease: float,
     heartbeat: float,
@@ -359,7 +367,7 @@ def worker(
         app = load_app(app_ref)
         runtime = Runtime(app, config, name=name)
         try:
-            rq_worker = DuejobsWorker(runtime, name=name)
+            rq_worker = DuejobsWorker(runtime, [check_queue(q) for q in queues], name=name)
         except DuejobsError as exc:
             _fail(exc)
         rq_worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)

@@ -53,7 +53,8 @@ for i = 1, ntemplate do template[i] = ARGV[4 + i] end
 local live = {queued = true, scheduled = true, started = true, deferred = true}
 local queued, deferred, present, created, front = 0, 0, 0, {}, {}
 redis.call('SADD', KEYS[3], KEYS[1])
-for i = 5 + ntemplate, #ARGV, 4 do
+redis.call('SADD', KEYS[4], ARGV[5 + ntemplate])
+for i = 6 + ntemplate, #ARGV, 4 do
     local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
     local status = redis.call('HGET', key, 'status')
     if status and live[status] then
@@ -110,8 +111,9 @@ return 0
 _REMOVE = """
 local status = redis.call('HGET', ARGV[1], 'status')
 if status == 'queued' or status == 'scheduled' then
-    redis.call('LREM', KEYS[1], 0, ARGV[2])
-    redis.call('ZREM', KEYS[2], ARGV[2])
+    local origin = redis.call('HGET', ARGV[1], 'origin')
+    redis.call('LREM', ARGV[3] .. origin, 0, ARGV[2])
+    redis.call('ZREM', ARGV[4] .. origin, ARGV[2])
     redis.call('DEL', ARGV[1])
     return 1
 end
@@ -146,6 +148,8 @@ class Push:
     due_at: datetime
     # Due now: onto the front of the queue rather than the back (RQ's at_front).
     front: bool = False
+    # The RQ queue; None: the deliverer's default queue.
+    queue: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -163,14 +167,21 @@ class PushResult:
     created: frozenset[str] = frozenset()
 
 
+# Every queue duejobs has pushed to, so that promotion, the orphan scan and the figures cover
+# jobs routed to other queues than the default.
+QUEUES_KEY = "duejobs:queues"
+SCHEDULED_PREFIX = "rq:scheduled:"  # RQ's ScheduledJobRegistry key is this + the queue name
+
+
 class Deliverer:
-    """Pushes, promotes and removes duejobs' RQ jobs on one queue."""
+    """Pushes, promotes and removes duejobs' RQ jobs, on a default queue and on any queue a
+    schedule is routed to."""
 
     def __init__(self, connection: Redis, queue_name: str = DEFAULT_QUEUE) -> None:
         self.redis = connection
         self.queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
+        self._queues: dict[str, tuple[Queue, list[Any]]] = {}
         self._prefix = Job.redis_job_namespace_prefix
-        self._template = self._constant_fields()
         self._push = connection.register_script(_PUSH)
         self._promote = connection.register_script(_PROMOTE)
         self._remove = connection.register_script(_REMOVE)
@@ -178,18 +189,26 @@ class Deliverer:
 
     @property
     def scheduled_key(self) -> str:
-        return str(self.queue.scheduled_job_registry.key)
+        return SCHEDULED_PREFIX + self.queue.name
 
-    def _constant_fields(self) -> list[Any]:
+    def _routed(self, name: str) -> tuple[Queue, list[Any]]:
+        """The RQ queue called ``name`` and the job-hash fields every job on it shares."""
+        if name not in self._queues:
+            queue = Queue(name, connection=self.redis, serializer=JSONSerializer)
+            self._queues[name] = (queue, self._constant_fields(queue))
+        return self._queues[name]
+
+    @staticmethod
+    def _constant_fields(queue: Queue) -> list[Any]:
         """The job-hash fields RQ writes that are the same for every duejobs job."""
-        job = self.queue.create_job(
+        job = queue.create_job(
             JOB_FUNCTION,
             args=["-", 0, 0, "-"],
             timeout=-1,
             result_ttl=RESULT_TTL,
             failure_ttl=FAILURE_TTL,
         )
-        job.origin = self.queue.name
+        job.origin = queue.name
         fields = job.to_dict()
         for varying in ("data", "description", "created_at", "status", "enqueued_at"):
             fields.pop(varying, None)
@@ -210,34 +229,47 @@ class Deliverer:
             f'"{push.tenant}"],{{}}]'
         )
 
+    def queues(self) -> list[str]:
+        """The default queue and every queue duejobs has pushed to."""
+        known = {m.decode() if isinstance(m, bytes) else m for m in self.redis.smembers(QUEUES_KEY)}
+        return sorted(known | {self.queue.name})
+
     def push(self, pushes: Sequence[Push], now: datetime) -> PushResult:
-        """Push a batch in one round trip: due ones (``due_at <= now``) onto the queue, the
-        rest into the scheduled registry; due ones marked ``front`` go to the front of the
-        queue, in the batch's order. ``now`` is the database clock."""
-        if not pushes:
-            return PushResult()
-        stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
-        args: list[Any] = [self._prefix, now.timestamp(), stamp, len(self._template)]
-        args += self._template
+        """Push a batch, one round trip per queue it names: due ones (``due_at <= now``) onto
+        their queue, the rest into its scheduled registry; due ones marked ``front`` go to the
+        front of the queue, in the batch's order. ``now`` is the database clock."""
+        by_queue: dict[str, list[Push]] = {}
         for p in pushes:
-            args += [p.job_id, self._data(p), p.due_at.timestamp(), "1" if p.front else "0"]
-        keys = [self.queue.key, self.scheduled_key, self.queue.redis_queues_keys]
-        queued, deferred, present, created = self._push(keys=keys, args=args)
-        return PushResult(
-            queued=int(queued),
-            deferred=int(deferred),
-            present=int(present),
-            created=frozenset(i.decode() if isinstance(i, bytes) else i for i in created),
-        )
+            by_queue.setdefault(p.queue or self.queue.name, []).append(p)
+        queued = deferred = present = 0
+        created: set[str] = set()
+        stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
+        for name, batch in by_queue.items():
+            queue, template = self._routed(name)
+            args: list[Any] = [self._prefix, now.timestamp(), stamp, len(template), *template]
+            args.append(name)
+            for p in batch:
+                args += [p.job_id, self._data(p), p.due_at.timestamp(), "1" if p.front else "0"]
+            keys = [queue.key, SCHEDULED_PREFIX + name, queue.redis_queues_keys, QUEUES_KEY]
+            q, d, pr, made = self._push(keys=keys, args=args)
+            queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
+            created.update(i.decode() if isinstance(i, bytes) else i for i in made)
+        return PushResult(queued, deferred, present, frozenset(created))
 
     def promote(self, now: datetime, limit: int = 1000) -> int:
-        """Move jobs whose time has come (by ``now``, the database clock) onto the queue."""
+        """Move jobs whose time has come (by ``now``, the database clock) onto their queues,
+        up to ``limit`` per queue."""
         stamp = utcformat(datetime.now(UTC))
-        pushed = self._promote(
-            keys=[self.scheduled_key, self.queue.key],
-            args=[self._prefix, now.timestamp(), limit, stamp],
-        )
-        return int(pushed)
+        moved = 0
+        for name in self.queues():
+            queue, _ = self._routed(name)
+            moved += int(
+                self._promote(
+                    keys=[SCHEDULED_PREFIX + name, queue.key],
+                    args=[self._prefix, now.timestamp(), limit, stamp],
+                )
+            )
+        return moved
 
     def live(self, queue_job_ids: Sequence[str]) -> list[bool]:
         """Whether each job is still waiting or running (one pipelined round trip)."""
@@ -249,44 +281,53 @@ class Deliverer:
         return [status in live for status in statuses]
 
     def depth(self) -> tuple[int, int]:
-        """(jobs waiting on the queue, jobs in the scheduled registry)."""
+        """(jobs waiting on the queues, jobs in their scheduled registries), all queues."""
+        names = self.queues()
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.llen(self.queue.key)
-            pipe.zcard(self.scheduled_key)
-            queued, deferred = pipe.execute()
-        return int(queued), int(deferred)
+            for name in names:
+                pipe.llen(self._routed(name)[0].key)
+                pipe.zcard(SCHEDULED_PREFIX + name)
+            counts = pipe.execute()
+        return sum(counts[0::2]), sum(counts[1::2])
 
     def waiting_job_ids(self, chunk: int = 1000) -> Iterator[list[str]]:
-        """The ids of jobs waiting on the queue or in the scheduled registry, in chunks."""
-        for key, read in (
-            (self.queue.key, self.redis.lrange),
-            (self.scheduled_key, self.redis.zrange),
-        ):
-            start = 0
-            while True:
-                ids = read(key, start, start + chunk - 1)
-                if not ids:
-                    break
-                yield [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
-                start += chunk
+        """The ids of jobs waiting on the queues or in their scheduled registries, in chunks."""
+        for name in self.queues():
+            for key, read in (
+                (self._routed(name)[0].key, self.redis.lrange),
+                (SCHEDULED_PREFIX + name, self.redis.zrange),
+            ):
+                start = 0
+                while True:
+                    ids = read(key, start, start + chunk - 1)
+                    if not ids:
+                        break
+                    yield [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+                    start += chunk
 
-    def defer(self, queue_job_id: str, due_at: datetime) -> bool:
-        """Put a job that just ran back into the scheduled registry for ``due_at``.
+    def defer(self, queue_job_id: str, due_at: datetime, queue: str | None = None) -> bool:
+        """Put a job that just ran back into its queue's scheduled registry for ``due_at``.
 
         For a delivery that came too early: its job keeps its id (the row still names it), so
         nothing can push a second one. Called after RQ has finished with the job.
         """
         deferred = self._defer(
-            keys=[self.scheduled_key],
+            keys=[SCHEDULED_PREFIX + (queue or self.queue.name)],
             args=[self._prefix + queue_job_id, queue_job_id, due_at.timestamp()],
         )
         return bool(deferred)
 
     def remove(self, queue_job_id: str) -> bool:
-        """Delete a job that is still waiting (queued or scheduled); a started one is left to
-        the worker's own check. True when something was removed."""
+        """Delete a job that is still waiting (queued or scheduled), from whichever queue it
+        is on; a started one is left to the worker's own check. True when something was
+        removed."""
         removed = self._remove(
-            keys=[self.queue.key, self.scheduled_key],
-            args=[self._prefix + queue_job_id, queue_job_id],
+            keys=[],
+            args=[
+                self._prefix + queue_job_id,
+                queue_job_id,
+                Queue.redis_queue_namespace_prefix,
+                SCHEDULED_PREFIX,
+            ],
         )
         return bool(removed)

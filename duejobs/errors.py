@@ -33,6 +33,10 @@ class InvalidTenantError(InvalidScheduleError):
     """The tenant name is empty or has characters outside ``[A-Za-z0-9_.-]``."""
 
 
+class InvalidQueueError(InvalidScheduleError):
+    """A queue name that is not ``[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}``."""
+
+
 class InvalidKeyError(InvalidScheduleError):
     """The business key is empty, not a string, or too long."""
 

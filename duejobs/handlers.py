@@ -46,3 +46,4 @@ class Handler:
     retry: RetryPolicy
     timeout: timedelta
     jitter: timedelta = timedelta(0)
+    queue: str | None = None  # None: the App's queue

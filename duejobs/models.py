@@ -69,6 +69,7 @@ class Schedule:
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    queue: str = "duejobs"  # the RQ queue it is delivered on
 
     @property
     def run_at_local(self) -> datetime:
@@ -92,6 +93,7 @@ class ScheduleRequest:
     tenant: str | None = None
     jitter: timedelta | float | None = None
     expires_after: timedelta | float | None = None
+    queue: str | None = None
 
 
 @dataclass(frozen=True)
@@ -149,3 +151,4 @@ class Recurring:
     next_run_at: datetime
     created_at: datetime
     updated_at: datetime
+    queue: str = "duejobs"

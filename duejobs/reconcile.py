@@ -129,7 +129,10 @@ class Reconciler:
             with self.app.engine.begin() as conn:
                 rows = store.window_page(conn, self.config.window, after, self.config.batch_size)
                 now = store.database_now(conn)
-                pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
+                pushes = [
+                    Push(r.id, r.tenant, r.version, r.attempt, r.due_at, queue=r.queue)
+                    for r in rows
+                ]
                 result = self.deliverer.push(pushes, now)
                 lost = [r for r in rows if r.was_pushed and r.queue_job_id in result.created]
                 store.record_repushed(conn, lost)

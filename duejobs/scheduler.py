@@ -134,7 +134,9 @@ class Scheduler:
             )
             self._cursor = claim.cursor
             rows = claim.rows
-            pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at, r.front) for r in rows]
+            pushes = [
+                Push(r.id, r.tenant, r.version, r.attempt, r.due_at, r.front, r.queue) for r in rows
+            ]
             if any(p.job_id != r.queue_job_id for p, r in zip(pushes, rows, strict=True)):
                 raise RuntimeError("queue job ids spelled differently by SQL and Python")
             result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback

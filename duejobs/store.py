@@ -41,7 +41,8 @@ from duejobs.timespec import When
 
 SCHEDULE_COLUMNS = (
     "id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status, "
-    "queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at"
+    "queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, "
+    "finished_at, queue"
 )
 _LIVE = "status IN ('scheduled', 'running')"
 _TENANT = "(CAST(:tenant AS text) IS NULL OR tenant = :tenant)"
@@ -102,6 +103,7 @@ def _schedule(row: Row[Any]) -> Schedule:
         updated_at=m["updated_at"].astimezone(UTC),
         started_at=_utc(m["started_at"]),
         finished_at=_utc(m["finished_at"]),
+        queue=m["queue"],
     )
 
 
@@ -119,11 +121,11 @@ _INSERT = text(
     WITH new AS (
         INSERT INTO scheduled_jobs
             (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
-             max_attempts, timezone, local_run_at)
+             max_attempts, timezone, local_run_at, queue)
         VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {_RUN_AT},
                 {_RUN_AT} + CAST(:jitter_offset AS interval), :jitter_offset,
                 CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
-                :local_run_at)
+                :local_run_at, :queue)
         ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {_LIVE} DO NOTHING
         RETURNING {SCHEDULE_COLUMNS}
     ), event AS (
@@ -156,6 +158,7 @@ class NewRow:
     jitter: timedelta = timedelta(0)
     expires_after: timedelta | None = None
     max_attempts: int | None = None
+    queue: str = "duejobs"
 
 
 def _jitter_offset(schedule_id: uuid.UUID, jitter: timedelta) -> timedelta:
@@ -179,6 +182,7 @@ def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
         "type": new.job_type,
         "key": new.key,
         "payload": new.payload_json,
+        "queue": new.queue,
         **_when_params(new.when),
     }
     while True:
@@ -210,12 +214,13 @@ _STAGING_COLUMNS = (
     "max_attempts",
     "timezone",
     "local_run_at",
+    "queue",
 )
 _CREATE_STAGING = f"""
     CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} (
         ord integer, id uuid, tenant text, type text, key text, payload text,
         run_at timestamptz, delay interval, jitter_offset interval, expires_after interval,
-        max_attempts integer, timezone text, local_run_at timestamp
+        max_attempts integer, timezone text, local_run_at timestamp, queue text
     ) ON COMMIT DELETE ROWS
 """
 _MOVE_STAGED = text(
@@ -223,9 +228,9 @@ _MOVE_STAGED = text(
     WITH new AS (
         INSERT INTO scheduled_jobs
             (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
-             max_attempts, timezone, local_run_at)
+             max_attempts, timezone, local_run_at, queue)
         SELECT id, tenant, type, key, CAST(payload AS jsonb), at, at + jitter_offset,
-               jitter_offset, expires_after, max_attempts, timezone, local_run_at
+               jitter_offset, expires_after, max_attempts, timezone, local_run_at, queue
         FROM (SELECT *, COALESCE(run_at, statement_timestamp() + delay) AS at
               FROM {_STAGING}) AS staged
         ORDER BY ord
@@ -302,7 +307,8 @@ def _copy_lines(sid: uuid.UUID, r: NewRow, db_now: datetime) -> tuple[str, str]:
         f"{sid}\t{tenant}\t{_copy_text(r.job_type)}\t{_copy_text(r.payload_json)}\t"
         f"{run_iso}\t{due_iso}\t{_interval(offset)}\t{_interval(r.expires_after)}\t"
         f"{_NULL if r.max_attempts is None else r.max_attempts}\t"
-        f"{_NULL if zone is None else zone}\t{_NULL if local is None else local.isoformat()}\n"
+        f"{_NULL if zone is None else zone}\t{_NULL if local is None else local.isoformat()}\t"
+        f"{r.queue}\n"
     )
     detail = f'"run_at": "{run_iso}"'
     if zone is not None:
@@ -340,6 +346,7 @@ _DIRECT_COLUMNS = (
     "max_attempts",
     "timezone",
     "local_run_at",
+    "queue",
 )
 
 
@@ -386,6 +393,7 @@ def _insert_staged(
             r.max_attempts,
             r.when.timezone,
             r.when.local_run_at,
+            r.queue,
         )
         for i, sid, r in keyed
     ]
@@ -559,6 +567,7 @@ class DueRow:
     # Pushed to the front of the queue: the first row of a tenant with nothing in the queue
     # or running (see claim_due).
     front: bool = False
+    queue: str = "duejobs"
 
 
 # The queue job id of (tenant, id, version, attempt), as duejobs.delivery.job_id spells it;
@@ -682,7 +691,7 @@ CLAIM_SHARES = text(
             enqueued_at = statement_timestamp(), updated_at = statement_timestamp()
         WHERE s.id = ANY(ARRAY(SELECT id FROM due))  -- primary-key lookups, never a join
         RETURNING s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
-                  s.queue_job_id
+                  s.queue_job_id, s.queue
     ), event AS (
         INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
         SELECT id, tenant, 'enqueued', version, jsonb_build_object('queue_job_id', queue_job_id)
@@ -780,6 +789,7 @@ def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") 
             r.due_at.astimezone(UTC),
             r.queue_job_id,
             front=r.turn == 1 and r.tenant in sparse,
+            queue=r.queue,
         )
         for r in rows
     ]
@@ -1094,17 +1104,21 @@ class WindowRow:
     due_at: datetime
     queue_job_id: str
     was_pushed: bool
+    queue: str = "duejobs"
 
 
 _WINDOW = text(
     f"""
     WITH page AS (
-        SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
+        SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at, s.queue,
                s.queue_job_id AS current, {_JOB_ID_SQL} AS job
         FROM scheduled_jobs s
         WHERE s.status = 'scheduled'
           AND s.due_at <= statement_timestamp() + CAST(:window AS interval)
           AND (s.due_at, s.id) > (CAST(:after_due AS timestamptz), CAST(:after_id AS uuid))
+          -- a never-pushed row of a tenant with an in-flight quota is the scheduler's to
+          -- push, when the quota leaves room
+          AND (s.queue_job_id IS NOT NULL OR {_cap_sql("max_inflight", "s.tenant")} IS NULL)
         ORDER BY s.due_at, s.id
         FOR UPDATE SKIP LOCKED
         LIMIT :limit
@@ -1121,7 +1135,7 @@ _WINDOW = text(
         FROM upd
     )
     SELECT id, tenant, version, attempt, due_at, job AS queue_job_id,
-           current IS NOT NULL AS was_pushed
+           current IS NOT NULL AS was_pushed, queue
     FROM page
     ORDER BY due_at, id
     """
@@ -1153,6 +1167,7 @@ def window_page(
             r.due_at.astimezone(UTC),
             r.queue_job_id,
             r.was_pushed,
+            r.queue,
         )
         for r in rows
     ]
@@ -1396,7 +1411,7 @@ def prune_finished(conn: Connection, older_than: timedelta, limit: int) -> int:
 
 RECURRING_COLUMNS = (
     "id, tenant, name, type, payload, cron, timezone, dst_gap, dst_overlap, misfire, grace, "
-    "status, version, next_run_at, created_at, updated_at"
+    "status, version, next_run_at, created_at, updated_at, queue"
 )
 
 
@@ -1419,6 +1434,7 @@ def _recurring(row: Row[Any]) -> Recurring:
         next_run_at=m["next_run_at"].astimezone(UTC),
         created_at=m["created_at"].astimezone(UTC),
         updated_at=m["updated_at"].astimezone(UTC),
+        queue=m["queue"],
     )
 
 
@@ -1443,11 +1459,12 @@ def save_recurring(conn: Connection, spec: dict[str, Any], next_run_at: datetime
             f"""
             INSERT INTO recurring_schedules
                 (id, tenant, name, type, payload, cron, timezone, dst_gap, dst_overlap,
-                 misfire, grace, next_run_at)
+                 misfire, grace, next_run_at, queue)
             VALUES (:id, :tenant, :name, :type, CAST(:payload AS jsonb), :cron, :timezone,
-                    :dst_gap, :dst_overlap, :misfire, :grace, :next_run_at)
+                    :dst_gap, :dst_overlap, :misfire, :grace, :next_run_at, :queue)
             ON CONFLICT (tenant, name) DO UPDATE
             SET type = EXCLUDED.type, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
+                queue = EXCLUDED.queue,
                 timezone = EXCLUDED.timezone, dst_gap = EXCLUDED.dst_gap,
                 dst_overlap = EXCLUDED.dst_overlap, misfire = EXCLUDED.misfire,
                 grace = EXCLUDED.grace, next_run_at = EXCLUDED.next_run_at,
@@ -1546,9 +1563,9 @@ def insert_occurrences(
             WITH new AS (
                 INSERT INTO scheduled_jobs
                     (id, tenant, type, payload, run_at, due_at, timezone, local_run_at,
-                     recurring_id, recurring_version)
+                     recurring_id, recurring_version, queue)
                 SELECT o.id, :tenant, :type, CAST(:payload AS jsonb), o.run_at, o.run_at,
-                       :timezone, o.local_run_at, :rid, :version
+                       :timezone, o.local_run_at, :rid, :version, :queue
                 FROM unnest(CAST(:ids AS uuid[]), CAST(:run_ats AS timestamptz[]),
                             CAST(:locals AS timestamp[])) AS o(id, run_at, local_run_at)
                 ON CONFLICT DO NOTHING
@@ -1574,6 +1591,7 @@ def insert_occurrences(
             "rid": recurring.id,
             "version": recurring.version,
             "name": recurring.name,
+            "queue": recurring.queue,
         },
     ).scalar_one()
     return int(row)

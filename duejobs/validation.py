@@ -9,6 +9,7 @@ from typing import Any
 from duejobs.errors import (
     EmptyTypeError,
     InvalidKeyError,
+    InvalidQueueError,
     InvalidTenantError,
     PayloadNotJSONError,
     PayloadTooLargeError,
@@ -20,6 +21,7 @@ MAX_TYPE_LENGTH = 200
 MAX_KEY_LENGTH = 500
 # Tenants appear in queue job ids and metric labels: keep them to a safe, readable alphabet.
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 
 
 def check_type(job_type: object) -> str:
@@ -40,6 +42,15 @@ def check_tenant(tenant: object) -> str:
             f"tenant must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}}, got {tenant!r}"
         )
     return tenant
+
+
+def check_queue(queue: object) -> str:
+    """An RQ queue name matching ``[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}``."""
+    if not isinstance(queue, str) or not _QUEUE.fullmatch(queue):
+        raise InvalidQueueError(
+            f"queue must match [A-Za-z0-9][A-Za-z0-9_.:-]{{0,63}}, got {queue!r}"
+        )
+    return queue
 
 
 def check_key(key: object) -> str | None:

@@ -49,7 +49,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -408,15 +408,20 @@ class DuejobsWorker(SimpleWorker):
     """An RQ SimpleWorker (no fork per job: one pooled database connection serves every job)
     with the JSON serializer. The first SIGTERM/SIGINT finishes the current job, then exits.
 
+    ``queues``: the RQ queues to take jobs from, in priority order (default: the App's queue);
+    schedules are routed to a queue by type (``App.handler(queue=)``) or one by one
+    (``schedule(queue=)``), so a worker pool per queue keeps a slow type from starving a fast
+    one.
+
     A delivery that came too early is put back into the scheduled registry under its own id,
     once RQ has finished with it (so no other process can push a second job meanwhile).
     """
 
-    def __init__(self, runtime: Runtime, **kwargs: Any):
+    def __init__(self, runtime: Runtime, queues: Sequence[str] = (), **kwargs: Any):
         global _runtime
         _runtime = runtime
         connection = Redis.from_url(runtime.app.settings.require_redis())
-        queues = [runtime.app.queue]
+        queues = list(queues) or [runtime.app.queue]
         super().__init__(queues, connection=connection, serializer=JSONSerializer, **kwargs)
         self._runtime = runtime
 
@@ -425,6 +430,6 @@ class DuejobsWorker(SimpleWorker):
         due_at, self._runtime.deferred = self._runtime.deferred, None
         if due_at is not None:
             try:
-                self._runtime.app.deliverer().defer(job.id, due_at)
+                self._runtime.app.deliverer().defer(job.id, due_at, job.origin)
             except RedisError:
                 log.exception("could not put %s back for %s; the reconciler will", job.id, due_at)
