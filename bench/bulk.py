@@ -12,6 +12,10 @@ BULK_ROWS (100,000) schedules across 10 tenants, due over the next day:
 Also: the statements one `schedule()` sends, COMMIT included (counted at the engine, pool
 warm, no quota): the insert with its `created` event is one statement, then the commit.
 
+Also: `duejobs prune` (batches of 1,000 finished schedules, each with its events and attempts,
+one short transaction each) beside one DELETE of the same rows in one transaction — the rate
+the command reports, and what the batching costs.
+
 Target: schedule_many >= 0.5x the raw COPY's rows/s.
 
     python -m bench.bulk
@@ -29,9 +33,10 @@ import psycopg
 from sqlalchemy import event
 
 from bench.common import Figure
-from duejobs import App, ScheduleRequest
+from duejobs import App, ScheduleRequest, store
 
 ROWS = int(os.environ.get("BULK_ROWS", "100000"))
+PRUNED = int(os.environ.get("PRUNE_ROWS", "100000"))
 
 
 def _truncate(url: str) -> None:
@@ -96,6 +101,48 @@ def statements_per_schedule(app: App) -> float:
     return len(sent) / 10
 
 
+def _finished(url: str, n: int) -> None:
+    """``n`` schedules that succeeded 60 days ago, each with four events and an attempt."""
+    with psycopg.connect(url) as conn:
+        conn.execute("TRUNCATE scheduled_jobs CASCADE")
+        conn.execute(
+            "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at, status, "
+            "finished_at) SELECT gen_random_uuid(), 'default', 'remind', '{}', t, t, "
+            "'succeeded', t FROM (SELECT now() - interval '60 days' AS t "
+            "FROM generate_series(1, %s)) AS d",
+            (n,),
+        )
+        conn.execute(
+            "INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version) "
+            "SELECT id, tenant, k, 1 FROM scheduled_jobs, "
+            "unnest(ARRAY['created', 'enqueued', 'started', 'succeeded']) AS k"
+        )
+        conn.execute(
+            "INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, status) "
+            "SELECT id, tenant, 1, 1, 'succeeded' FROM scheduled_jobs"
+        )
+        conn.execute("ANALYZE")
+
+
+def prune_rates(url: str, app: App) -> tuple[float, float]:
+    """(rows/s of `duejobs prune`'s batches of 1,000, rows/s of one DELETE of them all)."""
+    _finished(url, PRUNED)
+    started = time.perf_counter()
+    while True:
+        with app.engine.begin() as conn:
+            if store.prune_finished(conn, timedelta(days=30), 1000) < 1000:
+                break
+    ours = PRUNED / (time.perf_counter() - started)
+    _finished(url, PRUNED)
+    with psycopg.connect(url) as conn:
+        started = time.perf_counter()
+        conn.execute("DELETE FROM scheduled_job_events")
+        conn.execute("DELETE FROM scheduled_jobs WHERE status = 'succeeded'")
+        conn.commit()
+        theirs = PRUNED / (time.perf_counter() - started)
+    return ours, theirs
+
+
 def run(database_url: str, redis_url: str) -> list[Figure]:
     app = App(database_url=database_url, redis_url=redis_url)
     try:
@@ -107,6 +154,7 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
         ours_s = bulk(app, requests)
         _truncate(database_url)
         per_call = statements_per_schedule(app)
+        pruned, deleted = prune_rates(database_url, app)
         _truncate(database_url)
     finally:
         app.close()
@@ -126,6 +174,14 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
             "stmts",
             "one round trip + commit",
             per_call <= 2,
+        ),
+        Figure(
+            f"prune: {PRUNED:,} finished, batches of 1,000 (one DELETE beside)",
+            pruned,
+            deleted,
+            "rows/s",
+            "(context: short locks)",
+            True,
         ),
     ]
 
