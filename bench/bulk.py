@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from sqlalchemy import event
 
-from bench.common import Figure
+from bench.common import TABLES, Figure
 from duejobs import App, ScheduleRequest, store
 
 ROWS = int(os.environ.get("BULK_ROWS", "100000"))
@@ -41,7 +41,7 @@ PRUNED = int(os.environ.get("PRUNE_ROWS", "100000"))
 
 def _truncate(url: str) -> None:
     with psycopg.connect(url) as conn:
-        conn.execute("TRUNCATE scheduled_jobs CASCADE")
+        conn.execute(f"TRUNCATE {TABLES}")
 
 
 def _requests(start: datetime) -> list[ScheduleRequest]:
@@ -104,7 +104,7 @@ def statements_per_schedule(app: App) -> float:
 def _finished(url: str, n: int) -> None:
     """``n`` schedules that succeeded 60 days ago, each with four events and an attempt."""
     with psycopg.connect(url) as conn:
-        conn.execute("TRUNCATE scheduled_jobs CASCADE")
+        conn.execute(f"TRUNCATE {TABLES}")
         conn.execute(
             "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at, status, "
             "finished_at) SELECT gen_random_uuid(), 'default', 'remind', '{}', t, t, "

@@ -47,6 +47,14 @@ def scratch_database() -> Iterator[tuple[str, str]]:
             embedded.stop()
 
 
+# Every duejobs table a benchmark empties between runs (events carry no foreign key, so
+# truncating scheduled_jobs alone would leave them behind).
+TABLES = (
+    "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
+    "recurring_schedules, tenant_quotas"
+)
+
+
 @dataclass(frozen=True)
 class Figure:
     """One measured figure beside its baseline from the same run."""
@@ -82,10 +90,7 @@ def fill_due(
     """``n`` scheduled rows due at now() + offset (+ up to ``spread``), plus ``background``
     rows that are finished or far in the future; tables are emptied first."""
     with psycopg.connect(url) as conn:
-        conn.execute(
-            "TRUNCATE scheduled_jobs, scheduled_job_events, scheduled_job_attempts, "
-            "scheduled_job_effects"
-        )
+        conn.execute(f"TRUNCATE {TABLES}")
         conn.execute(
             "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at) "
             "SELECT gen_random_uuid(), %(type)s, '{}', t, t FROM ("

@@ -23,7 +23,7 @@ import psycopg
 from redis import Redis
 from sqlalchemy import Engine, text
 
-from bench.common import scratch_database
+from bench.common import TABLES, scratch_database
 from duejobs import App, store
 from duejobs.app import make_engine
 from duejobs.config import sqlalchemy_url
@@ -36,7 +36,7 @@ TENANTS = int(os.environ.get("TENANTS", "200"))
 
 
 def fill(conn: psycopg.Connection, total: int) -> None:
-    conn.execute("TRUNCATE scheduled_jobs CASCADE")
+    conn.execute(f"TRUNCATE {TABLES}")
     conn.execute(
         "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at, status) "
         "SELECT gen_random_uuid(), 't' || (g %% %s), 'x', '{}', t, t, "

@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from redis import Redis
 from sqlalchemy import text
 
-from bench.common import Figure
+from bench.common import TABLES, Figure
 from bench.procs import ROOT, stop_all
 from duejobs import App
 
@@ -104,7 +104,7 @@ def _a_waiting(app: App) -> int:
 def _reset(app: App, redis_url: str) -> None:
     Redis.from_url(redis_url).flushdb()
     with app.engine.begin() as conn:
-        conn.execute(text("TRUNCATE scheduled_jobs, tenant_quotas CASCADE"))
+        conn.execute(text(f"TRUNCATE {TABLES}"))
 
 
 def _start(database_url: str, redis_url: str) -> list[subprocess.Popen[bytes]]:

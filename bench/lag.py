@@ -25,7 +25,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
-from bench.common import Figure
+from bench.common import TABLES, Figure
 from bench.procs import ROOT, stop_all
 from duejobs import App
 
@@ -56,7 +56,7 @@ def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
     app = App(database_url=database_url, redis_url=redis_url)
     Redis.from_url(redis_url).flushdb()
     with app.engine.begin() as conn:
-        conn.execute(text("TRUNCATE scheduled_jobs CASCADE"))
+        conn.execute(text(f"TRUNCATE {TABLES}"))
     env = {
         **os.environ,
         "DUEJOBS_DATABASE_URL": database_url,
