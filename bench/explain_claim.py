@@ -75,7 +75,7 @@ def plans(engine: Engine) -> list[str]:
     out = []
     with engine.connect() as conn:
         trans = conn.begin()
-        walk_params = {"window": WINDOW, "limit": 1000, "after": ""}
+        walk_params = {"window": WINDOW, "limit": 1000, "after": "", "front_lane": store.FRONT_LANE}
         walk = [w for w in conn.execute(store.CLAIM_WALK, walk_params) if w.tenant is not None]
         shares = store.fair_shares(1000, [w.due for w in walk])
         claim_params = {

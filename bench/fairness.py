@@ -1,7 +1,7 @@
 """A small tenant's lag while a large tenant's burst drains, beside its lag on an idle system.
 
 One scheduler and two worker processes; every tenant under the default in-flight quota
-(FAIR_INFLIGHT, 20). Tenant "b" schedules FAIR_B_JOBS (100) jobs at FAIR_B_RATE (10/s):
+(FAIR_INFLIGHT, 20). Tenant "b" schedules FAIR_B_JOBS (300) jobs at FAIR_B_RATE (10/s):
 
 1. idle: nothing else runs — b's lag p50/p99 (the `started` event minus `run_at`, database
    clock) is the baseline;
@@ -32,7 +32,7 @@ from bench.procs import ROOT, stop_all
 from duejobs import App
 
 A_JOBS = int(os.environ.get("FAIR_A_JOBS", "20000"))
-B_JOBS = int(os.environ.get("FAIR_B_JOBS", "100"))
+B_JOBS = int(os.environ.get("FAIR_B_JOBS", "300"))
 B_RATE = float(os.environ.get("FAIR_B_RATE", "10"))
 INFLIGHT = int(os.environ.get("FAIR_INFLIGHT", "20"))
 LEAD = 1.0  # seconds before b's first job is due

@@ -13,8 +13,8 @@ What it promises:
   whole seconds, so it can fire up to 1 s early). :meth:`Deliverer.promote` moves them onto
   the queue when the *database* clock, passed in by the scheduler, reaches them — the worker's
   check against the database clock stays the guarantee.
-* **Fair order.** Jobs the scheduler marks ``front`` (the first job of a tenant that has
-  nothing else queued or running) go to the front of the queue, like RQ's ``at_front``.
+* **Fair order.** Jobs the scheduler marks ``front`` (the first job of a tenant with fewer
+  than two jobs waiting) go to the front of the queue, like RQ's ``at_front``.
 * **One round trip per batch**, not per job; **JSON only** — a job carries ids and the
   version, never the payload, and a Redis writer cannot get code executed by unpickling.
 

@@ -9,7 +9,7 @@ Each pass (:meth:`Scheduler.run_once`):
    oldest ``due_at`` first within a tenant; the walk over tenants resumes where the last batch
    stopped), and is pushed in turns (every tenant's first row, then every second), so a
    tenant with 20,000 rows due does not delay one with 20; the first row of a tenant with
-   nothing queued or running goes to the front of the queue;
+   fewer than two jobs waiting in the queue goes to the front of it;
 2. pushes each batch to Redis in one round trip (due rows onto the queue, later ones into
    RQ's scheduled registry);
 3. commits only after Redis acknowledged the push — if the push fails the transaction rolls
@@ -22,6 +22,14 @@ Each pass first materializes the occurrences of recurring schedules that enter t
 
 :meth:`Scheduler.run` repeats passes every ``poll_interval`` (sub-second, so a job due in 2 s
 does not wait for the next window).
+
+Claims commit without waiting for the WAL flush (``synchronous_commit = off`` for the claim's
+transaction only), so a worker that pops a job before the claim commits waits less on the
+row's lock. A claim lost in a PostgreSQL crash leaves its rows unmarked; they are claimed
+again and the push finds the job if it still waits. If a worker ran it meanwhile, that run's
+bookkeeping was lost with it (WAL is sequential) and the schedule runs again — the same case
+as the workers' own bookkeeping commits (see the worker); ``ctx.transaction`` effects, lost
+with the same crash, stay exactly-once.
 
 What it promises: any number of schedulers may run at once — row locks with SKIP LOCKED and
 the atomic push mean no (schedule, version, attempt) is pushed twice. If the process dies

@@ -300,3 +300,18 @@ def test_a_tenant_with_nothing_in_flight_gets_its_next_job_to_the_front_of_the_q
     assert queued_tenants(system)[:2] == ["small", "big"]
     assert queued_tenants(system)[-2:] == ["small", "small"]
     assert len(queued_tenants(system)) == 53
+
+
+def test_a_light_tenant_keeps_the_front_while_fewer_than_two_of_its_jobs_wait(
+    system: System,
+) -> None:
+    system.app.set_quota("*", max_inflight=50)
+    due_rows(system.app.engine, "big", 200)
+    system.scheduler.run_once()  # big: 50 queued
+    for expected_head in (["small"], ["small", "small"]):
+        system.app.schedule("record", {}, delay=0, tenant="small")
+        system.scheduler.run_once()
+        assert queued_tenants(system)[: len(expected_head)] == expected_head
+    system.app.schedule("record", {}, delay=0, tenant="small")
+    system.scheduler.run_once()  # two of small's wait already: this one goes to the back
+    assert queued_tenants(system)[-1] == "small" and queued_tenants(system)[:3] != ["small"] * 3

@@ -142,7 +142,13 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         def explain(statement: str, **params: object) -> str:
             return "\n".join(conn.execute(text("EXPLAIN " + statement), params).scalars())
 
-        walk = explain(store.CLAIM_WALK.text, window=timedelta(minutes=15), limit=1000, after="")
+        walk = explain(
+            store.CLAIM_WALK.text,
+            window=timedelta(minutes=15),
+            limit=1000,
+            after="",
+            front_lane=store.FRONT_LANE,
+        )
         claim = explain(
             store.CLAIM_SHARES.text,
             window=timedelta(minutes=15),
