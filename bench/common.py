@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,24 @@ TABLES = (
     "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
     "recurring_schedules, tenant_quotas"
 )
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout: float, what: str, every: float = 0.2
+) -> None:
+    """Poll ``condition`` every ``every`` seconds; TimeoutError naming ``what`` past the
+    deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not done in {timeout:.0f} s")
+        time.sleep(every)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 @dataclass(frozen=True)

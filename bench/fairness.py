@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from redis import Redis
 from sqlalchemy import text
 
-from bench.common import TABLES, Figure
+from bench.common import TABLES, Figure, percentile, wait_until
 from bench.procs import ROOT, stop_all
 from duejobs import App
 
@@ -36,19 +36,6 @@ B_JOBS = int(os.environ.get("FAIR_B_JOBS", "300"))
 B_RATE = float(os.environ.get("FAIR_B_RATE", "10"))
 INFLIGHT = int(os.environ.get("FAIR_INFLIGHT", "20"))
 LEAD = 1.0  # seconds before b's first job is due
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def _wait(condition: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("fairness benchmark did not finish")
-        time.sleep(0.2)
 
 
 def _b_stream(app: App) -> datetime:
@@ -73,7 +60,7 @@ def _b_lags(app: App, since: datetime, kind: str = "started") -> list[float]:
             rows = conn.execute(query, {"since": since, "kind": kind}).scalars()
             return [float(x) for x in rows]
 
-    _wait(lambda: len(lags()) >= B_JOBS, LEAD + B_JOBS / B_RATE + 120)
+    wait_until(lambda: len(lags()) >= B_JOBS, LEAD + B_JOBS / B_RATE + 120, "fairness benchmark")
     return lags()
 
 
@@ -144,9 +131,9 @@ def _phase(
         print(
             f"  {'burst' if burst else 'alone'}, cap {cap}: b pushed after p50 "
             f"{statistics.median(pushed) * 1000:,.0f} ms / p99 "
-            f"{_percentile(pushed, 0.99) * 1000:,.0f} ms, started after p50 "
+            f"{percentile(pushed, 0.99) * 1000:,.0f} ms, started after p50 "
             f"{statistics.median(lags) * 1000:,.0f} ms / p99 "
-            f"{_percentile(lags, 0.99) * 1000:,.0f} ms",
+            f"{percentile(lags, 0.99) * 1000:,.0f} ms",
             flush=True,
         )
         return lags, left
@@ -163,15 +150,15 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
             free, free_left = _phase(app, database_url, redis_url, burst=True, cap=None)
             print(
                 f"  without an in-flight quota: b's lag p50 {statistics.median(free) * 1000:,.0f}"
-                f" ms, p99 {_percentile(free, 0.99) * 1000:,.0f} ms "
+                f" ms, p99 {percentile(free, 0.99) * 1000:,.0f} ms "
                 f"({free_left:,} of a's rows still waiting)",
                 flush=True,
             )
     finally:
         _reset(app, redis_url)
         app.close()
-    p50, p99 = statistics.median(busy) * 1000, _percentile(busy, 0.99) * 1000
-    idle50, idle99 = statistics.median(idle) * 1000, _percentile(idle, 0.99) * 1000
+    p50, p99 = statistics.median(busy) * 1000, percentile(busy, 0.99) * 1000
+    idle50, idle99 = statistics.median(idle) * 1000, percentile(idle, 0.99) * 1000
     print(f"  a's rows still waiting when b's last job started: {a_left:,}", flush=True)
     return [
         Figure(

@@ -23,7 +23,7 @@ import time
 from redis import Redis
 from sqlalchemy import text
 
-from bench.common import Figure
+from bench.common import Figure, wait_until
 from bench.fairness import _reset
 from bench.procs import ROOT, stop_all
 from bench.worker_throughput import _bare, _env, _ours
@@ -52,17 +52,16 @@ def _schedulers(app: App, database_url: str, redis_url: str, n: int) -> float:
             )
             conn.execute(text("ANALYZE scheduled_jobs"))  # as on a table in use
         started = time.perf_counter()
-        deadline = time.monotonic() + 300
         query = text(
             "SELECT count(*) FROM scheduled_jobs "
             "WHERE status = 'scheduled' AND queue_job_id IS NULL"
         )
-        while True:
+
+        def pushed() -> bool:
             with app.engine.connect() as conn:
-                if conn.execute(query).scalar_one() == 0:
-                    break
-            assert time.monotonic() < deadline, "schedulers did not push everything"
-            time.sleep(0.05)
+                return bool(conn.execute(query).scalar_one() == 0)
+
+        wait_until(pushed, 300, "pushing every row", every=0.05)
         elapsed = time.perf_counter() - started
     finally:
         stop_all(procs)

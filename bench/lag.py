@@ -25,7 +25,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
-from bench.common import TABLES, Figure
+from bench.common import TABLES, Figure, percentile, wait_until
 from bench.procs import ROOT, stop_all
 from duejobs import App
 
@@ -37,19 +37,6 @@ LEAD = 3.0  # seconds before the first job is due, so that everything is running
 def _offsets() -> list[float]:
     rng = random.Random(42)
     return [LEAD + i / RATE + rng.random() / RATE for i in range(JOBS)]
-
-
-def _wait(condition: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("lag benchmark did not finish")
-        time.sleep(0.2)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
@@ -80,7 +67,7 @@ def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
             with app.engine.connect() as conn:
                 return conn.execute(done).scalar_one() == JOBS
 
-        _wait(finished, LEAD + JOBS / RATE + 60)
+        wait_until(finished, LEAD + JOBS / RATE + 60, "lag benchmark")
         with app.engine.connect() as conn:
             lags = conn.execute(
                 text(
@@ -122,7 +109,9 @@ def rq_lags(redis_url: str) -> list[float]:
         for offset in _offsets():
             target = start + offset
             queue.enqueue_at(datetime.fromtimestamp(target, UTC), "bench.jobs.stamp", target)
-        _wait(lambda: redis.llen("bench:rq-lag") == JOBS, LEAD + JOBS / RATE + 60)
+        wait_until(
+            lambda: redis.llen("bench:rq-lag") == JOBS, LEAD + JOBS / RATE + 60, "lag benchmark"
+        )
         return [float(x) for x in redis.lrange("bench:rq-lag", 0, -1)]
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -134,8 +123,8 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     theirs = rq_lags(redis_url)
     early_ours = sum(1 for lag in ours if lag < 0)
     early_rq = sum(1 for lag in theirs if lag < 0)
-    p50, p99 = statistics.median(ours) * 1000, _percentile(ours, 0.99) * 1000
-    rq50, rq99 = statistics.median(theirs) * 1000, _percentile(theirs, 0.99) * 1000
+    p50, p99 = statistics.median(ours) * 1000, percentile(ours, 0.99) * 1000
+    rq50, rq99 = statistics.median(theirs) * 1000, percentile(theirs, 0.99) * 1000
     return [
         Figure(
             "lag run_at -> start, p50 (RQ enqueue_at beside)",

@@ -12,12 +12,11 @@ memory follows the batch, not the work done or the table.
 from __future__ import annotations
 
 import os
-import time
 
 import psutil
 from sqlalchemy import text
 
-from bench.common import Figure
+from bench.common import Figure, wait_until
 from bench.fairness import _reset, _start
 from bench.procs import stop_all
 from duejobs import App
@@ -41,15 +40,13 @@ def _add(app: App, n: int, spread: float) -> None:
 
 
 def _drained(app: App, total: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
     query = text("SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'")
-    while True:
+
+    def done() -> bool:
         with app.engine.connect() as conn:
-            if conn.execute(query).scalar_one() >= total:
-                return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{total:,} jobs not drained in {timeout:.0f} s")
-        time.sleep(1.0)
+            return bool(conn.execute(query).scalar_one() >= total)
+
+    wait_until(done, timeout, f"draining {total:,} jobs", every=1.0)
 
 
 def _rss(pids: list[int]) -> list[float]:

@@ -382,7 +382,7 @@ class App:
         else:
             spread = as_delay(request.jitter, "jitter")
         expiry = request.expires_after
-        route = self._route(job_type, request.queue)
+        route = self._route(handler, request.queue)
         return store.NewRow(
             tenant=tenant,
             job_type=job_type,
@@ -538,7 +538,7 @@ class App:
             "dst_overlap": rule.dst_overlap.value,
             "misfire": _choice(Misfire, misfire, "misfire").value,
             "grace": as_delay(grace, "grace"),
-            "queue": self._route(type, queue),
+            "queue": self._route(self.handler_for(type), queue),
         }
         with self._transaction(None) as c:
             current = store.get_recurring(c, spec["tenant"], name, lock=True)
@@ -662,11 +662,10 @@ class App:
         except RedisError as exc:
             log.warning("could not remove stale queue job %s: %s", queue_job_id, exc)
 
-    def _route(self, job_type: str, queue: str | None) -> str:
+    def _route(self, handler: Handler | None, queue: str | None) -> str:
         """The queue a schedule goes to: the one asked for, else its type's, else the App's."""
         if queue is not None:
             return check_queue(queue)
-        handler = self.handler_for(job_type)
         return handler.queue if handler and handler.queue else self._core.queue
 
     def _write_tenant(self, tenant: str | None) -> str:

@@ -599,21 +599,23 @@ def quota(
             if tenant is not None:
                 raise click.UsageError("give --max-live and/or --max-inflight")
             for q in app.quotas():
-                unset = "no cap" if q.tenant == "*" else "default"
-                live_cap, inflight_cap = (
-                    unset if cap is None else cap for cap in (q.max_live, q.max_inflight)
+                click.echo(
+                    f"{q.tenant}: max_live={_cap_text(q.max_live, q.tenant)} "
+                    f"max_inflight={_cap_text(q.max_inflight, q.tenant)}"
                 )
-                click.echo(f"{q.tenant}: max_live={live_cap} max_inflight={inflight_cap}")
             return
         app.set_quota(tenant, max_live=live, max_inflight=inflight)
         for name, value in (("live schedules", live), ("jobs in flight", inflight)):
             if not isinstance(value, Unset):
-                shown = "the default" if value is None and tenant != "*" else _show_cap(value)
-                click.echo(f"quota of {tenant}: {shown} {name}")
+                the = "the " if value is None and tenant != "*" else ""
+                click.echo(f"quota of {tenant}: {the}{_cap_text(value, tenant)} {name}")
 
 
-def _show_cap(value: int | None) -> str:
-    return "no cap" if value is None else str(value)
+def _cap_text(value: int | None, tenant: str) -> str:
+    """A stored cap: a tenant's empty one follows the default; the default's means none."""
+    if value is not None:
+        return str(value)
+    return "no cap" if tenant == "*" else "default"
 
 
 @main.command()

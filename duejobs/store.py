@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Row, TextClause, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, StatementError
 
 from duejobs.models import (
     DstGap,
@@ -69,13 +69,21 @@ def _fast(conn: Connection, clause: TextClause, params: dict[str, Any]) -> list[
             cursor.execute(sql, params)
             return cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:
-        # Surface it as SQLAlchemy would, and retire a broken connection from the pool.
-        broken = driver.closed or isinstance(exc, psycopg.OperationalError)
-        if broken:
-            conn.invalidate(exc)
-        raise DBAPIError.instance(
-            sql, params, exc, psycopg.Error, connection_invalidated=broken
-        ) from exc
+        raise _surfaced(conn, driver, sql, params, exc) from exc
+
+
+def _surfaced(
+    conn: Connection,
+    driver: psycopg.Connection[Any],
+    statement: str,
+    params: dict[str, Any] | None,
+    exc: psycopg.Error,
+) -> StatementError:
+    """A psycopg error as SQLAlchemy would raise it; a broken connection leaves the pool."""
+    broken = driver.closed or isinstance(exc, psycopg.OperationalError)
+    if broken:
+        conn.invalidate(exc)
+    return DBAPIError.instance(statement, params, exc, psycopg.Error, connection_invalidated=broken)
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -364,12 +372,7 @@ def _copying(conn: Connection, table: str, columns: Sequence[str]) -> Iterator[p
         with driver.cursor() as cursor, cursor.copy(statement) as copy:
             yield copy
     except psycopg.Error as exc:
-        broken = driver.closed or isinstance(exc, psycopg.OperationalError)
-        if broken:
-            conn.invalidate(exc)
-        raise DBAPIError.instance(
-            statement, None, exc, psycopg.Error, connection_invalidated=broken
-        ) from exc
+        raise _surfaced(conn, driver, statement, None, exc) from exc
 
 
 def _insert_staged(
@@ -603,16 +606,21 @@ def _inflight_sql(tenant: str, cap: str) -> str:
 # Spelled as a range of (tenant, due_at) pairs, without `tenant = ...`, so that only the
 # per-tenant claim index can serve it: with the equality the planner may take the global
 # due_at index instead and filter out every other tenant's rows on the way.
+def _tenant_range_sql(row: str, tenant: str, upto: str) -> str:
+    return (
+        f"({row}.tenant, {row}.due_at) >= ({tenant}, CAST('-infinity' AS timestamptz)) "
+        f"AND ({row}.tenant, {row}.due_at) <= ({tenant}, {upto})"
+    )
+
+
 def _tenant_due_sql(row: str, tenant: str, cap: str) -> str:
     horizon = (
         f"statement_timestamp() + CASE WHEN {cap} IS NULL "
         "THEN CAST(:window AS interval) ELSE interval '0' END"
     )
-    pair = f"({row}.tenant, {row}.due_at)"
     return (
         f"{row}.status = 'scheduled' AND {row}.queue_job_id IS NULL "
-        f"AND {pair} >= ({tenant}, CAST('-infinity' AS timestamptz)) "
-        f"AND {pair} <= ({tenant}, {horizon})"
+        f"AND {_tenant_range_sql(row, tenant, horizon)}"
     )
 
 
@@ -658,8 +666,7 @@ CLAIM_WALK = text(
            (SELECT count(*) FROM (
                 SELECT 1 FROM scheduled_jobs s
                 WHERE s.status = 'scheduled' AND s.queue_job_id IS NOT NULL
-                  AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
-                  AND (s.tenant, s.due_at) <= (p.tenant, statement_timestamp())
+                  AND {_tenant_range_sql("s", "p.tenant", "statement_timestamp()")}
                 LIMIT :front_lane) AS queued) < :front_lane AS sparse
     -- The claim's commit does not wait for the WAL flush: a worker that already popped a job
     -- waits less on the row's lock (what a crash can cost: see duejobs.scheduler).

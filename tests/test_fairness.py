@@ -40,6 +40,24 @@ def claim(engine: Engine, limit: int, after: str = "") -> store.Claim:
         return store.claim_due(conn, WINDOW, limit, after)
 
 
+def claims_at_once(app: App, n: int) -> list[list[store.DueRow]]:
+    """``n`` claims of 100 in their own transactions, all holding their locks at once."""
+    barrier = threading.Barrier(n)
+    taken: list[list[store.DueRow]] = []
+
+    def one() -> None:
+        with app.engine.begin() as conn:
+            taken.append(store.claim_due(conn, WINDOW, 100).rows)
+            barrier.wait(timeout=10)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    return taken
+
+
 def queued_tenants(system: System) -> list[str]:
     """The tenant of each job on the RQ queue, in the order workers will take them."""
     ids = [i.decode() for i in system.redis.lrange(system.app.deliverer().queue.key, 0, -1)]
@@ -130,20 +148,7 @@ def test_rows_beyond_the_window_and_pushed_rows_are_not_claimed(app: App) -> Non
 def test_concurrent_claims_take_different_rows(app: App) -> None:
     due_rows(app.engine, "acme", 150)
     due_rows(app.engine, "globex", 150)
-    barrier = threading.Barrier(3)
-    taken: list[list[store.DueRow]] = []
-
-    def one() -> None:
-        with app.engine.begin() as conn:
-            rows = store.claim_due(conn, WINDOW, 100).rows
-            taken.append(rows)
-            barrier.wait(timeout=10)  # all three hold their locks at once
-
-    threads = [threading.Thread(target=one) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    taken = claims_at_once(app, 3)
     ids = [r.id for rows in taken for r in rows]
     assert len(ids) == len(set(ids)) == 300
 
@@ -214,18 +219,7 @@ def test_the_default_in_flight_quota_applies_unless_a_tenant_has_its_own(
 def test_concurrent_claims_never_exceed_the_in_flight_quota(app: App) -> None:
     app.set_quota("acme", max_inflight=10)
     due_rows(app.engine, "acme", 100)
-    barrier = threading.Barrier(4)
-
-    def one() -> None:
-        with app.engine.begin() as conn:
-            store.claim_due(conn, WINDOW, 100)
-            barrier.wait(timeout=10)  # all four claims are open at once
-
-    threads = [threading.Thread(target=one) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=30)
+    claims_at_once(app, 4)
     assert pushed(app.engine, "acme") == 10
     with app.engine.begin() as conn:  # and later claims see no room either
         assert store.claim_due(conn, WINDOW, 100).rows == []
