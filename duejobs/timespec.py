@@ -17,8 +17,8 @@ Rules (documented in the README, relied upon by tests):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from duejobs.errors import (
@@ -29,9 +29,10 @@ from duejobs.errors import (
 )
 
 
-@dataclass(frozen=True)
-class When:
-    """A validated time request: a delay from the database clock, or an absolute instant."""
+class When(NamedTuple):
+    """A validated time request: a delay from the database clock, or an absolute instant.
+
+    Immutable, and cheap to build (one per row of a bulk insert)."""
 
     delay: timedelta | None
     run_at: datetime | None
@@ -95,16 +96,16 @@ def parse_when(*, delay: object = None, run_at: object = None, timezone: object 
         tz = zone(timezone)
         tz_name = str(timezone)
     if delay is not None:
-        return When(delay=as_delay(delay), run_at=None, timezone=tz_name, local_run_at=None)
+        return When(as_delay(delay), None, tz_name, None)
     if not isinstance(run_at, datetime):
         raise TimeSpecError(f"run_at must be a datetime, got {type(run_at).__name__}")
     if run_at.tzinfo is not None and run_at.utcoffset() is not None:
-        return When(delay=None, run_at=run_at.astimezone(UTC), timezone=tz_name, local_run_at=None)
+        return When(None, run_at.astimezone(UTC), tz_name, None)
     if tz is None:
         raise NaiveDatetimeError(
             f"run_at {run_at.isoformat()} is naive: pass an aware datetime or timezone='Area/City'"
         )
-    return When(delay=None, run_at=local_to_utc(run_at, tz), timezone=tz_name, local_run_at=run_at)
+    return When(None, local_to_utc(run_at, tz), tz_name, run_at)
 
 
 _UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}

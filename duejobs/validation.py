@@ -76,7 +76,7 @@ def encode_payload(payload: Any, max_bytes: int) -> str:
         raise PayloadNotJSONError(f"payload is not JSON-serialisable: {exc}") from exc
     if "\\u0000" in text:
         raise PayloadNotJSONError("payload contains a NUL character, which jsonb cannot store")
-    size = len(text.encode())
+    size = len(text) if text.isascii() else len(text.encode())  # isascii() reads a flag
     if size > max_bytes:
         raise PayloadTooLargeError(
             f"payload is {size} bytes of JSON, over the limit of {max_bytes}: "

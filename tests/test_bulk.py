@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy import text
 
-from duejobs import App, ScheduleRequest
+from duejobs import App, ScheduleRequest, ids, store
 from duejobs.errors import (
     InvalidScheduleError,
     NaiveDatetimeError,
@@ -97,6 +100,40 @@ def test_schedule_many_joins_the_callers_transaction(app: App, count: Callable[.
             app.schedule_many([*batch, bad], conn=conn)  # refused: the transaction goes on
         second = app.schedule_many(batch, conn=conn)
     assert count() == 6 and not set(first) & set(second)
+
+
+def test_each_schedule_made_in_bulk_gets_one_created_event(
+    app: App, count: Callable[..., int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch's events are written from its rows between its first and last id: a schedule
+    # another transaction (or this one, before the batch) made inside that range keeps its own.
+    drawn = [uuid.UUID(bytes=raw) for raw in itertools.islice(ids.id_stream(), 6)]
+    outsider, insider = drawn[1], drawn[4]
+    streams = iter([[drawn[0], drawn[2]], [drawn[3], drawn[5]], [drawn[3], drawn[5]]])
+    monkeypatch.setattr(store, "id_stream", lambda: (i.bytes for i in next(streams)))
+    monkeypatch.setattr(store, "new_id", iter([outsider, insider]).__next__)
+    app.schedule("remind", {}, delay=60)  # committed, with an id inside the batch's range
+    batch = [ScheduleRequest("remind", {"i": i}, delay=60) for i in range(2)]
+    first = app.schedule_many(batch)
+    with app.engine.begin() as conn:
+        app.schedule("remind", {}, delay=60, conn=conn)  # same transaction, before the batch
+        with pytest.raises(InvalidScheduleError):  # a refused batch leaves no event behind
+            app.schedule_many([*batch, ScheduleRequest("remind", {}, delay=-1)], conn=conn)
+        second = app.tenant("acme").schedule_many(batch, conn=conn)
+    assert (first, second) == ([drawn[0], drawn[2]], [drawn[3], drawn[5]])
+    with app.engine.connect() as conn:
+        per_schedule = conn.execute(
+            text(
+                "SELECT s.id, s.tenant, count(e.id) FROM scheduled_jobs s "
+                "LEFT JOIN scheduled_job_events e ON e.schedule_id = s.id AND e.kind = 'created' "
+                "GROUP BY s.id, s.tenant"
+            )
+        ).all()
+    assert sorted((str(i), t, n) for i, t, n in per_schedule) == sorted(
+        [(str(outsider), "default", 1), (str(insider), "default", 1)]
+        + [(str(i), "default", 1) for i in first]
+        + [(str(i), "acme", 1) for i in second]
+    )
 
 
 def test_schedules_made_in_bulk_run_like_any_other(system: System) -> None:
