@@ -81,6 +81,7 @@ from duejobs.validation import (
     check_tenant,
     check_type,
     encode_payload,
+    payload_encoder,
 )
 
 log = logging.getLogger("duejobs")
@@ -321,7 +322,7 @@ class App:
         ``queue``: the RQ queue to deliver it on (default: its type's, else the App's) — to
         route by tenant, say.
         """
-        new = self._new_row(
+        new = _Checks(self).row(
             ScheduleRequest(
                 job_type,
                 payload,
@@ -377,57 +378,14 @@ class App:
     ) -> Iterator[store.NewRow]:
         """Validate requests one by one while COPY takes in the ones before (an error names
         the request's position and aborts the batch); counts each tenant's rows."""
-        seen: dict[tuple[object, object, object], _Placement] = {}
+        checks = _Checks(self)
         for position, request in enumerate(requests):
             try:
-                row = self._new_row(request, seen)
+                row = checks.row(request)
             except InvalidScheduleError as exc:
                 raise type(exc)(f"request {position}: {exc}") from exc
             tenants[row.tenant] += 1
             yield row
-
-    def _new_row(
-        self,
-        request: ScheduleRequest,
-        seen: dict[tuple[object, object, object], _Placement] | None = None,
-    ) -> store.NewRow:
-        """Validate one request (every check :meth:`schedule` makes) into a row to insert.
-
-        ``seen`` keeps the checked type, tenant and queue of the requests before: a batch has
-        few of each, and checking each once is a fifth of the cost of a request."""
-        if not isinstance(request, ScheduleRequest):
-            raise InvalidScheduleError(
-                f"expected a duejobs.ScheduleRequest, got {type(request).__name__}"
-            )
-        where = (request.type, request.tenant, request.queue)
-        try:
-            placement = seen.get(where) if seen is not None else None
-        except TypeError:  # unhashable, so not a str: the checks below say what is wrong
-            placement = None
-        if placement is None:
-            placement = self._placement(request)
-            if seen is not None and len(seen) < 1024:
-                seen[where] = placement
-        job_type, tenant, handler, route = placement
-        key = check_key(request.key)
-        payload_json = encode_payload(request.payload, self._core.max_payload_bytes)
-        when = parse_when(delay=request.delay, run_at=request.run_at, timezone=request.timezone)
-        if request.jitter is None:
-            spread = handler.jitter if handler else _NO_JITTER
-        else:
-            spread = as_delay(request.jitter, "jitter")
-        expiry = request.expires_after
-        return store.NewRow(  # positional: a third cheaper, and this runs once per row
-            tenant,
-            job_type,
-            key,
-            payload_json,
-            when,
-            spread,
-            None if expiry is None else as_delay(expiry, "expires_after"),
-            handler.retry.max_attempts if handler else None,
-            route,
-        )
 
     def _placement(self, request: ScheduleRequest) -> _Placement:
         """The request's checked type, tenant, registration and queue."""
@@ -757,3 +715,52 @@ class App:
             return
         with self._database(), self.engine.begin() as c:
             yield c
+
+
+class _Checks:
+    """Every check :meth:`App.schedule` makes, for the requests of one call.
+
+    What repeats across a batch is checked once: each (type, tenant, queue)'s checks and
+    registration are kept (a batch has few), and one JSON encoder serves every payload. One
+    batch, one thread: a refused request ends the batch (the encoder is then left dirty)."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._seen: dict[tuple[object, object, object], _Placement] = {}
+        self._encode = payload_encoder(app._core.max_payload_bytes)
+
+    def row(self, request: ScheduleRequest) -> store.NewRow:
+        """The row to insert for a request, or the error that names what is wrong with it."""
+        if not isinstance(request, ScheduleRequest):
+            raise InvalidScheduleError(
+                f"expected a duejobs.ScheduleRequest, got {type(request).__name__}"
+            )
+        where = (request.type, request.tenant, request.queue)
+        try:
+            placement = self._seen.get(where)
+        except TypeError:  # unhashable, so not a str: the checks say what is wrong
+            placement = None
+        if placement is None:
+            placement = self._app._placement(request)
+            if len(self._seen) < 1024:
+                self._seen[where] = placement
+        job_type, tenant, handler, route = placement
+        key = check_key(request.key)
+        payload_json = self._encode(request.payload)
+        when = parse_when(delay=request.delay, run_at=request.run_at, timezone=request.timezone)
+        if request.jitter is None:
+            spread = handler.jitter if handler else _NO_JITTER
+        else:
+            spread = as_delay(request.jitter, "jitter")
+        expiry = request.expires_after
+        return store.NewRow(  # positional: a third cheaper, and this runs once per row
+            tenant,
+            job_type,
+            key,
+            payload_json,
+            when,
+            spread,
+            None if expiry is None else as_delay(expiry, "expires_after"),
+            handler.retry.max_attempts if handler else None,
+            route,
+        )

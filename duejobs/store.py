@@ -73,6 +73,21 @@ def _fast(conn: Connection, clause: TextClause, params: dict[str, Any]) -> list[
         raise _surfaced(conn, driver, sql, params, exc) from exc
 
 
+@contextlib.contextmanager
+def _meanwhile(conn: Connection, clause: TextClause, params: dict[str, Any]) -> Iterator[None]:
+    """Send a statement, and run the block while PostgreSQL works on it (psycopg's pipeline
+    mode); the statement's errors surface when the block ends."""
+    driver = conn.connection.driver_connection
+    assert driver is not None
+    sql = _driver_sql(clause)
+    try:
+        with driver.pipeline():
+            driver.execute(sql, params)
+            yield
+    except psycopg.Error as exc:
+        raise _surfaced(conn, driver, sql, params, exc) from exc
+
+
 def _surfaced(
     conn: Connection,
     driver: psycopg.Connection[Any],
@@ -281,22 +296,19 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
     an earlier row of the batch): such a row creates nothing and gets the holder's id, as
     :func:`insert_schedule` would."""
     db_now: datetime = _fast(conn, _CLOCK, {})[0][0]
-    ids: list[uuid.UUID] = []
+    drawn: list[bytes] = []
     keyed: list[tuple[int, uuid.UUID, NewRow]] = []
-    first = last = None  # the batch's first and last copied ids
+    first = last = b""  # the batch's first and last copied ids
     with _copying(conn, "scheduled_jobs", _DIRECT_COLUMNS, _DIRECT_TYPES) as copy:
         for r, raw in zip(rows, id_stream(), strict=False):  # ids never run out
-            # PostgreSQL takes in rows slower than this loop makes them: the UUID object
-            # (what the caller gets back) costs nothing here.
-            sid = uuid.UUID(bytes=raw)
-            ids.append(sid)
+            drawn.append(raw)
             if r.key is not None:
-                keyed.append((len(ids) - 1, sid, r))
+                keyed.append((len(drawn) - 1, uuid.UUID(bytes=raw), r))
                 continue
             when = r.when
             run_at = when.run_at if when.delay is None else db_now + when.delay
             assert run_at is not None  # a When holds a delay or an instant
-            offset = _jitter_offset(sid, r.jitter) if r.jitter else r.jitter
+            offset = _jitter_offset(uuid.UUID(bytes=raw), r.jitter) if r.jitter else r.jitter
             copy.write_row(
                 (
                     raw,
@@ -313,9 +325,11 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
                     r.queue,
                 )
             )
-            first, last = first or sid, sid
-    if first is not None:
-        _fast(conn, _RECORD_COPIED, {"first": first, "last": last})
+            first, last = first or raw, raw
+    span = {"first": uuid.UUID(bytes=first), "last": uuid.UUID(bytes=last)} if first else None
+    # The copied rows' events are written while the ids' objects are made.
+    with _meanwhile(conn, _RECORD_COPIED, span) if span else contextlib.nullcontext():
+        ids = [uuid.UUID(bytes=raw) for raw in drawn]
     if keyed:
         _insert_staged(conn, keyed, ids)
     return ids
