@@ -6,6 +6,7 @@ import itertools
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -38,6 +39,36 @@ def test_schedule_many_writes_every_request_with_its_history_in_order(app: App) 
     assert second.local_run_at == at and second.timezone == "Europe/Berlin"
     assert third.run_at <= third.due_at < third.run_at + timedelta(seconds=30)
     assert [e.kind.value for e in app.history(ids[0])] == ["created"]
+
+
+def test_a_schedule_made_in_bulk_has_the_created_event_schedule_gives_it(app: App) -> None:
+    wall = datetime(2031, 6, 2, 9, 0)
+    plain: dict[str, Any] = {"run_at": datetime(2031, 6, 1, 7, 0, tzinfo=UTC)}
+    rich: dict[str, Any] = {"run_at": wall, "timezone": "Europe/Berlin", "key": "k-1", "jitter": 30}
+
+    def created(schedule_id: uuid.UUID) -> dict[str, Any]:
+        detail = app.history(schedule_id)[0].detail
+        return {**detail, "due_at": "jittered"} if "due_at" in detail else detail
+
+    single = [app.schedule("remind", {}, **kw).id for kw in (plain, rich)]
+    app.cancel(single[1])  # frees the key for the batch
+    requests = [ScheduleRequest("remind", {}, **kw) for kw in (plain, rich)]
+    one = [created(i) for i in single]
+    many = [created(i) for i in app.schedule_many(requests)]
+    assert (
+        one
+        == many
+        == [
+            {"run_at": "2031-06-01T07:00:00+00:00"},
+            {
+                "run_at": "2031-06-02T07:00:00+00:00",
+                "timezone": "Europe/Berlin",
+                "local_run_at": "2031-06-02T09:00:00",
+                "key": "k-1",
+                "due_at": "jittered",
+            },
+        ]
+    )
 
 
 def test_a_bad_request_names_its_position_and_nothing_is_written(
