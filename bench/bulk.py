@@ -9,7 +9,7 @@ BULK_ROWS (100,000) schedules across 10 tenants, due over the next day:
   cost PostgreSQL a third more);
 * duejobs — `app.schedule_many(requests)` with the same requests built beforehand: every
   check `schedule()` makes, a binary COPY of the rows fed while the requests are validated,
-  a binary COPY of each `created` event, COMMIT.
+  one INSERT ... SELECT writing each row's `created` event, COMMIT.
 
 Also: the statements one `schedule()` sends, COMMIT included (counted at the engine, pool
 warm, no quota): the insert with its `created` event is one statement, then the commit.
@@ -18,8 +18,9 @@ Also: `duejobs prune` (batches of 1,000 finished schedules, each with its events
 one short transaction each) beside one DELETE of the same rows in one transaction — the rate
 the command reports, and what the batching costs.
 
-Both sides run BULK_ROUNDS (3) times, alternated, into an emptied table; each side's best
-round counts (on a shared, noisy machine the fastest round is the one least disturbed).
+Both sides run BULK_ROUNDS (3) times, alternated, into an emptied table after a CHECKPOINT;
+each side's best round counts (on a shared, noisy machine the fastest round is the one least
+disturbed).
 
 Target: schedule_many >= 0.5x the raw COPY's rows/s.
 
