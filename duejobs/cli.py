@@ -396,6 +396,12 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
 @click.option("--every", type=float, help="Run a pass every SECONDS until SIGTERM/SIGINT.")
 @click.option("--window", default="15m", show_default=True, help="How far ahead to check.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
+@click.option(
+    "--stats-every",
+    default="1m",
+    show_default=True,
+    help="With --metrics-port: refresh the stats gauges at most this often.",
+)
 @_operations
 @click.pass_context
 def reconcile(
@@ -403,21 +409,28 @@ def reconcile(
     every: float | None,
     window: str,
     as_json: bool,
+    stats_every: str,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
 ) -> None:
     """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds.
 
-    With --metrics-port, the figures of `duejobs stats` are exported after every pass."""
+    With --metrics-port, the figures of `duejobs stats` are exported after the first pass and
+    then at most every --stats-every: they count every live row (about 4 s at 5 million live
+    schedules), while a pass costs what the window holds."""
     _operate(log_level, log_format, metrics_port)
+    refresh = parse_duration(stats_every).total_seconds()
     with _app(ctx) as app:
         reconciler = Reconciler(app, ReconcileConfig(window=parse_duration(window)))
+        next_stats = time.monotonic()
 
         def report(result: ReconcileResult) -> None:
+            nonlocal next_stats
             _print_reconciled(result, as_json)
-            if metrics_port is not None:
+            if metrics_port is not None and time.monotonic() >= next_stats:
                 metrics.observe_stats(collect_stats(app))
+                next_stats = time.monotonic() + refresh
 
         if every is None:
             report(reconciler.run_once())

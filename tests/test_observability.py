@@ -52,27 +52,46 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""
+
+
 def test_reconciler_serves_the_stats_figures_as_metrics(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
     system.app.schedule("record", {}, delay=0, tenant="acme")
     port = _free_port()
     proc = spawn("reconcile", "--every", "0.5", "--metrics-port", str(port), "--json")
-    url = f"http://127.0.0.1:{port}/metrics"
-
-    def scraped() -> str:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                return str(response.read().decode())
-        except OSError:
-            return ""
-
-    wait_for(lambda: 'duejobs_scheduled{tenant="acme"} 1.0' in scraped(), 30, "the gauges")
-    body = scraped()
+    wait_for(lambda: 'duejobs_scheduled{tenant="acme"} 1.0' in _scrape(port), 30, "the gauges")
+    body = _scrape(port)
     assert "duejobs_schedules_without_job" in body and "duejobs_reconciler_fixed_total" in body
     assert proc.stop() == 0
     passes = [json.loads(line) for line in proc.output().splitlines() if line.startswith("{")]
     assert passes and "repushed" in passes[0]
+
+
+def test_the_reconciler_refreshes_the_stats_gauges_at_most_every_stats_every(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    # The gauges count every live row: a pass every half second must not pay that each time.
+    system.app.schedule("record", {}, delay=3600, tenant="acme")
+    port = _free_port()
+    args = ("reconcile", "--every", "0.5", "--stats-every", "1h", "--metrics-port", str(port))
+    proc = spawn(*args, "--json")
+    wait_for(lambda: 'duejobs_scheduled{tenant="acme"} 1.0' in _scrape(port), 30, "the gauges")
+    system.app.schedule("record", {}, delay=3600, tenant="acme")
+
+    def passes() -> int:
+        return sum(line.startswith("{") for line in proc.output().splitlines())
+
+    seen = passes()
+    wait_for(lambda: passes() >= seen + 3, 30, "three more passes")
+    assert 'duejobs_scheduled{tenant="acme"} 1.0' in _scrape(port)  # not recounted
+    assert proc.stop() == 0
 
 
 def test_json_logs_carry_the_schedule_identity(system: System, spawn: Callable[..., Proc]) -> None:
