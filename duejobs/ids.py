@@ -14,9 +14,8 @@ single id), so a bulk insert's ids are in order.
 What an id promises: unique (62 random bits per millisecond and counter), ordered by the
 drawing process's clock to the millisecond, and a bulk insert's ids in increasing order.
 What it does not: order between processes, or between single ids, within a millisecond;
-and it tells
-anyone who sees it when it was made (as ``created_at`` does). Only the last 62 bits are
-random: :func:`random_share` reads those.
+and it tells anyone who sees it when it was made (as ``created_at`` does). Only the last 62
+bits are random: :func:`random_share` reads those.
 """
 
 from __future__ import annotations

@@ -332,9 +332,14 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
                 )
             )
             first, last = first or raw, raw
-    span = {"first": uuid.UUID(bytes=first), "last": uuid.UUID(bytes=last)} if first else None
-    # The copied rows' events are written while the ids' objects are made.
-    with _meanwhile(conn, _RECORD_COPIED, span) if span else contextlib.nullcontext():
+    recording = (
+        _meanwhile(
+            conn, _RECORD_COPIED, {"first": uuid.UUID(bytes=first), "last": uuid.UUID(bytes=last)}
+        )
+        if first
+        else contextlib.nullcontext()
+    )
+    with recording:  # the copied rows' events are written while the ids' objects are made
         ids = [uuid.UUID(bytes=raw) for raw in drawn]
     if keyed:
         _insert_staged(conn, keyed, ids)

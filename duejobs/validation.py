@@ -72,11 +72,7 @@ _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii
 
 def encode_payload(payload: Any, max_bytes: int) -> str:
     """The payload as JSON text, refused when it is not JSON or larger than ``max_bytes``."""
-    try:
-        text = _ENCODER.encode(payload)
-    except (TypeError, ValueError) as exc:
-        raise PayloadNotJSONError(f"payload is not JSON-serialisable: {exc}") from exc
-    return _checked(text, max_bytes)
+    return payload_encoder(max_bytes)(payload)
 
 
 def payload_encoder(max_bytes: int) -> Callable[[Any], str]:
@@ -86,37 +82,36 @@ def payload_encoder(max_bytes: int) -> Callable[[Any], str]:
 
     For one thread and one batch: the encoder's record of the containers it is inside is
     left dirty by a refused payload, which ends the batch."""
-    if c_make_encoder is None:  # a Python without json's C accelerator
-        return lambda payload: encode_payload(payload, max_bytes)
-    encoder = c_make_encoder(
-        {},
-        _ENCODER.default,
-        encode_basestring,
-        None,
-        _ENCODER.key_separator,
-        _ENCODER.item_separator,
-        False,
-        False,
-        False,
-    )
+    to_json: Callable[[Any], str] = _ENCODER.encode  # a Python without json's C accelerator
+    if c_make_encoder is not None:
+        encoder = c_make_encoder(
+            {},
+            _ENCODER.default,
+            encode_basestring,
+            None,
+            _ENCODER.key_separator,
+            _ENCODER.item_separator,
+            False,
+            False,
+            False,
+        )
+
+        def to_json(payload: Any) -> str:
+            return "".join(encoder(payload, 0))
 
     def encode(payload: Any) -> str:
         try:
-            text = "".join(encoder(payload, 0))
+            text = to_json(payload)
         except (TypeError, ValueError) as exc:
             raise PayloadNotJSONError(f"payload is not JSON-serialisable: {exc}") from exc
-        return _checked(text, max_bytes)
+        if "\\u0000" in text:
+            raise PayloadNotJSONError("payload contains a NUL character, which jsonb cannot store")
+        size = len(text) if text.isascii() else len(text.encode())  # isascii() reads a flag
+        if size > max_bytes:
+            raise PayloadTooLargeError(
+                f"payload is {size} bytes of JSON, over the limit of {max_bytes}: "
+                "store ids and read the rest when the job runs"
+            )
+        return text
 
     return encode
-
-
-def _checked(text: str, max_bytes: int) -> str:
-    if "\\u0000" in text:
-        raise PayloadNotJSONError("payload contains a NUL character, which jsonb cannot store")
-    size = len(text) if text.isascii() else len(text.encode())  # isascii() reads a flag
-    if size > max_bytes:
-        raise PayloadTooLargeError(
-            f"payload is {size} bytes of JSON, over the limit of {max_bytes}: "
-            "store ids and read the rest when the job runs"
-        )
-    return text
