@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import json
 import logging
 import select
 import time
@@ -71,7 +70,7 @@ from duejobs.models import (
     Schedule,
     ScheduleRequest,
 )
-from duejobs.recurring import Rule, check_cron, first_after
+from duejobs.recurring import Rule, check_cron, plan
 from duejobs.timespec import as_delay, parse_when, zone
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -118,22 +117,6 @@ def _choice(kind: type[E], value: object, name: str) -> E:
     except ValueError as exc:
         choices = ", ".join(repr(k.value) for k in kind)
         raise InvalidScheduleError(f"{name} must be one of {choices}, got {value!r}") from exc
-
-
-def _same_definition(current: Recurring, spec: dict[str, Any]) -> bool:
-    return (
-        current.type == spec["type"]
-        and json.dumps(current.payload, sort_keys=True, separators=(",", ":"))
-        == json.dumps(json.loads(spec["payload"]), sort_keys=True, separators=(",", ":"))
-        and current.cron == spec["cron"]
-        and current.timezone == spec["timezone"]
-        and current.dst_gap.value == spec["dst_gap"]
-        and current.dst_overlap.value == spec["dst_overlap"]
-        and current.misfire.value == spec["misfire"]
-        and current.grace == spec["grace"]
-        and current.queue == spec["queue"]
-        and current.status == "active"
-    )
 
 
 def make_engine(database_url: str) -> Engine:
@@ -541,9 +524,10 @@ class App:
         }
         with self._transaction(None) as c:
             current = store.get_recurring(c, spec["tenant"], name, lock=True)
-            if current is not None and _same_definition(current, spec):
+            saved = store.save_recurring(c, spec, plan(rule, store.database_now(c)))
+            if saved is None:  # exactly the active definition already stored
+                assert current is not None
                 return current
-            saved = store.save_recurring(c, spec, first_after(rule, store.database_now(c)))
             jobs = store.cancel_occurrences(c, saved.id, "superseded") if current else []
         for job in jobs:
             self._discard_queue_job(job)
@@ -607,7 +591,7 @@ class App:
             if status == "paused":
                 jobs = store.cancel_occurrences(c, current.id, "recurring schedule paused")
             elif current.status != "active":
-                restart = first_after(Rule.of(current), store.database_now(c))
+                restart = plan(Rule.of(current), store.database_now(c))
             updated = store.set_recurring_status(c, current.id, status, restart)
         for job in jobs:
             self._discard_queue_job(job)

@@ -36,7 +36,7 @@ from duejobs.stats import collect as collect_stats
 from duejobs.stats import render as render_stats
 from duejobs.timespec import parse_duration
 from duejobs.validation import check_queue
-from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -344,6 +344,13 @@ def scheduler(
     "--lease", default=20.0, show_default=True, help="Seconds a running job's lease lasts."
 )
 @click.option("--heartbeat", default=5.0, show_default=True, help="Seconds between renewals.")
+@click.option(
+    "--timeout-grace",
+    default="10s",
+    show_default=True,
+    help="How long a handler past its timeout may take to return before the worker exits "
+    f"with status {EXIT_WEDGED} for its supervisor to restart it.",
+)
 @_operations
 @click.pass_context
 def worker(
@@ -354,6 +361,7 @@ def worker(
     name: str | None,
     lease: float,
     heartbeat: float,
+    timeout_grace: str,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
@@ -362,7 +370,14 @@ def worker(
     _operate(log_level, log_format, metrics_port)
     if not 0 < heartbeat < lease:
         raise click.BadParameter("need 0 < --heartbeat < --lease", param_hint="--heartbeat")
-    config = WorkerConfig(lease=timedelta(seconds=lease), heartbeat=timedelta(seconds=heartbeat))
+    try:
+        config = WorkerConfig(
+            lease=timedelta(seconds=lease),
+            heartbeat=timedelta(seconds=heartbeat),
+            timeout_grace=parse_duration(timeout_grace),
+        )
+    except DuejobsError as exc:
+        _fail(exc)
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref)
         runtime = Runtime(app, config, name=name)
@@ -382,6 +397,7 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
         return
     kinds = {
         "repushed": "schedules without a live queue job, pushed again",
+        "overdue_repushed": "  of which overdue past the stuck threshold, job hash looked alive",
         "rescued": "running attempts whose worker died, back to scheduled",
         "failed": "running attempts whose worker died, attempts exhausted",
         "orphans_removed": "queue jobs without a current schedule, removed",

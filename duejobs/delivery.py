@@ -6,8 +6,16 @@ What it promises:
   same RQ job id, ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>`` (RQ allows only
   ``[A-Za-z0-9_-]``; a ``.`` in a tenant becomes ``_``, the schedule id keeps it unique).
 * **A re-push never creates a second live job.** Pushing checks and writes atomically (one
-  Lua script per batch): an id whose job is queued, scheduled or started is left alone; RQ's
-  own ``enqueue`` would overwrite it and run it twice.
+  Lua script per batch): an id Redis can still hand to a worker is left alone; RQ's own
+  ``enqueue`` would overwrite it and run it twice.
+* **A job hash is not proof.** A job counts as present only if its id is on its queue (or
+  between RQ's lists, in ``<queue>:intermediate``), or in its scheduled registry no later than
+  its time, or ``started`` by a worker whose RQ key still lives. A row overdue by more than
+  ``STUCK_AFTER`` trusts only the queue list and the registry. Anything else — a hash left
+  ``queued`` after its id was popped by a worker that died, an entry trimmed from a list or a
+  registry — is missing, and its stale hash is replaced under the same id. The check reads
+  each queue list once per script call (cost: the queue's length, which in-flight quotas
+  bound); :meth:`Deliverer.live` gives ``stats`` the same answer.
 * **Nothing is promoted early.** Rows due now go straight onto the queue; rows due later in
   the window go to RQ's scheduled registry with a millisecond score (RQ truncates its own to
   whole seconds, so it can fire up to 1 s early). :meth:`Deliverer.promote` moves them onto
@@ -28,7 +36,7 @@ import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis import Redis
@@ -45,22 +53,62 @@ FAILURE_TTL = 24 * 3600
 # spot, which costs it about 1 ms per job more than letting the key expire.)
 RESULT_TTL = 60
 
-_PUSH = """
-local prefix, now, stamp = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local ntemplate = tonumber(ARGV[4])
+# Whether Redis can still hand a job to a worker. A job hash alone proves nothing: its id may
+# be gone from the queue list (a worker popped it and died before marking it started, an
+# operator trimmed the list) or from the scheduled registry, or the worker that started it
+# may be dead. ``strict`` (the row is overdue by more than ``STUCK_AFTER``) trusts only the
+# queue list and the registry: a job half-way between RQ's lists or marked started, with
+# its row still waiting for a worker's claim that long, is missing.
+_PRESENT = """
+local listed = {}
+local function on_queue(queue_key, id, strict)
+    local ids = listed[queue_key]
+    if ids == nil then
+        ids = {}
+        for _, v in ipairs(redis.call('LRANGE', queue_key .. ':intermediate', 0, -1)) do
+            ids[v] = 'moving'
+        end
+        for _, v in ipairs(redis.call('LRANGE', queue_key, 0, -1)) do ids[v] = 'queued' end
+        listed[queue_key] = ids
+    end
+    return ids[id] == 'queued' or (ids[id] == 'moving' and not strict)
+end
+local function present(job_key, id, status, queue_key, registry_key, score, strict, workers)
+    if status == 'queued' then return on_queue(queue_key, id, strict) end
+    if status == 'scheduled' then
+        local at = redis.call('ZSCORE', registry_key, id)
+        return at ~= false and tonumber(at) <= score + 0.001
+    end
+    if status == 'started' and not strict then
+        local worker = redis.call('HGET', job_key, 'worker_name')
+        return worker ~= false and worker ~= '' and redis.call('EXISTS', workers .. worker) == 1
+    end
+    return false
+end
+"""
+
+_PUSH = (
+    _PRESENT
+    + """
+local prefix, now, stamp, workers = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local ntemplate = tonumber(ARGV[5])
 local template = {}
-for i = 1, ntemplate do template[i] = ARGV[4 + i] end
-local live = {queued = true, scheduled = true, started = true, deferred = true}
-local queued, deferred, present, created, front = 0, 0, 0, {}, {}
+for i = 1, ntemplate do template[i] = ARGV[5 + i] end
+local queued, deferred, present_, created, front = 0, 0, 0, {}, {}
 redis.call('SADD', KEYS[3], KEYS[1])
-redis.call('SADD', KEYS[4], ARGV[5 + ntemplate])
-for i = 6 + ntemplate, #ARGV, 4 do
+redis.call('SADD', KEYS[4], ARGV[6 + ntemplate])
+for i = 7 + ntemplate, #ARGV, 5 do
     local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
     local status = redis.call('HGET', key, 'status')
-    if status and live[status] then
-        present = present + 1
+    local strict = ARGV[i + 4] == '1'
+    if status and present(key, id, status, KEYS[1], KEYS[2], score, strict, workers) then
+        present_ = present_ + 1
     else
-        if status then redis.call('DEL', key) end
+        if status then  -- a stale hash: replace it, and any stray entry of its id
+            redis.call('DEL', key)
+            redis.call('LREM', KEYS[5], 0, id)
+            redis.call('ZREM', KEYS[2], id)
+        end
         created[#created + 1] = id
         redis.call('HSET', key, 'data', ARGV[i + 1], 'description', 'duejobs ' .. id,
                    'created_at', stamp, unpack(template))
@@ -80,8 +128,25 @@ for i = 6 + ntemplate, #ARGV, 4 do
     end
 end
 for j = #front, 1, -1 do redis.call('LPUSH', KEYS[1], front[j]) end
-return {queued, deferred, present, created}
+return {queued, deferred, present_, created}
 """
+)
+
+_LIVE = (
+    _PRESENT
+    + """
+local prefix, queues, registries, workers = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local answer = {}
+for i = 5, #ARGV, 3 do
+    local key = prefix .. ARGV[i]
+    local state = redis.call('HMGET', key, 'status', 'origin')
+    local ok = state[1] and state[2] and present(key, ARGV[i], state[1], queues .. state[2],
+        registries .. state[2], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1', workers)
+    answer[#answer + 1] = ok and 1 or 0
+end
+return answer
+"""
+)
 
 _PROMOTE = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
@@ -150,6 +215,9 @@ class Push:
     front: bool = False
     # The RQ queue; None: the deliverer's default queue.
     queue: str | None = None
+    # The row is overdue by more than STUCK_AFTER: only the queue list or the scheduled
+    # registry proves the job is still there (see _PRESENT).
+    stuck: bool = False
 
     @property
     def job_id(self) -> str:
@@ -171,6 +239,12 @@ class PushResult:
 # jobs routed to other queues than the default.
 QUEUES_KEY = "duejobs:queues"
 SCHEDULED_PREFIX = "rq:scheduled:"  # RQ's ScheduledJobRegistry key is this + the queue name
+WORKER_PREFIX = "rq:worker:"  # a live RQ worker's key (it expires when the worker stops beating)
+# A row overdue by more than this whose job is not on its queue or in its scheduled registry is
+# missing, whatever its job hash says: no live worker waits that long between taking a job
+# from Redis and claiming its row (the claim's lock wait is bounded, an early delivery waits at
+# most a second). A worker merely slow there meets a second delivery, which it skips.
+STUCK_AFTER = timedelta(seconds=15)
 
 
 class Deliverer:
@@ -183,6 +257,7 @@ class Deliverer:
         self._queues: dict[str, tuple[Queue, list[Any]]] = {}
         self._prefix = Job.redis_job_namespace_prefix
         self._push = connection.register_script(_PUSH)
+        self._live = connection.register_script(_LIVE)
         self._promote = connection.register_script(_PROMOTE)
         self._remove = connection.register_script(_REMOVE)
         self._defer = connection.register_script(_DEFER)
@@ -246,11 +321,13 @@ class Deliverer:
         stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
         for name, batch in by_queue.items():
             queue, template = self._routed(name)
-            args: list[Any] = [self._prefix, now.timestamp(), stamp, len(template), *template]
-            args.append(name)
+            args: list[Any] = [self._prefix, now.timestamp(), stamp, WORKER_PREFIX]
+            args += [len(template), *template, name]
             for p in batch:
-                args += [p.job_id, self._data(p), p.due_at.timestamp(), "1" if p.front else "0"]
+                args += [p.job_id, self._data(p), p.due_at.timestamp()]
+                args += ["1" if p.front else "0", "1" if p.stuck else "0"]
             keys = [queue.key, SCHEDULED_PREFIX + name, queue.redis_queues_keys, QUEUES_KEY]
+            keys.append(queue.intermediate_queue_key)
             q, d, pr, made = self._push(keys=keys, args=args)
             queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
             created.update(i.decode() if isinstance(i, bytes) else i for i in made)
@@ -271,14 +348,18 @@ class Deliverer:
             )
         return moved
 
-    def live(self, queue_job_ids: Sequence[str]) -> list[bool]:
-        """Whether each job is still waiting or running (one pipelined round trip)."""
-        with self.redis.pipeline(transaction=False) as pipe:
-            for job in queue_job_ids:
-                pipe.hget(self._prefix + job, "status")
-            statuses = pipe.execute()
-        live = {b"queued", b"scheduled", b"started", b"deferred"}
-        return [status in live for status in statuses]
+    def live(self, jobs: Sequence[tuple[str, datetime, bool]]) -> list[bool]:
+        """Whether Redis can still hand each job — (id, due at, overdue past ``STUCK_AFTER``)
+        — to a worker, by the same test a push makes (one round trip)."""
+        args: list[Any] = [
+            self._prefix,
+            Queue.redis_queue_namespace_prefix,
+            SCHEDULED_PREFIX,
+            WORKER_PREFIX,
+        ]
+        for job, due_at, stuck in jobs:
+            args += [job, due_at.timestamp(), "1" if stuck else "0"]
+        return [bool(ok) for ok in self._live(keys=[], args=args)]
 
     def depth(self) -> tuple[int, int]:
         """(jobs waiting on the queues, jobs in their scheduled registries), all queues."""

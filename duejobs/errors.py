@@ -125,5 +125,11 @@ class EffectAlreadyAppliedError(DuejobsError):
     """The effect key is already in the ledger: this effect happened once and won't again."""
 
 
-class HandlerTimeoutError(DuejobsError):
-    """The handler ran past its type's timeout; the attempt counts as failed."""
+class HandlerTimeoutError(BaseException):
+    """The handler ran past its type's timeout; the attempt counts as failed.
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that a handler's own ``except
+    Exception`` (a retry loop, say) cannot swallow it; it is raised again every second until
+    the handler returns, and a handler that still does not return is ended with its worker
+    (see :mod:`duejobs.worker`).
+    """

@@ -9,8 +9,13 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
   ``duejobs_scheduler_promoted_total``, ``duejobs_scheduler_pass_seconds``,
   ``duejobs_scheduler_failed_passes_total``, ``duejobs_scheduler_throttled_total{tenant}``
   (passes in which a tenant's due rows waited for room under its in-flight quota);
-* any App: ``duejobs_quota_refusals_total{tenant}``;
-* reconciler: ``duejobs_reconciler_fixed_total{kind}`` and, from ``duejobs stats`` after every
+* any App: ``duejobs_quota_refusals_total{tenant}`` (also occurrences of recurring schedules
+  beyond the tenant's live quota);
+* scheduler: ``duejobs_recurring_quarantined_total{tenant}`` (definitions it could not
+  evaluate, set to status ``error``);
+* reconciler: ``duejobs_reconciler_fixed_total{kind}``, ``duejobs_overdue_repushed_total``
+  (rows overdue past the stuck threshold whose job hash looked alive but was not on its queue
+  or in its registry), and, from ``duejobs stats`` after every
   pass, the gauges ``duejobs_scheduled{tenant}``, ``duejobs_running{tenant}``,
   ``duejobs_in_flight{tenant}`` (pushed to Redis or running, what an in-flight quota caps),
   ``duejobs_late{tenant}``, ``duejobs_overdue{tenant}``, ``duejobs_oldest_overdue_seconds``,
@@ -52,10 +57,19 @@ THROTTLED = Counter(
     ["tenant"],
 )
 FAILED_PASSES = Counter("duejobs_scheduler_failed_passes", "Scheduler passes that failed (outage).")
+RECURRING_QUARANTINED = Counter(
+    "duejobs_recurring_quarantined",
+    "Recurring definitions set aside because the scheduler could not evaluate them.",
+    ["tenant"],
+)
 QUOTA_REFUSALS = Counter(
     "duejobs_quota_refusals", "schedule() calls refused by a tenant's quota.", ["tenant"]
 )
 FIXED = Counter("duejobs_reconciler_fixed", "Drift fixed by the reconciler.", ["kind"])
+OVERDUE_REPUSHED = Counter(
+    "duejobs_overdue_repushed",
+    "Rows overdue past the stuck threshold re-pushed though their job hash looked alive.",
+)
 
 SCHEDULED = Gauge("duejobs_scheduled", "Scheduled rows.", ["tenant"])
 RUNNING = Gauge("duejobs_running", "Running rows.", ["tenant"])

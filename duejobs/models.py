@@ -39,6 +39,8 @@ class EventKind(enum.StrEnum):
     FAILED = "failed"
     REQUEUED = "requeued"
     ABANDONED = "abandoned"
+    # A recurring definition the scheduler could not evaluate (on the definition's id).
+    QUARANTINED = "quarantined"
 
 
 @dataclass(frozen=True)
@@ -152,3 +154,5 @@ class Recurring:
     created_at: datetime
     updated_at: datetime
     queue: str = "duejobs"
+    # Why the scheduler set it aside (status "error"), or None.
+    last_error: str | None = None

@@ -4,10 +4,15 @@ The queue is a delivery mechanism, not the authority; each pass (:meth:`Reconcil
 makes Redis agree with PostgreSQL again:
 
 1. **Schedules without a job.** Every ``scheduled`` row inside the window is checked against
-   Redis and, if its queue job is missing or no longer waiting (Redis lost it — a restart, a
-   ``FLUSHALL``, an eviction — or a push failed), pushed again under its deterministic id.
-   A live job is left alone, so this never creates a second one. Rows the scheduler has not
-   pushed yet are pushed too, so deliveries go on even with no scheduler running.
+   Redis and, if Redis cannot hand its job to a worker any more (Redis lost it — a restart, a
+   ``FLUSHALL``, an eviction —, a push failed, a worker popped it and died before claiming
+   the row, an operator trimmed a list; see :mod:`duejobs.delivery`), pushed again under its
+   deterministic id. A job still on its queue or in its registry is left alone, so this
+   never creates a second one. The last line of defence needs no Redis knowledge: a row
+   overdue by more than ``stuck_after`` (15 s) is pushed again unless its id is on its queue
+   or in its registry, whatever its job hash says — counted in
+   ``duejobs_overdue_repushed_total``. Rows the scheduler has not pushed yet are pushed too,
+   so deliveries go on even with no scheduler running.
 2. **Work whose worker died.** ``running`` rows whose lease expired (the worker stopped
    renewing it: SIGKILL, a lost host) get their attempt recorded as ``abandoned`` and go back
    to ``scheduled`` — due at once — or to ``failed`` once attempts are exhausted. With the
@@ -25,7 +30,10 @@ that nobody will run it. A crash mid-pass leaves nothing worse: each batch commi
 Cost of a pass: the ``scheduled`` rows inside the window (plus expired leases and the waiting
 queue jobs), read in pages of ``batch_size`` — never the history of finished rows.
 
-Knobs (:class:`ReconcileConfig`): ``window`` (15 min, as the scheduler), ``batch_size`` (1000).
+A pass that fails — an outage, or any other error — is logged and the loop goes on.
+
+Knobs (:class:`ReconcileConfig`, checked when built): ``window`` (15 min, as the scheduler),
+``batch_size`` (1000), ``stuck_after`` (15 s).
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from redis.exceptions import RedisError
@@ -42,7 +50,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from duejobs import metrics, store
 from duejobs.app import App
-from duejobs.delivery import Push, parse_job_id
+from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
+from duejobs.errors import ConfigurationError
 from duejobs.models import Status
 
 log = logging.getLogger("duejobs.reconcile")
@@ -54,6 +63,15 @@ class ReconcileConfig:
 
     window: timedelta = timedelta(minutes=15)
     batch_size: int = 1000
+    stuck_after: timedelta = STUCK_AFTER
+
+    def __post_init__(self) -> None:
+        if self.window < timedelta(0):
+            raise ConfigurationError(f"window must be >= 0, got {self.window}")
+        if not 1 <= self.batch_size <= 100_000:
+            raise ConfigurationError(f"batch_size must be 1..100000, got {self.batch_size}")
+        if self.stuck_after <= timedelta(0):
+            raise ConfigurationError(f"stuck_after must be > 0, got {self.stuck_after}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,8 @@ class ReconcileResult:
 
     checked: int = 0
     repushed: int = 0
+    # Of those, rows overdue past ``stuck_after`` whose job hash claimed to be alive.
+    overdue_repushed: int = 0
     rescued: int = 0
     failed: int = 0
     orphans_removed: int = 0
@@ -105,12 +125,13 @@ class Reconciler:
         """Rescue, re-push, remove orphans, promote; returns the counts."""
         with self.app.engine.begin() as conn:
             rescued = store.rescue_expired(conn, self.config.batch_size)
-        checked, repushed, now = self._repush_window()
+        checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
         promoted = self.deliverer.promote(now)
         result = ReconcileResult(
             checked=checked,
             repushed=repushed,
+            overdue_repushed=stuck,
             rescued=rescued.get(Status.SCHEDULED.value, 0),
             failed=rescued.get(Status.FAILED.value, 0),
             orphans_removed=removed,
@@ -118,28 +139,32 @@ class Reconciler:
         )
         for kind in ("repushed", "rescued", "failed", "orphans_removed"):
             metrics.FIXED.labels(kind).inc(getattr(result, kind))
+        metrics.OVERDUE_REPUSHED.inc(result.overdue_repushed)
         if result.fixed:
             log.info("reconciled: %s", result)
         return result
 
-    def _repush_window(self) -> tuple[int, int, datetime]:
-        checked = repushed = 0
+    def _repush_window(self) -> tuple[int, int, int, datetime]:
+        checked = repushed = stuck = 0
         after: tuple[datetime, uuid.UUID] | None = None
         while True:
             with self.app.engine.begin() as conn:
                 rows = store.window_page(conn, self.config.window, after, self.config.batch_size)
                 now = store.database_now(conn)
+                since = now - self.config.stuck_after
                 pushes = [
                     Push(r.id, r.tenant, r.version, r.attempt, r.due_at, queue=r.queue)
                     for r in rows
                 ]
+                pushes = [replace(p, stuck=p.due_at < since) for p in pushes]
                 result = self.deliverer.push(pushes, now)
                 lost = [r for r in rows if r.was_pushed and r.queue_job_id in result.created]
                 store.record_repushed(conn, lost)
             checked += len(rows)
             repushed += len(lost)
+            stuck += sum(1 for r in lost if r.due_at < since)
             if len(rows) < self.config.batch_size:
-                return checked, repushed, now
+                return checked, repushed, stuck, now
             after = (rows[-1].due_at, rows[-1].id)
 
     def _remove_orphans(self) -> int:
@@ -154,8 +179,9 @@ class Reconciler:
         while not self._stopping.is_set():
             try:
                 result = self.run_once()
-            except (SQLAlchemyError, RedisError) as exc:
-                log.warning("reconcile pass failed (%s); retrying", exc)
+            except Exception as exc:  # an outage, or a bug: log it, try again next time
+                outage = isinstance(exc, SQLAlchemyError | RedisError)
+                log.warning("reconcile pass failed (%s); retrying", exc, exc_info=not outage)
             else:
                 if report is not None:
                     report(result)

@@ -32,9 +32,11 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
-from sqlalchemy import Engine
+from redis.exceptions import RedisError
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
 
-from duejobs import store
+from duejobs import metrics, store
 from duejobs.errors import InvalidScheduleError
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
 from duejobs.store import Occurrence
@@ -49,10 +51,78 @@ class InvalidCronError(InvalidScheduleError):
     """The cron expression cannot be parsed."""
 
 
+# Nicknames that mean something to a scheduler that runs for days (not ``@reboot``).
+NICKNAMES = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
+_FIELDS = ("minute", "hour", "day-of-month", "month", "day-of-week")
+_NAMES = {  # croniter's English names (not the locale's)
+    "month": set(
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+    ),
+    "day-of-week": set(["sun", "mon", "tue", "wed", "thu", "fri", "sat"]),
+}
+_STANDARD = "write the five standard fields: minute hour day-of-month month day-of-week"
+
+
+def _check_part(part: str, field: str, expression: str) -> None:
+    """One value of a field: ``*``, a number or (month, day of week) an English name."""
+    if part == "*" or part.isdigit() or part.lower() in _NAMES.get(field, ()):
+        return
+    if part.upper() == "R" or part.upper().startswith(("R(", "H")):
+        raise InvalidCronError(
+            f"cron {expression!r}: {part!r} in the {field} field asks for a random or hashed "
+            "value, which each dialect draws differently (croniter draws a new one at every "
+            "evaluation, so it would never fire); write the value you want"
+        )
+    if part == "?":
+        raise InvalidCronError(
+            f"cron {expression!r}: '?' (Quartz's 'no specific value') is not standard cron; "
+            "write * instead"
+        )
+    if any(c in part.upper() for c in "LW#"):
+        raise InvalidCronError(
+            f"cron {expression!r}: {part!r} in the {field} field is an extension whose meaning "
+            "differs between dialects (Quartz counts weekdays from Sunday = 1); "
+            f"{_STANDARD}, with L alone in the day-of-month field for the month's last day"
+        )
+    raise InvalidCronError(f"cron {expression!r}: {part!r} is not a valid {field}")
+
+
 def check_cron(expression: object) -> str:
-    if not isinstance(expression, str) or not croniter.is_valid(expression):
+    """The standard five-field dialect and the nicknames, refusing what dialects read
+    differently (six or seven fields, random or hashed fields, Quartz's ``?``, ``W``, ``#``)
+    with a message that says what to write instead."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidCronError(f"cron must be a non-empty string, got {expression!r}")
+    text = " ".join(expression.split())
+    if text.startswith("@"):
+        if text.lower() not in NICKNAMES:
+            raise InvalidCronError(
+                f"cron {expression!r}: unknown nickname; use one of {', '.join(NICKNAMES)}"
+            )
+        return text.lower()
+    fields = text.split(" ")
+    if len(fields) in (6, 7):
+        raise InvalidCronError(
+            f"cron {expression!r} has {len(fields)} fields: a seconds field comes first in "
+            "Quartz and Spring and last in croniter, so its meaning depends on who reads it; "
+            f"{_STANDARD}"
+        )
+    if len(fields) != 5:
+        raise InvalidCronError(
+            f"not a valid cron expression: {expression!r} has {len(fields)} fields; {_STANDARD}"
+        )
+    for field, value in zip(_FIELDS, fields, strict=True):
+        if field == "day-of-month" and value.upper() == "L":
+            continue
+        for item in value.split(","):
+            ranged, _, step = item.partition("/")
+            if step and not step.isdigit():
+                raise InvalidCronError(f"cron {expression!r}: step {step!r} is not a number")
+            for part in ranged.split("-", 1):
+                _check_part(part, field, expression)
+    if not croniter.is_valid(text):
         raise InvalidCronError(f"not a valid cron expression: {expression!r}")
-    return expression
+    return text
 
 
 def _kept(cron: str, local: datetime, gap: DstGap, overlap: DstOverlap) -> bool:
@@ -102,6 +172,23 @@ def first_after(r: Rule, moment: datetime) -> datetime:
     return first
 
 
+def plan(r: Rule, now: datetime) -> datetime:
+    """The first occurrence after ``now``, after evaluating the rule as the scheduler will
+    (that one and the following day's occurrences): a rule that cannot be evaluated — one
+    that never fires (``0 0 30 2 *``), or runs past the calendar — is refused here rather
+    than found by every scheduler later."""
+    try:
+        first = first_after(r, now)
+        occurrences(r, first - _TICK, first + timedelta(days=1), limit=100)
+    except InvalidCronError:
+        raise
+    except Exception as exc:
+        raise InvalidCronError(
+            f"cron {r.cron!r} in {r.timezone} cannot be evaluated: {_describe(exc)}"
+        ) from exc
+    return first
+
+
 def latest_before(r: Rule, moment: datetime, not_before: datetime) -> Occurrence | None:
     """The latest kept occurrence in ``[not_before, moment]``."""
     it = croniter(r.cron, (moment + _TICK).astimezone(ZoneInfo(r.timezone)))
@@ -113,39 +200,97 @@ def latest_before(r: Rule, moment: datetime, not_before: datetime) -> Occurrence
             return _occurrence(local)
 
 
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
 @dataclass(frozen=True)
 class MaterializeResult:
     """What one pass did: definitions handled, occurrences created, definitions that had
-    missed occurrences (handled by their misfire policy)."""
+    missed occurrences (handled by their misfire policy), occurrences refused by their
+    tenant's ``max_live`` quota, definitions quarantined."""
 
     definitions: int = 0
     created: int = 0
     misfired: int = 0
+    refused: int = 0
+    quarantined: int = 0
+
+
+# Errors that say nothing about a definition: the pass fails and the scheduler retries it.
+_OUTAGES = (OperationalError, InterfaceError, RedisError)
 
 
 def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> MaterializeResult:
-    """Turn the occurrences entering ``window`` into rows; see the module docstring."""
-    created = misfired = 0
+    """Turn the occurrences entering ``window`` into rows; see the module docstring.
+
+    Each definition is handled in a savepoint of its own: one that fails for any reason but
+    an outage (a zone this host's tzdata lacks, an expression that ran out of occurrences,
+    an instant past the calendar) is quarantined — status ``error``, ``last_error``, a
+    ``quarantined`` event on its id, ``duejobs_recurring_quarantined_total{tenant}`` and an
+    error log line — and the pass goes on for the others."""
+    created = misfired = refused = quarantined = 0
     with engine.begin() as conn:
         definitions = store.due_recurring(conn, window, batch)
         now = store.database_now(conn) if definitions else None
         for r in definitions:
             assert now is not None
-            start, backlog = r.next_run_at - _TICK, []
-            cutoff = now - r.grace
-            if r.next_run_at < cutoff and r.misfire is not Misfire.ALL:
-                if r.misfire is Misfire.LATEST:
-                    latest = latest_before(Rule.of(r), cutoff, r.next_run_at)
-                    backlog = [latest] if latest else []
-                misfired += 1
-                log.info(
-                    "recurring %s: occurrences missed since %s, policy %s",
-                    r.name,
-                    r.next_run_at,
-                    r.misfire.value,
-                )
-                start = cutoff
-            found, next_at = occurrences(Rule.of(r), start, now + window)
-            created += store.insert_occurrences(conn, r, backlog + found)
-            store.advance_recurring(conn, r.id, next_at)
-    return MaterializeResult(len(definitions), created, misfired)
+            try:
+                with conn.begin_nested():
+                    made, missed, dropped = _materialize(conn, r, now, window)
+            except _OUTAGES:
+                raise
+            except Exception as exc:
+                error = _describe(exc)
+                store.quarantine_recurring(conn, r.id, error)
+                metrics.RECURRING_QUARANTINED.labels(r.tenant).inc()
+                log.error("recurring %s of tenant %s quarantined: %s", r.name, r.tenant, error)
+                quarantined += 1
+                continue
+            created, misfired, refused = created + made, misfired + missed, refused + dropped
+    return MaterializeResult(len(definitions), created, misfired, refused, quarantined)
+
+
+def _materialize(
+    conn: Connection, r: Recurring, now: datetime, window: timedelta
+) -> tuple[int, int, int]:
+    """One definition's occurrences entering the window: (created, misfired, refused)."""
+    start, backlog, misfired = r.next_run_at - _TICK, [], 0
+    cutoff = now - r.grace
+    if r.next_run_at < cutoff and r.misfire is not Misfire.ALL:
+        if r.misfire is Misfire.LATEST:
+            latest = latest_before(Rule.of(r), cutoff, r.next_run_at)
+            backlog = [latest] if latest else []
+        misfired = 1
+        log.info(
+            "recurring %s: occurrences missed since %s, policy %s",
+            r.name,
+            r.next_run_at,
+            r.misfire.value,
+        )
+        start = cutoff
+    found, next_at = occurrences(Rule.of(r), start, now + window)
+    wanted = backlog + found
+    admitted = _admitted(conn, r, wanted)
+    created = store.insert_occurrences(conn, r, admitted)
+    store.advance_recurring(conn, r.id, next_at)
+    return created, misfired, len(wanted) - len(admitted)
+
+
+def _admitted(conn: Connection, r: Recurring, wanted: list[Occurrence]) -> list[Occurrence]:
+    """Occurrences count against the tenant's ``max_live`` quota like any schedule: those
+    beyond it are not created (logged, and counted as quota refusals)."""
+    cap = store.live_quota(conn, r.tenant) if wanted else None
+    if cap is None:
+        return wanted
+    room = max(0, cap - store.count_live_up_to(conn, r.tenant, cap))
+    if room < len(wanted):
+        metrics.QUOTA_REFUSALS.labels(r.tenant).inc(len(wanted) - room)
+        log.warning(
+            "recurring %s of tenant %s: %d occurrence(s) not created, live quota %d reached",
+            r.name,
+            r.tenant,
+            len(wanted) - room,
+            cap,
+        )
+    return wanted[:room]

@@ -35,7 +35,11 @@ What it promises: any number of schedulers may run at once — row locks with SK
 the atomic push mean no (schedule, version, attempt) is pushed twice. If the process dies
 between the push and the commit, the rows stay unmarked and are claimed again; the push then
 finds the live job and does not create a second one. PostgreSQL or Redis down: the pass
-fails, the loop logs it and backs off (up to ``max_backoff``) and keeps going.
+fails, the loop logs it and backs off (up to ``max_backoff``) and keeps going — so does any
+other error a pass raises (logged with its traceback, counted in
+``duejobs_scheduler_failed_passes_total``): one tenant's data can fail a pass, never stop the
+loop, and a recurring definition that cannot be evaluated is quarantined on its own
+(:mod:`duejobs.recurring`).
 SIGTERM/SIGINT (via :meth:`Scheduler.stop`): no new claim starts, the batch in flight finishes.
 
 Tenants with an in-flight quota (``App.set_quota(max_inflight=)``) have only their *due* rows
@@ -207,14 +211,20 @@ class Scheduler:
         while not self.stopping:
             try:
                 result = self.run_once()
-            except (SQLAlchemyError, RedisError) as exc:
+            except Exception as exc:  # an outage, or a bug one row's data set off: go on
                 metrics.FAILED_PASSES.inc()
                 failures += 1
                 wait = min(
                     self.config.max_backoff.total_seconds(),
                     self.config.poll_interval.total_seconds() * 2**failures,
                 )
-                log.warning("scheduler pass failed (%s); retrying in %.1f s", exc, wait)
+                outage = isinstance(exc, SQLAlchemyError | RedisError)
+                log.warning(
+                    "scheduler pass failed (%s); retrying in %.1f s",
+                    exc,
+                    wait,
+                    exc_info=not outage,
+                )
                 self._stopping.wait(wait)
                 continue
             if failures:

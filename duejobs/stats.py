@@ -28,6 +28,7 @@ from typing import Any
 
 from duejobs import store
 from duejobs.app import App
+from duejobs.delivery import STUCK_AFTER
 from duejobs.reconcile import orphan_jobs
 
 
@@ -106,10 +107,10 @@ def collect(
         now = store.database_now(conn)
         live = store.live_figures(conn, late_after)
         recent = store.activity(conn, since)
-        overdue = store.overdue_queue_jobs(conn, check_limit)
+        overdue = store.overdue_rows(conn, check_limit, STUCK_AFTER)
         quotas = store.quotas(conn)
     deliverer = app.deliverer()
-    pushed = [job for job in overdue if job is not None]
+    pushed = [(r.queue_job_id, r.due_at, r.stuck) for r in overdue if r.queue_job_id]
     alive = deliverer.live(pushed) if pushed else []
     queued, deferred = deliverer.depth()
     return Stats(

@@ -1219,7 +1219,8 @@ def window_page(
     locked (SKIP LOCKED), with their deterministic queue job id — recorded on the rows no
     scheduler has pushed yet (only those are written). The caller pushes them all; a live job
     is left alone."""
-    after_due, after_id = after or (datetime(1970, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+    # The origin precedes every instant a schedule can hold (the API refuses years before 1).
+    after_due, after_id = after or (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
     rows = _fast(
         conn,
         _WINDOW,
@@ -1437,16 +1438,27 @@ def activity(conn: Connection, since: timedelta) -> list[Activity]:
     return result
 
 
-def overdue_queue_jobs(conn: Connection, limit: int) -> list[str | None]:
-    """Queue job ids (None: not pushed) of ``scheduled`` rows already due, oldest first."""
+@dataclass(frozen=True)
+class OverdueRow:
+    """A ``scheduled`` row already due, as stats check it against Redis."""
+
+    queue_job_id: str | None  # None: not pushed yet
+    due_at: datetime
+    stuck: bool  # overdue by more than the ``stuck_after`` asked for
+
+
+def overdue_rows(conn: Connection, limit: int, stuck_after: timedelta) -> list[OverdueRow]:
+    """``scheduled`` rows already due, oldest first (at most ``limit``)."""
     rows = conn.execute(
         text(
-            "SELECT queue_job_id FROM scheduled_jobs WHERE status = 'scheduled' "
+            "SELECT queue_job_id, due_at, "
+            "due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck "
+            "FROM scheduled_jobs WHERE status = 'scheduled' "
             "AND due_at <= statement_timestamp() ORDER BY due_at LIMIT :limit"
         ),
-        {"limit": limit},
+        {"limit": limit, "stuck": stuck_after},
     )
-    return [r.queue_job_id for r in rows]
+    return [OverdueRow(r.queue_job_id, r.due_at.astimezone(UTC), r.stuck) for r in rows]
 
 
 # -- retention -------------------------------------------------------------------------------
@@ -1478,7 +1490,7 @@ def prune_finished(conn: Connection, older_than: timedelta, limit: int) -> int:
 
 RECURRING_COLUMNS = (
     "id, tenant, name, type, payload, cron, timezone, dst_gap, dst_overlap, misfire, grace, "
-    "status, version, next_run_at, created_at, updated_at, queue"
+    "status, version, next_run_at, created_at, updated_at, queue, last_error"
 )
 
 
@@ -1502,6 +1514,7 @@ def _recurring(row: Row[Any]) -> Recurring:
         created_at=m["created_at"].astimezone(UTC),
         updated_at=m["updated_at"].astimezone(UTC),
         queue=m["queue"],
+        last_error=m["last_error"],
     )
 
 
@@ -1519,8 +1532,13 @@ def get_recurring(
     return None if row is None else _recurring(row)
 
 
-def save_recurring(conn: Connection, spec: dict[str, Any], next_run_at: datetime) -> Recurring:
-    """Create the definition, or replace it at version + 1 (the caller holds its lock)."""
+def save_recurring(
+    conn: Connection, spec: dict[str, Any], next_run_at: datetime
+) -> Recurring | None:
+    """Create the definition, or replace it at version + 1 (the caller holds its lock); None
+    when an active definition is already exactly this one — compared as PostgreSQL stores
+    it (``jsonb`` payload, interval), so an identical call never bumps the version. A
+    quarantined definition becomes active again."""
     row = conn.execute(
         text(
             f"""
@@ -1535,13 +1553,47 @@ def save_recurring(conn: Connection, spec: dict[str, Any], next_run_at: datetime
                 timezone = EXCLUDED.timezone, dst_gap = EXCLUDED.dst_gap,
                 dst_overlap = EXCLUDED.dst_overlap, misfire = EXCLUDED.misfire,
                 grace = EXCLUDED.grace, next_run_at = EXCLUDED.next_run_at,
-                version = recurring_schedules.version + 1, updated_at = statement_timestamp()
+                version = recurring_schedules.version + 1, updated_at = statement_timestamp(),
+                status = CASE WHEN recurring_schedules.status = 'error' THEN 'active'
+                              ELSE recurring_schedules.status END,
+                last_error = NULL
+            WHERE (recurring_schedules.type, recurring_schedules.payload,
+                   recurring_schedules.cron, recurring_schedules.timezone,
+                   recurring_schedules.dst_gap, recurring_schedules.dst_overlap,
+                   recurring_schedules.misfire, recurring_schedules.grace,
+                   recurring_schedules.queue, recurring_schedules.status)
+                  IS DISTINCT FROM
+                  (EXCLUDED.type, EXCLUDED.payload, EXCLUDED.cron, EXCLUDED.timezone,
+                   EXCLUDED.dst_gap, EXCLUDED.dst_overlap, EXCLUDED.misfire, EXCLUDED.grace,
+                   EXCLUDED.queue, 'active')
             RETURNING {RECURRING_COLUMNS}
             """
         ),
         {"id": uuid.uuid4(), "next_run_at": next_run_at, **spec},
-    ).one()
-    return _recurring(row)
+    ).first()
+    return None if row is None else _recurring(row)
+
+
+def quarantine_recurring(conn: Connection, recurring_id: uuid.UUID, error: str) -> None:
+    """Set aside a definition the scheduler could not evaluate: status ``error`` with the
+    reason, and a ``quarantined`` event on the definition's id. An update or a resume makes
+    it active again."""
+    conn.execute(
+        text(
+            """
+            WITH upd AS (
+                UPDATE recurring_schedules
+                SET status = 'error', last_error = :error, updated_at = statement_timestamp()
+                WHERE id = :id
+                RETURNING id, tenant, version
+            )
+            INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+            SELECT id, tenant, 'quarantined', version, jsonb_build_object('error', :error)
+            FROM upd
+            """
+        ),
+        {"id": recurring_id, "error": error},
+    )
 
 
 def set_recurring_status(

@@ -13,7 +13,18 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    back into the scheduled registry for ``due_at`` under its own id; no attempt is consumed.
 3. **Runs the handler** with ``ctx`` (ids, version, attempt, ``effect_key``, ``run_at``, and
    the payload read from the row now) under the type's timeout, while a heartbeat thread
-   extends the lease so the reconciler can tell a slow handler from a dead worker.
+   extends the lease so the reconciler can tell a slow handler from a dead worker. An
+   ``async def`` handler runs to completion on an event loop the worker owns (one at a time;
+   ``ctx``'s methods are synchronous and may be called from it).
+
+   **Hard time limits.** At the timeout :class:`~duejobs.errors.HandlerTimeoutError` — a
+   ``BaseException``, so ``except Exception`` cannot swallow it — is raised in the handler,
+   and again every second until it returns; the attempt fails and is retried per the type's
+   policy. A handler still running ``timeout_grace`` after its timeout loses its lease (the
+   heartbeat stops renewing it), its attempt is closed as timed out by the heartbeat thread,
+   and the worker process exits with status 70 (``EXIT_WEDGED``) for its supervisor to start
+   a fresh one (compose ``restart: unless-stopped``, systemd ``Restart=always``); if the
+   database cannot be reached then, the lease expires and the reconciler rescues the row.
 4. **Closes the attempt** only if it is still current: ``succeeded``; or, on an exception,
    another attempt after exponential backoff with full jitter (``run_at`` is never touched;
    ``due_at`` and the attempt row carry the retry time), or ``failed`` with ``last_error``
@@ -34,14 +45,21 @@ or PostgreSQL itself crashes — the worker's claim and outcome commits use
 them can be lost and the schedule runs again. Effects committed through ``ctx.transaction()``
 use the application's durable commits and stay exactly-once in both cases.
 
-Knobs (:class:`WorkerConfig`): ``lease`` (20 s), ``heartbeat`` (5 s), ``max_early_wait``
-(1 s), ``durable_bookkeeping`` (False: set True to fsync every claim and outcome).
+A claim waits at most ``claim_lock_timeout`` (2 s) for a row lock an application
+transaction holds; then the delivery goes back to the scheduled registry for a second later,
+under its own id, without using an attempt.
+
+Knobs (:class:`WorkerConfig`, checked when built): ``lease`` (20 s), ``heartbeat`` (5 s,
+shorter than the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: set True
+to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeout`` (2 s).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
+import inspect
 import logging
 import os
 import signal
@@ -49,9 +67,9 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from redis import Redis
@@ -64,11 +82,14 @@ from sqlalchemy.exc import DBAPIError
 
 from duejobs import metrics, store
 from duejobs.app import App
+from duejobs.delivery import STUCK_AFTER
 from duejobs.errors import (
+    ConfigurationError,
     EffectAlreadyAppliedError,
     HandlerTimeoutError,
     ScheduleChangedError,
 )
+from duejobs.handlers import Handler
 from duejobs.models import Status
 from duejobs.store import SkipReason
 
@@ -78,13 +99,40 @@ log = logging.getLogger("duejobs.worker")
 @dataclass(frozen=True)
 class WorkerConfig:
     """Worker knobs: the lease a running attempt holds, how often it is renewed, how long an
-    early delivery may wait for its time instead of going back to the scheduler, and whether
-    the worker's own claim/outcome commits wait for the disk (see the module docstring)."""
+    early delivery may wait for its time instead of going back to the scheduler, whether
+    the worker's own claim/outcome commits wait for the disk (see the module docstring), how
+    long a handler past its timeout may take to return before the worker ends itself, and how
+    long a claim waits for a row lock an application transaction holds."""
 
     lease: timedelta = timedelta(seconds=20)
     heartbeat: timedelta = timedelta(seconds=5)
     max_early_wait: timedelta = timedelta(seconds=1)
     durable_bookkeeping: bool = False
+    timeout_grace: timedelta = timedelta(seconds=10)
+    claim_lock_timeout: timedelta = timedelta(seconds=2)
+
+    def __post_init__(self) -> None:
+        for name in ("lease", "heartbeat", "timeout_grace", "claim_lock_timeout"):
+            value = getattr(self, name)
+            if not isinstance(value, timedelta) or value <= timedelta(0):
+                raise ConfigurationError(f"{name} must be a positive timedelta, got {value!r}")
+        if self.heartbeat >= self.lease:
+            raise ConfigurationError(
+                f"heartbeat ({self.heartbeat}) must be shorter than the lease ({self.lease}), "
+                "or a slow handler loses its lease between two beats"
+            )
+        if not timedelta(0) <= self.max_early_wait <= timedelta(minutes=1):
+            raise ConfigurationError(
+                f"max_early_wait must be between 0 and 1 minute, got {self.max_early_wait}"
+            )
+        if self.claim_lock_timeout >= STUCK_AFTER:
+            raise ConfigurationError(
+                f"claim_lock_timeout must be shorter than {STUCK_AFTER.total_seconds():g} s"
+            )
+
+    @property
+    def lock_timeout_ms(self) -> int:
+        return max(1, int(self.claim_lock_timeout.total_seconds() * 1000))
 
 
 class Outcome(enum.StrEnum):
@@ -153,22 +201,36 @@ class Context:
         self._finished = True
 
 
+@dataclass(frozen=True)
+class _Watched:
+    """The attempt running now, and what to do if its handler never returns."""
+
+    schedule_id: uuid.UUID
+    version: int
+    attempt: int
+    give_up_at: float  # monotonic: the handler's timeout plus the grace
+    overrun: Callable[[], None]
+
+
 class _Heartbeat:
-    """One thread per worker that renews the lease of the attempt running now."""
+    """One thread per worker that renews the lease of the attempt running now — until the
+    handler's timeout plus ``timeout_grace`` has passed. Then it renews no more and calls the
+    attempt's ``overrun`` (which closes the attempt and ends the process): a handler that
+    swallows its timeout can neither keep its lease nor keep the worker."""
 
     def __init__(self, app: App, config: WorkerConfig) -> None:
         self._app = app
         self._config = config
-        self._current: tuple[uuid.UUID, int, int] | None = None
+        self._current: _Watched | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="duejobs-heartbeat", daemon=True)
         self._thread.start()
 
     @contextlib.contextmanager
-    def watching(self, schedule_id: uuid.UUID, version: int, attempt: int) -> Iterator[None]:
+    def watching(self, watched: _Watched) -> Iterator[None]:
         with self._lock:
-            self._current = (schedule_id, version, attempt)
+            self._current = watched
         try:
             yield
         finally:
@@ -176,16 +238,32 @@ class _Heartbeat:
                 self._current = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self._config.heartbeat.total_seconds()):
+        beat = self._config.heartbeat.total_seconds()
+        while not self._stop.is_set():
             with self._lock:
                 current = self._current
-            if current is None:
-                continue
+            wait = beat
+            if current is not None:
+                wait = min(beat, max(0.0, current.give_up_at - time.monotonic()))
+            if self._stop.wait(wait):
+                return
+            with self._lock:
+                if current is None or self._current is not current:
+                    continue
+            if time.monotonic() >= current.give_up_at:
+                current.overrun()
+                return
             try:
                 with self._app.engine.begin() as conn:
-                    store.extend_lease(conn, *current, self._config.lease)
+                    store.extend_lease(
+                        conn,
+                        current.schedule_id,
+                        current.version,
+                        current.attempt,
+                        self._config.lease,
+                    )
             except Exception:  # keep beating; the next beat may reach the database
-                log.warning("could not renew the lease of %s", current[0], exc_info=True)
+                log.warning("could not renew the lease of %s", current.schedule_id, exc_info=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -193,7 +271,8 @@ class _Heartbeat:
 
 @contextlib.contextmanager
 def _time_limit(limit: timedelta) -> Iterator[None]:
-    """Raise :class:`HandlerTimeoutError` in the handler after ``limit`` (main thread only)."""
+    """Raise :class:`HandlerTimeoutError` in the handler after ``limit``, and again every
+    second until it returns (main thread only; the heartbeat's deadline covers the rest)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -202,7 +281,7 @@ def _time_limit(limit: timedelta) -> Iterator[None]:
         raise HandlerTimeoutError(f"handler ran past its timeout of {limit.total_seconds():g} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, limit.total_seconds())
+    signal.setitimer(signal.ITIMER_REAL, limit.total_seconds(), 1.0)
     try:
         yield
     finally:
@@ -214,6 +293,17 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
+def _lock_busy(exc: DBAPIError) -> bool:
+    """The statement gave up waiting for a row lock (``lock_timeout``)."""
+    return getattr(exc.orig, "sqlstate", None) == "55P03"
+
+
+# The exit status of a worker that ended itself because a handler would not return.
+EXIT_WEDGED = 70
+# How soon a delivery whose row was locked by someone else is tried again.
+LOCK_BUSY_RETRY = timedelta(seconds=1)
+
+
 class _Bookkeeping:
     """The worker's own connection for claims and outcomes.
 
@@ -223,21 +313,24 @@ class _Bookkeeping:
     reconciler), and the next job opens a new one.
     """
 
-    def __init__(self, app: App, durable: bool) -> None:
+    def __init__(self, app: App, config: WorkerConfig) -> None:
         self._app = app
-        self._durable = durable
+        self._config = config
         self._conn: Connection | None = None
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[Connection]:
         if self._conn is None or self._conn.invalidated or self._conn.closed:
             self._conn = self._app.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            if not self._durable:
+            # A row lock held by an application's open transaction must not hold the worker.
+            self._conn.exec_driver_sql(f"SET lock_timeout = {self._config.lock_timeout_ms}")
+            if not self._config.durable_bookkeeping:
                 self._conn.exec_driver_sql("SET synchronous_commit = off")
         try:
             yield self._conn
-        except DBAPIError:
-            self.close()
+        except DBAPIError as exc:
+            if not _lock_busy(exc):  # the connection is fine after a lock timeout
+                self.close()
             raise
 
     def close(self) -> None:
@@ -255,18 +348,33 @@ class Runtime:
         self.config = config or WorkerConfig()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._heartbeat = _Heartbeat(app, self.config)
-        self._db = _Bookkeeping(app, self.config.durable_bookkeeping)
+        self._db = _Bookkeeping(app, self.config)
         # Set by handle() when the delivery came too early: the time to put it back for.
         self.deferred: datetime | None = None
+        # Runs ``async def`` handlers, one at a time, in this worker's thread.
+        self._loop = asyncio.new_event_loop()
+        # How the process ends when a handler will not return (tests replace it).
+        self.exit: Callable[[int], None] = os._exit
 
     def close(self) -> None:
         self._heartbeat.stop()
         self._db.close()
+        self._loop.close()
 
     def handle(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> Outcome:
         """Claim, run and close one delivery; returns what happened."""
         self.deferred = None
-        claim = self._claim(schedule_id, version, attempt, tenant)
+        try:
+            claim = self._claim(schedule_id, version, attempt, tenant)
+        except DBAPIError as exc:
+            if not _lock_busy(exc):
+                raise
+            # Someone holds the row (an open application transaction): try again shortly,
+            # under the same id, without using an attempt.
+            log.info("row %s is locked; delivery put back", schedule_id)
+            self.deferred = datetime.now(UTC) + LOCK_BUSY_RETRY
+            metrics.DELIVERIES.labels(tenant, "-", Outcome.DEFERRED.value).inc()
+            return Outcome.DEFERRED
         outcome = self._run(claim, schedule_id, version, attempt, tenant)
         metrics.DELIVERIES.labels(tenant, claim.type or "-", outcome.value).inc()
         return outcome
@@ -313,26 +421,67 @@ class Runtime:
         if attempt > handler.retry.max_attempts:  # a rescued attempt beyond the policy
             error = f"attempts exhausted ({attempt - 1} of {handler.retry.max_attempts})"
             return self._close(ctx, Status.FAILED, error=error)
+        give_up = time.monotonic() + (handler.timeout + self.config.timeout_grace).total_seconds()
+        watched = _Watched(
+            schedule_id, version, attempt, give_up, lambda: self._overrun(ctx, handler, where)
+        )
         try:
-            with (
-                self._heartbeat.watching(schedule_id, version, attempt),
-                _time_limit(handler.timeout),
-            ):
-                handler.func(ctx, claim.payload)
+            with self._heartbeat.watching(watched), _time_limit(handler.timeout):
+                self._invoke(handler, ctx, claim.payload)
         except ScheduleChangedError as exc:
             log.info("changed while running: %s", exc.reason, extra=where)
             return self._stale(ctx, SkipReason(exc.reason))
         except EffectAlreadyAppliedError:
             return self._close(ctx, Status.SUCCEEDED)
-        except Exception as exc:
+        except (Exception, HandlerTimeoutError) as exc:
             log.warning("attempt failed: %s", _describe(exc), extra=where, exc_info=True)
-            if attempt < handler.retry.max_attempts:
-                wait = handler.retry.delay_before(attempt)
-                return self._close(ctx, Status.SCHEDULED, error=_describe(exc), retry_in=wait)
-            return self._close(ctx, Status.FAILED, error=_describe(exc))
+            with self._db.connection() as conn:
+                return self._failed(conn, ctx, handler, _describe(exc))
         if ctx._finished:
             return Outcome.SUCCEEDED
         return self._close(ctx, Status.SUCCEEDED)
+
+    def _invoke(self, handler: Handler, ctx: Context, payload: Any) -> None:
+        """Call the handler; an ``async def`` one (or any awaitable it returns) runs to
+        completion on this worker's event loop — never a success without a run."""
+        result = handler.func(ctx, payload)
+        if not inspect.isawaitable(result):
+            return
+        task = self._loop.create_task(_awaited(result))
+        try:
+            self._loop.run_until_complete(task)
+        finally:
+            if not task.done():  # the timeout struck: cancel what is left of it
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    self._loop.run_until_complete(asyncio.wait([task], timeout=1))
+
+    def _failed(self, conn: Connection, ctx: Context, handler: Handler, error: str) -> Outcome:
+        """Close a failed attempt by the type's retry policy: another attempt after backoff
+        (``run_at`` untouched), or ``failed`` once attempts are exhausted."""
+        if ctx.attempt < handler.retry.max_attempts:
+            wait = handler.retry.delay_before(ctx.attempt)
+            return self._close(ctx, Status.SCHEDULED, error=error, retry_in=wait, conn=conn)
+        return self._close(ctx, Status.FAILED, error=error, conn=conn)
+
+    def _overrun(self, ctx: Context, handler: Handler, where: dict[str, Any]) -> None:
+        """From the heartbeat thread: the handler is past its timeout and its grace and has
+        not returned. Close its attempt as timed out (on a connection of its own), then end
+        the process so its supervisor starts a fresh one. If the database cannot be reached,
+        the lease, no longer renewed, expires and the reconciler rescues the row."""
+        grace = self.config.timeout_grace.total_seconds()
+        error = (
+            f"HandlerTimeoutError: handler ran past its timeout of "
+            f"{handler.timeout.total_seconds():g} s and did not return within {grace:g} s more"
+        )
+        try:
+            with self.app.engine.begin() as conn:
+                self._failed(conn, ctx, handler, error)
+        except Exception:
+            log.exception("could not close the timed-out attempt; its lease will expire")
+        log.critical("%s; the worker exits (status %d)", error, EXIT_WEDGED, extra=where)
+        logging.shutdown()
+        self.exit(EXIT_WEDGED)
 
     def _claim(
         self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str
@@ -366,8 +515,9 @@ class Runtime:
         *,
         error: str | None = None,
         retry_in: timedelta | None = None,
+        conn: Connection | None = None,
     ) -> Outcome:
-        with self._db.connection() as conn:
+        with contextlib.nullcontext(conn) if conn else self._db.connection() as conn:
             if store.finish(
                 conn,
                 ctx.schedule_id,
@@ -392,6 +542,10 @@ class Runtime:
         with self._db.connection() as conn:
             store.record_stale(conn, ctx.schedule_id, ctx.version, ctx.attempt, reason)
         return Outcome.STALE
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 _runtime: Runtime | None = None

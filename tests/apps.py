@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from datetime import timedelta
@@ -71,6 +72,14 @@ def stall_once(ctx: Context, payload: Any) -> None:
     record(ctx, payload)
 
 
+def stubborn(ctx: Context, payload: Any) -> None:
+    """Swallows everything, its timeout included, for `seconds`: it never returns in time."""
+    give_up = time.monotonic() + float(payload.get("seconds", 60))
+    while time.monotonic() < give_up:
+        with contextlib.suppress(BaseException):  # the point: a handler that will not stop
+            time.sleep(0.05)
+
+
 def register(app: duejobs.App) -> duejobs.App:
     fast = timedelta(milliseconds=50)
     app.handler("record")(record)
@@ -78,6 +87,7 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("flaky", max_attempts=3, backoff=fast, backoff_cap=timedelta(seconds=1))(flaky)
     app.handler("slow", timeout=timedelta(seconds=60))(slow)
     app.handler("stall-once", timeout=timedelta(minutes=5))(stall_once)
+    app.handler("stubborn", timeout=timedelta(seconds=1), max_attempts=2)(stubborn)
     return app
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.errors import InvalidScheduleError, UnknownTimezoneError
+from duejobs.metrics import RECURRING_QUARANTINED
 from duejobs.models import DstGap, DstOverlap
 from duejobs.recurring import InvalidCronError, Rule, materialize_once, occurrences
 from tests.conftest import System
@@ -298,3 +299,95 @@ def test_recurring_from_the_shell(app: App, database_url: str, redis_url: str) -
     assert bad.returncode == 2 and "not a valid cron" in bad.stderr
     assert run("delete", "digest", "--tenant", "acme").returncode == 0
     assert run("delete", "digest", "--tenant", "acme").returncode == 1
+
+
+# -- definitions that cannot break the scheduler ---------------------------------------------
+
+
+def _break_zone(app: App, name: str) -> None:
+    """A zone the App's host knew and the scheduler's host's tzdata lacks."""
+    with app.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE recurring_schedules SET timezone = 'Mars/Olympus' WHERE name = :n"),
+            {"n": name},
+        )
+
+
+def test_a_definition_that_fails_at_run_time_is_quarantined_and_the_pass_goes_on(
+    system: System,
+) -> None:
+    app = system.app
+    app.recurring("broken", cron="* * * * *", type="record")
+    app.recurring("fine", cron="* * * * *", type="record")
+    _break_zone(app, "broken")
+    one_off = app.schedule("record", {}, delay=0)
+    before = RECURRING_QUARANTINED.labels("default")._value.get()
+    result = system.scheduler.run_once()  # raised ZoneInfoNotFoundError before, every pass
+    assert result.claimed >= 1
+    broken, fine = app.get_recurring("broken"), app.get_recurring("fine")
+    assert broken is not None and broken.status == "error"
+    assert broken.last_error is not None and "Mars/Olympus" in broken.last_error
+    assert fine is not None and fine.status == "active"
+    assert [e.kind.value for e in app.history(broken.id)] == ["quarantined"]
+    assert RECURRING_QUARANTINED.labels("default")._value.get() == before + 1
+    assert 14 <= len(_rows(app)) <= 16  # every occurrence is the fine one's
+    system.work()
+    assert system.status(one_off.id) == "succeeded"
+    assert system.scheduler.run_once().claimed == 0  # set aside: not retried every pass
+
+
+def test_a_quarantined_definition_is_active_again_once_it_is_fixed(app: App) -> None:
+    app.recurring("broken", cron="* * * * *", type="record")
+    _break_zone(app, "broken")
+    assert materialize_once(app.engine, WINDOW).quarantined == 1
+    fixed = app.update_recurring("broken", timezone="Europe/Lisbon")
+    assert (fixed.status, fixed.last_error, fixed.version) == ("active", None, 2)
+    assert materialize_once(app.engine, WINDOW).created >= 14
+
+
+@pytest.mark.parametrize(
+    ("cron", "message"),
+    [
+        ("*/5 * * * * 10", "seconds field comes first in Quartz"),
+        ("0 */5 * * * *", "seconds field comes first in Quartz"),
+        ("R 9 * * *", "random or hashed"),
+        ("0 9 ? * *", "write \\* instead"),
+        ("0 9 * * 1#2", "differs between dialects"),
+        ("0 9 15W * *", "differs between dialects"),
+        ("@reboot", "unknown nickname"),
+        ("0 0 30 2 *", "cannot be evaluated"),
+        ("0 9 * *", "has 4 fields"),
+    ],
+)
+def test_cron_that_dialects_read_differently_or_that_never_fires_is_refused(
+    app: App, cron: str, message: str
+) -> None:
+    with pytest.raises(InvalidCronError, match=message):
+        app.recurring("bad", cron=cron, type="record")
+    assert app.get_recurring("bad") is None
+
+
+@pytest.mark.parametrize(
+    "cron", ["0 9 L * *", "@daily", "@HOURLY", "0 9 * jan-mar mon-fri", "0 9 * * 7", "*/15 * * * *"]
+)
+def test_standard_cron_and_its_nicknames_are_accepted(app: App, cron: str) -> None:
+    assert app.recurring("ok", cron=cron, type="record").status == "active"
+
+
+def test_occurrences_count_against_the_tenants_live_quota(app: App) -> None:
+    app.set_quota("acme", max_live=3)
+    acme = app.tenant("acme")
+    acme.schedule("record", {}, delay=timedelta(hours=1))
+    acme.recurring("tick", cron="* * * * *", type="record")
+    result = materialize_once(app.engine, WINDOW)
+    assert (result.created, result.refused >= 12) == (2, True)
+    assert len(_rows(app)) == 2
+
+
+def test_recurring_again_with_a_payload_postgres_normalizes_changes_nothing(app: App) -> None:
+    payload = {"threshold": 1e20, "ratio": 0.5, "nested": {"b": [1, 2.0], "a": None}}
+    first = app.recurring("tick", cron="* * * * *", type="record", payload=payload)
+    materialize_once(app.engine, WINDOW)
+    again = app.recurring("tick", cron="* * * * *", type="record", payload=payload)
+    assert (again.version, again.id) == (1, first.id)
+    assert {status for _, status, _ in _rows(app)} == {"scheduled"}  # nothing superseded

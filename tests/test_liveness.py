@@ -1,0 +1,280 @@
+"""Liveness: nothing stays stuck while the figures say all is well.
+
+A job hash alone does not prove a delivery is coming: only its id on its queue (or between
+RQ's lists), in its scheduled registry at its time, or started by a worker that is alive.
+Each test leaves Redis in one of the states that once fooled the push, the reconciler and
+``stats`` into calling a lost job live, and checks that the schedule runs anyway.
+
+Seen failing against a build whose push and ``live()`` trusted the hash's ``status`` alone
+(every test below but the ones that check a live job is left alone).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from duejobs import App, Status, recurring, stats, store
+from duejobs.delivery import WORKER_PREFIX
+from duejobs.errors import ConfigurationError
+from duejobs.metrics import FAILED_PASSES, OVERDUE_REPUSHED
+from duejobs.reconcile import ReconcileConfig, Reconciler
+from duejobs.scheduler import Scheduler
+from duejobs.worker import EXIT_WEDGED, Context, Outcome, Runtime, WorkerConfig
+from tests.apps import record, register
+from tests.conftest import Proc, System, wait_for
+from tests.test_processes import WORKER
+
+JOB_PREFIX = "rq:job:"
+
+
+def _pushed(system: System, **when: object) -> tuple[object, str]:
+    s = system.app.schedule("record", {}, **when)  # type: ignore[arg-type]
+    system.scheduler.run_once()
+    pushed = system.app.get(s.id)
+    assert pushed is not None and pushed.queue_job_id is not None
+    return s.id, pushed.queue_job_id
+
+
+def _queue_key(system: System) -> str:
+    return system.scheduler.deliverer.queue.key
+
+
+def _registry_key(system: System) -> str:
+    return system.scheduler.deliverer.scheduled_key
+
+
+def _without_job(system: System) -> int:
+    return stats.collect(system.app).schedules_without_job
+
+
+def test_a_queued_job_hash_whose_id_left_the_queue_is_pushed_again(system: System) -> None:
+    schedule_id, job = _pushed(system, delay=0)
+    system.redis.lrem(_queue_key(system), 0, job)  # a plain pop by a worker that then died
+    assert system.redis.hget(JOB_PREFIX + job, "status") == b"queued"
+    assert _without_job(system) == 1
+    result = Reconciler(system.app).run_once()
+    assert result.repushed == 1
+    assert system.redis.lrange(_queue_key(system), 0, -1) == [job.encode()]
+    assert _without_job(system) == 0
+    system.work()
+    assert system.status(schedule_id) == "succeeded"
+    assert len(system.effects()) == 1
+
+
+def test_a_scheduled_job_hash_missing_from_its_registry_is_pushed_again(system: System) -> None:
+    _schedule_id, job = _pushed(system, delay=timedelta(minutes=5))
+    system.redis.zrem(_registry_key(system), job)
+    assert system.redis.hget(JOB_PREFIX + job, "status") == b"scheduled"
+    assert Reconciler(system.app).run_once().repushed == 1
+    assert system.redis.zscore(_registry_key(system), job) is not None
+
+
+def test_a_job_started_by_a_worker_that_is_gone_is_pushed_again(system: System) -> None:
+    schedule_id, job = _pushed(system, delay=0)
+    system.redis.lpop(_queue_key(system))
+    system.redis.hset(JOB_PREFIX + job, mapping={"status": "started", "worker_name": "ghost"})
+    assert _without_job(system) == 1
+    assert Reconciler(system.app).run_once().repushed == 1
+    system.work()
+    assert system.status(schedule_id) == "succeeded"
+
+
+def test_a_job_started_by_a_live_worker_is_left_alone_until_it_is_stuck(system: System) -> None:
+    _schedule_id, job = _pushed(system, delay=0)
+    system.redis.lpop(_queue_key(system))
+    system.redis.hset(JOB_PREFIX + job, mapping={"status": "started", "worker_name": "busy"})
+    system.redis.set(WORKER_PREFIX + "busy", "1")
+    patient = Reconciler(system.app, ReconcileConfig(stuck_after=timedelta(hours=1)))
+    assert patient.run_once().repushed == 0
+    assert _without_job(system) == 0
+
+
+@pytest.mark.parametrize("where", ["started by a live worker", "between RQ's lists"])
+def test_a_row_overdue_past_the_threshold_is_repushed_whatever_its_job_hash_says(
+    system: System, where: str
+) -> None:
+    schedule_id, job = _pushed(system, delay=0)
+    system.redis.lpop(_queue_key(system))
+    if where == "between RQ's lists":
+        system.redis.rpush(_queue_key(system) + ":intermediate", job)
+    else:
+        system.redis.hset(JOB_PREFIX + job, mapping={"status": "started", "worker_name": "w"})
+        system.redis.set(WORKER_PREFIX + "w", "1")
+    with system.app.engine.begin() as conn:  # the row has waited a minute for its claim
+        conn.exec_driver_sql(
+            "UPDATE scheduled_jobs SET due_at = due_at - interval '1 minute' "
+            f"WHERE id = '{schedule_id}'"
+        )
+    before = OVERDUE_REPUSHED._value.get()
+    assert _without_job(system) == 1
+    result = Reconciler(system.app).run_once()
+    assert (result.repushed, result.overdue_repushed) == (1, 1)
+    assert OVERDUE_REPUSHED._value.get() == before + 1
+    assert system.redis.llen(_queue_key(system) + ":intermediate") == 0
+    system.work()
+    assert system.status(schedule_id) == "succeeded"
+    assert len(system.effects()) == 1
+
+
+def test_a_job_waiting_on_its_queue_is_never_pushed_twice(system: System) -> None:
+    ids = [_pushed(system, delay=0)[0] for _ in range(5)]
+    with system.app.engine.begin() as conn:  # a backlog: all overdue past the threshold
+        conn.exec_driver_sql("UPDATE scheduled_jobs SET due_at = due_at - interval '1 hour'")
+    assert Reconciler(system.app).run_once().repushed == 0
+    assert system.redis.llen(_queue_key(system)) == 5
+    assert _without_job(system) == 0
+    system.work()
+    assert all(system.status(i) == "succeeded" for i in ids)
+
+
+# -- hard time limits, async handlers, locked rows -------------------------------------------
+
+
+def test_a_handler_that_catches_exception_cannot_swallow_its_timeout(system: System) -> None:
+    def retry_forever(ctx: object, payload: object) -> None:
+        give_up = time.monotonic() + 5
+        while time.monotonic() < give_up:
+            try:
+                time.sleep(0.05)
+            except Exception:  # a retry loop: it used to swallow the timeout here
+                continue
+
+    system.app.handler("retry-forever", max_attempts=1, timeout=timedelta(milliseconds=300))(
+        retry_forever
+    )
+    s = system.app.schedule("retry-forever", {}, delay=0)
+    system.scheduler.run_once()
+    started = time.monotonic()
+    system.work()
+    assert time.monotonic() - started < 4
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error is not None and stored.last_error.startswith("HandlerTimeoutError")
+
+
+def test_a_handler_that_never_returns_loses_its_lease_and_its_worker_exits(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    s = system.app.schedule("stubborn", {"seconds": 120}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--burst", "--timeout-grace", "1s")
+    # timeout 1 s + grace 1 s; the heartbeat (5 s) must not keep it alive past that
+    assert worker.popen.wait(timeout=30) == EXIT_WEDGED, worker.output()
+    assert "did not return within 1 s more" in worker.output()
+    stored = system.app.get(s.id)
+    assert stored is not None
+    assert (stored.status, stored.attempts) == (Status.SCHEDULED, 1)  # retried per its policy
+    assert stored.last_error is not None and "did not return" in stored.last_error
+    with system.app.engine.connect() as conn:
+        lease = conn.execute(
+            text("SELECT lease_expires_at FROM scheduled_jobs WHERE id = :id"), {"id": s.id}
+        ).scalar_one()
+    assert lease is None
+
+
+def test_an_async_handler_is_awaited_before_it_counts_as_succeeded(system: System) -> None:
+    async def record_later(ctx: Context, payload: object) -> None:
+        await asyncio.sleep(0.01)
+        record(ctx, payload)
+
+    system.app.handler("async-record")(record_later)
+    s = system.app.schedule("async-record", {}, delay=0)
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    assert [key for key, _ in system.effects()] == [f"async-record:{s.id}:1"]
+
+
+def test_an_async_handler_past_its_timeout_fails(system: System) -> None:
+    async def hang(ctx: Context, payload: object) -> None:
+        await asyncio.sleep(10)
+
+    system.app.handler("async-hang", max_attempts=1, timeout=timedelta(milliseconds=300))(hang)
+    s = system.app.schedule("async-hang", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error is not None and stored.last_error.startswith("HandlerTimeoutError")
+
+
+def test_a_claim_gives_up_on_a_row_an_open_transaction_locks_without_using_an_attempt(
+    app: App, redis_client: object
+) -> None:
+    register(app)
+    runtime = Runtime(app, WorkerConfig(claim_lock_timeout=timedelta(milliseconds=200)))
+    s = app.schedule("record", {}, delay=0)
+    try:
+        with app.engine.connect() as holder:
+            holder.execute(
+                text("SELECT 1 FROM scheduled_jobs WHERE id = :id FOR UPDATE"), {"id": s.id}
+            )
+            started = time.monotonic()
+            assert runtime.handle(s.id, 1, 1, "default") is Outcome.DEFERRED
+            assert time.monotonic() - started < 2
+            assert runtime.deferred is not None
+            holder.rollback()
+        stored = app.get(s.id)
+        assert stored is not None and (stored.status, stored.attempts) == (Status.SCHEDULED, 0)
+        assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
+    finally:
+        runtime.close()
+
+
+@pytest.mark.parametrize(
+    ("knobs", "named"),
+    [
+        ({"heartbeat": timedelta(seconds=30)}, "heartbeat"),
+        ({"lease": timedelta(0)}, "lease"),
+        ({"timeout_grace": timedelta(seconds=-1)}, "timeout_grace"),
+        ({"max_early_wait": timedelta(hours=1)}, "max_early_wait"),
+    ],
+)
+def test_a_worker_config_that_cannot_work_is_refused(knobs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        WorkerConfig(**knobs)
+
+
+# -- loops that one bad pass cannot stop ------------------------------------------------------
+
+
+@pytest.mark.parametrize("loop", ["scheduler", "reconciler"])
+def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
+    system: System, monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    calls = {"n": 0}
+    real = recurring.materialize_once if loop == "scheduler" else store.rescue_expired
+
+    def fails_once(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a bug one row's data sets off")
+        return real(*args, **kwargs)
+
+    if loop == "scheduler":
+        monkeypatch.setattr(recurring, "materialize_once", fails_once)
+        service: Scheduler | Reconciler = system.scheduler
+        run: Callable[[], None] = system.scheduler.run
+    else:
+        monkeypatch.setattr(store, "rescue_expired", fails_once)
+        service = Reconciler(system.app)
+        run = functools.partial(service.run, timedelta(milliseconds=50))
+    failed_before = FAILED_PASSES._value.get()
+    s = system.app.schedule("record", {}, delay=0)
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: system.app.get(s.id).queue_job_id is not None, 10, "a push")  # type: ignore[union-attr]
+    finally:
+        service.stop()
+        thread.join(10)
+    assert calls["n"] >= 2
+    if loop == "scheduler":
+        assert FAILED_PASSES._value.get() == failed_before + 1
