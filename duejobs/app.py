@@ -71,13 +71,14 @@ from duejobs.models import (
     ScheduleRequest,
 )
 from duejobs.recurring import Rule, check_cron, plan
-from duejobs.timespec import as_delay, parse_when, zone
+from duejobs.timespec import MAX_DURATION, as_delay, parse_when, zone
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_TENANT,
     check_key,
     check_queue,
     check_tenant,
+    check_text,
     check_type,
     encode_payload,
     payload_encoder,
@@ -257,8 +258,10 @@ class App:
         spread = as_delay(jitter, "jitter")
         policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, backoff_cap=backoff_cap)
         job_type = check_type(job_type)
-        if timeout <= timedelta(0):
-            raise InvalidHandlerError(f"timeout must be positive, got {timeout}")
+        if not timedelta(0) < timeout <= MAX_DURATION:
+            raise InvalidHandlerError(
+                f"timeout must be positive and at most 100 years, got {timeout}"
+            )
 
         def register(func: F) -> F:
             self._core.handlers[job_type] = Handler(job_type, func, policy, timeout, spread, route)
@@ -325,7 +328,7 @@ class App:
                 existing = store.live_by_key(c, new.tenant, new.key) if new.key else None
                 if existing is not None:
                     return existing
-                metrics.QUOTA_REFUSALS.labels(new.tenant).inc()
+                metrics.QUOTA_REFUSALS.labels(metrics.tenant_label(new.tenant)).inc()
                 raise QuotaExceededError(new.tenant, cap)
             schedule, _created = store.insert_schedule(c, new)
         return schedule
@@ -352,7 +355,7 @@ class App:
                 for tenant, wanted in tenants.items():
                     cap = self._live_quota(c, tenant)
                     if cap is not None and store.count_live_up_to(c, tenant, cap + 1) > cap:
-                        metrics.QUOTA_REFUSALS.labels(tenant).inc(wanted)
+                        metrics.QUOTA_REFUSALS.labels(metrics.tenant_label(tenant)).inc(wanted)
                         raise QuotaExceededError(tenant, cap)
         return ids
 
@@ -501,6 +504,7 @@ class App:
         """
         if not isinstance(name, str) or not name or len(name) > 200:
             raise InvalidScheduleError(f"recurring name must be 1-200 characters, got {name!r}")
+        check_text(name, "recurring name")
         rule = Rule(
             check_cron(cron),
             str(zone(timezone)),

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -51,7 +51,10 @@ def services(data_dir: Path) -> Iterator[EmbeddedServices | None]:
     if os.environ.get(DATABASE_ENV) and os.environ.get(REDIS_ENV):
         yield None
         return
-    embedded = start_embedded(data_dir)
+    try:
+        embedded = start_embedded(data_dir)
+    except DuejobsError as exc:
+        _fail(exc)
     click.echo(embedded.describe(), err=True)
     os.environ.setdefault(DATABASE_ENV, embedded.database_url)
     os.environ.setdefault(REDIS_ENV, embedded.redis_url)
@@ -59,6 +62,57 @@ def services(data_dir: Path) -> Iterator[EmbeddedServices | None]:
         yield embedded
     finally:
         embedded.stop()
+
+
+if TYPE_CHECKING:  # generic in click's stubs since 8.2; a plain class before at run time
+    _ParamType = click.ParamType[Any]
+else:
+    _ParamType = click.ParamType
+
+
+class Duration(_ParamType):
+    """A duration flag: ``250ms``, ``45s``, ``30m``, ``1h30m``, ``2d`` or plain seconds — the
+    one syntax of every duration the CLI takes."""
+
+    name = "duration"
+
+    def __init__(self, *, positive: bool = False) -> None:
+        self.positive = positive
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            duration = parse_duration(str(value))
+        except DuejobsError as exc:
+            self.fail(str(exc).removeprefix("duration: "), param, ctx)
+        if self.positive and duration <= timedelta(0):
+            self.fail(f"must be greater than zero, got {value!r}", param, ctx)
+        return duration
+
+
+DURATION = Duration()
+POSITIVE = Duration(positive=True)
+LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
+
+
+class _Cli(click.Group):
+    """Bad flags are one line on stderr and exit status 2 (no usage block to scroll past)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(2)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def _fail(exc: Exception) -> NoReturn:
@@ -119,23 +173,23 @@ def _when_options(func: F) -> F:
         func
     )
     func = click.option("--at", "at", help="ISO 8601 time, e.g. 2026-10-30T09:00:00-03:00.")(func)
-    return click.option("--in", "delay", help="Delay from the database clock: 45s, 30m, 1h30m.")(
-        func
-    )
+    return click.option(
+        "--in", "delay", type=DURATION, help="Delay from the database clock: 45s, 30m, 1h30m."
+    )(func)
 
 
-def _when(delay: str | None, at: str | None) -> dict[str, Any]:
+def _when(delay: timedelta | None, at: str | None) -> dict[str, Any]:
     if at is not None:
         try:
             return {"run_at": datetime.fromisoformat(at)}
         except ValueError as exc:
             raise click.BadParameter(f"not an ISO 8601 time: {at!r}", param_hint="--at") from exc
     if delay is not None:
-        return {"delay": parse_duration(delay)}
+        return {"delay": delay}
     return {}
 
 
-@click.group()
+@click.group(cls=_Cli)
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -173,7 +227,7 @@ def migrate(ctx: click.Context) -> None:
 def schedule(
     ctx: click.Context,
     job_type: str,
-    delay: str | None,
+    delay: timedelta | None,
     at: str | None,
     timezone: str | None,
     payload: str,
@@ -213,7 +267,7 @@ def cancel(ctx: click.Context, schedule_id: str) -> None:
 def reschedule(
     ctx: click.Context,
     schedule_id: str,
-    delay: str | None,
+    delay: timedelta | None,
     at: str | None,
     timezone: str | None,
     expected_version: int | None,
@@ -280,7 +334,7 @@ def _operations(func: F) -> F:
     func = click.option(
         "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
     )(func)
-    return click.option("--log-level", default="info", show_default=True)(func)
+    return click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)(func)
 
 
 def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
@@ -291,18 +345,26 @@ def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
 
 @main.command()
 @click.option("--app", "app_ref", help="MODULE:APP whose queue to use (default: App()).")
-@click.option("--window", default="15m", show_default=True, help="How far ahead to push.")
+@click.option(
+    "--window", type=DURATION, default="15m", show_default=True, help="How far ahead to push."
+)
 @click.option("--batch-size", default=100, show_default=True, help="Rows per claim.")
-@click.option("--poll-interval", default=0.1, show_default=True, help="Seconds between passes.")
+@click.option(
+    "--poll-interval",
+    type=POSITIVE,
+    default="100ms",
+    show_default=True,
+    help="Pause between passes.",
+)
 @click.option("--concurrency", default=2, show_default=True, help="Parallel claim loops.")
 @_operations
 @click.pass_context
 def scheduler(
     ctx: click.Context,
     app_ref: str | None,
-    window: str,
+    window: timedelta,
     batch_size: int,
-    poll_interval: float,
+    poll_interval: timedelta,
     concurrency: int,
     log_level: str,
     log_format: str,
@@ -314,9 +376,9 @@ def scheduler(
         app = load_app(app_ref) if app_ref else App()
         try:
             config = SchedulerConfig(
-                window=parse_duration(window),
+                window=window,
                 batch_size=batch_size,
-                poll_interval=timedelta(seconds=poll_interval),
+                poll_interval=poll_interval,
                 concurrency=concurrency,
             )
             loop = Scheduler(app, config)
@@ -341,11 +403,14 @@ def scheduler(
 )
 @click.option("--name", help="Worker name (default: host:pid).")
 @click.option(
-    "--lease", default=20.0, show_default=True, help="Seconds a running job's lease lasts."
+    "--lease", type=POSITIVE, default="20s", show_default=True, help="A running job's lease."
 )
-@click.option("--heartbeat", default=5.0, show_default=True, help="Seconds between renewals.")
+@click.option(
+    "--heartbeat", type=POSITIVE, default="5s", show_default=True, help="Between renewals."
+)
 @click.option(
     "--timeout-grace",
+    type=POSITIVE,
     default="10s",
     show_default=True,
     help="How long a handler past its timeout may take to return before the worker exits "
@@ -359,25 +424,21 @@ def worker(
     burst: bool,
     queues: tuple[str, ...],
     name: str | None,
-    lease: float,
-    heartbeat: float,
-    timeout_grace: str,
+    lease: timedelta,
+    heartbeat: timedelta,
+    timeout_grace: timedelta,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
 ) -> None:
     """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
     _operate(log_level, log_format, metrics_port)
-    if not 0 < heartbeat < lease:
-        raise click.BadParameter("need 0 < --heartbeat < --lease", param_hint="--heartbeat")
+    if heartbeat >= lease:
+        raise click.BadParameter("must be shorter than --lease", param_hint="--heartbeat")
     try:
-        config = WorkerConfig(
-            lease=timedelta(seconds=lease),
-            heartbeat=timedelta(seconds=heartbeat),
-            timeout_grace=parse_duration(timeout_grace),
-        )
+        config = WorkerConfig(lease=lease, heartbeat=heartbeat, timeout_grace=timeout_grace)
     except DuejobsError as exc:
-        _fail(exc)
+        raise click.BadParameter(str(exc)) from exc
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref)
         runtime = Runtime(app, config, name=name)
@@ -409,11 +470,14 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--every", type=float, help="Run a pass every SECONDS until SIGTERM/SIGINT.")
-@click.option("--window", default="15m", show_default=True, help="How far ahead to check.")
+@click.option("--every", type=POSITIVE, help="Run a pass this often until SIGTERM/SIGINT: 5s.")
+@click.option(
+    "--window", type=DURATION, default="15m", show_default=True, help="How far ahead to check."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
 @click.option(
     "--stats-every",
+    type=POSITIVE,
     default="1m",
     show_default=True,
     help="With --metrics-port: refresh the stats gauges at most this often.",
@@ -422,10 +486,10 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
 @click.pass_context
 def reconcile(
     ctx: click.Context,
-    every: float | None,
-    window: str,
+    every: timedelta | None,
+    window: timedelta,
     as_json: bool,
-    stats_every: str,
+    stats_every: timedelta,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
@@ -436,9 +500,9 @@ def reconcile(
     then at most every --stats-every: they count every live row (about 4 s at 5 million live
     schedules), while a pass costs what the window holds."""
     _operate(log_level, log_format, metrics_port)
-    refresh = parse_duration(stats_every).total_seconds()
+    refresh = stats_every.total_seconds()
     with _app(ctx) as app:
-        reconciler = Reconciler(app, ReconcileConfig(window=parse_duration(window)))
+        reconciler = Reconciler(app, ReconcileConfig(window=window))
         next_stats = time.monotonic()
 
         def report(result: ReconcileResult) -> None:
@@ -453,32 +517,40 @@ def reconcile(
             return
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: reconciler.stop())
-        reconciler.run(timedelta(seconds=every), report=report)
+        reconciler.run(every, report=report)
 
 
 @main.command()
-@click.option("--since", default="1h", show_default=True, help="How much history to read.")
-@click.option("--late-after", default="1m", show_default=True, help="Overdue beyond this: late.")
+@click.option(
+    "--since", type=POSITIVE, default="1h", show_default=True, help="How much history to read."
+)
+@click.option(
+    "--late-after", type=DURATION, default="1m", show_default=True, help="Overdue beyond: late."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def stats(ctx: click.Context, since: str, late_after: str, as_json: bool) -> None:
+def stats(ctx: click.Context, since: timedelta, late_after: timedelta, as_json: bool) -> None:
     """Lag, late jobs, orphans and counts, overall and per tenant / type."""
     with _app(ctx) as app:
-        figures = collect_stats(
-            app, since=parse_duration(since), late_after=parse_duration(late_after)
-        )
+        figures = collect_stats(app, since=since, late_after=late_after)
         click.echo(json.dumps(figures.as_dict()) if as_json else render_stats(figures))
 
 
 @main.command()
-@click.option("--older-than", required=True, help="Age of finished schedules to delete: 30d.")
-@click.option("--batch-size", default=1000, show_default=True, help="Rows per transaction.")
+@click.option(
+    "--older-than", type=POSITIVE, required=True, help="Age of finished schedules to delete: 30d."
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Rows per transaction.",
+)
 @click.pass_context
-def prune(ctx: click.Context, older_than: str, batch_size: int) -> None:
+def prune(ctx: click.Context, older_than: timedelta, batch_size: int) -> None:
     """Delete finished schedules (and their history) older than --older-than, in batches."""
-    age = parse_duration(older_than)
-    if age <= timedelta(0) or batch_size < 1:
-        raise click.BadParameter("need a positive age and batch size", param_hint="--older-than")
+    age = older_than
     with _app(ctx) as app:
         started, total = time.monotonic(), 0
         while True:
@@ -518,7 +590,9 @@ _TENANT = click.option("--tenant", default=None, help="Tenant name (default: 'de
 @click.option("--dst-gap", type=click.Choice([g.value for g in DstGap]), default="shift")
 @click.option("--dst-overlap", type=click.Choice([o.value for o in DstOverlap]), default="once")
 @click.option("--misfire", type=click.Choice([m.value for m in Misfire]), default="latest")
-@click.option("--grace", default="0s", show_default=True, help="Late by less: still on time.")
+@click.option(
+    "--grace", type=DURATION, default="0s", show_default=True, help="Late by less: on time."
+)
 @_TENANT
 @click.pass_context
 def recurring_set(
@@ -531,7 +605,7 @@ def recurring_set(
     dst_gap: str,
     dst_overlap: str,
     misfire: str,
-    grace: str,
+    grace: timedelta,
     tenant: str | None,
 ) -> None:
     """Create or replace the recurring schedule NAME."""
@@ -551,7 +625,7 @@ def recurring_set(
                 dst_gap=dst_gap,
                 dst_overlap=dst_overlap,
                 misfire=misfire,
-                grace=parse_duration(grace),
+                grace=grace,
             )
         )
 

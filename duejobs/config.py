@@ -10,18 +10,37 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from sqlalchemy.engine import make_url
+
 from duejobs.errors import ConfigurationError
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
 
 
+def redacted(url: str) -> str:
+    """The URL as it may appear in a message or a log: its password replaced by ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not even a URL: show its scheme at most
+        return url.split("://", 1)[0] + "://…" if "://" in url else "(not a URL)"
+
+
 def sqlalchemy_url(url: str) -> str:
-    """A PostgreSQL URL in the form SQLAlchemy needs to use psycopg 3."""
-    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
-    raise ConfigurationError(f"not a PostgreSQL URL (postgresql://...): {url!r}")
+    """A PostgreSQL URL in the form SQLAlchemy needs to use psycopg 3. Any spelling
+    SQLAlchemy reads as PostgreSQL is accepted (``postgres://``, ``postgresql://``,
+    ``postgresql+psycopg2://``, ...); the password never appears in an error."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigurationError(
+            f"not a database URL: {redacted(url)} (expected postgresql://user:pass@host/db)"
+        ) from None
+    if parsed.get_backend_name() not in ("postgresql", "postgres"):
+        raise ConfigurationError(
+            f"not a PostgreSQL URL: {redacted(url)} (expected postgresql://user:pass@host/db)"
+        )
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
 def libpq_url(url: str) -> str:

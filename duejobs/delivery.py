@@ -186,12 +186,23 @@ return 0
 """
 
 
+def job_tenant_part(tenant: str) -> str:
+    """How a tenant is spelled inside job ids (RQ allows no ``.``)."""
+    return tenant.replace(".", "_")
+
+
 def job_id(tenant: str, schedule_id: uuid.UUID, version: int, attempt: int) -> str:
     """The RQ job id of one delivery: a pure function of its four parts."""
-    return f"dj-{tenant.replace('.', '_')}-{schedule_id.hex}-v{version}-a{attempt}"
+    return f"dj-{job_tenant_part(tenant)}-{schedule_id.hex}-v{version}-a{attempt}"
 
 
-_JOB_ID = re.compile(r"dj-[A-Za-z0-9_-]+-(?P<id>[0-9a-f]{32})-v(?P<v>\d+)-a(?P<a>\d+)")
+_JOB_ID = re.compile(r"dj-(?P<tenant>[A-Za-z0-9_-]+)-(?P<id>[0-9a-f]{32})-v(?P<v>\d+)-a(?P<a>\d+)")
+
+
+def job_tenant(queue_job_id: str) -> str | None:
+    """The tenant part of a duejobs job id (see :func:`job_tenant_part`); None for others."""
+    match = _JOB_ID.fullmatch(queue_job_id)
+    return None if match is None else match["tenant"]
 
 
 def parse_job_id(queue_job_id: str) -> tuple[uuid.UUID, int, int] | None:

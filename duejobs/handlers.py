@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from duejobs.errors import InvalidHandlerError
+from duejobs.timespec import MAX_DURATION
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ class RetryPolicy:
             raise InvalidHandlerError(f"max_attempts must be at least 1, got {self.max_attempts}")
         if self.backoff <= timedelta(0) or self.backoff_cap < self.backoff:
             raise InvalidHandlerError("backoff must be positive and backoff_cap >= backoff")
+        if self.backoff_cap > MAX_DURATION:
+            raise InvalidHandlerError(
+                f"backoff_cap must be at most 100 years, got {self.backoff_cap}"
+            )
 
     def delay_before(self, attempt: int, rng: random.Random | None = None) -> timedelta:
         """Wait before attempt number ``attempt + 1``, uniformly drawn in [0, ceiling]."""

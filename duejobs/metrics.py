@@ -22,12 +22,16 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
   ``duejobs_schedules_without_job``, ``duejobs_jobs_without_schedule``,
   ``duejobs_redis_jobs{where}``.
 
-Tenant labels multiply series by the number of tenants: fine for tens or hundreds, not for
-millions (use ``duejobs stats`` per tenant instead).
+Label values are bounded: a tenant label keeps its name for the first ``MAX_TENANT_LABELS``
+(500) tenants a process sees and reads ``other`` after that; a type label is a type this
+worker has a handler for, else ``unregistered``. Per-tenant gauges of a tenant that no longer
+has live rows are removed. For more tenants than that, use ``duejobs stats`` per tenant.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
@@ -87,19 +91,56 @@ def serve(port: int) -> None:
     start_http_server(port)
 
 
+class _BoundedLabel:
+    """Keeps one label's series bounded: the first ``limit`` distinct values keep their name,
+    later ones are counted under ``"other"`` (tenants are unbounded, series must not be)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(value)
+                return value
+        return OTHER
+
+
+OTHER = "other"
+MAX_TENANT_LABELS = 500
+tenant_label = _BoundedLabel(MAX_TENANT_LABELS)
+_PER_TENANT = (SCHEDULED, RUNNING, IN_FLIGHT, OVERDUE, LATE)
+_shown: set[str] = set()
+
+
 def observe_stats(stats: Stats) -> None:
-    """Set the gauges from one ``duejobs stats`` snapshot."""
+    """Set the gauges from one ``duejobs stats`` snapshot; a tenant that no longer has live
+    rows loses its series instead of keeping its last value."""
+    values: dict[str, list[float]] = {}
     for figures in stats.live:
         if figures.type is not None:
             continue
-        tenant = figures.tenant or "all"
-        SCHEDULED.labels(tenant).set(figures.scheduled)
-        RUNNING.labels(tenant).set(figures.running)
-        IN_FLIGHT.labels(tenant).set(figures.in_flight)
-        OVERDUE.labels(tenant).set(figures.overdue)
-        LATE.labels(tenant).set(figures.late)
+        tenant = "all" if figures.tenant is None else tenant_label(figures.tenant)
+        counts = (figures.scheduled, figures.running, figures.in_flight, figures.overdue)
+        summed = values.setdefault(tenant, [0.0] * len(_PER_TENANT))
+        for i, value in enumerate((*counts, figures.late)):
+            summed[i] += value
+    for tenant, row in values.items():
+        for gauge, total in zip(_PER_TENANT, row, strict=True):
+            gauge.labels(tenant).set(total)
+    for gone in _shown - values.keys():
+        for gauge in _PER_TENANT:
+            with contextlib.suppress(KeyError):
+                gauge.remove(gone)
+    _shown.clear()
+    _shown.update(values)
     OLDEST.set(stats.oldest_overdue_seconds)
     WITHOUT_JOB.set(stats.schedules_without_job)
     ORPHANS.set(stats.jobs_without_schedule)
-    REDIS_JOBS.labels("queue").set(stats.queued)
-    REDIS_JOBS.labels("scheduled").set(stats.deferred)
+    if stats.queued is not None and stats.deferred is not None:
+        REDIS_JOBS.labels("queue").set(stats.queued)
+        REDIS_JOBS.labels("scheduled").set(stats.deferred)

@@ -243,7 +243,7 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> Mat
             except Exception as exc:
                 error = _describe(exc)
                 store.quarantine_recurring(conn, r.id, error)
-                metrics.RECURRING_QUARANTINED.labels(r.tenant).inc()
+                metrics.RECURRING_QUARANTINED.labels(metrics.tenant_label(r.tenant)).inc()
                 log.error("recurring %s of tenant %s quarantined: %s", r.name, r.tenant, error)
                 quarantined += 1
                 continue
@@ -285,7 +285,7 @@ def _admitted(conn: Connection, r: Recurring, wanted: list[Occurrence]) -> list[
         return wanted
     room = max(0, cap - store.count_live_up_to(conn, r.tenant, cap))
     if room < len(wanted):
-        metrics.QUOTA_REFUSALS.labels(r.tenant).inc(len(wanted) - room)
+        metrics.QUOTA_REFUSALS.labels(metrics.tenant_label(r.tenant)).inc(len(wanted) - room)
         log.warning(
             "recurring %s of tenant %s: %d occurrence(s) not created, live quota %d reached",
             r.name,

@@ -181,7 +181,7 @@ class Scheduler:
         metrics.PUSHED.labels("already_present").inc(result.already_present)
         metrics.PROMOTED.inc(result.promoted)
         for tenant in result.throttled:
-            metrics.THROTTLED.labels(tenant).inc()
+            metrics.THROTTLED.labels(metrics.tenant_label(tenant)).inc()
         return result
 
     def _pass(self) -> PassResult:

@@ -28,7 +28,7 @@ from typing import Any
 
 from duejobs import store
 from duejobs.app import App
-from duejobs.delivery import STUCK_AFTER
+from duejobs.delivery import STUCK_AFTER, job_tenant, job_tenant_part
 from duejobs.reconcile import orphan_jobs
 
 
@@ -41,8 +41,8 @@ class Stats:
     late_after: timedelta
     live: list[store.LiveFigures]
     activity: list[store.Activity]
-    queued: int
-    deferred: int
+    queued: int | None  # None for a tenant-scoped App: Redis's depth is everyone's
+    deferred: int | None
     schedules_without_job: int
     jobs_without_schedule: int
     quotas: list[store.Quota]
@@ -103,16 +103,24 @@ def collect(
     check_limit: int = 10_000,
 ) -> Stats:
     """Read every figure once."""
+    scope = app.scope
     with app.engine.connect() as conn:
         now = store.database_now(conn)
-        live = store.live_figures(conn, late_after)
-        recent = store.activity(conn, since)
-        overdue = store.overdue_rows(conn, check_limit, STUCK_AFTER)
-        quotas = store.quotas(conn)
+        live = store.live_figures(conn, late_after, scope)
+        recent = store.activity(conn, since, scope)
+        overdue = store.overdue_rows(conn, check_limit, STUCK_AFTER, scope)
+        quotas = [
+            q
+            for q in store.quotas(conn)
+            if scope is None or q.tenant in (scope, store.DEFAULT_QUOTA_TENANT)
+        ]
     deliverer = app.deliverer()
     pushed = [(r.queue_job_id, r.due_at, r.stuck) for r in overdue if r.queue_job_id]
     alive = deliverer.live(pushed) if pushed else []
-    queued, deferred = deliverer.depth()
+    queued, deferred = deliverer.depth() if scope is None else (None, None)
+    orphans = orphan_jobs(app)
+    if scope is not None:
+        orphans = (job for job in orphans if job_tenant(job) == job_tenant_part(scope))
     return Stats(
         at=now,
         since=since,
@@ -122,13 +130,17 @@ def collect(
         queued=queued,
         deferred=deferred,
         schedules_without_job=(len(overdue) - len(pushed)) + alive.count(False),
-        jobs_without_schedule=sum(1 for _ in orphan_jobs(app)),
+        jobs_without_schedule=sum(1 for _ in orphans),
         quotas=quotas,
     )
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def render(stats: Stats) -> str:
@@ -139,7 +151,8 @@ def render(stats: Stats) -> str:
         f"duejobs at {stats.at:%Y-%m-%d %H:%M:%S} UTC (history: last {minutes:g} min)",
         "",
         f"  scheduled {overall.scheduled:>9}   running {overall.running:>6}   "
-        f"queued in Redis {stats.queued:>7}   deferred in Redis {stats.deferred:>7}",
+        f"queued in Redis {_count(stats.queued):>7}   "
+        f"deferred in Redis {_count(stats.deferred):>7}",
         f"  overdue   {overall.overdue:>9}   late (> {stats.late_after.total_seconds():g} s) "
         f"{overall.late:>6}   oldest overdue {stats.oldest_overdue_seconds:,.1f} s",
         f"  schedules without job {stats.schedules_without_job:>6}   "

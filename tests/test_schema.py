@@ -157,11 +157,14 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
             caps=[None],
         )
         others = {
-            "stats": explain(store._LIVE_FIGURES.text, late=timedelta(minutes=1)),
+            "stats": explain(store._LIVE_FIGURES.text, late=timedelta(minutes=1), tenant=None),
+            "stats of one tenant": explain(
+                store._LIVE_FIGURES.text, late=timedelta(minutes=1), tenant="default"
+            ),
             "reconcile": explain(
                 store._WINDOW.text,
                 window=timedelta(minutes=15),
-                after_due=datetime(1970, 1, 1, tzinfo=UTC),
+                after_due=datetime.min.replace(tzinfo=UTC),
                 after_id=uuid.UUID(int=0),
                 limit=1000,
             ),

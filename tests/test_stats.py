@@ -8,8 +8,10 @@ import subprocess
 import sys
 from datetime import timedelta
 
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
+from duejobs.metrics import _BoundedLabel, observe_stats
 from duejobs.stats import collect, render
 from tests.conftest import System
 
@@ -82,3 +84,41 @@ def test_stats_command_prints_a_table_and_json(
     data = json.loads(as_json.stdout)
     overall = next(f for f in data["live"] if f["tenant"] is None and f["type"] is None)
     assert data["schedules_without_job"] == 1 and overall["scheduled"] == 1
+
+
+def test_a_tenant_scoped_app_sees_only_its_own_figures(system: System) -> None:
+    app = system.app
+    for tenant in ("acme", "acme", "globex"):
+        app.schedule("record", {}, delay=timedelta(hours=1), tenant=tenant)
+    gone = app.schedule("record", {}, delay=0, tenant="globex")
+    system.scheduler.run_once()
+    with app.engine.begin() as conn:
+        app.cancel(gone.id, conn=conn)  # globex's job left behind in Redis
+    stats = collect(app.tenant("acme"))
+    assert {f.tenant for f in stats.live if f.tenant} == {"acme"}
+    assert stats.overall.scheduled == 2
+    assert {a.tenant for a in stats.activity if a.tenant} <= {"acme"}
+    assert stats.recent.counts["created"] == 2
+    assert (stats.queued, stats.deferred, stats.jobs_without_schedule) == (None, None, 0)
+    assert "globex" not in render(stats)
+    assert collect(app).jobs_without_schedule == 1
+
+
+def test_gauges_of_a_tenant_that_has_no_live_rows_are_removed(system: System) -> None:
+    app = system.app
+    s = app.schedule("record", {}, delay=timedelta(hours=1), tenant="vanishing")
+    observe_stats(collect(app))
+    assert REGISTRY.get_sample_value("duejobs_scheduled", {"tenant": "vanishing"}) == 1
+    app.cancel(s.id)
+    observe_stats(collect(app))
+    assert REGISTRY.get_sample_value("duejobs_scheduled", {"tenant": "vanishing"}) is None
+
+
+def test_metric_labels_stay_bounded(system: System) -> None:
+    bounded = _BoundedLabel(2)
+    assert [bounded(t) for t in ("a", "b", "c", "a")] == ["a", "b", "other", "a"]
+    s = system.app.schedule("type-nobody-handles-" + "x" * 150, {}, delay=0)
+    labels = {"tenant": "default", "type": "unregistered", "outcome": "failed"}
+    before = REGISTRY.get_sample_value("duejobs_deliveries_total", labels) or 0
+    system.run_until(lambda: system.status(s.id) == "failed")
+    assert REGISTRY.get_sample_value("duejobs_deliveries_total", labels) == before + 1
