@@ -71,4 +71,8 @@ def test_prune_refuses_a_missing_or_zero_age(
     env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
     assert _prune(env).returncode == 2
     zero = _prune(env, "--older-than", "0s")
-    assert zero.returncode == 2 and "--older-than" in zero.stderr and "greater than zero" in zero.stderr
+    assert (
+        zero.returncode == 2
+        and "--older-than" in zero.stderr
+        and "greater than zero" in zero.stderr
+    )
