@@ -4,7 +4,7 @@ Uses DUEJOBS_DATABASE_URL / DUEJOBS_REDIS_URL when set, the embedded servers oth
 scratch database created for the run. Sizes can be reduced with the environment variables
 named in each module (BENCH_WINDOW_ROWS, BENCH_WORKER_JOBS, BENCH_PEAK_JOBS, LAG_JOBS, ...).
 Exit status 1 when a figure misses its target. `python -m bench lag fairness` runs only the
-named modules.
+named modules; `python -m bench chaos [SEED ...]` runs the fault-injection suite instead.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from bench.common import Figure, scratch_database
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["chaos"]:  # fault injection: its own report, not a ratio
+        from bench import chaos
+
+        return chaos.main(sys.argv[2:])
     figures: list[Figure] = []
     started = time.monotonic()
     print(

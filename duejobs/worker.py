@@ -180,7 +180,8 @@ class Context:
         Locks the row and re-checks it (:class:`ScheduleChangedError` if it moved on),
         inserts ``effect_key`` into the ledger (:class:`EffectAlreadyAppliedError` if it is
         there), yields the connection for the handler's own writes, then marks the schedule
-        ``succeeded`` in the same commit.
+        ``succeeded`` in the same commit — or, should that find the attempt no longer
+        current, rolls everything back.
         """
         if self._finished:
             raise RuntimeError("this attempt already committed its effect")
@@ -195,9 +196,10 @@ class Context:
             ):
                 raise EffectAlreadyAppliedError(f"effect {self.effect_key} was already applied")
             yield conn
-            store.finish(
+            if not store.finish(
                 conn, self.schedule_id, self.version, self.attempt, outcome=Status.SUCCEEDED
-            )
+            ):  # cannot happen while the row lock holds; if it did, nothing commits
+                raise ScheduleChangedError(self.schedule_id, SkipReason.DUPLICATE.value)
         self._finished = True
 
 

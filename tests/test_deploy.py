@@ -36,6 +36,13 @@ def test_schedulers_and_workers_are_replicated(compose: dict[str, Any]) -> None:
     assert compose["services"]["worker"]["deploy"]["replicas"] >= 2
 
 
+def test_a_worker_that_ends_itself_is_restarted(compose: dict[str, Any]) -> None:
+    """A worker whose handler will not return past its timeout exits (status 70) for its
+    supervisor to start a fresh one: every long-running duejobs service is restarted."""
+    for name in ("scheduler", "worker", "reconciler"):
+        assert compose["services"][name]["restart"] in ("always", "unless-stopped", "on-failure")
+
+
 def test_every_service_has_a_health_check_or_is_one_shot(compose: dict[str, Any]) -> None:
     for name, service in compose["services"].items():
         if name == "migrate":

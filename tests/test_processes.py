@@ -23,6 +23,8 @@ from sqlalchemy import text
 from duejobs import App
 from duejobs.config import sqlalchemy_url
 from duejobs.embedded import EmbeddedRedis
+from duejobs.errors import DatabaseUnavailableError
+from duejobs.metrics import FAILED_PASSES
 from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from tests.conftest import Proc, wait_for
@@ -202,8 +204,11 @@ def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_u
             wait_for(lambda: _pushed(local, before), 10, "the first push")
             server.kill()
             server.wait()
+            with pytest.raises(redis.ConnectionError):  # the outage is real
+                redis.Redis(port=port).ping()
+            failed = FAILED_PASSES._value.get()
             during = [local.schedule("record", {}, delay=0).id for _ in range(5)]
-            time.sleep(1.0)  # several failed passes
+            wait_for(lambda: FAILED_PASSES._value.get() >= failed + 3, 20, "failed passes")
             assert thread.is_alive()
             assert not any(local.get(i).queue_job_id for i in during)  # type: ignore[union-attr]
             server = start_redis()
@@ -256,7 +261,10 @@ def test_scheduler_survives_a_postgresql_restart(
             first = [local.schedule("record", {}, delay=0).id]
             wait_for(lambda: _pushed(local, first), 10, "the first push")
             stop_postgres(holder)  # the last user leaves: the server shuts down
-            time.sleep(1.0)
+            with pytest.raises(DatabaseUnavailableError):  # the outage is real
+                local.schedule("record", {}, delay=0)
+            failed = FAILED_PASSES._value.get()
+            wait_for(lambda: FAILED_PASSES._value.get() >= failed + 3, 20, "failed passes")
             assert thread.is_alive()
             holder, url2 = start_postgres()
             assert sqlalchemy_url(url2) == local.settings.database_url

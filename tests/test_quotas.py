@@ -6,13 +6,16 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
 from prometheus_client import REGISTRY
 
 from duejobs import App
+from duejobs import app as app_module
 from duejobs.errors import QuotaExceededError, TenantMismatchError
+from tests.conftest import System
 
 
 def test_a_schedule_beyond_the_quota_is_refused_and_nothing_is_written(
@@ -34,19 +37,52 @@ def test_the_default_quota_applies_unless_a_tenant_has_its_own(app: App) -> None
     app.set_quota("*", max_live=1)
     app.set_quota("big", max_live=5)
     app.schedule("x", {}, delay=60, tenant="small")
-    with pytest.raises(QuotaExceededError):
+    with pytest.raises(QuotaExceededError, match="'small' has reached its quota of 1"):
         app.schedule("x", {}, delay=60, tenant="small")
     for _ in range(5):
+        app.schedule("x", {}, delay=60, tenant="big")
+    with pytest.raises(QuotaExceededError, match="'big' has reached its quota of 5"):
         app.schedule("x", {}, delay=60, tenant="big")
     app.set_quota("*", max_live=None)
     app.schedule("x", {}, delay=60, tenant="small")
 
 
-def test_finished_or_cancelled_schedules_free_their_place(app: App) -> None:
+def test_a_cleared_tenant_quota_falls_back_to_the_default(app: App) -> None:
+    app.set_quota("*", max_live=2)
+    app.set_quota("big", max_live=5)
+    for _ in range(3):
+        app.schedule("x", {}, delay=60, tenant="big")
+    app.set_quota("big", max_live=None)  # back to the default of 2, which 3 already exceed
+    with pytest.raises(QuotaExceededError, match="'big' has reached its quota of 2"):
+        app.schedule("x", {}, delay=60, tenant="big")
+
+
+def test_another_app_applies_a_changed_quota_once_its_cache_expires(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_module, "QUOTA_CACHE_SECONDS", 0.3)
+    other = App(database_url=str(app.engine.url.render_as_string(hide_password=False)))
+    other.schedule("x", {}, delay=60, tenant="acme")  # caches "no quota"
     app.set_quota("acme", max_live=1)
-    first = app.schedule("x", {}, delay=60, tenant="acme")
-    app.cancel(first.id)
-    app.schedule("x", {}, delay=60, tenant="acme")
+    other.schedule("x", {}, delay=60, tenant="acme")  # still within the cached answer
+    time.sleep(0.35)  # the cache's own period, not a wait for something to happen
+    with pytest.raises(QuotaExceededError):
+        other.schedule("x", {}, delay=60, tenant="acme")
+    other.close()
+
+
+def test_finished_or_cancelled_schedules_free_their_place(system: System) -> None:
+    app = system.app
+    app.set_quota("acme", max_live=1)
+    done = app.schedule("record", {}, delay=0, tenant="acme")
+    with pytest.raises(QuotaExceededError):
+        app.schedule("record", {}, delay=60, tenant="acme")
+    system.run_until(lambda: system.status(done.id) == "succeeded")
+    waiting = app.schedule("record", {}, delay=60, tenant="acme")  # the finished one's place
+    with pytest.raises(QuotaExceededError):
+        app.schedule("record", {}, delay=60, tenant="acme")
+    app.cancel(waiting.id)
+    app.schedule("record", {}, delay=60, tenant="acme")  # the cancelled one's place
 
 
 def test_an_existing_key_is_returned_even_at_the_quota(app: App) -> None:

@@ -1,0 +1,374 @@
+"""The promises duejobs is proudest of, each with a test that fails when the promise breaks.
+
+Each was seen failing against a build broken on purpose (what was broken → what caught it):
+
+* ``ctx.ensure_current()`` made a no-op
+  → ``test_ensure_current_stops_a_handler_whose_schedule_was_changed_meanwhile``;
+* the fence's re-check in ``ctx.transaction()`` dropped
+  → ``test_the_effect_transaction_refuses_a_schedule_that_moved_on_before_it``;
+* ``transaction()`` ignoring what the finish returns, with the effect's writes committed
+  anyway → ``test_an_effect_whose_finish_finds_the_attempt_gone_is_rolled_back``;
+* a cancel that decides without locking the row (``FOR UPDATE`` dropped from the cancel: it
+  then overwrites the fence's ``succeeded``)
+  → ``test_a_cancel_during_the_effect_transaction_waits_and_then_finds_it_finished``.
+  Dropping the fence's ``FOR UPDATE`` alone survives: the ledger insert's foreign key takes a
+  ``KEY SHARE`` lock on the row that a cancel's ``FOR UPDATE`` waits for, and a change that
+  slips between the re-check and that insert is rolled back by the finish check — two guards
+  on one window, kept on purpose;
+* the finished-schedule branch of the orphan check dropped
+  → ``test_a_waiting_job_of_a_finished_schedule_is_an_orphan``;
+* the live-key lookup not counting running rows as live
+  → ``test_a_key_is_held_while_its_schedule_runs_and_freed_when_it_finishes``;
+* the worker's queues sorted instead of taken in the order given
+  → ``test_a_worker_takes_its_queues_in_the_order_given``;
+* the scheduler's backoff uncapped
+  → ``test_the_scheduler_backs_off_up_to_its_cap_through_an_outage``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from duejobs import App, EventKind, ScheduleRequest, Status, metrics
+from duejobs.delivery import Push
+from duejobs.errors import DatabaseUnavailableError
+from duejobs.reconcile import Reconciler, orphan_jobs
+from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.worker import Context, DuejobsWorker, Runtime, WorkerConfig
+from tests.apps import register
+from tests.conftest import System, wait_for
+
+
+def _effects(system: System, schedule_id: object) -> int:
+    with system.app.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM test_effects WHERE schedule_id = :id"),
+                {"id": schedule_id},
+            ).scalar_one()
+        )
+
+
+def _ledger(system: System, schedule_id: object) -> int:
+    with system.app.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM scheduled_job_effects WHERE schedule_id = :id"),
+                {"id": schedule_id},
+            ).scalar_one()
+        )
+
+
+def _attempt_states(system: System, schedule_id: object) -> list[str]:
+    with system.app.engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT status FROM scheduled_job_attempts WHERE schedule_id = :id "
+                    "ORDER BY version, attempt"
+                ),
+                {"id": schedule_id},
+            ).scalars()
+        )
+
+
+def _run(system: System, job_type: str) -> Any:
+    s = system.app.schedule(job_type, {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    return s
+
+
+# -- ctx.ensure_current() ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["cancelled", "rescheduled"])
+def test_ensure_current_stops_a_handler_whose_schedule_was_changed_meanwhile(
+    system: System, change: str
+) -> None:
+    reached: list[str] = []
+
+    def changed_meanwhile(ctx: Context, payload: Any) -> None:
+        if change == "cancelled":
+            system.app.cancel(ctx.schedule_id)  # another process, while this runs
+        else:
+            system.app.reschedule(ctx.schedule_id, delay=timedelta(hours=1))
+        ctx.ensure_current()
+        reached.append("the external effect")
+
+    system.app.handler("changed-meanwhile")(changed_meanwhile)
+    s = _run(system, "changed-meanwhile")
+    assert reached == []
+    assert _attempt_states(system, s.id) == ["stale"]
+    skipped = [e for e in system.app.history(s.id) if e.kind is EventKind.SKIPPED]
+    reason = "cancelled" if change == "cancelled" else "superseded"
+    assert [(e.detail["reason"], e.detail["while"]) for e in skipped] == [(reason, "running")]
+
+
+def test_ensure_current_lets_a_current_attempt_go_on(system: System) -> None:
+    reached: list[str] = []
+
+    def current(ctx: Context, payload: Any) -> None:
+        ctx.ensure_current()
+        reached.append("the external effect")
+
+    system.app.handler("current")(current)
+    s = _run(system, "current")
+    assert reached == ["the external effect"] and system.status(s.id) == "succeeded"
+
+
+# -- the effect fence: ctx.transaction() ------------------------------------------------------
+
+
+@pytest.mark.parametrize("change", ["cancelled", "rescheduled"])
+def test_the_effect_transaction_refuses_a_schedule_that_moved_on_before_it(
+    system: System, change: str
+) -> None:
+    inside: list[str] = []
+
+    def moved_before(ctx: Context, payload: Any) -> None:
+        if change == "cancelled":
+            system.app.cancel(ctx.schedule_id)
+        else:
+            system.app.reschedule(ctx.schedule_id, delay=timedelta(hours=1))
+        with ctx.transaction() as conn:
+            inside.append("the handler's writes")
+            conn.execute(
+                text(
+                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
+                    "VALUES (:k, :id, 1, 0)"
+                ),
+                {"k": ctx.effect_key, "id": ctx.schedule_id},
+            )
+
+    system.app.handler("moved-before")(moved_before)
+    s = _run(system, "moved-before")
+    assert inside == []
+    assert (_effects(system, s.id), _ledger(system, s.id)) == (0, 0)
+    assert system.status(s.id) == ("cancelled" if change == "cancelled" else "scheduled")
+
+
+def _lock_waiters(app: App) -> int:
+    with app.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_cancel_during_the_effect_transaction_waits_and_then_finds_it_finished(
+    system: System,
+) -> None:
+    answer: dict[str, bool] = {}
+
+    def cancel_from_elsewhere(ctx: Context, payload: Any) -> None:
+        with ctx.transaction() as conn:
+            canceller = threading.Thread(
+                target=lambda: answer.setdefault("cancelled", system.app.cancel(ctx.schedule_id))
+            )
+            canceller.start()
+            # The cancel must queue behind the fence's row lock (or, without one, finish).
+            wait_for(lambda: _lock_waiters(system.app) == 1 or "cancelled" in answer, 10, "lock")
+            conn.execute(
+                text(
+                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
+                    "VALUES (:k, :id, 1, 0)"
+                ),
+                {"k": ctx.effect_key, "id": ctx.schedule_id},
+            )
+        canceller.join(10)
+
+    system.app.handler("cancel-from-elsewhere")(cancel_from_elsewhere)
+    s = _run(system, "cancel-from-elsewhere")
+    assert answer == {"cancelled": False}
+    assert system.status(s.id) == "succeeded" and _effects(system, s.id) == 1
+
+
+def test_an_effect_whose_finish_finds_the_attempt_gone_is_rolled_back(system: System) -> None:
+    def rescued_inside(ctx: Context, payload: Any) -> None:
+        with ctx.transaction() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
+                    "VALUES (:k, :id, 1, 0)"
+                ),
+                {"k": ctx.effect_key, "id": ctx.schedule_id},
+            )
+            # What only a broken fence allows: the attempt stops being current under it.
+            conn.execute(
+                text("UPDATE scheduled_jobs SET attempts = attempts + 1 WHERE id = :id"),
+                {"id": ctx.schedule_id},
+            )
+
+    system.app.handler("rescued-inside", max_attempts=1)(rescued_inside)
+    s = _run(system, "rescued-inside")
+    assert (_effects(system, s.id), _ledger(system, s.id)) == (0, 0)
+
+
+def test_a_handler_that_fails_inside_the_effect_transaction_leaves_no_effect(
+    system: System,
+) -> None:
+    def half_done(ctx: Context, payload: Any) -> None:
+        with ctx.transaction() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
+                    "VALUES (:k, :id, :a, 0)"
+                ),
+                {"k": ctx.effect_key, "id": ctx.schedule_id, "a": ctx.attempt},
+            )
+            if ctx.attempt == 1:
+                raise RuntimeError("failed after writing")
+
+    system.app.handler(
+        "half-done", backoff=timedelta(milliseconds=10), backoff_cap=timedelta(milliseconds=10)
+    )(half_done)
+    s = _run(system, "half-done")
+    stored = system.app.get(s.id)
+    assert stored is not None and (stored.status, stored.attempts) == (Status.SCHEDULED, 1)
+    assert (_effects(system, s.id), _ledger(system, s.id)) == (0, 0)
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    assert (_effects(system, s.id), _ledger(system, s.id)) == (1, 1)
+
+
+# -- keys, orphans, queues, backoff -----------------------------------------------------------
+
+
+def test_a_key_is_held_while_its_schedule_runs_and_freed_when_it_finishes(system: System) -> None:
+    seen: list[object] = []
+
+    def reschedule_same_key(ctx: Context, payload: Any) -> None:
+        seen.append(system.app.schedule("record", {}, delay=60, key="k").id)  # while running
+
+    system.app.handler("keyed")(reschedule_same_key)
+    first = system.app.schedule("keyed", {}, delay=0, key="k")
+    system.scheduler.run_once()
+    system.work()
+    assert seen == [first.id]  # held while running: the same schedule came back
+    assert system.status(first.id) == "succeeded"
+    again = system.app.schedule("record", {}, delay=60, key="k")
+    assert again.id != first.id  # freed once it finished
+
+
+def test_a_waiting_job_of_a_finished_schedule_is_an_orphan(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    stored = system.app.get(s.id)
+    assert stored is not None
+    # A stray job of the same (schedule, version) left waiting: its version still matches.
+    leftover = Push(s.id, stored.tenant, stored.version, 2, stored.due_at)
+    system.scheduler.deliverer.push([leftover], system.app.now())
+    assert list(orphan_jobs(system.app)) == [leftover.job_id]
+    assert Reconciler(system.app).run_once().orphans_removed == 1
+    assert system.scheduler.deliverer.queue.count == 0
+
+
+def test_a_worker_takes_its_queues_in_the_order_given(system: System) -> None:
+    app = system.app
+    low = [app.schedule("record", {}, delay=0, queue="zz-low").id for _ in range(3)]
+    high = [app.schedule("record", {}, delay=0, queue="aa-high").id for _ in range(3)]
+    system.scheduler.run_once()
+    DuejobsWorker(system.runtime, ["zz-low", "aa-high"]).work(
+        burst=True, with_scheduler=False, logging_level="WARNING"
+    )
+    with app.engine.connect() as conn:
+        order = list(
+            conn.execute(
+                text(
+                    "SELECT schedule_id FROM scheduled_job_events WHERE kind = 'started' "
+                    "ORDER BY at, id"
+                )
+            ).scalars()
+        )
+    assert order == low + high  # the first queue named drains first, whatever its name
+
+
+def test_the_scheduler_backs_off_up_to_its_cap_through_an_outage(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = App(
+        database_url=str(app.engine.url.render_as_string(hide_password=False)),
+        redis_url="redis://127.0.0.1:1/0",
+    )
+    config = SchedulerConfig(
+        poll_interval=timedelta(milliseconds=10), max_backoff=timedelta(milliseconds=80)
+    )
+    scheduler = Scheduler(dead, config)
+    failed_before = metrics.FAILED_PASSES._value.get()
+    dead.schedule("record", {}, delay=0)  # something to push, so the pass reaches Redis
+    thread = threading.Thread(target=scheduler.run)
+    with caplog.at_level(logging.WARNING, logger="duejobs.scheduler"):
+        thread.start()
+        wait_for(lambda: metrics.FAILED_PASSES._value.get() >= failed_before + 6, 20, "passes")
+        scheduler.stop()
+        thread.join(10)
+    waits = [float(r.args[1]) for r in caplog.records if "retrying in" in r.msg]  # type: ignore[index]
+    assert waits[:3] == pytest.approx([0.02, 0.04, 0.08]) and max(waits) == pytest.approx(0.08)
+    scheduler.close()
+    dead.close()
+
+
+def test_a_worker_that_loses_the_database_fails_the_rq_job_and_leaves_the_row(
+    system: System,
+) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    broken = App(
+        database_url="postgresql://nobody@127.0.0.1:1/none",
+        redis_url=system.app.settings.require_redis(),
+    )
+    register(broken)
+    runtime = Runtime(broken, WorkerConfig())
+    try:
+        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="CRITICAL")
+    finally:
+        runtime.close()
+        broken.close()
+    job = system.scheduler.deliverer.queue.fetch_job(system.app.get(s.id).queue_job_id)  # type: ignore[union-attr]
+    assert job is not None and job.get_status() == "failed"
+    stored = system.app.get(s.id)
+    assert stored is not None and (stored.status, stored.attempts) == (Status.SCHEDULED, 0)
+    assert Reconciler(system.app).run_once().repushed == 1  # the reconciler takes it from here
+    system.work()
+    assert system.status(s.id) == "succeeded"
+
+
+def test_an_outage_inside_the_apps_transaction_rolls_everything_back(app: App, count: Any) -> None:
+    terminated: list[int] = []
+
+    def cut_the_copy() -> None:  # the server drops the connection in the middle of the COPY
+        with app.engine.connect() as watcher:
+            deadline = time.monotonic() + 30
+            while not terminated and time.monotonic() < deadline:
+                terminated.extend(
+                    watcher.execute(
+                        text(
+                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND query LIKE 'COPY%' AND state = 'active' "
+                            "AND pg_terminate_backend(pid)"
+                        )
+                    ).scalars()
+                )
+                watcher.commit()
+
+    cutter = threading.Thread(target=cut_the_copy)
+    cutter.start()
+    try:
+        with pytest.raises(DatabaseUnavailableError):
+            app.schedule_many(ScheduleRequest("record", {"i": i}, delay=60) for i in range(200_000))
+    finally:
+        cutter.join(30)
+    assert terminated, "the COPY was never seen running"
+    assert count() == 0 and count("scheduled_job_events") == 0
+    assert len(app.schedule_many([ScheduleRequest("record", {}, delay=60)])) == 1
