@@ -71,7 +71,7 @@ from duejobs.models import (
     ScheduleRequest,
 )
 from duejobs.recurring import Rule, check_cron, plan
-from duejobs.timespec import MAX_DURATION, as_delay, parse_when, zone
+from duejobs.timespec import as_delay, parse_when, zone
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     DEFAULT_TENANT,
@@ -122,7 +122,10 @@ def _choice(kind: type[E], value: object, name: str) -> E:
 
 def make_engine(database_url: str) -> Engine:
     """An engine whose sessions speak UTC and notice dropped connections before use."""
-    engine = create_engine(database_url, connect_args={"options": "-c timezone=UTC"})
+    # connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
+    engine = create_engine(
+        database_url, connect_args={"options": "-c timezone=UTC", "connect_timeout": 10}
+    )
     event.listen(engine, "checkout", _discard_if_closed_by_server)
     return engine
 
@@ -240,9 +243,9 @@ class App:
         job_type: str,
         *,
         max_attempts: int = 5,
-        backoff: timedelta = timedelta(seconds=1),
-        backoff_cap: timedelta = timedelta(minutes=10),
-        timeout: timedelta = timedelta(minutes=5),
+        backoff: timedelta | float = timedelta(seconds=1),
+        backoff_cap: timedelta | float = timedelta(minutes=10),
+        timeout: timedelta | float = timedelta(minutes=5),
         jitter: timedelta | float = timedelta(0),
         queue: str | None = None,
     ) -> Callable[[F], F]:
@@ -252,19 +255,23 @@ class App:
         (see :meth:`schedule`); leave it at zero for types whose time must be exact.
         ``queue``: the RQ queue this type's schedules are delivered on (default: the App's),
         so that a pool of workers (``duejobs worker --queue``) serves it apart from the
-        others — a slow type then cannot hold up a fast one.
+        others — a slow type then cannot hold up a fast one. Durations: a ``timedelta`` or
+        seconds.
         """
         route = None if queue is None else check_queue(queue)
         spread = as_delay(jitter, "jitter")
-        policy = RetryPolicy(max_attempts=max_attempts, backoff=backoff, backoff_cap=backoff_cap)
+        policy = RetryPolicy(
+            max_attempts=max_attempts,
+            backoff=as_delay(backoff, "backoff"),
+            backoff_cap=as_delay(backoff_cap, "backoff_cap"),
+        )
         job_type = check_type(job_type)
-        if not timedelta(0) < timeout <= MAX_DURATION:
-            raise InvalidHandlerError(
-                f"timeout must be positive and at most 100 years, got {timeout}"
-            )
+        limit = as_delay(timeout, "timeout")
+        if limit <= timedelta(0):
+            raise InvalidHandlerError(f"timeout must be positive, got {limit}")
 
         def register(func: F) -> F:
-            self._core.handlers[job_type] = Handler(job_type, func, policy, timeout, spread, route)
+            self._core.handlers[job_type] = Handler(job_type, func, policy, limit, spread, route)
             return func
 
         return register
@@ -352,7 +359,7 @@ class App:
             scope = c.begin_nested() if conn is not None else contextlib.nullcontext()
             with scope:
                 ids = store.insert_schedules(c, self._new_rows(requests, tenants))
-                for tenant, wanted in tenants.items():
+                for tenant, wanted in sorted(tenants.items()):  # one lock order for all
                     cap = self._live_quota(c, tenant)
                     if cap is not None and store.count_live_up_to(c, tenant, cap + 1) > cap:
                         metrics.QUOTA_REFUSALS.labels(metrics.tenant_label(tenant)).inc(wanted)
@@ -529,10 +536,13 @@ class App:
         with self._transaction(None) as c:
             current = store.get_recurring(c, spec["tenant"], name, lock=True)
             saved = store.save_recurring(c, spec, plan(rule, store.database_now(c)))
-            if saved is None:  # exactly the active definition already stored
-                assert current is not None
-                return current
-            jobs = store.cancel_occurrences(c, saved.id, "superseded") if current else []
+            if saved is None:  # exactly the active definition already stored (perhaps by a
+                # concurrent call that created it after this one looked)
+                stored = store.get_recurring(c, spec["tenant"], name)
+                assert stored is not None
+                return stored
+            replaced = current is not None or saved.version > 1
+            jobs = store.cancel_occurrences(c, saved.id, "superseded") if replaced else []
         for job in jobs:
             self._discard_queue_job(job)
         return saved

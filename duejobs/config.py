@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from redis.connection import parse_url
 from sqlalchemy.engine import make_url
 
 from duejobs.errors import ConfigurationError
@@ -18,18 +19,33 @@ DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
 
 
+_SECRET_PARAMETERS = ("password", "sslpassword", "passfile", "sslkey")
+
+
 def redacted(url: str) -> str:
-    """The URL as it may appear in a message or a log: its password replaced by ``***``."""
+    """The URL as it may appear in a message or a log: its password, and any query
+    parameter that carries a secret, replaced by ``***``."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except Exception:  # not even a URL: show its scheme at most
         return url.split("://", 1)[0] + "://…" if "://" in url else "(not a URL)"
+    query = {k: ("***" if k.lower() in _SECRET_PARAMETERS else v) for k, v in parsed.query.items()}
+    return parsed.set(query=query).render_as_string(hide_password=True)
+
+
+def _authority(url: str) -> str:
+    return url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0]
 
 
 def sqlalchemy_url(url: str) -> str:
     """A PostgreSQL URL in the form SQLAlchemy needs to use psycopg 3. Any spelling
     SQLAlchemy reads as PostgreSQL is accepted (``postgres://``, ``postgresql://``,
     ``postgresql+psycopg2://``, ...); the password never appears in an error."""
+    if _authority(url).count("@") > 1:  # read otherwise, part of the password becomes the host
+        raise ConfigurationError(
+            "the database URL has more than one '@' before its host: percent-encode the "
+            "user name and password (@ is %40)"
+        )
     try:
         parsed = make_url(url)
     except Exception:
@@ -46,6 +62,21 @@ def sqlalchemy_url(url: str) -> str:
 def libpq_url(url: str) -> str:
     """The same URL as plain libpq (and psycopg.connect) understands it."""
     return "postgresql://" + sqlalchemy_url(url)[len("postgresql+psycopg://") :]
+
+
+def check_redis_url(url: str) -> str:
+    """A Redis URL redis-py can use, refused here rather than after a database commit."""
+    if _authority(url).count("@") > 1:
+        raise ConfigurationError(
+            "the Redis URL has more than one '@' before its host: percent-encode the password"
+        )
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError:
+        raise ConfigurationError(
+            f"not a Redis URL: {redacted(url)} (expected redis://host:6379/0, rediss:// or unix://)"
+        ) from None
+    return url
 
 
 @dataclass(frozen=True)
@@ -65,9 +96,10 @@ class Settings:
                 f"{DATABASE_ENV} is not set: pass App(database_url=...) or set the variable "
                 "(only the duejobs CLI and test suite start embedded servers when it is unset)"
             )
-        return cls(
-            database_url=sqlalchemy_url(db), redis_url=redis_url or os.environ.get(REDIS_ENV)
-        )
+        redis = redis_url or os.environ.get(REDIS_ENV)
+        if redis:
+            check_redis_url(redis)
+        return cls(database_url=sqlalchemy_url(db), redis_url=redis)
 
     def require_redis(self) -> str:
         """The Redis URL, or :class:`ConfigurationError` naming the variable."""

@@ -53,6 +53,10 @@ FAILURE_TTL = 24 * 3600
 # spot, which costs it about 1 ms per job more than letting the key expire.)
 RESULT_TTL = 60
 
+# A queue list longer than this is not read to check a ``queued`` hash: its id is trusted to
+# be there (a call reads at most this many entries per queue; in-flight quotas keep queues
+# far shorter).
+LIST_SCAN_LIMIT = 10_000
 # Whether Redis can still hand a job to a worker. A job hash alone proves nothing: its id may
 # be gone from the queue list (a worker popped it and died before marking it started, an
 # operator trimmed the list) or from the scheduled registry, or the worker that started it
@@ -61,9 +65,13 @@ RESULT_TTL = 60
 # its row still waiting for a worker's claim that long, is missing.
 _PRESENT = """
 local listed = {}
-local function on_queue(queue_key, id, strict)
+local function on_queue(queue_key, id, strict, limit)
     local ids = listed[queue_key]
     if ids == nil then
+        if redis.call('LLEN', queue_key) > limit then  -- too long to read: trust the hash
+            listed[queue_key] = false
+            return true
+        end
         ids = {}
         for _, v in ipairs(redis.call('LRANGE', queue_key .. ':intermediate', 0, -1)) do
             ids[v] = 'moving'
@@ -71,10 +79,11 @@ local function on_queue(queue_key, id, strict)
         for _, v in ipairs(redis.call('LRANGE', queue_key, 0, -1)) do ids[v] = 'queued' end
         listed[queue_key] = ids
     end
+    if ids == false then return true end
     return ids[id] == 'queued' or (ids[id] == 'moving' and not strict)
 end
 local function present(job_key, id, status, queue_key, registry_key, score, strict, workers)
-    if status == 'queued' then return on_queue(queue_key, id, strict) end
+    if status == 'queued' then return on_queue(queue_key, id, strict, LIST_LIMIT) end
     if status == 'scheduled' then
         local at = redis.call('ZSCORE', registry_key, id)
         return at ~= false and tonumber(at) <= score + 0.001
@@ -88,7 +97,8 @@ end
 """
 
 _PUSH = (
-    _PRESENT
+    f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
+    + _PRESENT
     + """
 local prefix, now, stamp, workers = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local ntemplate = tonumber(ARGV[5])
@@ -133,7 +143,8 @@ return {queued, deferred, present_, created}
 )
 
 _LIVE = (
-    _PRESENT
+    f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
+    + _PRESENT
     + """
 local prefix, queues, registries, workers = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local answer = {}

@@ -205,6 +205,12 @@ class Scheduler:
                 break
         return PassResult(claimed, queued, deferred, present, promoted, batches, throttled)
 
+    def backoff(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` failed passes in a row: doubling from the poll
+        interval, capped at ``max_backoff`` (however long the outage lasts)."""
+        doubled = self.config.poll_interval.total_seconds() * 2 ** min(failures, 32)
+        return min(self.config.max_backoff.total_seconds(), doubled)
+
     def run(self) -> None:
         """Pass after pass until :meth:`stop`; outages are logged and retried with backoff."""
         failures = 0
@@ -214,10 +220,7 @@ class Scheduler:
             except Exception as exc:  # an outage, or a bug one row's data set off: go on
                 metrics.FAILED_PASSES.inc()
                 failures += 1
-                wait = min(
-                    self.config.max_backoff.total_seconds(),
-                    self.config.poll_interval.total_seconds() * 2**failures,
-                )
+                wait = self.backoff(failures)
                 outage = isinstance(exc, SQLAlchemyError | RedisError)
                 log.warning(
                     "scheduler pass failed (%s); retrying in %.1f s",

@@ -95,8 +95,12 @@ def _surfaced(
     params: dict[str, Any] | None,
     exc: psycopg.Error,
 ) -> StatementError:
-    """A psycopg error as SQLAlchemy would raise it; a broken connection leaves the pool."""
-    broken = driver.closed or isinstance(exc, psycopg.OperationalError)
+    """A psycopg error as SQLAlchemy would raise it; a broken connection leaves the pool (a
+    lock timeout does not break it)."""
+    broken = driver.closed or (
+        isinstance(exc, psycopg.OperationalError)
+        and not isinstance(exc, psycopg.errors.LockNotAvailable)
+    )
     if broken:
         conn.invalidate(exc)
     return DBAPIError.instance(statement, params, exc, psycopg.Error, connection_invalidated=broken)

@@ -116,10 +116,10 @@ class WorkerConfig:
             value = getattr(self, name)
             if not isinstance(value, timedelta) or value <= timedelta(0):
                 raise ConfigurationError(f"{name} must be a positive timedelta, got {value!r}")
-        if self.heartbeat >= self.lease:
+        if self.heartbeat * 2 > self.lease:
             raise ConfigurationError(
-                f"heartbeat ({self.heartbeat}) must be shorter than the lease ({self.lease}), "
-                "or a slow handler loses its lease between two beats"
+                f"heartbeat ({self.heartbeat}) must be at most half the lease ({self.lease}), "
+                "or a slow handler can lose its lease between two beats"
             )
         if not timedelta(0) <= self.max_early_wait <= timedelta(minutes=1):
             raise ConfigurationError(
@@ -203,7 +203,7 @@ class Context:
         self._finished = True
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Watched:
     """The attempt running now, and what to do if its handler never returns."""
 
@@ -212,6 +212,8 @@ class _Watched:
     attempt: int
     give_up_at: float  # monotonic: the handler's timeout plus the grace
     overrun: Callable[[], None]
+    renewed_at: float = field(default_factory=time.monotonic)  # the claim set the lease
+    fired: bool = False  # the heartbeat gave up on it: the process is ending
 
 
 class _Heartbeat:
@@ -226,6 +228,7 @@ class _Heartbeat:
         self._current: _Watched | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="duejobs-heartbeat", daemon=True)
         self._thread.start()
 
@@ -233,11 +236,15 @@ class _Heartbeat:
     def watching(self, watched: _Watched) -> Iterator[None]:
         with self._lock:
             self._current = watched
+        self._wake.set()  # time the first renewal from this claim, not from the last beat
         try:
             yield
         finally:
             with self._lock:
                 self._current = None
+                fired = watched.fired
+            if fired:  # the heartbeat is closing this attempt and ending the process
+                threading.Event().wait()
 
     def _run(self) -> None:
         beat = self._config.heartbeat.total_seconds()
@@ -246,17 +253,26 @@ class _Heartbeat:
                 current = self._current
             wait = beat
             if current is not None:
-                wait = min(beat, max(0.0, current.give_up_at - time.monotonic()))
-            if self._stop.wait(wait):
-                return
+                due = min(current.renewed_at + beat, current.give_up_at)
+                wait = max(0.0, due - time.monotonic())
+            self._wake.wait(wait)
+            self._wake.clear()
             with self._lock:
-                if current is None or self._current is not current:
+                current = self._current
+                now = time.monotonic()
+                if self._stop.is_set() or current is None:
                     continue
-            if time.monotonic() >= current.give_up_at:
+                if now >= current.give_up_at:
+                    current.fired = True
+                elif now < current.renewed_at + beat:
+                    continue
+            if current.fired:
                 current.overrun()
                 return
+            current.renewed_at = now
             try:
                 with self._app.engine.begin() as conn:
+                    _bounded_locks(conn)
                     store.extend_lease(
                         conn,
                         current.schedule_id,
@@ -269,6 +285,13 @@ class _Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
+
+
+def _bounded_locks(conn: Connection) -> None:
+    """The heartbeat's and the watchdog's statements give up on a row lock after a second:
+    the handler's own ``ctx.transaction()`` may hold it, and they must not hang behind it."""
+    conn.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
 
 
 @contextlib.contextmanager
@@ -279,20 +302,34 @@ def _time_limit(limit: timedelta) -> Iterator[None]:
         yield
         return
 
+    armed = True
+
     def expire(signum: int, frame: Any) -> None:
-        raise HandlerTimeoutError(f"handler ran past its timeout of {limit.total_seconds():g} s")
+        if armed:
+            raise HandlerTimeoutError(
+                f"handler ran past its timeout of {limit.total_seconds():g} s"
+            )
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, limit.total_seconds(), 1.0)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        while True:  # a tick landing in here must not leave the timer armed
+            try:
+                armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+                break
+            except HandlerTimeoutError:
+                continue
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:2000]
+    """The error as stored in ``last_error``: text PostgreSQL can hold (no NUL, no lone
+    surrogate), at most 2,000 characters."""
+    text = f"{type(exc).__name__}: {exc}"[:2000].replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _lock_busy(exc: DBAPIError) -> bool:
@@ -302,8 +339,12 @@ def _lock_busy(exc: DBAPIError) -> bool:
 
 # The exit status of a worker that ended itself because a handler would not return.
 EXIT_WEDGED = 70
-# How soon a delivery whose row was locked by someone else is tried again.
-LOCK_BUSY_RETRY = timedelta(seconds=1)
+# How long the watchdog tries to record a timed-out attempt before the process ends anyway.
+_CLOSE_WITHIN = 5.0
+# A delivery whose row another transaction held is put back with this score: the next
+# promotion (by the database clock) moves it onto the queue again; its claim then waits for
+# the lock once more, at most ``claim_lock_timeout``.
+_AT_ONCE = datetime.fromtimestamp(0, UTC)
 
 
 class _Bookkeeping:
@@ -336,8 +377,11 @@ class _Bookkeeping:
             raise
 
     def close(self) -> None:
+        """Discard the connection rather than return it to the App's pool: its session
+        settings (no fsync, a short lock timeout) must not reach anyone else's transactions."""
         if self._conn is not None:
             with contextlib.suppress(DBAPIError):
+                self._conn.invalidate()
                 self._conn.close()
             self._conn = None
 
@@ -374,7 +418,7 @@ class Runtime:
             # Someone holds the row (an open application transaction): try again shortly,
             # under the same id, without using an attempt.
             log.info("row %s is locked; delivery put back", schedule_id)
-            self.deferred = datetime.now(UTC) + LOCK_BUSY_RETRY
+            self.deferred = _AT_ONCE
             metrics.DELIVERIES.labels(
                 metrics.tenant_label(tenant), "-", Outcome.DEFERRED.value
             ).inc()
@@ -447,8 +491,7 @@ class Runtime:
             return self._close(ctx, Status.SUCCEEDED)
         except (Exception, HandlerTimeoutError) as exc:
             log.warning("attempt failed: %s", _describe(exc), extra=where, exc_info=True)
-            with self._db.connection() as conn:
-                return self._failed(conn, ctx, handler, _describe(exc))
+            return self._failed(None, ctx, handler, _describe(exc))
         if ctx._finished:
             return Outcome.SUCCEEDED
         return self._close(ctx, Status.SUCCEEDED)
@@ -463,12 +506,18 @@ class Runtime:
         try:
             self._loop.run_until_complete(task)
         finally:
-            if not task.done():  # the timeout struck: cancel what is left of it
-                task.cancel()
+            # Nothing of this attempt may run on into the next one: the handler's task if
+            # the timeout struck, and any task it left behind.
+            leftover = asyncio.all_tasks(self._loop)
+            for pending in leftover:
+                pending.cancel()
+            if leftover:
                 with contextlib.suppress(BaseException):
-                    self._loop.run_until_complete(asyncio.wait([task], timeout=1))
+                    self._loop.run_until_complete(asyncio.wait(leftover, timeout=1))
 
-    def _failed(self, conn: Connection, ctx: Context, handler: Handler, error: str) -> Outcome:
+    def _failed(
+        self, conn: Connection | None, ctx: Context, handler: Handler, error: str
+    ) -> Outcome:
         """Close a failed attempt by the type's retry policy: another attempt after backoff
         (``run_at`` untouched), or ``failed`` once attempts are exhausted."""
         if ctx.attempt < handler.retry.max_attempts:
@@ -486,13 +535,19 @@ class Runtime:
             f"HandlerTimeoutError: handler ran past its timeout of "
             f"{handler.timeout.total_seconds():g} s and did not return within {grace:g} s more"
         )
-        try:
-            with self.app.engine.begin() as conn:
-                self._failed(conn, ctx, handler, error)
-        except Exception:
-            log.exception("could not close the timed-out attempt; its lease will expire")
+
+        def close() -> None:
+            try:
+                with self.app.engine.begin() as conn:
+                    _bounded_locks(conn)
+                    self._failed(conn, ctx, handler, error)
+            except Exception:
+                log.exception("could not close the timed-out attempt; its lease will expire")
+
+        closing = threading.Thread(target=close, name="duejobs-timed-out", daemon=True)
+        closing.start()
+        closing.join(_CLOSE_WITHIN)  # an unreachable database must not keep the process
         log.critical("%s; the worker exits (status %d)", error, EXIT_WEDGED, extra=where)
-        logging.shutdown()
         self.exit(EXIT_WEDGED)
 
     def _claim(
@@ -528,6 +583,26 @@ class Runtime:
         error: str | None = None,
         retry_in: timedelta | None = None,
         conn: Connection | None = None,
+    ) -> Outcome:
+        """Record the attempt's outcome. On the worker's own connection a row lock another
+        transaction holds (an application's cancel, say) is waited for in rounds of
+        ``claim_lock_timeout``, up to the lease, so a finished handler's outcome is kept."""
+        give_up = time.monotonic() + self.config.lease.total_seconds()
+        while True:
+            try:
+                return self._close_once(ctx, outcome, error, retry_in, conn)
+            except DBAPIError as exc:
+                if conn is not None or not _lock_busy(exc) or time.monotonic() > give_up:
+                    raise
+                log.info("row %s is locked; recording the outcome again", ctx.schedule_id)
+
+    def _close_once(
+        self,
+        ctx: Context,
+        outcome: Status,
+        error: str | None,
+        retry_in: timedelta | None,
+        conn: Connection | None,
     ) -> Outcome:
         with contextlib.nullcontext(conn) if conn else self._db.connection() as conn:
             if store.finish(

@@ -80,6 +80,12 @@ def stubborn(ctx: Context, payload: Any) -> None:
             time.sleep(0.05)
 
 
+def stubborn_fenced(ctx: Context, payload: Any) -> None:
+    """Swallows its timeout inside the effect fence, holding the row's lock."""
+    with ctx.transaction():
+        stubborn(ctx, payload)
+
+
 def register(app: duejobs.App) -> duejobs.App:
     fast = timedelta(milliseconds=50)
     app.handler("record")(record)
@@ -88,6 +94,7 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("slow", timeout=timedelta(seconds=60))(slow)
     app.handler("stall-once", timeout=timedelta(minutes=5))(stall_once)
     app.handler("stubborn", timeout=timedelta(seconds=1), max_attempts=2)(stubborn)
+    app.handler("stubborn-fenced", timeout=timedelta(seconds=1), max_attempts=2)(stubborn_fenced)
     return app
 
 

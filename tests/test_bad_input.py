@@ -236,3 +236,12 @@ def test_a_payload_that_only_spells_a_nul_escape_is_accepted(app: App, count: An
 def test_a_queue_name_that_collides_with_rq_keys_is_refused(app: App) -> None:
     with pytest.raises(InvalidScheduleError, match="no ':'"):
         app.schedule("x", {}, delay=0, queue="reports:intermediate")
+
+
+def test_handler_durations_may_be_given_in_seconds(app: App) -> None:
+    app.handler("seconds", timeout=30, backoff=0.5, backoff_cap=10)(lambda ctx, payload: None)
+    registered = app.handler_for("seconds")
+    assert registered is not None and registered.timeout == timedelta(seconds=30)
+    assert registered.retry.backoff_cap == timedelta(seconds=10)
+    with pytest.raises(ValueError, match="timeout"):
+        app.handler("words", timeout="soon")(lambda ctx, payload: None)  # type: ignore[arg-type]

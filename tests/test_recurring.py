@@ -391,3 +391,24 @@ def test_recurring_again_with_a_payload_postgres_normalizes_changes_nothing(app:
     again = app.recurring("tick", cron="* * * * *", type="record", payload=payload)
     assert (again.version, again.id) == (1, first.id)
     assert {status for _, status, _ in _rows(app)} == {"scheduled"}  # nothing superseded
+
+
+def test_the_same_new_definition_made_by_many_processes_at_once_is_made_once(app: App) -> None:
+    barrier = threading.Barrier(8)
+    made: list[object] = []
+    errors: list[BaseException] = []
+
+    def boot() -> None:  # every replica of a service registers its definitions at start
+        barrier.wait()
+        try:
+            made.append(app.recurring("boot", cron="0 9 * * *", type="record"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=boot) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert {(r.id, r.version) for r in made} == {(made[0].id, 1)}  # type: ignore[attr-defined]
