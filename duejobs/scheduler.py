@@ -208,7 +208,7 @@ class Scheduler:
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failed passes in a row: doubling from the poll
         interval, capped at ``max_backoff`` (however long the outage lasts)."""
-        doubled = self.config.poll_interval.total_seconds() * 2 ** min(failures, 32)
+        doubled: float = self.config.poll_interval.total_seconds() * 2.0 ** min(failures, 32)
         return min(self.config.max_backoff.total_seconds(), doubled)
 
     def run(self) -> None:
