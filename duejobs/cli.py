@@ -433,8 +433,8 @@ def worker(
 ) -> None:
     """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
     _operate(log_level, log_format, metrics_port)
-    if heartbeat >= lease:
-        raise click.BadParameter("must be shorter than --lease", param_hint="--heartbeat")
+    if heartbeat * 2 > lease:
+        raise click.BadParameter("must be at most half of --lease", param_hint="--heartbeat")
     try:
         config = WorkerConfig(lease=lease, heartbeat=heartbeat, timeout_grace=timeout_grace)
     except DuejobsError as exc:

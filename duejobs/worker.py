@@ -49,8 +49,8 @@ A claim waits at most ``claim_lock_timeout`` (2 s) for a row lock an application
 transaction holds; then the delivery goes back to the scheduled registry for a second later,
 under its own id, without using an attempt.
 
-Knobs (:class:`WorkerConfig`, checked when built): ``lease`` (20 s), ``heartbeat`` (5 s,
-shorter than the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: set True
+Knobs (:class:`WorkerConfig`, checked when built): ``lease`` (20 s), ``heartbeat`` (5 s, at
+most half the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: set True
 to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeout`` (2 s).
 """
 
