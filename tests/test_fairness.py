@@ -170,8 +170,11 @@ def test_the_scheduler_pushes_a_small_tenant_ahead_of_a_large_backlog(system: Sy
 def test_an_in_flight_quota_keeps_the_rest_of_a_burst_in_the_table(system: System) -> None:
     system.app.set_quota("big", max_inflight=10)
     due_rows(system.app.engine, "big", 200)
+    waited = REGISTRY.get_sample_value("duejobs_scheduler_throttled_total", {"tenant": "big"})
     result = system.scheduler.run_once()
     assert result.claimed == 10 and result.throttled == {"big"}
+    after = REGISTRY.get_sample_value("duejobs_scheduler_throttled_total", {"tenant": "big"})
+    assert after == (waited or 0) + 1
     assert pushed(system.app.engine, "big") == 10
     assert system.app.deliverer().depth() == (10, 0)
     assert system.scheduler.run_once().claimed == 0  # no room until some finish

@@ -359,3 +359,15 @@ def test_an_outage_inside_the_apps_transaction_rolls_everything_back(app: App, c
     assert terminated, "the COPY was never seen running"
     assert count() == 0 and count("scheduled_job_events") == 0
     assert len(app.schedule_many([ScheduleRequest("record", {}, delay=60)])) == 1
+
+
+@pytest.mark.parametrize(("durable", "expected"), [(False, "off"), (True, "on")])
+def test_durable_bookkeeping_decides_whether_the_workers_commits_wait_for_the_disk(
+    app: App, durable: bool, expected: str
+) -> None:
+    runtime = Runtime(app, WorkerConfig(durable_bookkeeping=durable))
+    try:
+        with runtime._db.connection() as conn:
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == expected
+    finally:
+        runtime.close()
