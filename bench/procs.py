@@ -41,6 +41,21 @@ def spawn_workers(kind: str, queue: str, count: int, env: dict[str, str]) -> lis
     return spans
 
 
+def serve_workers(
+    kind: str, queue: str, count: int, env: dict[str, str]
+) -> list[subprocess.Popen[bytes]]:
+    """``count`` workers that keep listening on ``queue`` until :func:`stop_all`."""
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.procs", kind, queue, "serve"],
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+
+
 def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
     """SIGTERM every process (warm shutdown), then wait for each."""
     for proc in procs:
@@ -62,8 +77,9 @@ def main() -> None:
         worker = DuejobsWorker(Runtime(app))
     import bench.jobs  # noqa: F401  (loaded before timing, as a real worker would be)
 
+    serve = sys.argv[3:4] == ["serve"]  # keep listening until SIGTERM, as in production
     start = time.time()
-    worker.work(burst=True, logging_level="WARNING", with_scheduler=False)
+    worker.work(burst=not serve, logging_level="WARNING", with_scheduler=False)
     print(json.dumps({"start": start, "end": time.time()}))
 
 
