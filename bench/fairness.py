@@ -5,7 +5,7 @@ One scheduler and two worker processes; every tenant under the default in-flight
 
 1. idle: nothing else runs — b's lag p50/p99 (the `started` event minus `run_at`, database
    clock) is the baseline;
-2. burst: tenant "a" has FAIR_A_JOBS (20,000) rows due at once, then b schedules the same
+2. burst: tenant "a" has FAIR_A_JOBS (60,000) rows due at once, then b schedules the same
    stream — b's lag p50/p99 again, and how many of a's rows were still waiting when b's last
    job started (the burst was still draining throughout).
 
@@ -31,7 +31,8 @@ from bench.common import TABLES, Figure, percentile, wait_until
 from bench.procs import ROOT, stop_all
 from duejobs import App
 
-A_JOBS = int(os.environ.get("FAIR_A_JOBS", "20000"))
+# Enough that a's burst is still draining when b's 30 s stream ends, on a fast box too.
+A_JOBS = int(os.environ.get("FAIR_A_JOBS", "60000"))
 B_JOBS = int(os.environ.get("FAIR_B_JOBS", "300"))
 B_RATE = float(os.environ.get("FAIR_B_RATE", "10"))
 INFLIGHT = int(os.environ.get("FAIR_INFLIGHT", "20"))
@@ -74,7 +75,7 @@ def _burst(app: App) -> None:
             ),
             {"n": A_JOBS},
         )
-        # As on a table in use: 20,000 rows landing in an empty table would otherwise leave
+        # As on a table in use: 60,000 rows landing in an empty table would otherwise leave
         # the planner with the statistics of an empty one until autovacuum catches up.
         conn.execute(text("ANALYZE scheduled_jobs"))
 
