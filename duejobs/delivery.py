@@ -14,8 +14,10 @@ What it promises:
   ``STUCK_AFTER`` trusts only the queue list and the registry. Anything else — a hash left
   ``queued`` after its id was popped by a worker that died, an entry trimmed from a list or a
   registry — is missing, and its stale hash is replaced under the same id. The check reads
-  each queue list once per script call (cost: the queue's length, which in-flight quotas
-  bound); :meth:`Deliverer.live` gives ``stats`` the same answer.
+  each queue list once per script call, and trusts a ``queued`` hash on a queue longer than
+  ``LIST_SCAN_LIMIT`` (10,000: in-flight quotas keep queues far shorter, and a queue that long
+  is a backlog the overdue re-push still covers once its list shrinks);
+  :meth:`Deliverer.live` gives ``stats`` the same answer.
 * **Nothing is promoted early.** Rows due now go straight onto the queue; rows due later in
   the window go to RQ's scheduled registry with a millisecond score (RQ truncates its own to
   whole seconds, so it can fire up to 1 s early). :meth:`Deliverer.promote` moves them onto
