@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,10 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
+mutation: $(STAMP)
+	rm -rf mutants
+	$(BIN)/mutmut run
+	$(BIN)/mutmut results
+
 clean:
-	rm -rf $(VENV) .duejobs .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .duejobs .mypy_cache .ruff_cache .pytest_cache mutants

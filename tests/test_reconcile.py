@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -12,11 +13,13 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
+from redis.exceptions import RedisError
 from sqlalchemy import text
 
-from duejobs import EventKind, Status
+from duejobs import EventKind, Status, store
 from duejobs.delivery import Push
-from duejobs.reconcile import Reconciler
+from duejobs.errors import ConfigurationError
+from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.worker import Runtime, WorkerConfig
 from tests.conftest import Proc, System, wait_for
 from tests.test_processes import SCHEDULER
@@ -239,3 +242,58 @@ def test_stale_pushes_of_an_old_attempt_are_not_orphans_while_the_row_is_current
     # Same version, another attempt: the worker skips it as a duplicate; not removed here.
     system.scheduler.deliverer.push([Push(s.id, "default", 1, 7, s.due_at)], system.app.now())
     assert Reconciler(system.app).run_once().orphans_removed == 0
+
+
+# -- the reconciler's own knobs and loop (found by the mutation run) --------------------------
+
+
+def test_a_reconciler_may_look_at_due_rows_only() -> None:
+    assert ReconcileConfig(window=timedelta(0)).window == timedelta(0)
+    with pytest.raises(ConfigurationError, match="window"):
+        ReconcileConfig(window=timedelta(seconds=-1))
+
+
+def test_a_pass_rescues_at_most_its_batch_of_expired_leases(system: System) -> None:
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(3)]
+    with system.app.engine.begin() as conn:  # three attempts whose workers are gone
+        conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET status = 'running', attempts = 1, "
+                "lease_expires_at = now() - interval '1 minute' WHERE id = ANY(:ids)"
+            ),
+            {"ids": ids},
+        )
+    small = Reconciler(system.app, ReconcileConfig(batch_size=2))
+    assert small.run_once().rescued == 2
+    assert small.run_once().rescued == 1
+
+
+def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(
+    system: System, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    faults = iter([RedisError("redis went away"), RuntimeError("a bug")])
+
+    def failing(*args: object, **kwargs: object) -> dict[str, int]:
+        fault = next(faults, None)
+        if fault is not None:
+            raise fault
+        return {}
+
+    monkeypatch.setattr(store, "rescue_expired", failing)
+    reconciler = Reconciler(system.app)
+    reported: list[ReconcileResult] = []
+
+    def report(result: ReconcileResult) -> None:
+        reported.append(result)
+        reconciler.stop()
+
+    with caplog.at_level(logging.WARNING, logger="duejobs.reconcile"):
+        reconciler.run(timedelta(milliseconds=10), report=report)
+    assert len(reported) == 1  # the two failed passes report nothing; the third does
+    assert isinstance(reported[0], ReconcileResult) and reported[0].checked == 0
+    failures = [r for r in caplog.records if "reconcile pass failed" in r.getMessage()]
+    assert [r.getMessage() for r in failures] == [
+        "reconcile pass failed (redis went away); retrying",
+        "reconcile pass failed (a bug); retrying",
+    ]
+    assert not failures[0].exc_info and failures[1].exc_info  # a bug: with its traceback
