@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import text
@@ -150,3 +151,14 @@ def test_the_worker_command_takes_its_queues(
     )
     assert ok.returncode == 0, ok.stderr
     assert {routed.status(i) for i in ids} == {"succeeded"}
+
+
+def test_an_early_delivery_goes_back_into_its_own_queues_registry(routed: System) -> None:
+    s = routed.app.schedule("record", {}, delay=timedelta(minutes=10), queue="reports")
+    routed.scheduler.run_once()
+    job = routed.app.get(s.id).queue_job_id  # type: ignore[union-attr]
+    assert job is not None
+    routed.redis.zrem("rq:scheduled:reports", job)  # as if a worker had taken it early
+    assert routed.scheduler.deliverer.defer(job, s.due_at, "reports")
+    assert routed.redis.zscore("rq:scheduled:reports", job) is not None
+    assert routed.redis.zscore(routed.scheduler.deliverer.scheduled_key, job) is None
