@@ -138,7 +138,6 @@ class _Cluster:
         self.procs: dict[str, list[subprocess.Popen[bytes]]] = {
             kind: [self._start(kind, i) for i in range(n)] for kind, n in counts.items()
         }
-        self._started = 0
 
     def _start(self, kind: str, index: int) -> subprocess.Popen[bytes]:
         out = open(self.logs / f"{kind}-{index}.log", "ab")  # noqa: SIM115 - the child keeps it
