@@ -2,7 +2,7 @@
 
 A seeded plan of schedules — one-offs due now and over the run, retried ones, slow ones,
 recurring definitions, reschedules and cancels made while it runs — is served by real
-processes (two schedulers, three workers, a reconciler) on a PostgreSQL and a Redis of the
+processes (two schedulers, four workers, a reconciler) on a PostgreSQL and a Redis of the
 run's own, while faults are injected in a seeded order: SIGKILL of schedulers, workers and
 reconcilers (each restarted), a job popped and left behind as a killed worker would between
 Redis and its claim, Redis flushed, Redis restarted (no persistence: every key lost),
