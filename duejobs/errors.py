@@ -133,3 +133,10 @@ class HandlerTimeoutError(BaseException):
     the handler returns, and a handler that still does not return is ended with its worker
     (see :mod:`duejobs.worker`).
     """
+
+
+def describe(exc: BaseException) -> str:
+    """An error as duejobs stores it (``last_error``): its type and message, as text
+    PostgreSQL can hold (no NUL, no lone surrogate), at most 2,000 characters."""
+    text = f"{type(exc).__name__}: {exc}"[:2000].replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

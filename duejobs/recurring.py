@@ -37,7 +37,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from duejobs import metrics, store
-from duejobs.errors import InvalidScheduleError
+from duejobs.errors import InvalidScheduleError, describe
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
 from duejobs.store import Occurrence
 
@@ -184,7 +184,7 @@ def plan(r: Rule, now: datetime) -> datetime:
         raise
     except Exception as exc:
         raise InvalidCronError(
-            f"cron {r.cron!r} in {r.timezone} cannot be evaluated: {_describe(exc)}"
+            f"cron {r.cron!r} in {r.timezone} cannot be evaluated: {describe(exc)}"
         ) from exc
     return first
 
@@ -198,10 +198,6 @@ def latest_before(r: Rule, moment: datetime, not_before: datetime) -> Occurrence
             return None
         if _kept(r.cron, local, r.dst_gap, r.dst_overlap):
             return _occurrence(local)
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:2000]
 
 
 @dataclass(frozen=True)
@@ -243,7 +239,7 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> Mat
             except _OUTAGES:
                 raise
             except Exception as exc:
-                error = _describe(exc)
+                error = describe(exc)
                 store.quarantine_recurring(conn, r.id, error)
                 metrics.RECURRING_QUARANTINED.labels(metrics.tenant_label(r.tenant)).inc()
                 log.error("recurring %s of tenant %s quarantined: %s", r.name, r.tenant, error)

@@ -88,6 +88,7 @@ from duejobs.errors import (
     EffectAlreadyAppliedError,
     HandlerTimeoutError,
     ScheduleChangedError,
+    describe,
 )
 from duejobs.handlers import Handler
 from duejobs.models import Status
@@ -325,13 +326,6 @@ def _time_limit(limit: timedelta) -> Iterator[None]:
                 continue
 
 
-def _describe(exc: BaseException) -> str:
-    """The error as stored in ``last_error``: text PostgreSQL can hold (no NUL, no lone
-    surrogate), at most 2,000 characters."""
-    text = f"{type(exc).__name__}: {exc}"[:2000].replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def _lock_busy(exc: DBAPIError) -> bool:
     """The statement gave up waiting for a row lock (``lock_timeout``)."""
     return getattr(exc.orig, "sqlstate", None) == "55P03"
@@ -399,8 +393,6 @@ class Runtime:
         self.deferred: datetime | None = None
         # Runs ``async def`` handlers, one at a time, in this worker's thread.
         self._loop = asyncio.new_event_loop()
-        # How the process ends when a handler will not return (tests replace it).
-        self.exit: Callable[[int], None] = os._exit
 
     def close(self) -> None:
         self._heartbeat.stop()
@@ -410,6 +402,7 @@ class Runtime:
     def handle(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> Outcome:
         """Claim, run and close one delivery; returns what happened."""
         self.deferred = None
+        job_type = ""
         try:
             claim = self._claim(schedule_id, version, attempt, tenant)
         except DBAPIError as exc:
@@ -419,13 +412,12 @@ class Runtime:
             # under the same id, without using an attempt.
             log.info("row %s is locked; delivery put back", schedule_id)
             self.deferred = _AT_ONCE
-            metrics.DELIVERIES.labels(
-                metrics.tenant_label(tenant), "-", Outcome.DEFERRED.value
-            ).inc()
-            return Outcome.DEFERRED
-        outcome = self._run(claim, schedule_id, version, attempt, tenant)
+            outcome = Outcome.DEFERRED
+        else:
+            job_type = claim.type
+            outcome = self._run(claim, schedule_id, version, attempt, tenant)
         metrics.DELIVERIES.labels(
-            metrics.tenant_label(tenant), self._type_label(claim.type), outcome.value
+            metrics.tenant_label(tenant), self._type_label(job_type), outcome.value
         ).inc()
         return outcome
 
@@ -490,8 +482,8 @@ class Runtime:
         except EffectAlreadyAppliedError:
             return self._close(ctx, Status.SUCCEEDED)
         except (Exception, HandlerTimeoutError) as exc:
-            log.warning("attempt failed: %s", _describe(exc), extra=where, exc_info=True)
-            return self._failed(None, ctx, handler, _describe(exc))
+            log.warning("attempt failed: %s", describe(exc), extra=where, exc_info=True)
+            return self._failed(None, ctx, handler, describe(exc))
         if ctx._finished:
             return Outcome.SUCCEEDED
         return self._close(ctx, Status.SUCCEEDED)
@@ -548,7 +540,7 @@ class Runtime:
         closing.start()
         closing.join(_CLOSE_WITHIN)  # an unreachable database must not keep the process
         log.critical("%s; the worker exits (status %d)", error, EXIT_WEDGED, extra=where)
-        self.exit(EXIT_WEDGED)
+        os._exit(EXIT_WEDGED)
 
     def _claim(
         self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str
