@@ -6,7 +6,8 @@ processes (two schedulers, four workers, a reconciler) on a PostgreSQL and a Red
 run's own, while faults are injected in a seeded order: SIGKILL of schedulers, workers and
 reconcilers (each restarted), a job popped and left behind as a killed worker would between
 Redis and its claim, Redis flushed, Redis restarted (no persistence: every key lost),
-PostgreSQL restarted, job hashes, queue entries and scheduled-registry members deleted, one
+PostgreSQL restarted or crashed, job hashes, queue entries and scheduled-registry members
+deleted, one
 PostgreSQL connection or every one terminated, a scheduler paused with SIGSTOP. Then it
 checks, by the database:
 
@@ -239,6 +240,19 @@ class _Servers:
         self._holder, url = self._start_postgres()
         assert url == self.database_url, (url, self.database_url)
 
+    def crash_postgres(self) -> None:
+        """An immediate shutdown (SIGQUIT to the postmaster): no checkpoint, shared memory
+        and its WAL buffers gone, recovery at the next start replays only what reached the
+        disk — so commits made with ``synchronous_commit = off`` may be lost."""
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+        assert row is not None
+        pid = int((Path(row[0]) / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGQUIT)
+        if not _wait(lambda: not _alive(pid), 30):
+            raise RuntimeError(f"PostgreSQL (pid {pid}) still running 30 s after SIGQUIT")
+        self.restart_postgres()
+
     def stop(self) -> None:
         self._redis.kill()
         self._redis.wait(15)
@@ -253,6 +267,14 @@ url, _ = EmbeddedPostgres(Path(sys.argv[1])).start()
 print(url, flush=True)
 sys.stdin.readline()
 """
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _answers(client: redis.Redis) -> bool:
@@ -279,6 +301,7 @@ class _Faults:
             "redis-flushall": self._flushall,
             "redis-restart": servers.restart_redis,
             "postgres-restart": servers.restart_postgres,
+            "postgres-crash": servers.crash_postgres,
             "delete-job-hashes": self._delete_hashes,
             "delete-queue-entries": self._delete_entries,
             "delete-registry-members": self._delete_members,

@@ -143,6 +143,20 @@ def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def _columns(rows: list[list[str]]) -> list[str]:
+    """Rows as aligned columns (the first to the left, figures to the right), each as wide as
+    its widest cell, so no figure runs into the next."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  "
+        + "  ".join(
+            cell.ljust(width) if i == 0 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+
+
 def render(stats: Stats) -> str:
     """A readable table of the figures."""
     overall, recent = stats.overall, stats.recent
@@ -160,35 +174,46 @@ def render(stats: Stats) -> str:
         "",
         "  " + "   ".join(f"{k} {v}" for k, v in recent.counts.items()),
         "",
-        f"  {'lag (ms)':<24}{'p50':>9}{'p95':>9}{'p99':>9}{'max':>9}{'started':>9}",
     ]
+    lag_rows = [["lag (ms)", "p50", "p95", "p99", "max", "started"]]
     for a in stats.activity:
         if a.tenant is not None:
             continue
         label = "all types" if a.type is None else f"type {a.type}"
-        lines.append(
-            f"  {label:<24}{_ms(a.lag_ms['p50']):>9}{_ms(a.lag_ms['p95']):>9}"
-            f"{_ms(a.lag_ms['p99']):>9}{_ms(a.lag_ms['max']):>9}{a.counts['started']:>9}"
+        lag_rows.append(
+            [
+                label,
+                *(_ms(a.lag_ms[p]) for p in ("p50", "p95", "p99", "max")),
+                str(a.counts["started"]),
+            ]
         )
-    tenants = [f for f in stats.live if f.tenant is not None]
+    lines += _columns(lag_rows)
+    live = {f.tenant: f for f in stats.live if f.tenant is not None and f.type is None}
+    activity = {a.tenant: a for a in stats.activity if a.tenant is not None and a.type is None}
+    tenants = sorted(live.keys() | activity.keys())  # a tenant whose work all ran is listed too
     if tenants:
-        lines += [
-            "",
-            f"  {'tenant':<20}{'live':>10}{'in flight':>12}{'running':>9}{'overdue':>9}"
-            f"{'late':>7}{'lag p99':>9}{'cancelled':>11}{'retried':>9}{'failed':>8}",
+        tenant_rows = [
+            [
+                *("tenant", "live", "in flight", "running", "overdue", "late", "lag p99"),
+                *("cancelled", "retried", "failed"),
+            ]
         ]
-        activity = {a.tenant: a for a in stats.activity if a.tenant is not None}
-        for f in sorted(tenants, key=lambda f: f.tenant or ""):
-            assert f.tenant is not None
-            act = activity.get(f.tenant)
+        for tenant in tenants:
+            f = live.get(tenant) or store.LiveFigures(tenant, None, 0, 0, 0, 0, None, 0)
+            act = activity.get(tenant)
             counts = act.counts if act else {}
-            max_live, max_inflight = stats.caps(f.tenant)
-            live = f"{f.scheduled + f.running}" + ("" if max_live is None else f"/{max_live}")
-            in_flight = f"{f.in_flight}" + ("" if max_inflight is None else f"/{max_inflight}")
-            lag = _ms(act.lag_ms["p99"]) if act else "-"
-            lines.append(
-                f"  {f.tenant:<20}{live:>10}{in_flight:>12}{f.running:>9}{f.overdue:>9}"
-                f"{f.late:>7}{lag:>9}{counts.get('cancelled', 0):>11}"
-                f"{counts.get('retried', 0):>9}{counts.get('failed', 0):>8}"
+            max_live, max_inflight = stats.caps(tenant)
+            tenant_rows.append(
+                [
+                    tenant,
+                    f"{f.scheduled + f.running}" + ("" if max_live is None else f"/{max_live}"),
+                    f"{f.in_flight}" + ("" if max_inflight is None else f"/{max_inflight}"),
+                    str(f.running),
+                    str(f.overdue),
+                    str(f.late),
+                    _ms(act.lag_ms["p99"]) if act else "-",
+                    *(str(counts.get(k, 0)) for k in ("cancelled", "retried", "failed")),
+                ]
             )
+        lines += ["", *_columns(tenant_rows)]
     return "\n".join(lines)

@@ -1,6 +1,11 @@
 """The seed's test list on the delivery path: scheduler → RQ → revalidating worker.
 
 Real PostgreSQL, real Redis, real RQ workers (in this process unless a test needs several).
+
+Seen failing against a build broken on purpose: an early delivery put back at once rather
+than at its due time
+→ ``test_delivery_far_too_early_is_put_back_for_its_time_without_using_an_attempt``;
+the job data pickled → ``test_queue_job_carries_ids_and_version_never_the_payload``.
 """
 
 from __future__ import annotations

@@ -22,7 +22,13 @@ Each was seen failing against a build broken on purpose (what was broken → wha
 * the worker's queues sorted instead of taken in the order given
   → ``test_a_worker_takes_its_queues_in_the_order_given``;
 * the scheduler's backoff uncapped
-  → ``test_the_scheduler_backs_off_up_to_its_cap_through_an_outage``.
+  → ``test_the_scheduler_backs_off_up_to_its_cap_through_an_outage``;
+* the fence committing when the handler raises inside it
+  → ``test_a_handler_that_fails_inside_the_effect_transaction_leaves_no_effect``;
+* the worker taking a database error for a skip (the RQ job then "finished")
+  → ``test_a_worker_that_loses_the_database_fails_the_rq_job_and_leaves_the_row``;
+* ``schedule_many`` committing in chunks of 50,000 (the cut then comes after a commit)
+  → ``test_an_outage_inside_the_apps_transaction_rolls_everything_back``.
 """
 
 from __future__ import annotations
@@ -333,18 +339,21 @@ def test_a_worker_that_loses_the_database_fails_the_rq_job_and_leaves_the_row(
 
 def test_an_outage_inside_the_apps_transaction_rolls_everything_back(app: App, count: Any) -> None:
     terminated: list[int] = []
+    batch = 200_000
 
-    def cut_the_copy() -> None:  # the server drops the connection in the middle of the COPY
+    def cut_the_copy() -> None:
+        """The server drops the connection once the COPY has taken in half the batch."""
         with app.engine.connect() as watcher:
             deadline = time.monotonic() + 30
             while not terminated and time.monotonic() < deadline:
                 terminated.extend(
                     watcher.execute(
                         text(
-                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND query LIKE 'COPY%' AND state = 'active' "
+                            "SELECT pid FROM pg_stat_progress_copy "
+                            "WHERE datname = current_database() AND tuples_processed >= :half "
                             "AND pg_terminate_backend(pid)"
-                        )
+                        ),
+                        {"half": batch // 2},
                     ).scalars()
                 )
                 watcher.commit()
@@ -353,7 +362,7 @@ def test_an_outage_inside_the_apps_transaction_rolls_everything_back(app: App, c
     cutter.start()
     try:
         with pytest.raises(DatabaseUnavailableError):
-            app.schedule_many(ScheduleRequest("record", {"i": i}, delay=60) for i in range(200_000))
+            app.schedule_many(ScheduleRequest("record", {"i": i}, delay=60) for i in range(batch))
     finally:
         cutter.join(30)
     assert terminated, "the COPY was never seen running"

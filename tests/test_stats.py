@@ -1,4 +1,8 @@
-"""`duejobs stats`: every figure matches what the test did."""
+"""`duejobs stats`: every figure matches what the test did.
+
+Seen failing against a build broken on purpose: p99 computed as p50, and the lag histogram's
+labels swapped → ``test_lag_p99_is_measured_per_tenant_and_shown_for_tenants_with_nothing_live``.
+"""
 
 from __future__ import annotations
 
@@ -122,3 +126,36 @@ def test_metric_labels_stay_bounded(system: System) -> None:
     before = REGISTRY.get_sample_value("duejobs_deliveries_total", labels) or 0
     system.run_until(lambda: system.status(s.id) == "failed")
     assert REGISTRY.get_sample_value("duejobs_deliveries_total", labels) == before + 1
+
+
+def test_lag_p99_is_measured_per_tenant_and_shown_for_tenants_with_nothing_live(
+    system: System,
+) -> None:
+    app = system.app
+
+    def over_15_min(tenant: str) -> float:
+        def sample(le: str) -> float:
+            labels = {"tenant": tenant, "type": "record", "le": le}
+            return REGISTRY.get_sample_value("duejobs_lag_seconds_bucket", labels) or 0.0
+
+        return sample("+Inf") - sample("900.0")
+
+    before = {t: over_15_min(t) for t in ("late", "prompt")}
+    ids = [app.schedule("record", {}, delay=0, tenant="prompt").id for _ in range(10)]
+    ids += [app.schedule("record", {}, delay=0, tenant="late").id for _ in range(9)]
+    ids.append(
+        app.schedule("record", {}, run_at=app.now() - timedelta(minutes=30), tenant="late").id
+    )
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
+
+    stats = collect(app, since=timedelta(hours=1))
+    lag = {a.tenant: a.lag_ms for a in stats.activity if a.tenant and a.type is None}
+    # p99 of ten starts, one of them 30 min late: 0.91 of the way to it; p50 is prompt.
+    assert lag["late"]["p99"] is not None and lag["late"]["p99"] > 25 * 60_000
+    assert lag["late"]["p50"] is not None and lag["late"]["p50"] < 60_000
+    assert lag["prompt"]["p99"] is not None and lag["prompt"]["p99"] < 60_000
+    assert over_15_min("late") - before["late"] == 1  # the histogram, per tenant
+    assert over_15_min("prompt") - before["prompt"] == 0
+    rows = {line.split()[0]: line.split() for line in render(stats).splitlines()[-2:]}
+    assert rows["late"][6] == f"{lag['late']['p99']:,.0f}"  # nothing live, still listed
+    assert rows["prompt"][6] == f"{lag['prompt']['p99']:,.0f}"
