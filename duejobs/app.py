@@ -67,6 +67,7 @@ from duejobs.models import (
     Event,
     Misfire,
     Recurring,
+    RecurringSpec,
     Schedule,
     ScheduleRequest,
 )
@@ -147,6 +148,12 @@ def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any)
 
 
 _NO_JITTER = timedelta(0)
+
+
+# What update_recurring may change: every field of a definition but its identity.
+_UPDATABLE = frozenset(
+    ("cron", "type", "payload", "timezone", "dst_gap", "dst_overlap", "misfire", "grace", "queue")
+)
 
 
 class _Placement(NamedTuple):
@@ -509,43 +516,76 @@ class App:
         the occurrences not yet run. ``queue``: as for :meth:`schedule` (default: the type's,
         else the App's).
         """
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise InvalidScheduleError(f"recurring name must be 1-200 characters, got {name!r}")
-        check_text(name, "recurring name")
-        rule = Rule(
-            check_cron(cron),
-            str(zone(timezone)),
-            _choice(DstGap, dst_gap, "dst_gap"),
-            _choice(DstOverlap, dst_overlap, "dst_overlap"),
+        spec = self._recurring_spec(
+            name,
+            tenant=self._write_tenant(tenant),
+            cron=cron,
+            type=type,
+            payload=payload,
+            timezone=timezone,
+            dst_gap=dst_gap,
+            dst_overlap=dst_overlap,
+            misfire=misfire,
+            grace=grace,
+            queue=queue,
         )
-        spec: dict[str, Any] = {
-            "tenant": self._write_tenant(tenant),
-            "name": name,
-            "type": check_type(type),
-            "payload": encode_payload(
-                payload if payload is not None else {}, self._core.max_payload_bytes
-            ),
-            "cron": rule.cron,
-            "timezone": rule.timezone,
-            "dst_gap": rule.dst_gap.value,
-            "dst_overlap": rule.dst_overlap.value,
-            "misfire": _choice(Misfire, misfire, "misfire").value,
-            "grace": as_delay(grace, "grace"),
-            "queue": self._route(self.handler_for(type), queue),
-        }
         with self._transaction(None) as c:
-            current = store.get_recurring(c, spec["tenant"], name, lock=True)
-            saved = store.save_recurring(c, spec, plan(rule, store.database_now(c)))
-            if saved is None:  # exactly the active definition already stored (perhaps by a
-                # concurrent call that created it after this one looked)
-                stored = store.get_recurring(c, spec["tenant"], name)
-                assert stored is not None
-                return stored
-            replaced = current is not None or saved.version > 1
-            jobs = store.cancel_occurrences(c, saved.id, "superseded") if replaced else []
+            current = store.get_recurring(c, spec.tenant, name, lock=True)
+            saved, jobs = self._save_recurring(c, spec, current is not None)
         for job in jobs:
             self._discard_queue_job(job)
         return saved
+
+    def _recurring_spec(
+        self,
+        name: str,
+        *,
+        tenant: str,
+        cron: str,
+        type: str,
+        payload: Any,
+        timezone: str,
+        dst_gap: DstGap | str,
+        dst_overlap: DstOverlap | str,
+        misfire: Misfire | str,
+        grace: timedelta | float,
+        queue: str | None,
+    ) -> RecurringSpec:
+        """A definition checked field by field (the error names the field)."""
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise InvalidScheduleError(f"recurring name must be 1-200 characters, got {name!r}")
+        check_text(name, "recurring name")
+        return RecurringSpec(
+            tenant=tenant,
+            name=name,
+            type=check_type(type),
+            payload_json=encode_payload(
+                payload if payload is not None else {}, self._core.max_payload_bytes
+            ),
+            cron=check_cron(cron),
+            timezone=str(zone(timezone)),
+            dst_gap=_choice(DstGap, dst_gap, "dst_gap"),
+            dst_overlap=_choice(DstOverlap, dst_overlap, "dst_overlap"),
+            misfire=_choice(Misfire, misfire, "misfire"),
+            grace=as_delay(grace, "grace"),
+            queue=self._route(self.handler_for(type), queue),
+        )
+
+    @staticmethod
+    def _save_recurring(
+        c: Connection, spec: RecurringSpec, existed: bool
+    ) -> tuple[Recurring, list[str]]:
+        """Write ``spec`` (the caller holds the definition's lock); the stored definition and
+        the queue jobs of the occurrences it superseded."""
+        rule = Rule(spec.cron, spec.timezone, spec.dst_gap, spec.dst_overlap)
+        saved = store.save_recurring(c, spec, plan(rule, store.database_now(c)))
+        if saved is None:  # exactly the active definition already stored (perhaps by a
+            # concurrent call that created it after this one looked)
+            stored = store.get_recurring(c, spec.tenant, spec.name)
+            assert stored is not None
+            return stored, []
+        replaced = existed or saved.version > 1
+        return saved, store.cancel_occurrences(c, saved.id, "superseded") if replaced else []
 
     def get_recurring(self, name: str, *, tenant: str | None = None) -> Recurring | None:
         """The recurring schedule ``name`` (of this App's tenant, or ``tenant``)."""
@@ -555,25 +595,23 @@ class App:
     def update_recurring(
         self, name: str, *, tenant: str | None = None, **changes: Any
     ) -> Recurring:
-        """Change some of a recurring schedule's fields (version + 1 if anything changed)."""
-        current = self.get_recurring(name, tenant=tenant)
-        if current is None:
-            raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
-        fields = {
-            "cron": current.cron,
-            "type": current.type,
-            "payload": current.payload,
-            "timezone": current.timezone,
-            "dst_gap": current.dst_gap,
-            "dst_overlap": current.dst_overlap,
-            "misfire": current.misfire,
-            "grace": current.grace,
-            "queue": current.queue,
-        }
-        unknown = set(changes) - set(fields)
+        """Change some of a recurring schedule's fields (version + 1 if anything changed).
+
+        Read, merged and written in one transaction under the definition's row lock, so two
+        updates at once each keep the other's change."""
+        unknown = set(changes) - _UPDATABLE
         if unknown:
             raise InvalidScheduleError(f"cannot update {sorted(unknown)} of a recurring schedule")
-        return self.recurring(name, tenant=current.tenant, **{**fields, **changes})
+        with self._transaction(None) as c:
+            current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
+            if current is None:
+                raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
+            fields = {f: getattr(current, f) for f in _UPDATABLE}
+            spec = self._recurring_spec(name, tenant=current.tenant, **{**fields, **changes})
+            saved, jobs = self._save_recurring(c, spec, True)
+        for job in jobs:
+            self._discard_queue_job(job)
+        return saved
 
     def pause_recurring(self, name: str, *, tenant: str | None = None) -> Recurring:
         """Stop materializing occurrences; those not yet run are cancelled."""

@@ -133,6 +133,23 @@ class Misfire(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class RecurringSpec:
+    """A recurring definition as it is written: checked, its payload encoded as JSON."""
+
+    tenant: str
+    name: str
+    type: str
+    payload_json: str
+    cron: str
+    timezone: str
+    dst_gap: DstGap
+    dst_overlap: DstOverlap
+    misfire: Misfire
+    grace: timedelta
+    queue: str
+
+
+@dataclass(frozen=True)
 class Recurring:
     """A recurring schedule: a cron expression in a time zone, materialized as ordinary
     ``scheduled_jobs`` rows (occurrences) shortly before each is due."""

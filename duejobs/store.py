@@ -18,7 +18,7 @@ import json
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from duejobs.models import (
     EventKind,
     Misfire,
     Recurring,
+    RecurringSpec,
     Schedule,
     Status,
 )
@@ -1543,7 +1544,7 @@ def get_recurring(
 
 
 def save_recurring(
-    conn: Connection, spec: dict[str, Any], next_run_at: datetime
+    conn: Connection, spec: RecurringSpec, next_run_at: datetime
 ) -> Recurring | None:
     """Create the definition, or replace it at version + 1 (the caller holds its lock); None
     when an active definition is already exactly this one — compared as PostgreSQL stores
@@ -1555,7 +1556,7 @@ def save_recurring(
             INSERT INTO recurring_schedules
                 (id, tenant, name, type, payload, cron, timezone, dst_gap, dst_overlap,
                  misfire, grace, next_run_at, queue)
-            VALUES (:id, :tenant, :name, :type, CAST(:payload AS jsonb), :cron, :timezone,
+            VALUES (:id, :tenant, :name, :type, CAST(:payload_json AS jsonb), :cron, :timezone,
                     :dst_gap, :dst_overlap, :misfire, :grace, :next_run_at, :queue)
             ON CONFLICT (tenant, name) DO UPDATE
             SET type = EXCLUDED.type, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
@@ -1579,7 +1580,7 @@ def save_recurring(
             RETURNING {RECURRING_COLUMNS}
             """
         ),
-        {"id": uuid.uuid4(), "next_run_at": next_run_at, **spec},
+        {"id": uuid.uuid4(), "next_run_at": next_run_at, **asdict(spec)},
     ).first()
     return None if row is None else _recurring(row)
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -412,3 +413,37 @@ def test_the_same_new_definition_made_by_many_processes_at_once_is_made_once(app
         t.join(30)
     assert errors == []
     assert {(r.id, r.version) for r in made} == {(made[0].id, 1)}  # type: ignore[attr-defined]
+
+
+def test_two_updates_at_once_each_keep_the_others_change(app: App) -> None:
+    app.recurring("digest", cron="0 8 * * *", type="record", payload={"v": 1})
+    done: list[object] = []
+    with app.engine.connect() as other:  # a concurrent update, holding the definition's lock
+        other.execute(text("SELECT 1 FROM recurring_schedules WHERE name = 'digest' FOR UPDATE"))
+        updater = threading.Thread(
+            target=lambda: done.append(app.update_recurring("digest", payload={"v": 2}))
+        )
+        updater.start()
+        deadline = time.monotonic() + 20
+        while not _waits_for_a_lock(app):
+            assert updater.is_alive() and time.monotonic() < deadline, done
+            time.sleep(0.01)
+        other.execute(
+            text("UPDATE recurring_schedules SET cron = '0 9 * * *' WHERE name = 'digest'")
+        )
+        other.commit()
+        updater.join(20)
+    stored = app.get_recurring("digest")
+    assert stored is not None and (stored.cron, stored.payload) == ("0 9 * * *", {"v": 2})
+
+
+def _waits_for_a_lock(app: App) -> bool:
+    with app.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
