@@ -46,8 +46,9 @@ from psycopg.types.json import set_json_dumps
 from sqlalchemy import text
 
 from bench.common import TABLES, Figure
-from duejobs import App, ScheduleRequest, store
+from duejobs import App, ScheduleRequest
 from duejobs.ids import id_stream
+from duejobs.prune import PruneConfig, Pruner
 
 ROWS = int(os.environ.get("BULK_ROWS", "100000"))
 PRUNED = int(os.environ.get("PRUNE_ROWS", "100000"))
@@ -175,10 +176,7 @@ def prune_rates(url: str, app: App) -> tuple[float, float]:
     """(rows/s of `duejobs prune`'s batches of 1,000, rows/s of one DELETE of them all)."""
     _finished(url, PRUNED)
     started = time.perf_counter()
-    while True:
-        with app.engine.begin() as conn:
-            if store.prune_finished(conn, timedelta(days=30), 1000) < 1000:
-                break
+    assert Pruner(app, PruneConfig(batch_size=1000)).run_once().deleted == PRUNED
     ours = PRUNED / (time.perf_counter() - started)
     _finished(url, PRUNED)
     with psycopg.connect(url) as conn:

@@ -69,7 +69,7 @@ class ChaosConfig:
     # Within what the workers carry between faults, so that what the run measures is
     # recovery, not a backlog the plan itself built up.
     schedules: int = 1200
-    fault_seconds: float = 60.0
+    fault_seconds: float = 60.0  # and longer, until every kind was injected once
     fault_gap: tuple[float, float] = (0.3, 1.5)
     schedulers: int = 2
     workers: int = 4
@@ -284,6 +284,24 @@ def _answers(client: redis.Redis) -> bool:
         return False
 
 
+FAULT_KINDS = (
+    "delete-job-hashes",
+    "delete-queue-entries",
+    "delete-registry-members",
+    "kill-reconciler",
+    "kill-scheduler",
+    "kill-worker",
+    "pause-scheduler",
+    "pg-terminate-all",
+    "pg-terminate-one",
+    "popped-and-lost",
+    "postgres-crash",
+    "postgres-restart",
+    "redis-flushall",
+    "redis-restart",
+)
+
+
 class _Faults:
     """Each fault kind, one method; ``inject`` runs them in a seeded shuffled cycle so that
     even a short run meets every kind."""
@@ -308,7 +326,9 @@ class _Faults:
             "pg-terminate-one": lambda: self._terminate(everyone=False),
             "pg-terminate-all": lambda: self._terminate(everyone=True),
         }
+        assert tuple(sorted(self.kinds)) == FAULT_KINDS
         self._cycle: list[str] = []
+        self.injected: set[str] = set()
 
     def inject(self) -> str:
         if not self._cycle:
@@ -316,6 +336,7 @@ class _Faults:
             self.rng.shuffle(self._cycle)
         kind = self._cycle.pop()
         self.kinds[kind]()
+        self.injected.add(kind)
         return kind
 
     def _popped_and_lost(self) -> None:
@@ -454,7 +475,8 @@ def _run(config: ChaosConfig, servers: _Servers, logs: Path) -> ChaosReport:
     try:
         faults = _Faults(cluster, servers, r, rng)
         until = time.monotonic() + config.fault_seconds
-        while time.monotonic() < until:
+        # For the run's time, and at least until every kind was injected once.
+        while time.monotonic() < until or len(faults.injected) < len(FAULT_KINDS):
             try:
                 report.faults[faults.inject()] += 1
             except (redis.RedisError, psycopg.Error) as exc:  # the fault hit the injector

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
-import psycopg
 from redis import Redis
 from redis.exceptions import RedisError
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -732,7 +731,7 @@ class App:
         except (OperationalError, InterfaceError) as exc:
             raise DatabaseUnavailableError(f"PostgreSQL is unavailable: {exc.orig}") from exc
         except ProgrammingError as exc:
-            if isinstance(exc.orig, psycopg.errors.UndefinedTable):
+            if store.is_missing_table(exc.orig):
                 raise SchemaMissingError(
                     f"duejobs' tables are missing ({exc.orig}): run `duejobs migrate` first"
                 ) from exc

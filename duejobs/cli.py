@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -24,17 +23,18 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from duejobs import logs, metrics, store
+from duejobs import logs, metrics
 from duejobs.app import UNSET, App, Unset
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError
 from duejobs.models import DstGap, DstOverlap, Event, Misfire, Recurring, Schedule
+from duejobs.prune import PruneConfig, Pruner, PruneResult
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.stats import collect as collect_stats
 from duejobs.stats import render as render_stats
-from duejobs.timespec import parse_duration
+from duejobs.timespec import parse_duration, spell_duration
 from duejobs.validation import check_queue
 from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
 
@@ -91,6 +91,13 @@ class Duration(_ParamType):
         return duration
 
 
+# The services' defaults, which the flags show and take: stated once, in the configs.
+_SCHEDULER, _WORKER, _RECONCILE, _PRUNE = (
+    SchedulerConfig(),
+    WorkerConfig(),
+    ReconcileConfig(),
+    PruneConfig(),
+)
 DURATION = Duration()
 POSITIVE = Duration(positive=True)
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
@@ -113,6 +120,19 @@ class _Cli(click.Group):
             click.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+C = TypeVar("C")
+
+
+def _checked(make: Callable[[], C]) -> C:
+    """A service's config built from flags; its refusal names the flag (each config's
+    messages start with the field's name)."""
+    try:
+        return make()
+    except DuejobsError as exc:
+        field = str(exc).split(" ", 1)[0]
+        raise click.BadParameter(str(exc), param_hint=f"--{field.replace('_', '-')}") from exc
 
 
 def _fail(exc: Exception) -> NoReturn:
@@ -346,17 +366,28 @@ def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
 @main.command()
 @click.option("--app", "app_ref", help="MODULE:APP whose queue to use (default: App()).")
 @click.option(
-    "--window", type=DURATION, default="15m", show_default=True, help="How far ahead to push."
+    "--window",
+    type=DURATION,
+    default=spell_duration(_SCHEDULER.window),
+    show_default=True,
+    help="How far ahead to push.",
 )
-@click.option("--batch-size", default=100, show_default=True, help="Rows per claim.")
+@click.option(
+    "--batch-size", default=_SCHEDULER.batch_size, show_default=True, help="Rows per claim."
+)
 @click.option(
     "--poll-interval",
     type=POSITIVE,
-    default="100ms",
+    default=spell_duration(_SCHEDULER.poll_interval),
     show_default=True,
     help="Pause between passes.",
 )
-@click.option("--concurrency", default=2, show_default=True, help="Parallel claim loops.")
+@click.option(
+    "--concurrency",
+    default=_SCHEDULER.concurrency,
+    show_default=True,
+    help="Parallel claim loops.",
+)
 @_operations
 @click.pass_context
 def scheduler(
@@ -403,15 +434,23 @@ def scheduler(
 )
 @click.option("--name", help="Worker name (default: host:pid).")
 @click.option(
-    "--lease", type=POSITIVE, default="20s", show_default=True, help="A running job's lease."
+    "--lease",
+    type=POSITIVE,
+    default=spell_duration(_WORKER.lease),
+    show_default=True,
+    help="A running job's lease.",
 )
 @click.option(
-    "--heartbeat", type=POSITIVE, default="5s", show_default=True, help="Between renewals."
+    "--heartbeat",
+    type=POSITIVE,
+    default=spell_duration(_WORKER.heartbeat),
+    show_default=True,
+    help="Between renewals (at most half the lease).",
 )
 @click.option(
     "--timeout-grace",
     type=POSITIVE,
-    default="10s",
+    default=spell_duration(_WORKER.timeout_grace),
     show_default=True,
     help="How long a handler past its timeout may take to return before the worker exits "
     f"with status {EXIT_WEDGED} for its supervisor to restart it.",
@@ -433,12 +472,9 @@ def worker(
 ) -> None:
     """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
     _operate(log_level, log_format, metrics_port)
-    if heartbeat * 2 > lease:
-        raise click.BadParameter("must be at most half of --lease", param_hint="--heartbeat")
-    try:
-        config = WorkerConfig(lease=lease, heartbeat=heartbeat, timeout_grace=timeout_grace)
-    except DuejobsError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    config = _checked(
+        lambda: WorkerConfig(lease=lease, heartbeat=heartbeat, timeout_grace=timeout_grace)
+    )
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref)
         runtime = Runtime(app, config, name=name)
@@ -472,13 +508,17 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
 @main.command()
 @click.option("--every", type=POSITIVE, help="Run a pass this often until SIGTERM/SIGINT: 5s.")
 @click.option(
-    "--window", type=DURATION, default="15m", show_default=True, help="How far ahead to check."
+    "--window",
+    type=DURATION,
+    default=spell_duration(_RECONCILE.window),
+    show_default=True,
+    help="How far ahead to check.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
 @click.option(
     "--stats-every",
     type=POSITIVE,
-    default="1m",
+    default=spell_duration(metrics.GaugeRefresh.DEFAULT_EVERY),
     show_default=True,
     help="With --metrics-port: refresh the stats gauges at most this often.",
 )
@@ -500,17 +540,14 @@ def reconcile(
     then at most every --stats-every: they count every live row (about 4 s at 5 million live
     schedules), while a pass costs what the window holds."""
     _operate(log_level, log_format, metrics_port)
-    refresh = stats_every.total_seconds()
     with _app(ctx) as app:
         reconciler = Reconciler(app, ReconcileConfig(window=window))
-        next_stats = time.monotonic()
+        gauges = metrics.GaugeRefresh(lambda: collect_stats(app), stats_every)
 
         def report(result: ReconcileResult) -> None:
-            nonlocal next_stats
             _print_reconciled(result, as_json)
-            if metrics_port is not None and time.monotonic() >= next_stats:
-                metrics.observe_stats(collect_stats(app))
-                next_stats = time.monotonic() + refresh
+            if metrics_port is not None:
+                gauges.maybe_refresh()
 
         if every is None:
             report(reconciler.run_once())
@@ -538,33 +575,40 @@ def stats(ctx: click.Context, since: timedelta, late_after: timedelta, as_json: 
 
 @main.command()
 @click.option(
-    "--older-than", type=POSITIVE, required=True, help="Age of finished schedules to delete: 30d."
+    "--older-than",
+    type=POSITIVE,
+    required=True,  # deleting is never implied
+    help=f"Age of finished schedules to delete, e.g. {spell_duration(_PRUNE.older_than)}.",
 )
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
-    default=1000,
+    default=_PRUNE.batch_size,
     show_default=True,
     help="Rows per transaction.",
 )
+@click.option("--every", type=POSITIVE, help="Run a pass this often until SIGTERM/SIGINT: 1h.")
 @click.pass_context
-def prune(ctx: click.Context, older_than: timedelta, batch_size: int) -> None:
+def prune(
+    ctx: click.Context, older_than: timedelta, batch_size: int, every: timedelta | None
+) -> None:
     """Delete finished schedules (and their history) older than --older-than, in batches."""
-    age = older_than
-    with _app(ctx) as app:
-        started, total = time.monotonic(), 0
-        while True:
-            with app.engine.begin() as conn:
-                deleted = store.prune_finished(conn, age, batch_size)
-            total += deleted
-            if deleted < batch_size:
-                break
-        elapsed = time.monotonic() - started
-        rate = total / elapsed if elapsed > 0 else 0.0
+    config = _checked(lambda: PruneConfig(older_than=older_than, batch_size=batch_size))
+
+    def report(result: PruneResult) -> None:
         click.echo(
-            f"pruned {total} finished schedules with their history in {elapsed:.1f} s "
-            f"({rate:,.0f} rows/s)"
+            f"pruned {result.deleted} finished schedules with their history in "
+            f"{result.seconds:.1f} s ({result.rate:,.0f} rows/s)"
         )
+
+    with _app(ctx) as app:
+        pruner = Pruner(app, config)
+        if every is None:
+            report(pruner.run_once())
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: pruner.stop())
+        pruner.run(every, report=report)
 
 
 @main.group()

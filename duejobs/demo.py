@@ -28,10 +28,11 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from sqlalchemy import text
 
+from duejobs import store
 from duejobs.app import App
 from duejobs.config import DATABASE_ENV
+from duejobs.models import Status
 from duejobs.worker import Context
 
 BURST = 200
@@ -134,79 +135,43 @@ def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 def _state(application: App, ids: list[uuid.UUID]) -> dict[str, int]:
     with application.engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT status, count(*) FROM scheduled_jobs "
-                "WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"
-            ),
-            {"ids": ids},
-        )
-        return {status: int(n) for status, n in rows}
+        return store.status_counts(conn, ids)
 
 
 def _table(state: dict[str, int]) -> Table:
     table = Table(title="schedules by status", show_edge=False)
-    for status in ("scheduled", "running", "succeeded", "failed", "cancelled"):
-        table.add_column(status, justify="right")
-    table.add_row(
-        *(
-            str(state.get(s, 0))
-            for s in ("scheduled", "running", "succeeded", "failed", "cancelled")
-        )
-    )
+    for status in Status:
+        table.add_column(status.value, justify="right")
+    table.add_row(*(str(state.get(s, 0)) for s in Status))
     return table
 
 
 def check(application: App, mix: Mix) -> tuple[dict[str, bool], dict[str, float]]:
     """The summary: each check by name, and the lag figures (ms)."""
     with application.engine.connect() as conn:
-        per_row = {
-            r.id: r
-            for r in conn.execute(
-                text(
-                    "SELECT s.id, s.status, s.version, s.attempts, s.run_at, "
-                    "  (SELECT count(*) FROM scheduled_job_effects f WHERE f.schedule_id = s.id) "
-                    "    AS effects, "
-                    "  (SELECT count(*) FROM scheduled_job_events e WHERE e.schedule_id = s.id "
-                    "     AND e.kind = 'started') AS starts, "
-                    "  (SELECT count(*) FROM scheduled_job_events e WHERE e.schedule_id = s.id "
-                    "     AND e.kind = 'started' AND e.at < s.run_at) AS early, "
-                    "  (SELECT min(e.version) FROM scheduled_job_events e "
-                    "     WHERE e.schedule_id = s.id AND e.kind = 'started') AS started_version "
-                    "FROM scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))"
-                ),
-                {"ids": mix.all},
-            )
-        }
-        lag = conn.execute(
-            text(
-                "SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP "
-                "(ORDER BY CAST(detail->>'lag_ms' AS double precision)) "
-                "FROM scheduled_job_events WHERE kind = 'started' "
-                "AND schedule_id = ANY(CAST(:ids AS uuid[]))"
-            ),
-            {"ids": mix.all},
-        ).scalar_one()
+        per_row = store.outcomes(conn, mix.all)
+        p50, p99 = store.start_lag(conn, mix.all)
     once = [per_row[i] for i in mix.to_run]
     flaky, moved, gone = per_row[mix.flaky], per_row[mix.rescheduled], per_row[mix.cancelled]
     checks = {
-        f"all {len(once)} due schedules succeeded": all(r.status == "succeeded" for r in once),
+        f"all {len(once)} due schedules succeeded": all(r.status is Status.SUCCEEDED for r in once),
         "each effect applied exactly once": all(r.effects == 1 for r in once),
         "no job started before its run_at (database clock)": all(r.early == 0 for r in once),
         f"the burst of {BURST} due at one instant all ran once": all(
-            per_row[i].status == "succeeded" and per_row[i].starts == 1 for i in mix.burst
+            per_row[i].status is Status.SUCCEEDED and per_row[i].starts == 1 for i in mix.burst
         ),
         "the rescheduled reservation ran once, at version 2 only": moved.version == 2
         and moved.starts == 1
         and moved.started_version == 2,
-        "the cancelled follow-up never started": gone.status == "cancelled" and gone.starts == 0,
-        "the flaky webhook failed once, then succeeded on attempt 2": flaky.status == "succeeded"
+        "the cancelled follow-up never started": gone.status is Status.CANCELLED
+        and gone.starts == 0,
+        "the flaky webhook failed once, then succeeded on attempt 2": flaky.status
+        is Status.SUCCEEDED
         and flaky.attempts == 2
         and flaky.effects == 1,
         "the 09:00 America/Sao_Paulo digest waits for its time": per_row[mix.digest].status
-        == "scheduled",
+        is Status.SCHEDULED,
     }
-    p50, p99 = lag or (None, None)
     return checks, {"p50": p50 or 0.0, "p99": p99 or 0.0}
 
 
@@ -239,9 +204,9 @@ def run_demo(application: App, data_dir: Path, echo: Callable[[str], None]) -> i
         with Live(console=console, refresh_per_second=8) as live:
             while True:
                 state = _state(application, mix.all)
-                progress.update(task, completed=state.get("succeeded", 0))
+                progress.update(task, completed=state.get(Status.SUCCEEDED, 0))
                 live.update(Group(progress, _table(state)))
-                if state.get("succeeded", 0) == len(mix.to_run) or time.monotonic() > deadline:
+                if state.get(Status.SUCCEEDED, 0) == len(mix.to_run) or time.monotonic() > deadline:
                     break
                 time.sleep(0.25)
         checks, lag = check(application, mix)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
+from duejobs import store
 from duejobs.errors import ConfigurationError
 
 DEFAULT_DATA_DIR = Path(".duejobs")
@@ -205,18 +206,11 @@ class EmbeddedPostgres(EmbeddedServer):
         url = str(server.get_uri())
         pid = server.get_pid()
         assert pid is not None
-        _create_database(url, EMBEDDED_DATABASE)
+        store.create_database(url, EMBEDDED_DATABASE)
         return Endpoint(url=_with_database(url, EMBEDDED_DATABASE), pid=pid)
 
     def _responds(self, endpoint: Endpoint) -> bool:
-        import psycopg
-
-        try:
-            with psycopg.connect(endpoint.url, connect_timeout=3) as conn:
-                conn.execute("SELECT 1")
-            return True
-        except psycopg.Error:
-            return False
+        return store.server_answers(endpoint.url)
 
 
 class EmbeddedRedis(EmbeddedServer):
@@ -292,17 +286,6 @@ def _with_database(url: str, database: str) -> str:
     head, _, query = url.partition("?")
     base = head.rsplit("/", 1)[0]
     return f"{base}/{database}" + (f"?{query}" if query else "")
-
-
-def _create_database(url: str, database: str) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
-        if exists.fetchone() is None:
-            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
 
 
 @dataclass

@@ -17,7 +17,9 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
+
+from duejobs import store
 
 VERSION_TABLE = "duejobs_alembic_version"
 # An arbitrary, fixed advisory-lock key shared by every duejobs migrator.
@@ -47,7 +49,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     """Bring the schema to ``revision``; returns (revision before, revision after)."""
     config = alembic_config()
     with engine.begin() as conn:
-        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
+        store.advisory_lock(conn, _LOCK_KEY)
         before = MigrationContext.configure(
             conn, opts={"version_table": VERSION_TABLE}
         ).get_current_revision()

@@ -39,20 +39,17 @@ Knobs (:class:`ReconcileConfig`, checked when built): ``window`` (15 min, as the
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-
-from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
 
 from duejobs import metrics, store
 from duejobs.app import App
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.errors import ConfigurationError
 from duejobs.models import Status
+from duejobs.service import Loop
 
 log = logging.getLogger("duejobs.reconcile")
 
@@ -116,10 +113,11 @@ class Reconciler:
         self.app = app
         self.config = config or ReconcileConfig()
         self.deliverer = app.deliverer()
-        self._stopping = threading.Event()
+        self._loop = Loop("reconcile", log, metrics.RECONCILE_FAILED_PASSES)
 
     def stop(self) -> None:
-        self._stopping.set()
+        """Ask the loop to stop after the pass under way."""
+        self._loop.stop()
 
     def run_once(self) -> ReconcileResult:
         """Rescue, re-push, remove orphans, promote; returns the counts."""
@@ -175,14 +173,7 @@ class Reconciler:
     def run(
         self, every: timedelta, report: Callable[[ReconcileResult], None] | None = None
     ) -> None:
-        """A pass every ``every`` until :meth:`stop`; outages are logged and retried."""
-        while not self._stopping.is_set():
-            try:
-                result = self.run_once()
-            except Exception as exc:  # an outage, or a bug: log it, try again next time
-                outage = isinstance(exc, SQLAlchemyError | RedisError)
-                log.warning("reconcile pass failed (%s); retrying", exc, exc_info=not outage)
-            else:
-                if report is not None:
-                    report(result)
-            self._stopping.wait(every.total_seconds())
+        """A pass every ``every`` until :meth:`stop` (see :mod:`duejobs.service`). A failed
+        pass is retried after ``every`` too: the backoff is capped there, so the rescue bound
+        holds right after an outage ends."""
+        self._loop.run_forever(self.run_once, lambda _: every, every, every, report=report)

@@ -63,18 +63,15 @@ is the App's.
 from __future__ import annotations
 
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-
-from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
 
 from duejobs import metrics, recurring, store
 from duejobs.app import App
 from duejobs.delivery import Push, PushResult
 from duejobs.errors import ConfigurationError
+from duejobs.service import Loop, backoff
 
 log = logging.getLogger("duejobs.scheduler")
 
@@ -122,14 +119,14 @@ class Scheduler:
         self.app = app
         self.config = config or SchedulerConfig()
         self.deliverer = app.deliverer()
-        self._stopping = threading.Event()
+        self._loop = Loop("scheduler", log, metrics.FAILED_PASSES)
         # Where the next claim's walk over tenants starts (shared by the claim loops).
         self._cursor = ""
         self._pool = ThreadPoolExecutor(self.config.concurrency, "duejobs-claim")
 
     def stop(self) -> None:
         """Ask the loop to stop after the batch in flight."""
-        self._stopping.set()
+        self._loop.stop()
 
     def close(self) -> None:
         """Release the claim threads (the loop must have stopped)."""
@@ -137,7 +134,7 @@ class Scheduler:
 
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        return self._loop.stopping
 
     def _batch(self) -> tuple[store.Claim, PushResult]:
         with self.app.engine.begin() as conn:
@@ -208,38 +205,29 @@ class Scheduler:
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failed passes in a row: doubling from the poll
         interval, capped at ``max_backoff`` (however long the outage lasts)."""
-        doubled: float = self.config.poll_interval.total_seconds() * 2.0 ** min(failures, 32)
-        return min(self.config.max_backoff.total_seconds(), doubled)
+        return backoff(self.config.poll_interval, self.config.max_backoff, failures)
+
+    def _pause(self, result: PassResult) -> timedelta:
+        """None while batches come back full; else the poll interval (shorter while a
+        tenant waits for in-flight room, so its slots refill promptly)."""
+        if result.claimed >= self.config.batch_size:
+            return timedelta(0)
+        if result.throttled:
+            return self.config.throttled_poll_interval
+        return self.config.poll_interval
 
     def run(self) -> None:
-        """Pass after pass until :meth:`stop`; outages are logged and retried with backoff."""
-        failures = 0
-        while not self.stopping:
-            try:
-                result = self.run_once()
-            except Exception as exc:  # an outage, or a bug one row's data set off: go on
-                metrics.FAILED_PASSES.inc()
-                failures += 1
-                wait = self.backoff(failures)
-                outage = isinstance(exc, SQLAlchemyError | RedisError)
-                log.warning(
-                    "scheduler pass failed (%s); retrying in %.1f s",
-                    exc,
-                    wait,
-                    exc_info=not outage,
-                )
-                self._stopping.wait(wait)
-                continue
-            if failures:
-                log.info("scheduler recovered after %d failed passes", failures)
-            failures = 0
-            if result.claimed or result.promoted:
-                log.debug("scheduler pass: %s", result)
-            if result.claimed < self.config.batch_size:
-                pause = (
-                    self.config.throttled_poll_interval
-                    if result.throttled
-                    else self.config.poll_interval
-                )
-                self._stopping.wait(pause.total_seconds())
+        """Pass after pass until :meth:`stop` (see :mod:`duejobs.service`)."""
+        self._loop.run_forever(
+            self.run_once,
+            self._pause,
+            self.config.poll_interval,
+            self.config.max_backoff,
+            report=_log_pass,
+        )
         log.info("scheduler stopped")
+
+
+def _log_pass(result: PassResult) -> None:
+    if result.claimed or result.promoted:
+        log.debug("scheduler pass: %s", result)

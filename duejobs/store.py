@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql as pgsql
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Row, TextClause, text
 from sqlalchemy.exc import DBAPIError, StatementError
@@ -1179,7 +1180,7 @@ class WindowRow:
     queue: str = "duejobs"
 
 
-_WINDOW = text(
+WINDOW_PAGE = text(
     f"""
     WITH page AS (
         SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at, s.queue,
@@ -1228,7 +1229,7 @@ def window_page(
     after_due, after_id = after or (datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0))
     rows = _fast(
         conn,
-        _WINDOW,
+        WINDOW_PAGE,
         {"window": window, "after_due": after_due, "after_id": after_id, "limit": limit},
     )
     return [
@@ -1261,7 +1262,7 @@ def record_repushed(conn: Connection, rows: Sequence[WindowRow]) -> None:
         )
 
 
-_RESCUE = text(
+RESCUE_EXPIRED = text(
     """
     WITH expired AS (
         SELECT id FROM scheduled_jobs
@@ -1311,7 +1312,7 @@ def rescue_expired(conn: Connection, limit: int) -> dict[str, int]:
     to ``failed``. (A row scheduled by an App that did not know the type's handler has no
     ``max_attempts``: it goes back, and the worker fails it if no attempt is left.)
     Returns counts by new status."""
-    return {r.status: int(r.n) for r in _fast(conn, _RESCUE, {"limit": limit})}
+    return {r.status: int(r.n) for r in _fast(conn, RESCUE_EXPIRED, {"limit": limit})}
 
 
 def schedule_states(
@@ -1347,7 +1348,7 @@ class LiveFigures:
         return self.pushed + self.running
 
 
-_LIVE_FIGURES = text(
+LIVE_FIGURES = text(
     f"""
     WITH live AS (
         SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed
@@ -1380,7 +1381,7 @@ def live_figures(
     """Counts over live rows only (two partial-index scans), overall, per tenant, per type;
     one tenant's alone when ``tenant`` is given. Cost follows the live rows, never the
     finished history."""
-    rows = conn.execute(_LIVE_FIGURES, {"late": late_after, "tenant": tenant})
+    rows = conn.execute(LIVE_FIGURES, {"late": late_after, "tenant": tenant})
     return [
         LiveFigures(
             r.tenant,
@@ -1802,3 +1803,101 @@ def count_live_up_to(conn: Connection, tenant: str, cap: int) -> int:
         {"tenant": tenant, "cap": cap},
     ).scalar_one()
     return int(count)
+
+
+# -- what other modules used to say in SQL -----------------------------------------------------
+
+
+def server_answers(url: str) -> bool:
+    """Whether the PostgreSQL server at ``url`` (a libpq URL) answers a trivial query."""
+    try:
+        with psycopg.connect(url, connect_timeout=3) as conn:
+            conn.execute("SELECT 1")
+        return True
+    except psycopg.Error:
+        return False
+
+
+def create_database(url: str, database: str) -> None:
+    """Create ``database`` on the server at ``url`` unless it exists (safe when several
+    processes race to create it)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,))
+        if exists.fetchone() is None:
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(database)))
+
+
+def is_missing_table(exc: BaseException | None) -> bool:
+    """Whether a driver error says a table does not exist (the schema was never migrated)."""
+    return isinstance(exc, psycopg.errors.UndefinedTable)
+
+
+def advisory_lock(conn: Connection, key: int) -> None:
+    """Hold PostgreSQL's advisory lock ``key`` until the transaction ends (migrators queue
+    behind one another)."""
+    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
+def status_counts(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[str, int]:
+    """How many of these schedules are in each status."""
+    rows = conn.execute(
+        text(
+            "SELECT status, count(*) FROM scheduled_jobs "
+            "WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"
+        ),
+        {"ids": list(ids)},
+    )
+    return {status: int(n) for status, n in rows}
+
+
+@dataclass(frozen=True)
+class ScheduleOutcome:
+    """What became of one schedule, from its row, its history and the effect ledger."""
+
+    id: uuid.UUID
+    status: Status
+    version: int
+    attempts: int
+    effects: int  # rows in the effect ledger
+    starts: int  # `started` events
+    early: int  # `started` events before its run_at (database clock)
+    started_version: int | None  # the lowest version that ever started
+
+
+_OUTCOMES = text(
+    """
+    SELECT s.id, s.status, s.version, s.attempts,
+           (SELECT count(*) FROM scheduled_job_effects f WHERE f.schedule_id = s.id) AS effects,
+           (SELECT count(*) FROM scheduled_job_events e
+            WHERE e.schedule_id = s.id AND e.kind = 'started') AS starts,
+           (SELECT count(*) FROM scheduled_job_events e
+            WHERE e.schedule_id = s.id AND e.kind = 'started' AND e.at < s.run_at) AS early,
+           (SELECT min(e.version) FROM scheduled_job_events e
+            WHERE e.schedule_id = s.id AND e.kind = 'started') AS started_version
+    FROM scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))
+    """
+)
+
+
+def outcomes(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, ScheduleOutcome]:
+    """What became of each of these schedules (the demo's checks)."""
+    return {
+        r.id: ScheduleOutcome(r.id, Status(r.status), *r[2:])
+        for r in conn.execute(_OUTCOMES, {"ids": list(ids)})
+    }
+
+
+_START_LAG = text(
+    """
+    SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
+               (ORDER BY CAST(detail->>'lag_ms' AS double precision))
+    FROM scheduled_job_events WHERE kind = 'started' AND schedule_id = ANY(CAST(:ids AS uuid[]))
+    """
+)
+
+
+def start_lag(conn: Connection, ids: Sequence[uuid.UUID]) -> tuple[float | None, float | None]:
+    """p50 and p99 of these schedules' lag from due time to start (ms)."""
+    lag = conn.execute(_START_LAG, {"ids": list(ids)}).scalar_one()
+    return (lag[0], lag[1]) if lag else (None, None)

@@ -163,3 +163,19 @@ def parse_duration(text: str, name: str = "duration") -> timedelta:
         )
     seconds = sum(float(n) * _UNITS[unit] for n, unit in _PART.findall(spec))
     return as_delay(seconds, name)
+
+
+def spell_duration(value: timedelta) -> str:
+    """A duration as :func:`parse_duration` reads it back (``15m``, ``1h30m``, ``100ms``):
+    how the CLI shows the defaults it takes from the services' configs."""
+    ms = round(value.total_seconds() * 1000)
+    if ms == 0:
+        return "0s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if ms:
+        parts.append(f"{ms}ms")
+    return "".join(parts)

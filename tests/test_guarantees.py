@@ -129,6 +129,34 @@ def test_ensure_current_stops_a_handler_whose_schedule_was_changed_meanwhile(
     assert [(e.detail["reason"], e.detail["while"]) for e in skipped] == [(reason, "running")]
 
 
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+@pytest.mark.parametrize("change", ["cancelled", "rescheduled"])
+def test_an_attempt_that_ends_after_its_schedule_moved_on_is_recorded_stale_and_changes_nothing(
+    system: System, change: str, ending: str
+) -> None:
+    def moved_on_meanwhile(ctx: Context, payload: Any) -> None:
+        if change == "cancelled":
+            system.app.cancel(ctx.schedule_id)  # another process, while this runs
+        else:
+            system.app.reschedule(ctx.schedule_id, delay=timedelta(hours=1))
+        if ending == "raises":
+            raise RuntimeError("failed after the change")
+
+    system.app.handler("moved-on-meanwhile")(moved_on_meanwhile)
+    s = _run(system, "moved-on-meanwhile")
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.version == 2  # the change stands, nothing on top
+    expected = Status.CANCELLED if change == "cancelled" else Status.SCHEDULED
+    attempts = 1 if change == "cancelled" else 0  # a new version starts its attempts afresh
+    assert (stored.status, stored.attempts, stored.last_error) == (expected, attempts, None)
+    assert _attempt_states(system, s.id) == ["stale"]
+    kinds = [e.kind for e in system.app.history(s.id)]
+    assert EventKind.SUCCEEDED not in kinds and EventKind.RETRIED not in kinds
+    skipped = [e for e in system.app.history(s.id) if e.kind is EventKind.SKIPPED]
+    reason = "cancelled" if change == "cancelled" else "superseded"
+    assert [(e.detail["reason"], e.detail["while"]) for e in skipped] == [(reason, "running")]
+
+
 def test_ensure_current_lets_a_current_attempt_go_on(system: System) -> None:
     reached: list[str] = []
 
@@ -306,7 +334,7 @@ def test_the_scheduler_backs_off_up_to_its_cap_through_an_outage(
         wait_for(lambda: metrics.FAILED_PASSES._value.get() >= failed_before + 6, 20, "passes")
         scheduler.stop()
         thread.join(10)
-    waits = [float(r.args[1]) for r in caplog.records if "retrying in" in r.msg]  # type: ignore[index]
+    waits = [float(r.args[2]) for r in caplog.records if "retrying in" in r.msg]  # type: ignore[index]
     assert waits[:3] == pytest.approx([0.02, 0.04, 0.08]) and max(waits) == pytest.approx(0.08)
     scheduler.close()
     dead.close()

@@ -5,10 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
+import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
+from duejobs import store
+from duejobs.errors import ConfigurationError
+from duejobs.metrics import PRUNE_FAILED_PASSES
+from duejobs.prune import PruneConfig, Pruner, PruneResult
 from tests.conftest import System
 
 
@@ -76,3 +85,51 @@ def test_prune_refuses_a_missing_or_zero_age(
         and "--older-than" in zero.stderr
         and "greater than zero" in zero.stderr
     )
+
+
+def test_the_pruner_deletes_batch_after_batch_and_says_what_it_did(system: System) -> None:
+    done = [system.app.schedule("record", {}, delay=0).id for _ in range(5)]
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in done))
+    for i in done:
+        _age(system, i, "succeeded", 40)
+    pruned_before = REGISTRY.get_sample_value("duejobs_pruned_total") or 0.0
+    result = Pruner(system.app, PruneConfig(batch_size=2)).run_once()
+    assert (result.deleted, result.batches) == (5, 3)  # 2 + 2 + 1: the short batch ends it
+    assert REGISTRY.get_sample_value("duejobs_pruned_total") == pruned_before + 5
+    assert Pruner(system.app).run_once().deleted == 0
+
+
+def test_a_failed_prune_pass_is_counted_and_the_loop_goes_on(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = {"n": 0}
+
+    def fails_once(*args: object) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a bug")
+        return 0
+
+    monkeypatch.setattr(store, "prune_finished", fails_once)
+    pruner = Pruner(system.app)
+    failed_before = PRUNE_FAILED_PASSES._value.get()
+    passes: list[PruneResult] = []
+
+    def report(result: PruneResult) -> None:
+        passes.append(result)
+        pruner.stop()
+
+    thread = threading.Thread(target=pruner.run, args=(timedelta(milliseconds=10), report))
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive() and passes == [PruneResult(0, 1, passes[0].seconds)]
+    assert PRUNE_FAILED_PASSES._value.get() == failed_before + 1
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [({"older_than": timedelta(0)}, "older_than"), ({"batch_size": 0}, "batch_size")],
+)
+def test_a_pruner_config_refuses_what_cannot_work(config: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigurationError, match=field):
+        PruneConfig(**config)

@@ -19,6 +19,7 @@ from sqlalchemy import text
 from duejobs import EventKind, Status, store
 from duejobs.delivery import Push
 from duejobs.errors import ConfigurationError
+from duejobs.metrics import RECONCILE_FAILED_PASSES
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.worker import Runtime, WorkerConfig
 from tests.conftest import Proc, System, wait_for
@@ -287,13 +288,16 @@ def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(
         reported.append(result)
         reconciler.stop()
 
-    with caplog.at_level(logging.WARNING, logger="duejobs.reconcile"):
+    failed_before = RECONCILE_FAILED_PASSES._value.get()
+    with caplog.at_level(logging.INFO, logger="duejobs.reconcile"):
         reconciler.run(timedelta(milliseconds=10), report=report)
+    assert RECONCILE_FAILED_PASSES._value.get() == failed_before + 2
+    assert "reconcile recovered after 2 failed passes" in caplog.messages
     assert len(reported) == 1  # the two failed passes report nothing; the third does
     assert isinstance(reported[0], ReconcileResult) and reported[0].checked == 0
     failures = [r for r in caplog.records if "reconcile pass failed" in r.getMessage()]
     assert [r.getMessage() for r in failures] == [
-        "reconcile pass failed (redis went away); retrying",
-        "reconcile pass failed (a bug); retrying",
+        "reconcile pass failed (redis went away); retrying in 0.0 s",
+        "reconcile pass failed (a bug); retrying in 0.0 s",
     ]
     assert not failures[0].exc_info and failures[1].exc_info  # a bug: with its traceback

@@ -157,18 +157,18 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
             caps=[None],
         )
         others = {
-            "stats": explain(store._LIVE_FIGURES.text, late=timedelta(minutes=1), tenant=None),
+            "stats": explain(store.LIVE_FIGURES.text, late=timedelta(minutes=1), tenant=None),
             "stats of one tenant": explain(
-                store._LIVE_FIGURES.text, late=timedelta(minutes=1), tenant="default"
+                store.LIVE_FIGURES.text, late=timedelta(minutes=1), tenant="default"
             ),
             "reconcile": explain(
-                store._WINDOW.text,
+                store.WINDOW_PAGE.text,
                 window=timedelta(minutes=15),
                 after_due=datetime.min.replace(tzinfo=UTC),
                 after_id=uuid.UUID(int=0),
                 limit=1000,
             ),
-            "rescue": explain(store._RESCUE.text, limit=1000),
+            "rescue": explain(store.RESCUE_EXPIRED.text, limit=1000),
         }
         trans.rollback()
     for name, other in others.items():

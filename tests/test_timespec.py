@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from duejobs.errors import NegativeDelayError, TimeSpecError
 from duejobs.handlers import RetryPolicy
-from duejobs.timespec import local_to_utc, parse_duration
+from duejobs.timespec import local_to_utc, parse_duration, spell_duration
 
 ZONES = ["Europe/Berlin", "America/New_York", "America/Sao_Paulo", "Australia/Lord_Howe", "UTC"]
 
@@ -81,3 +81,9 @@ def test_backoff_is_full_jitter_under_an_exponential_ceiling() -> None:
         assert all(timedelta(0) <= w <= timedelta(seconds=ceiling) for w in waits)
         assert max(waits) > timedelta(seconds=ceiling * 0.8)  # spread, not a constant
         assert min(waits) < timedelta(seconds=ceiling * 0.2)
+
+
+@given(st.integers(min_value=0, max_value=10**11))
+def test_a_spelled_duration_reads_back_as_itself(ms: int) -> None:
+    value = timedelta(milliseconds=ms)
+    assert parse_duration(spell_duration(value)) == value

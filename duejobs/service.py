@@ -1,0 +1,91 @@
+"""The loop every background service runs: the scheduler, the reconciler and the pruner.
+
+Each service has a ``run_once()`` that does one pass and returns what it did (tests call it
+directly), and a ``run()`` that hands it to :func:`run_forever`.
+
+What the loop promises: a pass that raises — an outage of PostgreSQL or Redis, or a bug that
+one tenant's data set off — never ends the loop. It is counted (the service's
+``..._failed_passes_total``), logged (with its traceback unless it is an outage) and followed
+by another pass after a wait that doubles from the service's interval up to its cap, however
+long the outage lasts; the first pass that succeeds afterwards is logged as a recovery.
+:meth:`Loop.stop` (SIGTERM/SIGINT in the CLI) ends the loop at its next wait, never in the
+middle of a pass.
+
+What it does not promise: a pass at a fixed rate — the next pass starts a pause after the
+previous one ended, and the service says how long from what the pass returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from prometheus_client import Counter
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
+R = TypeVar("R")
+
+
+def backoff(interval: timedelta, cap: timedelta, failures: int) -> float:
+    """Seconds to wait after ``failures`` failed passes in a row: ``interval`` doubled per
+    failure, never more than ``cap`` (the exponent is bounded, so no overflow)."""
+    doubled = interval.total_seconds() * 2.0 ** min(failures, 32)
+    return min(cap.total_seconds(), doubled)
+
+
+class Loop:
+    """A service's loop: its name, logger and failure counter, and the event that stops it."""
+
+    def __init__(self, name: str, log: logging.Logger, failed: Counter) -> None:
+        self.name, self.log, self.failed = name, log, failed
+        self._stopping = threading.Event()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        """End the loop at its next wait; a pass under way finishes."""
+        self._stopping.set()
+
+    def wait(self, seconds: float) -> None:
+        self._stopping.wait(seconds)
+
+    def run_forever(
+        self,
+        run_once: Callable[[], R],
+        pause: Callable[[R], timedelta],
+        interval: timedelta,
+        cap: timedelta,
+        report: Callable[[R], None] | None = None,
+    ) -> None:
+        """Pass after pass until :meth:`stop`: after a pass, ``report`` its result and wait
+        ``pause(result)``; after a failure, wait :func:`backoff` of the failures in a row."""
+        failures = 0
+        while not self.stopping:
+            try:
+                result = run_once()
+            except Exception as exc:  # an outage, or a bug one row's data set off: go on
+                self.failed.inc()
+                failures += 1
+                wait = backoff(interval, cap, failures)
+                outage = isinstance(exc, SQLAlchemyError | RedisError)
+                self.log.warning(
+                    "%s pass failed (%s); retrying in %.1f s",
+                    self.name,
+                    exc,
+                    wait,
+                    exc_info=not outage,
+                )
+                self.wait(wait)
+                continue
+            if failures:
+                self.log.info("%s recovered after %d failed passes", self.name, failures)
+            failures = 0
+            if report is not None:
+                report(result)
+            self.wait(pause(result).total_seconds())
