@@ -141,8 +141,8 @@ def test_each_schedule_made_in_bulk_gets_one_created_event(
     drawn = [uuid.UUID(bytes=raw) for raw in itertools.islice(ids.id_stream(), 6)]
     outsider, insider = drawn[1], drawn[4]
     streams = iter([[drawn[0], drawn[2]], [drawn[3], drawn[5]], [drawn[3], drawn[5]]])
-    monkeypatch.setattr(store, "id_stream", lambda: (i.bytes for i in next(streams)))
-    monkeypatch.setattr(store, "new_id", iter([outsider, insider]).__next__)
+    monkeypatch.setattr(store.bulk, "id_stream", lambda: (i.bytes for i in next(streams)))
+    monkeypatch.setattr(store.schedules, "new_id", iter([outsider, insider]).__next__)
     app.schedule("remind", {}, delay=60)  # committed, with an id inside the batch's range
     batch = [ScheduleRequest("remind", {"i": i}, delay=60) for i in range(2)]
     first = app.schedule_many(batch)

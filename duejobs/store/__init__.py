@@ -1,0 +1,170 @@
+"""The only module that speaks SQL to ``scheduled_jobs`` and its companion tables.
+
+Every function takes an open SQLAlchemy ``Connection`` and runs inside the caller's
+transaction: the caller decides when to commit, so an application can write a schedule
+together with its own rows. Statements are parameterised; where a change and its history
+entry belong together they are one statement (a data-modifying CTE), so a schedule is never
+changed without its event and the common paths cost one round trip.
+
+"Now" is always the database's clock (``statement_timestamp()``), never a process clock.
+"""
+
+from __future__ import annotations
+
+from duejobs.store.attempts import (
+    RunClaim,
+    SkipReason,
+    change_since_claim,
+    claim_run,
+    expire,
+    extend_lease,
+    finish,
+    record_deferred,
+    record_effect,
+    record_stale,
+)
+from duejobs.store.bulk import insert_schedules
+from duejobs.store.claims import (
+    CLAIM_SHARES,
+    CLAIM_WALK,
+    DEFAULT_QUOTA_TENANT,
+    FRONT_LANE,
+    Claim,
+    DueRow,
+    claim_due,
+    fair_shares,
+)
+from duejobs.store.execution import (
+    advisory_lock,
+    create_database,
+    database_now,
+    is_missing_table,
+    server_answers,
+)
+from duejobs.store.figures import (
+    LIVE_FIGURES,
+    Activity,
+    LiveFigures,
+    ScheduleOutcome,
+    activity,
+    live_figures,
+    outcomes,
+    start_lag,
+    status_counts,
+)
+from duejobs.store.quotas import (
+    QUOTA_COLUMNS,
+    Quota,
+    count_live_up_to,
+    live_quota,
+    quotas,
+    set_quota,
+)
+from duejobs.store.reconciliation import (
+    RESCUE_EXPIRED,
+    WINDOW_PAGE,
+    OverdueRow,
+    WindowRow,
+    overdue_rows,
+    record_repushed,
+    rescue_expired,
+    schedule_states,
+    window_page,
+)
+from duejobs.store.recurring import (
+    RECURRING_COLUMNS,
+    Occurrence,
+    advance_recurring,
+    cancel_occurrences,
+    delete_recurring,
+    due_recurring,
+    get_recurring,
+    insert_occurrences,
+    quarantine_recurring,
+    save_recurring,
+    set_recurring_status,
+)
+from duejobs.store.retention import prune_finished
+from duejobs.store.schedules import (
+    SCHEDULE_COLUMNS,
+    NewRow,
+    cancel,
+    get_schedule,
+    history,
+    insert_schedule,
+    is_past_run_at,
+    live_by_key,
+    reschedule,
+)
+
+__all__ = [
+    "CLAIM_SHARES",
+    "CLAIM_WALK",
+    "DEFAULT_QUOTA_TENANT",
+    "FRONT_LANE",
+    "LIVE_FIGURES",
+    "QUOTA_COLUMNS",
+    "RECURRING_COLUMNS",
+    "RESCUE_EXPIRED",
+    "SCHEDULE_COLUMNS",
+    "WINDOW_PAGE",
+    "Activity",
+    "Claim",
+    "DueRow",
+    "LiveFigures",
+    "NewRow",
+    "Occurrence",
+    "OverdueRow",
+    "Quota",
+    "RunClaim",
+    "ScheduleOutcome",
+    "SkipReason",
+    "WindowRow",
+    "activity",
+    "advance_recurring",
+    "advisory_lock",
+    "cancel",
+    "cancel_occurrences",
+    "change_since_claim",
+    "claim_due",
+    "claim_run",
+    "count_live_up_to",
+    "create_database",
+    "database_now",
+    "delete_recurring",
+    "due_recurring",
+    "expire",
+    "extend_lease",
+    "fair_shares",
+    "finish",
+    "get_recurring",
+    "get_schedule",
+    "history",
+    "insert_occurrences",
+    "insert_schedule",
+    "insert_schedules",
+    "is_missing_table",
+    "is_past_run_at",
+    "live_by_key",
+    "live_figures",
+    "live_quota",
+    "outcomes",
+    "overdue_rows",
+    "prune_finished",
+    "quarantine_recurring",
+    "quotas",
+    "record_deferred",
+    "record_effect",
+    "record_repushed",
+    "record_stale",
+    "reschedule",
+    "rescue_expired",
+    "save_recurring",
+    "schedule_states",
+    "server_answers",
+    "set_quota",
+    "set_recurring_status",
+    "start_lag",
+    "status_counts",
+    "window_page",
+]
