@@ -76,7 +76,8 @@ def plans(engine: Engine) -> list[str]:
     with engine.connect() as conn:
         trans = conn.begin()
         walk_params = {"window": WINDOW, "limit": 1000, "after": "", "front_lane": store.FRONT_LANE}
-        walk = [w for w in conn.execute(store.CLAIM_WALK, walk_params) if w.tenant is not None]
+        walk_sql = text(store.QUERIES["claim_walk"].sql)
+        walk = [w for w in conn.execute(walk_sql, walk_params) if w.tenant is not None]
         shares = store.fair_shares(1000, [w.due for w in walk])
         claim_params = {
             "window": WINDOW,
@@ -84,11 +85,8 @@ def plans(engine: Engine) -> list[str]:
             "shares": shares,
             "caps": [None] * len(walk),
         }
-        for statement, params in (
-            (store.CLAIM_WALK, walk_params),
-            (store.CLAIM_SHARES, claim_params),
-        ):
-            explain = text("EXPLAIN (ANALYZE, BUFFERS) " + statement.text)
+        for name, params in (("claim_walk", walk_params), ("claim_shares", claim_params)):
+            explain = text("EXPLAIN (ANALYZE, BUFFERS) " + store.QUERIES[name].sql)
             out += ["", *list(conn.execute(explain, params).scalars())]
         trans.rollback()
     return out

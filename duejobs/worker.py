@@ -131,10 +131,6 @@ class WorkerConfig:
                 f"claim_lock_timeout must be shorter than {STUCK_AFTER.total_seconds():g} s"
             )
 
-    @property
-    def lock_timeout_ms(self) -> int:
-        return max(1, int(self.claim_lock_timeout.total_seconds() * 1000))
-
 
 class Outcome(enum.StrEnum):
     """What handling one delivery came to."""
@@ -292,7 +288,7 @@ class _Heartbeat:
 def _bounded_locks(conn: Connection) -> None:
     """The heartbeat's and the watchdog's statements give up on a row lock after a second:
     the handler's own ``ctx.transaction()`` may hold it, and they must not hang behind it."""
-    conn.exec_driver_sql("SET LOCAL lock_timeout = '1s'")
+    store.bounded_locks(conn)
 
 
 @contextlib.contextmanager
@@ -360,9 +356,9 @@ class _Bookkeeping:
         if self._conn is None or self._conn.invalidated or self._conn.closed:
             self._conn = self._app.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             # A row lock held by an application's open transaction must not hold the worker.
-            self._conn.exec_driver_sql(f"SET lock_timeout = {self._config.lock_timeout_ms}")
-            if not self._config.durable_bookkeeping:
-                self._conn.exec_driver_sql("SET synchronous_commit = off")
+            store.bookkeeping_session(
+                self._conn, self._config.claim_lock_timeout, self._config.durable_bookkeeping
+            )
         try:
             yield self._conn
         except DBAPIError as exc:

@@ -143,32 +143,34 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
             return "\n".join(conn.execute(text("EXPLAIN " + statement), params).scalars())
 
         walk = explain(
-            store.CLAIM_WALK.text,
+            store.QUERIES["claim_walk"].sql,
             window=timedelta(minutes=15),
             limit=1000,
             after="",
             front_lane=store.FRONT_LANE,
         )
         claim = explain(
-            store.CLAIM_SHARES.text,
+            store.QUERIES["claim_shares"].sql,
             window=timedelta(minutes=15),
             tenants=["default"],
             shares=[1000],
             caps=[None],
         )
         others = {
-            "stats": explain(store.LIVE_FIGURES.text, late=timedelta(minutes=1), tenant=None),
+            "stats": explain(
+                store.QUERIES["live_figures"].sql, late=timedelta(minutes=1), tenant=None
+            ),
             "stats of one tenant": explain(
-                store.LIVE_FIGURES.text, late=timedelta(minutes=1), tenant="default"
+                store.QUERIES["live_figures"].sql, late=timedelta(minutes=1), tenant="default"
             ),
             "reconcile": explain(
-                store.WINDOW_PAGE.text,
+                store.QUERIES["window_page"].sql,
                 window=timedelta(minutes=15),
                 after_due=datetime.min.replace(tzinfo=UTC),
                 after_id=uuid.UUID(int=0),
                 limit=1000,
             ),
-            "rescue": explain(store.RESCUE_EXPIRED.text, limit=1000),
+            "rescue": explain(store.QUERIES["rescue_expired"].sql, limit=1000),
         }
         trans.rollback()
     for name, other in others.items():

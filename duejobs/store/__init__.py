@@ -6,6 +6,11 @@ together with its own rows. Statements are parameterised; where a change and its
 entry belong together they are one statement (a data-modifying CTE), so a schedule is never
 changed without its event and the common paths cost one round trip.
 
+Every statement is named: it lives in ``sql/<concern>.sql`` (see :mod:`duejobs.store.queries`)
+and runs through :mod:`duejobs.store.execution`, the one path to PostgreSQL. One module per
+concern — schedules, bulk, claims, attempts, reconciliation, figures, retention, recurring,
+quotas — names its statements, passes their parameters and builds one record type.
+
 "Now" is always the database's clock (``statement_timestamp()``), never a process clock.
 """
 
@@ -14,6 +19,8 @@ from __future__ import annotations
 from duejobs.store.attempts import (
     RunClaim,
     SkipReason,
+    bookkeeping_session,
+    bounded_locks,
     change_since_claim,
     claim_run,
     expire,
@@ -24,16 +31,7 @@ from duejobs.store.attempts import (
     record_stale,
 )
 from duejobs.store.bulk import insert_schedules
-from duejobs.store.claims import (
-    CLAIM_SHARES,
-    CLAIM_WALK,
-    DEFAULT_QUOTA_TENANT,
-    FRONT_LANE,
-    Claim,
-    DueRow,
-    claim_due,
-    fair_shares,
-)
+from duejobs.store.claims import FRONT_LANE, Claim, DueRow, claim_due, fair_shares
 from duejobs.store.execution import (
     advisory_lock,
     create_database,
@@ -42,7 +40,6 @@ from duejobs.store.execution import (
     server_answers,
 )
 from duejobs.store.figures import (
-    LIVE_FIGURES,
     Activity,
     LiveFigures,
     ScheduleOutcome,
@@ -52,6 +49,7 @@ from duejobs.store.figures import (
     start_lag,
     status_counts,
 )
+from duejobs.store.queries import DEFAULT_QUOTA_TENANT, FRAGMENTS, QUERIES, Query
 from duejobs.store.quotas import (
     QUOTA_COLUMNS,
     Quota,
@@ -61,8 +59,6 @@ from duejobs.store.quotas import (
     set_quota,
 )
 from duejobs.store.reconciliation import (
-    RESCUE_EXPIRED,
-    WINDOW_PAGE,
     OverdueRow,
     WindowRow,
     overdue_rows,
@@ -72,7 +68,6 @@ from duejobs.store.reconciliation import (
     window_page,
 )
 from duejobs.store.recurring import (
-    RECURRING_COLUMNS,
     Occurrence,
     advance_recurring,
     cancel_occurrences,
@@ -86,7 +81,6 @@ from duejobs.store.recurring import (
 )
 from duejobs.store.retention import prune_finished
 from duejobs.store.schedules import (
-    SCHEDULE_COLUMNS,
     NewRow,
     cancel,
     get_schedule,
@@ -98,16 +92,11 @@ from duejobs.store.schedules import (
 )
 
 __all__ = [
-    "CLAIM_SHARES",
-    "CLAIM_WALK",
     "DEFAULT_QUOTA_TENANT",
+    "FRAGMENTS",
     "FRONT_LANE",
-    "LIVE_FIGURES",
+    "QUERIES",
     "QUOTA_COLUMNS",
-    "RECURRING_COLUMNS",
-    "RESCUE_EXPIRED",
-    "SCHEDULE_COLUMNS",
-    "WINDOW_PAGE",
     "Activity",
     "Claim",
     "DueRow",
@@ -115,6 +104,7 @@ __all__ = [
     "NewRow",
     "Occurrence",
     "OverdueRow",
+    "Query",
     "Quota",
     "RunClaim",
     "ScheduleOutcome",
@@ -123,6 +113,8 @@ __all__ = [
     "activity",
     "advance_recurring",
     "advisory_lock",
+    "bookkeeping_session",
+    "bounded_locks",
     "cancel",
     "cancel_occurrences",
     "change_since_claim",

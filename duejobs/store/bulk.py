@@ -5,18 +5,17 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from duejobs.ids import id_stream
-from duejobs.store.execution import _LIVE, _copying, _fast, _meanwhile
-from duejobs.store.schedules import _CREATED_DETAIL, NewRow, _jitter_offset
+from duejobs.store.execution import copying, database_now, meanwhile, run
+from duejobs.store.schedules import NewRow, _jitter_offset
 
 # Bulk scheduling: rows are streamed with COPY into a session-local staging table, then moved
 # with one INSERT ... SELECT (database clock for delays, key conflicts skipped) that also
 # writes their `created` events.
-_STAGING = "duejobs_staging"
+_STAGING = "duejobs_staging"  # created by the query create_staging
 _STAGING_COLUMNS = (
     "ord",
     "id",
@@ -33,44 +32,6 @@ _STAGING_COLUMNS = (
     "local_run_at",
     "queue",
 )
-_CREATE_STAGING = f"""
-    CREATE TEMPORARY TABLE IF NOT EXISTS {_STAGING} (
-        ord integer, id uuid, tenant text, type text, key text, payload text,
-        run_at timestamptz, delay interval, jitter_offset interval, expires_after interval,
-        max_attempts integer, timezone text, local_run_at timestamp, queue text
-    ) ON COMMIT DELETE ROWS
-"""
-_MOVE_STAGED = text(
-    f"""
-    WITH new AS (
-        INSERT INTO scheduled_jobs
-            (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
-             max_attempts, timezone, local_run_at, queue)
-        SELECT id, tenant, type, key, CAST(payload AS jsonb), at, at + jitter_offset,
-               jitter_offset, expires_after, max_attempts, timezone, local_run_at, queue
-        FROM (SELECT *, COALESCE(run_at, statement_timestamp() + delay) AS at
-              FROM {_STAGING}) AS staged
-        ORDER BY ord
-        ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {_LIVE} DO NOTHING
-        RETURNING id, tenant, version, run_at, due_at, timezone, local_run_at, key
-    ), event AS (
-        INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
-        SELECT id, tenant, 'created', version,
-               {_CREATED_DETAIL}
-        FROM new
-    )
-    SELECT count(*) FROM new
-    """
-)
-# Which live schedule holds each staged key (the new one, or the one that already held it).
-_STAGED_KEYS = text(
-    f"SELECT st.ord, s.id FROM {_STAGING} st JOIN scheduled_jobs s "
-    f"ON s.tenant = st.tenant AND s.key = st.key AND s.status IN ('scheduled', 'running') "
-    "WHERE st.key IS NOT NULL"
-)
-
-
-_CLEAR_STAGING = text(f"TRUNCATE {_STAGING}")  # a second call in one transaction starts empty
 
 
 def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID]:
@@ -84,11 +45,11 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
     a staging table and one INSERT ... SELECT that skips keys held by a live schedule (or by
     an earlier row of the batch): such a row creates nothing and gets the holder's id, as
     :func:`insert_schedule` would."""
-    db_now: datetime = _fast(conn, _CLOCK, {})[0][0]
+    db_now = database_now(conn)
     drawn: list[bytes] = []
     keyed: list[tuple[int, uuid.UUID, NewRow]] = []
     first = last = b""  # the batch's first and last copied ids
-    with _copying(conn, "scheduled_jobs", _DIRECT_COLUMNS, _DIRECT_TYPES) as copy:
+    with copying(conn, "scheduled_jobs", _DIRECT_COLUMNS, _DIRECT_TYPES) as copy:
         for r, raw in zip(rows, id_stream(), strict=False):  # ids never run out
             drawn.append(raw)
             if r.key is not None:
@@ -116,8 +77,8 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
             )
             first, last = first or raw, raw
     recording = (
-        _meanwhile(
-            conn, _RECORD_COPIED, {"first": uuid.UUID(bytes=first), "last": uuid.UUID(bytes=last)}
+        meanwhile(
+            conn, "record_copied", {"first": uuid.UUID(bytes=first), "last": uuid.UUID(bytes=last)}
         )
         if first
         else contextlib.nullcontext()
@@ -129,21 +90,6 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
     return ids
 
 
-# The `created` events of a batch just copied. Its ids were drawn in increasing order, so its
-# rows are those between its first and last id that carry this (sub)transaction's xid: a
-# row another transaction wrote in that range carries another xid, and has its own event.
-_RECORD_COPIED = text(
-    f"""
-    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
-    SELECT id, tenant, 'created', version, {_CREATED_DETAIL}
-    FROM scheduled_jobs
-    WHERE id BETWEEN :first AND :last
-      AND xmin = (SELECT xmin FROM scheduled_jobs WHERE id = :first)
-    """
-)
-
-
-_CLOCK = text("SELECT statement_timestamp()")
 _DIRECT_COLUMNS = (
     "id",
     "tenant",
@@ -183,7 +129,7 @@ def _insert_staged(
 ) -> None:
     """Insert rows with keys (``(position, id, row)``), setting ``ids[position]`` to the
     holder of each key that was already taken."""
-    conn.exec_driver_sql(_CREATE_STAGING)
+    run(conn, "create_staging")
     staged = [
         (
             i,
@@ -203,11 +149,11 @@ def _insert_staged(
         )
         for i, sid, r in keyed
     ]
-    with _copying(conn, _STAGING, _STAGING_COLUMNS) as copy:
+    with copying(conn, _STAGING, _STAGING_COLUMNS) as copy:
         for row in staged:
             copy.write_row(row)
-    created = _fast(conn, _MOVE_STAGED, {})[0][0]
+    created = run(conn, "move_staged")[0].created
     if created < len(keyed):
-        for ordinal, holder in _fast(conn, _STAGED_KEYS, {}):
-            ids[ordinal] = holder
-    _fast(conn, _CLEAR_STAGING, {})
+        for staged_key in run(conn, "staged_keys"):
+            ids[staged_key.ord] = staged_key.id
+    run(conn, "clear_staging")

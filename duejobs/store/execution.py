@@ -1,10 +1,16 @@
-"""The one execution path to PostgreSQL: fast statements, COPY, error conversion, the clock."""
+"""The one execution path to PostgreSQL: named statements, COPY, error conversion.
+
+Every statement is one of :data:`~duejobs.store.queries.QUERIES`, run by name straight on
+psycopg inside the caller's SQLAlchemy transaction (beginning it if the caller has not): the
+same transaction the caller commits, without SQLAlchemy's per-execution work (about 0.15 ms a
+statement, paid once or twice per job by the scheduler and the worker). Rows come back as
+named tuples. A psycopg error surfaces as SQLAlchemy's (``OperationalError``,
+``IntegrityError``, ...) naming the statement, and a broken connection leaves the pool.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import functools
-import re
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -12,50 +18,91 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, TextClause, text
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
-_LIVE = "status IN ('scheduled', 'running')"
-_TENANT = "(CAST(:tenant AS text) IS NULL OR tenant = :tenant)"
-_RUN_AT = "COALESCE(CAST(:run_at AS timestamptz), statement_timestamp() + CAST(:delay AS interval))"
+from duejobs.store.queries import QUERIES
 
 
-@functools.cache
-def _driver_sql(clause: TextClause) -> str:
-    """A ``text()`` statement in psycopg's own parameter style (``:name`` → ``%(name)s``)."""
-    return re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", clause.text.replace("%", "%%"))
-
-
-def _fast(conn: Connection, clause: TextClause, params: dict[str, Any]) -> list[Any]:
-    """Run a hot-path statement straight on psycopg, inside the connection's transaction.
-
-    Same SQL, same transaction; it skips SQLAlchemy's per-execution work (about 0.15 ms a
-    statement), which the scheduler and the worker pay once or twice per job.
-    """
+def _driver(conn: Connection) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``conn``, inside the transaction the caller will commit
+    (begun here if the caller has not run a statement yet, as SQLAlchemy would)."""
     driver = conn.connection.driver_connection
-    assert driver is not None
-    sql = _driver_sql(clause)
+    assert isinstance(driver, psycopg.Connection)
+    if not driver.autocommit and not conn.in_transaction():
+        conn.begin()
+    return driver
+
+
+def run(conn: Connection, name: str, params: dict[str, Any] | None = None) -> list[Any]:
+    """Run the statement ``name``; its rows (none for a statement without a result)."""
+    query = QUERIES[name]
+    driver = _driver(conn)
     try:
         with driver.cursor(row_factory=namedtuple_row) as cursor:
-            cursor.execute(sql, params)
+            cursor.execute(query.driver_sql, params or {})
             return cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:
-        raise _surfaced(conn, driver, sql, params, exc) from exc
+        raise _surfaced(conn, driver, name, params, exc) from exc
+
+
+def run_one(conn: Connection, name: str, params: dict[str, Any] | None = None) -> Any | None:
+    """The first row of the statement ``name``, or None."""
+    rows = run(conn, name, params)
+    return rows[0] if rows else None
+
+
+def run_count(conn: Connection, name: str, params: dict[str, Any] | None = None) -> int:
+    """Run the statement ``name``; how many rows it changed."""
+    query = QUERIES[name]
+    driver = _driver(conn)
+    try:
+        with driver.cursor() as cursor:
+            cursor.execute(query.driver_sql, params or {})
+            return cursor.rowcount
+    except psycopg.Error as exc:
+        raise _surfaced(conn, driver, name, params, exc) from exc
 
 
 @contextlib.contextmanager
-def _meanwhile(conn: Connection, clause: TextClause, params: dict[str, Any]) -> Iterator[None]:
-    """Send a statement, and run the block while PostgreSQL works on it (psycopg's pipeline
-    mode); the statement's errors surface when the block ends."""
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    sql = _driver_sql(clause)
+def meanwhile(conn: Connection, name: str, params: dict[str, Any]) -> Iterator[None]:
+    """Send the statement ``name`` and run the block while PostgreSQL works on it (psycopg's
+    pipeline mode); the statement's errors surface when the block ends."""
+    query = QUERIES[name]
+    driver = _driver(conn)
     try:
         with driver.pipeline():
-            driver.execute(sql, params)
+            driver.execute(query.driver_sql, params)
             yield
     except psycopg.Error as exc:
-        raise _surfaced(conn, driver, sql, params, exc) from exc
+        raise _surfaced(conn, driver, name, params, exc) from exc
+
+
+@contextlib.contextmanager
+def copying(
+    conn: Connection,
+    table: str,
+    columns: Sequence[str],
+    types: Sequence[str] | None = None,
+) -> Iterator[psycopg.Copy]:
+    """A COPY into ``table`` (a name of duejobs' own, never input) inside the connection's
+    transaction.
+
+    With ``types`` (psycopg's names of the adapters to write each field with) the COPY is
+    binary: the client formats little, and PostgreSQL parses no text."""
+    driver = _driver(conn)
+    statement = pgsql.SQL("COPY {} ({}) FROM STDIN{}").format(
+        pgsql.Identifier(table),
+        pgsql.SQL(", ").join(map(pgsql.Identifier, columns)),
+        pgsql.SQL(" (FORMAT BINARY)" if types is not None else ""),
+    )
+    try:
+        with driver.cursor() as cursor, cursor.copy(statement) as copy:
+            if types is not None:
+                copy.set_types(types)
+            yield copy
+    except psycopg.Error as exc:
+        raise _surfaced(conn, driver, f"COPY {table}", None, exc) from exc
 
 
 def _surfaced(
@@ -80,39 +127,18 @@ def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC)
 
 
-@contextlib.contextmanager
-def _copying(
-    conn: Connection,
-    table: str,
-    columns: Sequence[str],
-    types: Sequence[str] | None = None,
-) -> Iterator[psycopg.Copy]:
-    """A COPY into ``table`` inside the connection's transaction; errors surface as
-    SQLAlchemy's, and a broken connection leaves the pool.
-
-    With ``types`` (psycopg's names of the adapters to write each field with) the COPY is
-    binary: the client formats little, and PostgreSQL parses no text."""
-    driver = conn.connection.driver_connection
-    assert driver is not None
-    statement = f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-    if types is not None:
-        statement += " (FORMAT BINARY)"
-    try:
-        with driver.cursor() as cursor, cursor.copy(statement) as copy:
-            if types is not None:
-                copy.set_types(types)
-            yield copy
-    except psycopg.Error as exc:
-        raise _surfaced(conn, driver, statement, None, exc) from exc
-
-
 def database_now(conn: Connection) -> datetime:
     """The database's clock, the only one duejobs trusts for "is it due?"."""
-    value: datetime = conn.execute(text("SELECT statement_timestamp()")).scalar_one()
-    return value.astimezone(UTC)
+    row = run_one(conn, "database_now")
+    assert row is not None
+    now: datetime = row.now
+    return now.astimezone(UTC)
 
 
-# -- what other modules used to say in SQL -----------------------------------------------------
+def advisory_lock(conn: Connection, key: int) -> None:
+    """Hold PostgreSQL's advisory lock ``key`` until the transaction ends (migrators queue
+    behind one another)."""
+    run(conn, "advisory_lock", {"key": key})
 
 
 def server_answers(url: str) -> bool:
@@ -138,9 +164,3 @@ def create_database(url: str, database: str) -> None:
 def is_missing_table(exc: BaseException | None) -> bool:
     """Whether a driver error says a table does not exist (the schema was never migrated)."""
     return isinstance(exc, psycopg.errors.UndefinedTable)
-
-
-def advisory_lock(conn: Connection, key: int) -> None:
-    """Hold PostgreSQL's advisory lock ``key`` until the transaction ends (migrators queue
-    behind one another)."""
-    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})

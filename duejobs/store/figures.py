@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from duejobs.models import (
     EventKind,
     Status,
 )
-from duejobs.store.execution import _TENANT, _utc
+from duejobs.store.execution import _utc, run, run_one
 
 # -- observability ---------------------------------------------------------------------------
 
@@ -37,40 +37,13 @@ class LiveFigures:
         return self.pushed + self.running
 
 
-LIVE_FIGURES = text(
-    f"""
-    WITH live AS (
-        SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed
-        FROM scheduled_jobs WHERE status = 'scheduled' AND {_TENANT}
-        UNION ALL
-        SELECT tenant, type, status, due_at, false FROM scheduled_jobs
-        WHERE status = 'running' AND {_TENANT}
-    )
-    SELECT CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
-           CASE WHEN GROUPING(type) = 0 THEN type END AS type,
-           count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
-           count(*) FILTER (WHERE status = 'running') AS running,
-           count(*) FILTER (WHERE status = 'scheduled' AND due_at <= statement_timestamp())
-               AS overdue,
-           count(*) FILTER (WHERE status = 'scheduled'
-                            AND due_at < statement_timestamp() - CAST(:late AS interval))
-               AS late,
-           min(due_at) FILTER (WHERE status = 'scheduled' AND due_at <= statement_timestamp())
-               AS oldest_overdue,
-           count(*) FILTER (WHERE pushed) AS pushed
-    FROM live
-    GROUP BY GROUPING SETS ((), (tenant), (type))
-    """
-)
-
-
 def live_figures(
     conn: Connection, late_after: timedelta, tenant: str | None = None
 ) -> list[LiveFigures]:
     """Counts over live rows only (two partial-index scans), overall, per tenant, per type;
     one tenant's alone when ``tenant`` is given. Cost follows the live rows, never the
     finished history."""
-    rows = conn.execute(LIVE_FIGURES, {"late": late_after, "tenant": tenant})
+    rows = run(conn, "live_figures", {"late": late_after, "tenant": tenant})
     return [
         LiveFigures(
             r.tenant,
@@ -96,42 +69,20 @@ class Activity:
     lag_ms: dict[str, float | None]
 
 
-_COUNT_BY_KIND = ", ".join(
-    f"count(*) FILTER (WHERE kind = '{k.value}') AS {k.value}" for k in EventKind
-)
-_ACTIVITY = text(
-    f"""
-    SELECT GROUPING(tenant, detail->>'type') AS level,
-           CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
-           CASE WHEN GROUPING(detail->>'type') = 0 THEN detail->>'type' END AS type,
-           {_COUNT_BY_KIND},
-           percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
-               (ORDER BY CAST(detail->>'lag_ms' AS double precision))
-               FILTER (WHERE kind = 'started') AS lag,
-           max(CAST(detail->>'lag_ms' AS double precision)) FILTER (WHERE kind = 'started')
-               AS lag_max
-    FROM scheduled_job_events
-    WHERE at >= statement_timestamp() - CAST(:since AS interval) AND {_TENANT}
-    GROUP BY GROUPING SETS ((), (tenant), (detail->>'type'))
-    """
-)
-
-
 def activity(conn: Connection, since: timedelta, tenant: str | None = None) -> list[Activity]:
     """Events of the last ``since`` by kind, and the lag from due time to start
     (p50/p95/p99/max, ms). Reads only that window of the history (BRIN index on time)."""
     result: list[Activity] = []
-    for r in conn.execute(_ACTIVITY, {"since": since, "tenant": tenant}):
-        m = r._mapping
-        if m["level"] == 2 and m["type"] is None:
+    for r in run(conn, "activity", {"since": since, "tenant": tenant}):
+        if r.level == 2 and r.type is None:
             continue  # events that carry no type (all but `started`), in the per-type set
-        lag = m["lag"] or [None, None, None]
+        lag = r.lag or [None, None, None]
         result.append(
             Activity(
-                tenant=m["tenant"],
-                type=m["type"],
-                counts={k.value: int(m[k.value]) for k in EventKind},
-                lag_ms={"p50": lag[0], "p95": lag[1], "p99": lag[2], "max": m["lag_max"]},
+                tenant=r.tenant,
+                type=r.type,
+                counts={k.value: int(getattr(r, k.value)) for k in EventKind},
+                lag_ms={"p50": lag[0], "p95": lag[1], "p99": lag[2], "max": r.lag_max},
             )
         )
     return result
@@ -139,14 +90,8 @@ def activity(conn: Connection, since: timedelta, tenant: str | None = None) -> l
 
 def status_counts(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[str, int]:
     """How many of these schedules are in each status."""
-    rows = conn.execute(
-        text(
-            "SELECT status, count(*) FROM scheduled_jobs "
-            "WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status"
-        ),
-        {"ids": list(ids)},
-    )
-    return {status: int(n) for status, n in rows}
+    rows = run(conn, "status_counts", {"ids": list(ids)})
+    return {r.status: int(r.n) for r in rows}
 
 
 @dataclass(frozen=True)
@@ -163,39 +108,16 @@ class ScheduleOutcome:
     started_version: int | None  # the lowest version that ever started
 
 
-_OUTCOMES = text(
-    """
-    SELECT s.id, s.status, s.version, s.attempts,
-           (SELECT count(*) FROM scheduled_job_effects f WHERE f.schedule_id = s.id) AS effects,
-           (SELECT count(*) FROM scheduled_job_events e
-            WHERE e.schedule_id = s.id AND e.kind = 'started') AS starts,
-           (SELECT count(*) FROM scheduled_job_events e
-            WHERE e.schedule_id = s.id AND e.kind = 'started' AND e.at < s.run_at) AS early,
-           (SELECT min(e.version) FROM scheduled_job_events e
-            WHERE e.schedule_id = s.id AND e.kind = 'started') AS started_version
-    FROM scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))
-    """
-)
-
-
 def outcomes(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, ScheduleOutcome]:
     """What became of each of these schedules (the demo's checks)."""
     return {
         r.id: ScheduleOutcome(r.id, Status(r.status), *r[2:])
-        for r in conn.execute(_OUTCOMES, {"ids": list(ids)})
+        for r in run(conn, "outcomes", {"ids": list(ids)})
     }
-
-
-_START_LAG = text(
-    """
-    SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
-               (ORDER BY CAST(detail->>'lag_ms' AS double precision))
-    FROM scheduled_job_events WHERE kind = 'started' AND schedule_id = ANY(CAST(:ids AS uuid[]))
-    """
-)
 
 
 def start_lag(conn: Connection, ids: Sequence[uuid.UUID]) -> tuple[float | None, float | None]:
     """p50 and p99 of these schedules' lag from due time to start (ms)."""
-    lag = conn.execute(_START_LAG, {"ids": list(ids)}).scalar_one()
+    row = run_one(conn, "start_lag", {"ids": list(ids)})
+    lag = row.lag if row else None
     return (lag[0], lag[1]) if lag else (None, None)

@@ -1,0 +1,185 @@
+"""Every statement duejobs runs, by name: the ``sql/*.sql`` files beside this module.
+
+A file holds named blocks, grouped by concern (schedules, claims, attempts, ...)::
+
+    -- name: claim_run
+    -- Turn a delivery into a running attempt, or say why not.
+    WITH cur AS (...) ...
+
+Parameters are written ``:name``; ``{{fragment}}`` stands for one of :data:`FRAGMENTS`, the
+few pieces of SQL several statements share, so that each rule is spelled once. The files are
+read once, at import; a name seen twice, an unknown fragment or an empty block is an error
+then, not at the first call. The name is what a plan test EXPLAINs and what an error names.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib.resources import files
+
+from duejobs.models import EventKind
+
+DEFAULT_QUOTA_TENANT = "*"  # the tenant_quotas row whose caps apply to every other tenant
+
+# SQL several statements share: each rule written once. A fragment may take arguments
+# (``{{quota(max_live, :tenant)}}``), placed at ``{0}``, ``{1}``, ...; it may use others
+# (written ``{{{{name(...)}}}}`` inside one that takes arguments, which is formatted).
+FRAGMENTS = {
+    # a live schedule: the states a key is held in and a quota counts
+    "live": "status IN ('scheduled', 'running')",
+    # a row the scheduler has yet to push
+    "unpushed": "status = 'scheduled' AND queue_job_id IS NULL",
+    # a statement for one tenant, or for all when :tenant is NULL
+    "tenant_filter": "(CAST(:tenant AS text) IS NULL OR tenant = :tenant)",
+    # a schedule's run_at: the instant given, or the database clock plus the delay
+    "run_at": (
+        "COALESCE(CAST(:run_at AS timestamptz), statement_timestamp() + CAST(:delay AS interval))"
+    ),
+    "schedule_columns": (
+        "id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status, "
+        "queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, "
+        "finished_at, queue"
+    ),
+    "recurring_columns": (
+        "id, tenant, name, type, payload, cron, timezone, dst_gap, dst_overlap, misfire, "
+        "grace, status, version, next_run_at, created_at, updated_at, queue, last_error"
+    ),
+    # A `created` event's detail, from the schedule's new row (every way of creating one).
+    # Most schedules have no zone, key or jitter: building just {"run_at": ...} for them
+    # costs a third of building every field and stripping the nulls.
+    "created_detail": (
+        "CASE WHEN timezone IS NULL AND local_run_at IS NULL AND key IS NULL "
+        "AND due_at = run_at THEN jsonb_build_object('run_at', run_at) "
+        "ELSE jsonb_strip_nulls(jsonb_build_object("
+        "'run_at', run_at, 'timezone', timezone, 'local_run_at', local_run_at, "
+        "'key', key, 'due_at', CASE WHEN due_at <> run_at THEN due_at END)) END"
+    ),
+    # Why an attempt is not (or no longer) the current one of its schedule, or NULL: for a
+    # delivery about to start (:current_status 'scheduled', :current_attempts the one before)
+    # and for an attempt running (:current_status 'running', :current_attempts its own).
+    "skip_verdict": (
+        "CASE WHEN status = 'cancelled' THEN 'cancelled' "
+        "WHEN version <> :version THEN 'superseded' "
+        "WHEN status <> :current_status OR attempts <> :current_attempts THEN 'duplicate' END"
+    ),
+    # The queue job id of a row's next attempt, as duejobs.delivery.job_id spells it (a test
+    # holds the two spellings equal); computed here so that claiming and marking a batch is
+    # one UPDATE.
+    "job_id": (
+        "'dj-' || replace({0}.tenant, '.', '_') || '-' || replace(CAST({0}.id AS text), '-', '') "
+        "|| '-v' || {0}.version || '-a' || ({0}.attempts + 1)"
+    ),
+    # A tenant's cap ({0}: max_live or max_inflight) of tenant {1}: its own, else the
+    # default's, else none.
+    "quota": (
+        "COALESCE((SELECT {0} FROM tenant_quotas WHERE tenant = {1}), "
+        f"(SELECT {{0}} FROM tenant_quotas WHERE tenant = '{DEFAULT_QUOTA_TENANT}'))"
+    ),
+    # A tenant's ({0}) jobs in flight: pushed (counted up to its cap {1}) plus running.
+    "inflight": (
+        "((SELECT count(*) FROM (SELECT 1 FROM scheduled_jobs WHERE tenant = {0} "
+        "AND status = 'scheduled' AND queue_job_id IS NOT NULL LIMIT {1}) AS pushed) "
+        "+ (SELECT count(*) FROM scheduled_jobs WHERE status = 'running' AND tenant = {0}))"
+    ),
+    # Rows {0} of tenant {1} due up to {2}, spelled as a range of (tenant, due_at) pairs
+    # without `tenant = ...`, so that only the per-tenant claim index can serve it: with the
+    # equality the planner may take the global due_at index and filter out every other
+    # tenant's rows on the way.
+    "tenant_range": (
+        "({0}.tenant, {0}.due_at) >= ({1}, CAST('-infinity' AS timestamptz)) "
+        "AND ({0}.tenant, {0}.due_at) <= ({1}, {2})"
+    ),
+    # Rows {0} of tenant {1} (with in-flight cap {2}) waiting to be pushed that are due: within
+    # the window, or only those already due for a tenant with an in-flight cap (its backlog
+    # waits in the table, not in Redis).
+    "tenant_due": (
+        "{0}.status = 'scheduled' AND {0}.queue_job_id IS NULL AND {{{{tenant_range({0}, {1}, "
+        "statement_timestamp() + CASE WHEN {2} IS NULL THEN CAST(:window AS interval) "
+        "ELSE interval '0' END)}}}}"
+    ),
+    # one count per event kind, named after it (the kinds come from the enum)
+    "count_by_kind": ", ".join(
+        f"count(*) FILTER (WHERE kind = '{k.value}') AS {k.value}" for k in EventKind
+    ),
+}
+_NAME = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+# {{name}} or {{name(arg, arg)}}; an argument may hold one level of parentheses.
+_FRAGMENT = re.compile(r"\{\{(\w+)(?:\(((?:[^()]|\([^()]*\))*)\))?\}\}")
+_PARAM = re.compile(r"(?<![:\w]):(\w+)")
+
+
+@dataclass(frozen=True)
+class Query:
+    """One named statement: as written (``:name`` parameters), and as psycopg takes it."""
+
+    name: str
+    sql: str
+    driver_sql: str
+
+
+def _expand(name: str, sql: str) -> str:
+    def fragment(match: re.Match[str]) -> str:
+        try:
+            body = FRAGMENTS[match[1]]
+        except KeyError:
+            raise ValueError(f"query {name}: unknown fragment {match[0]}") from None
+        args = _split_args(match[2]) if match[2] is not None else []
+        return body.format(*args) if args else body
+
+    for _ in range(5):  # fragments may use fragments, a few levels deep
+        expanded = _FRAGMENT.sub(fragment, sql)
+        if expanded == sql:
+            return sql
+        sql = expanded
+    raise ValueError(f"query {name}: fragments nested too deep")
+
+
+def _split_args(text: str) -> list[str]:
+    """Split fragment arguments at the commas outside parentheses."""
+    args, depth, current = [], 0, ""
+    for char in text:
+        if char == "," and depth == 0:
+            args.append(current.strip())
+            current = ""
+            continue
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        current += char
+    return [*args, current.strip()]
+
+
+def parse(text: str, source: str) -> dict[str, Query]:
+    """The named blocks of one file."""
+    parts = _NAME.split(text)
+    if parts[0].strip() and not all(
+        line.startswith("--") or not line.strip() for line in parts[0].splitlines()
+    ):
+        raise ValueError(f"{source}: SQL before the first '-- name:' line")
+    found: dict[str, Query] = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        # Whole-line comments say why; the statement is sent without them.
+        code = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("--"))
+        sql = _expand(name, code.strip().rstrip(";").strip())
+        if not sql:
+            raise ValueError(f"{source}: query {name} is empty")
+        if name in found:
+            raise ValueError(f"{source}: query {name} appears twice")
+        driver_sql = _PARAM.sub(r"%(\1)s", sql.replace("%", "%%"))
+        found[name] = Query(name, sql, driver_sql)
+    return found
+
+
+def load() -> dict[str, Query]:
+    """Every named statement of every ``sql/*.sql`` file."""
+    queries: dict[str, Query] = {}
+    for path in sorted(files("duejobs.store").joinpath("sql").iterdir(), key=lambda p: p.name):
+        if not path.name.endswith(".sql"):
+            continue
+        for name, query in parse(path.read_text(encoding="utf-8"), path.name).items():
+            if name in queries:
+                raise ValueError(f"{path.name}: query {name} is already defined elsewhere")
+            queries[name] = query
+    return queries
+
+
+QUERIES = load()

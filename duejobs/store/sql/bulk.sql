@@ -1,0 +1,50 @@
+-- Schedules many at a time: a binary COPY, keyed rows through a staging table.
+
+-- name: create_staging
+-- Session-local, emptied at each commit: keyed rows of a batch wait here to be moved.
+CREATE TEMPORARY TABLE IF NOT EXISTS duejobs_staging (
+    ord integer, id uuid, tenant text, type text, key text, payload text,
+    run_at timestamptz, delay interval, jitter_offset interval, expires_after interval,
+    max_attempts integer, timezone text, local_run_at timestamp, queue text
+) ON COMMIT DELETE ROWS
+
+-- name: move_staged
+-- The staged rows into the table (database clock for delays, keys held by a live schedule
+-- skipped), with their `created` events; how many were created.
+WITH new AS (
+    INSERT INTO scheduled_jobs
+        (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
+         max_attempts, timezone, local_run_at, queue)
+    SELECT id, tenant, type, key, CAST(payload AS jsonb), at, at + jitter_offset,
+           jitter_offset, expires_after, max_attempts, timezone, local_run_at, queue
+    FROM (SELECT *, COALESCE(run_at, statement_timestamp() + delay) AS at
+          FROM duejobs_staging) AS staged
+    ORDER BY ord
+    ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {{live}} DO NOTHING
+    RETURNING id, tenant, version, run_at, due_at, timezone, local_run_at, key
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'created', version, {{created_detail}}
+    FROM new
+)
+SELECT count(*) AS created FROM new
+
+-- name: staged_keys
+-- Which live schedule holds each staged key (the new one, or the one that already held it).
+SELECT st.ord, s.id FROM duejobs_staging st JOIN scheduled_jobs s
+ON s.tenant = st.tenant AND s.key = st.key AND {{live}}
+WHERE st.key IS NOT NULL
+
+-- name: clear_staging
+-- A second batch in one transaction starts empty.
+TRUNCATE duejobs_staging
+
+-- name: record_copied
+-- The `created` events of a batch just copied. Its ids were drawn in increasing order, so
+-- its rows are those between its first and last id that carry this (sub)transaction's xid:
+-- a row another transaction wrote in that range carries another xid, and has its own event.
+INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+SELECT id, tenant, 'created', version, {{created_detail}}
+FROM scheduled_jobs
+WHERE id BETWEEN :first AND :last
+  AND xmin = (SELECT xmin FROM scheduled_jobs WHERE id = :first)

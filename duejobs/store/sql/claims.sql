@@ -1,0 +1,82 @@
+-- The scheduler's claim: due rows shared fairly among tenants, under their in-flight caps.
+
+-- name: claim_walk
+-- First half of a claim: walk the tenants that have rows waiting to be pushed, in name order
+-- after a cursor, one index probe each (the recursion is evaluated only as far as the LIMIT
+-- pulls it), and count each one's due rows up to the batch size. A tenant is "sparse" when
+-- it has fewer than FRONT_LANE jobs waiting in the queue. Capped tenants are locked
+-- (try-lock, held to the end of the claim's transaction) so that two claims never both fill
+-- the same tenant's last places; their in-flight count here is an estimate for sharing the
+-- batch, and the claim counts again under the lock.
+WITH RECURSIVE tenants (tenant) AS (
+    SELECT min(tenant) FROM scheduled_jobs
+    WHERE {{unpushed}} AND tenant > :after
+      AND EXISTS (SELECT 1 FROM scheduled_jobs WHERE {{unpushed}}
+                  AND due_at <= statement_timestamp() + CAST(:window AS interval))
+  UNION ALL
+    SELECT (SELECT min(s.tenant) FROM scheduled_jobs s
+            WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL
+              AND s.tenant > t.tenant)
+    FROM tenants t WHERE t.tenant IS NOT NULL
+), capped AS (
+    SELECT t.tenant, {{quota(max_inflight, t.tenant)}} AS cap
+    FROM tenants t WHERE t.tenant IS NOT NULL
+), walked AS (
+    SELECT p.tenant, p.cap,
+           (SELECT count(*) FROM (
+                SELECT 1 FROM scheduled_jobs s
+                WHERE {{tenant_due(s, p.tenant, p.cap)}}
+                LIMIT :limit) AS d) AS due
+    FROM capped p
+), picked AS (
+    SELECT * FROM walked WHERE due > 0 LIMIT :limit
+)
+SELECT statement_timestamp() AS db_now, p.tenant, p.due, p.cap,
+       CASE WHEN p.cap IS NOT NULL
+            THEN pg_try_advisory_xact_lock(hashtext('duejobs-inflight:' || p.tenant))
+       END AS locked,
+       CASE WHEN p.cap IS NOT NULL THEN {{inflight(p.tenant, p.cap)}} END AS inflight,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM scheduled_jobs s
+            WHERE s.status = 'scheduled' AND s.queue_job_id IS NOT NULL
+              AND {{tenant_range(s, p.tenant, statement_timestamp())}}
+            LIMIT :front_lane) AS queued) < :front_lane AS sparse
+-- The claim's commit does not wait for the WAL flush: a worker that already popped a job
+-- waits less on the row's lock (what a crash can cost: see duejobs.scheduler).
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS always
+LEFT JOIN picked p ON true
+
+-- name: claim_shares
+-- Second half: take each tenant's share of the batch, oldest first, FOR UPDATE SKIP LOCKED
+-- (a capped tenant's share cut to the room its cap leaves, counted afresh), record the queue
+-- job ids and an `enqueued` event, and return the rows in turns — every tenant's first row,
+-- then every tenant's second — so that the push interleaves tenants in the queue as well.
+WITH plan AS (
+    SELECT p.tenant, p.cap,
+           CASE WHEN p.cap IS NULL THEN p.share
+                ELSE LEAST(p.share, p.cap - {{inflight(p.tenant, p.cap)}}) END AS n
+    FROM unnest(CAST(:tenants AS text[]), CAST(:shares AS integer[]),
+                CAST(:caps AS integer[])) AS p(tenant, share, cap)
+), due AS (
+    SELECT c.id FROM plan p CROSS JOIN LATERAL (
+        SELECT s.id FROM scheduled_jobs s
+        WHERE {{tenant_due(s, p.tenant, p.cap)}}
+        ORDER BY s.tenant, s.due_at
+        LIMIT GREATEST(p.n, 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET queue_job_id = {{job_id(s)}},
+        enqueued_at = statement_timestamp(), updated_at = statement_timestamp()
+    WHERE s.id = ANY(ARRAY(SELECT id FROM due))  -- primary-key lookups, never a join
+    RETURNING s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
+              s.queue_job_id, s.queue
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'enqueued', version, jsonb_build_object('queue_job_id', queue_job_id)
+    FROM upd
+)
+SELECT upd.*, row_number() OVER (PARTITION BY upd.tenant ORDER BY upd.due_at) AS turn
+FROM upd
+ORDER BY turn, upd.due_at

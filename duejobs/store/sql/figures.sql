@@ -1,0 +1,61 @@
+-- Observability figures: live counts, recent activity, outcomes and lag.
+
+-- name: live_figures
+-- Counts over live rows only (two partial-index scans), overall, per tenant, per type.
+WITH live AS (
+    SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed
+    FROM scheduled_jobs WHERE status = 'scheduled' AND {{tenant_filter}}
+    UNION ALL
+    SELECT tenant, type, status, due_at, false FROM scheduled_jobs
+    WHERE status = 'running' AND {{tenant_filter}}
+)
+SELECT CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
+       CASE WHEN GROUPING(type) = 0 THEN type END AS type,
+       count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
+       count(*) FILTER (WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE status = 'scheduled' AND due_at <= statement_timestamp())
+           AS overdue,
+       count(*) FILTER (WHERE status = 'scheduled'
+                        AND due_at < statement_timestamp() - CAST(:late AS interval))
+           AS late,
+       min(due_at) FILTER (WHERE status = 'scheduled' AND due_at <= statement_timestamp())
+           AS oldest_overdue,
+       count(*) FILTER (WHERE pushed) AS pushed
+FROM live
+GROUP BY GROUPING SETS ((), (tenant), (type))
+
+-- name: activity
+-- Events of the last SINCE by kind, and the lag from due time to start, overall, per
+-- tenant and per type; only that window of the history is read (BRIN index on time).
+SELECT GROUPING(tenant, detail->>'type') AS level,
+       CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
+       CASE WHEN GROUPING(detail->>'type') = 0 THEN detail->>'type' END AS type,
+       {{count_by_kind}},
+       percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
+           (ORDER BY CAST(detail->>'lag_ms' AS double precision))
+           FILTER (WHERE kind = 'started') AS lag,
+       max(CAST(detail->>'lag_ms' AS double precision)) FILTER (WHERE kind = 'started')
+           AS lag_max
+FROM scheduled_job_events
+WHERE at >= statement_timestamp() - CAST(:since AS interval) AND {{tenant_filter}}
+GROUP BY GROUPING SETS ((), (tenant), (detail->>'type'))
+
+-- name: status_counts
+SELECT status, count(*) AS n FROM scheduled_jobs
+WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status
+
+-- name: outcomes
+SELECT s.id, s.status, s.version, s.attempts,
+       (SELECT count(*) FROM scheduled_job_effects f WHERE f.schedule_id = s.id) AS effects,
+       (SELECT count(*) FROM scheduled_job_events e
+        WHERE e.schedule_id = s.id AND e.kind = 'started') AS starts,
+       (SELECT count(*) FROM scheduled_job_events e
+        WHERE e.schedule_id = s.id AND e.kind = 'started' AND e.at < s.run_at) AS early,
+       (SELECT min(e.version) FROM scheduled_job_events e
+        WHERE e.schedule_id = s.id AND e.kind = 'started') AS started_version
+FROM scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))
+
+-- name: start_lag
+SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
+           (ORDER BY CAST(detail->>'lag_ms' AS double precision)) AS lag
+FROM scheduled_job_events WHERE kind = 'started' AND schedule_id = ANY(CAST(:ids AS uuid[]))

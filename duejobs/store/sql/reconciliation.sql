@@ -1,0 +1,94 @@
+-- What the reconciler reads and writes: the window's rows, expired leases, states.
+
+-- name: window_page
+-- One page (keyset on due_at, id) of scheduled rows due within the window, locked (SKIP
+-- LOCKED), with their deterministic queue job id, recorded (with an `enqueued` event) on
+-- the rows whose id differs from the one stored: those no scheduler has pushed yet.
+WITH page AS (
+    SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at, s.queue,
+           s.queue_job_id AS current, {{job_id(s)}} AS job
+    FROM scheduled_jobs s
+    WHERE s.status = 'scheduled'
+      AND s.due_at <= statement_timestamp() + CAST(:window AS interval)
+      AND (s.due_at, s.id) > (CAST(:after_due AS timestamptz), CAST(:after_id AS uuid))
+      -- a never-pushed row of a tenant with an in-flight quota is the scheduler's to
+      -- push, when the quota leaves room
+      AND (s.queue_job_id IS NOT NULL OR {{quota(max_inflight, s.tenant)}} IS NULL)
+    ORDER BY s.due_at, s.id
+    FOR UPDATE SKIP LOCKED
+    LIMIT :limit
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET queue_job_id = {{job_id(s)}}, enqueued_at = statement_timestamp(),
+        updated_at = statement_timestamp()
+    WHERE s.id = ANY(ARRAY(SELECT id FROM page WHERE current IS DISTINCT FROM job))
+    RETURNING s.id, s.tenant, s.version, s.queue_job_id
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'enqueued', version,
+           jsonb_build_object('queue_job_id', queue_job_id, 'by', 'reconciler')
+    FROM upd
+)
+SELECT id, tenant, version, attempt, due_at, job AS queue_job_id,
+       current IS NOT NULL AS was_pushed, queue
+FROM page
+ORDER BY due_at, id
+
+-- name: record_repushed
+-- History for rows whose queue job had vanished and was pushed again.
+INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+SELECT id, tenant, 'requeued', version,
+       jsonb_build_object('reason', 'queue_job_missing', 'queue_job_id', job)
+FROM scheduled_jobs JOIN unnest(CAST(:ids AS uuid[]), CAST(:jobs AS text[])) AS r(rid, job)
+ON id = rid
+
+-- name: rescue_expired
+-- Running rows whose lease expired (their worker is gone): the attempt recorded as
+-- abandoned; the row back to scheduled (due now), or failed with its attempts exhausted.
+WITH expired AS (
+    SELECT id FROM scheduled_jobs
+    WHERE status = 'running' AND lease_expires_at < statement_timestamp()
+    ORDER BY lease_expires_at
+    FOR UPDATE SKIP LOCKED
+    LIMIT :limit
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET status = CASE WHEN s.attempts >= s.max_attempts THEN 'failed'
+                      ELSE 'scheduled' END,
+        queue_job_id = NULL,
+        due_at = statement_timestamp(),
+        lease_expires_at = NULL,
+        last_error = 'attempt ' || s.attempts || ' abandoned: its worker stopped renewing '
+                     || 'the lease',
+        finished_at = CASE WHEN s.attempts >= s.max_attempts
+                           THEN statement_timestamp() END,
+        updated_at = statement_timestamp()
+    WHERE s.id = ANY(ARRAY(SELECT id FROM expired))
+    RETURNING s.id, s.tenant, s.version, s.attempts, s.status
+), attempt AS (
+    UPDATE scheduled_job_attempts a
+    SET status = 'abandoned', finished_at = statement_timestamp(),
+        error = 'the worker stopped renewing the lease'
+    FROM upd
+    WHERE a.schedule_id = upd.id AND a.version = upd.version AND a.attempt = upd.attempts
+      AND a.status = 'running'
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'abandoned', version,
+           jsonb_build_object('attempt', attempts, 'then', status)
+    FROM upd
+    UNION ALL
+    SELECT id, tenant, 'failed', version,
+           jsonb_build_object('attempt', attempts, 'error', 'attempts exhausted')
+    FROM upd WHERE status = 'failed'
+)
+SELECT status, count(*) AS n FROM upd GROUP BY status
+
+-- name: schedule_states
+SELECT id, status, version FROM scheduled_jobs WHERE id = ANY(CAST(:ids AS uuid[]))
+
+-- name: overdue_rows
+SELECT queue_job_id, due_at,
+       due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck
+FROM scheduled_jobs WHERE status = 'scheduled' AND {{tenant_filter}}
+  AND due_at <= statement_timestamp() ORDER BY due_at LIMIT :limit

@@ -1,0 +1,104 @@
+-- Recurring definitions and their occurrences.
+
+-- name: get_recurring
+SELECT {{recurring_columns}} FROM recurring_schedules WHERE tenant = :tenant AND name = :name
+
+-- name: get_recurring_locked
+-- The same, locked to the end of the transaction: read, merge and write as one change.
+SELECT {{recurring_columns}} FROM recurring_schedules
+WHERE tenant = :tenant AND name = :name FOR UPDATE
+
+-- name: save_recurring
+-- Create the definition, or replace it at version + 1; nothing when an active definition is
+-- already exactly this one (compared as PostgreSQL stores it). A quarantined definition
+-- becomes active again.
+INSERT INTO recurring_schedules
+    (id, tenant, name, type, payload, cron, timezone, dst_gap, dst_overlap,
+     misfire, grace, next_run_at, queue)
+VALUES (:id, :tenant, :name, :type, CAST(:payload_json AS jsonb), :cron, :timezone,
+        :dst_gap, :dst_overlap, :misfire, :grace, :next_run_at, :queue)
+ON CONFLICT (tenant, name) DO UPDATE
+SET type = EXCLUDED.type, payload = EXCLUDED.payload, cron = EXCLUDED.cron,
+    queue = EXCLUDED.queue,
+    timezone = EXCLUDED.timezone, dst_gap = EXCLUDED.dst_gap,
+    dst_overlap = EXCLUDED.dst_overlap, misfire = EXCLUDED.misfire,
+    grace = EXCLUDED.grace, next_run_at = EXCLUDED.next_run_at,
+    version = recurring_schedules.version + 1, updated_at = statement_timestamp(),
+    status = CASE WHEN recurring_schedules.status = 'error' THEN 'active'
+                  ELSE recurring_schedules.status END,
+    last_error = NULL
+WHERE (recurring_schedules.type, recurring_schedules.payload,
+       recurring_schedules.cron, recurring_schedules.timezone,
+       recurring_schedules.dst_gap, recurring_schedules.dst_overlap,
+       recurring_schedules.misfire, recurring_schedules.grace,
+       recurring_schedules.queue, recurring_schedules.status)
+      IS DISTINCT FROM
+      (EXCLUDED.type, EXCLUDED.payload, EXCLUDED.cron, EXCLUDED.timezone,
+       EXCLUDED.dst_gap, EXCLUDED.dst_overlap, EXCLUDED.misfire, EXCLUDED.grace,
+       EXCLUDED.queue, 'active')
+RETURNING {{recurring_columns}}
+
+-- name: quarantine_recurring
+WITH upd AS (
+    UPDATE recurring_schedules
+    SET status = 'error', last_error = :error, updated_at = statement_timestamp()
+    WHERE id = :id
+    RETURNING id, tenant, version
+)
+INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+SELECT id, tenant, 'quarantined', version, jsonb_build_object('error', :error)
+FROM upd
+
+-- name: set_recurring_status
+UPDATE recurring_schedules SET status = :status, version = version + 1,
+       next_run_at = COALESCE(CAST(:next_run_at AS timestamptz), next_run_at),
+       updated_at = statement_timestamp()
+WHERE id = :id RETURNING {{recurring_columns}}
+
+-- name: delete_recurring
+DELETE FROM recurring_schedules WHERE id = :id
+
+-- name: cancel_occurrences
+-- Cancel the occurrences still waiting to run; the queue jobs to discard.
+WITH upd AS (
+    UPDATE scheduled_jobs
+    SET status = 'cancelled', version = version + 1,
+        finished_at = statement_timestamp(), updated_at = statement_timestamp()
+    WHERE recurring_id = :rid AND status = 'scheduled'
+    RETURNING id, tenant, version, queue_job_id
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'cancelled', version, jsonb_build_object('reason', CAST(:reason AS text))
+    FROM upd
+)
+SELECT queue_job_id FROM upd WHERE queue_job_id IS NOT NULL
+
+-- name: due_recurring
+SELECT {{recurring_columns}} FROM recurring_schedules
+WHERE status = 'active' AND next_run_at <= statement_timestamp() + CAST(:window AS interval)
+ORDER BY next_run_at FOR UPDATE SKIP LOCKED LIMIT :limit
+
+-- name: insert_occurrences
+-- Occurrences as ordinary schedules; one already there (another scheduler made it) is left
+-- alone. How many were new.
+WITH new AS (
+    INSERT INTO scheduled_jobs
+        (id, tenant, type, payload, run_at, due_at, timezone, local_run_at,
+         recurring_id, recurring_version, queue)
+    SELECT o.id, :tenant, :type, CAST(:payload AS jsonb), o.run_at, o.run_at,
+           :timezone, o.local_run_at, :rid, :version, :queue
+    FROM unnest(CAST(:ids AS uuid[]), CAST(:run_ats AS timestamptz[]),
+                CAST(:locals AS timestamp[])) AS o(id, run_at, local_run_at)
+    ON CONFLICT DO NOTHING
+    RETURNING id, tenant, version, run_at
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'created', version,
+           jsonb_build_object('run_at', run_at, 'recurring', CAST(:name AS text),
+                              'recurring_version', CAST(:version AS integer))
+    FROM new
+)
+SELECT count(*) AS created FROM new
+
+-- name: advance_recurring
+UPDATE recurring_schedules SET next_run_at = :next WHERE id = :id

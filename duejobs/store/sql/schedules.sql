@@ -1,0 +1,94 @@
+-- Schedules one at a time: create, read, reschedule, cancel, history.
+
+-- name: insert_schedule
+-- Create a schedule with its `created` event; nothing when a live schedule holds the key.
+WITH new AS (
+    INSERT INTO scheduled_jobs
+        (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
+         max_attempts, timezone, local_run_at, queue)
+    VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {{run_at}},
+            {{run_at}} + CAST(:jitter_offset AS interval), :jitter_offset,
+            CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
+            :local_run_at, :queue)
+    ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {{live}} DO NOTHING
+    RETURNING {{schedule_columns}}
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'created', version, {{created_detail}}
+    FROM new
+)
+SELECT {{schedule_columns}} FROM new
+
+-- name: live_by_key
+SELECT {{schedule_columns}} FROM scheduled_jobs WHERE tenant = :tenant AND key = :key AND {{live}}
+
+-- name: get_schedule
+SELECT {{schedule_columns}} FROM scheduled_jobs WHERE id = :id AND {{tenant_filter}}
+
+-- name: reschedule
+-- Move a live schedule to a new time under version + 1, with its `rescheduled` event.
+WITH cur AS (
+    SELECT id, run_at AS old_run_at, version AS old_version, queue_job_id AS old_queue_job_id
+    FROM scheduled_jobs
+    WHERE id = :id AND {{tenant_filter}} AND {{live}}
+      AND (CAST(:expected AS integer) IS NULL OR version = :expected)
+    FOR UPDATE
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET run_at = {{run_at}},
+        due_at = {{run_at}} + s.jitter_offset,
+        timezone = COALESCE(CAST(:timezone AS text), s.timezone),
+        local_run_at = :local_run_at,
+        version = s.version + 1,
+        status = 'scheduled',
+        queue_job_id = NULL,
+        attempts = 0,
+        updated_at = statement_timestamp(),
+        enqueued_at = NULL,
+        started_at = NULL,
+        lease_expires_at = NULL
+    FROM cur
+    WHERE s.id = :id AND s.id = cur.id
+    RETURNING s.*, cur.old_run_at, cur.old_version, cur.old_queue_job_id
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'rescheduled', version,
+           jsonb_build_object('old_run_at', old_run_at, 'new_run_at', run_at,
+                              'old_version', old_version, 'timezone', timezone,
+                              'local_run_at', local_run_at)
+    FROM upd
+)
+SELECT {{schedule_columns}}, old_queue_job_id FROM upd
+
+-- name: cancel
+-- Cancel a live schedule (version + 1) with its `cancelled` event; its queue job id.
+WITH cur AS (
+    SELECT id, queue_job_id FROM scheduled_jobs
+    WHERE id = :id AND {{tenant_filter}} AND {{live}}
+    FOR UPDATE
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET status = 'cancelled', version = s.version + 1,
+        updated_at = statement_timestamp(), finished_at = statement_timestamp()
+    FROM cur
+    WHERE s.id = :id AND s.id = cur.id
+    RETURNING s.id, s.tenant, s.version, cur.queue_job_id
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version)
+    SELECT id, tenant, 'cancelled', version FROM upd
+)
+SELECT queue_job_id FROM upd
+
+-- name: history
+SELECT id, schedule_id, kind, version, at, detail FROM scheduled_job_events
+WHERE schedule_id = :id AND {{tenant_filter}} ORDER BY id
+
+-- name: is_past_run_at
+SELECT run_at <= statement_timestamp() AS past FROM scheduled_jobs
+WHERE id = :id AND {{tenant_filter}}
+
+-- name: database_now
+SELECT statement_timestamp() AS now
+
+-- name: advisory_lock
+SELECT pg_advisory_xact_lock(:key)
