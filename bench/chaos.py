@@ -49,8 +49,8 @@ import redis
 
 import duejobs
 from bench.chaos_app import EFFECTS
-from duejobs.app import make_engine
 from duejobs.config import libpq_url, sqlalchemy_url
+from duejobs.core import make_engine
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DuejobsError
 from duejobs.migrate import upgrade

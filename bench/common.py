@@ -13,8 +13,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from duejobs.app import make_engine
 from duejobs.config import DATABASE_ENV, REDIS_ENV, libpq_url, sqlalchemy_url
+from duejobs.core import make_engine
 from duejobs.embedded import start_embedded
 from duejobs.migrate import upgrade
 

@@ -25,9 +25,10 @@ from sqlalchemy import Engine, text
 
 from bench.common import TABLES, scratch_database
 from duejobs import App, store
-from duejobs.app import make_engine
 from duejobs.config import sqlalchemy_url
+from duejobs.core import make_engine
 from duejobs.reconcile import Reconciler
+from duejobs.scheduler import FRONT_LANE, claim_due, fair_shares
 
 WINDOW = timedelta(minutes=15)
 DUE = 2000
@@ -63,7 +64,7 @@ def timed(engine: Engine) -> float:
         with engine.connect() as conn:
             trans = conn.begin()
             start = time.perf_counter()
-            claim = store.claim_due(conn, WINDOW, 1000)
+            claim = claim_due(conn, WINDOW, 1000)
             samples.append(time.perf_counter() - start)
             trans.rollback()
         assert len(claim.rows) == 1000
@@ -75,10 +76,10 @@ def plans(engine: Engine) -> list[str]:
     out = []
     with engine.connect() as conn:
         trans = conn.begin()
-        walk_params = {"window": WINDOW, "limit": 1000, "after": "", "front_lane": store.FRONT_LANE}
+        walk_params = {"window": WINDOW, "limit": 1000, "after": "", "front_lane": FRONT_LANE}
         walk_sql = text(store.QUERIES["claim_walk"].sql)
         walk = [w for w in conn.execute(walk_sql, walk_params) if w.tenant is not None]
-        shares = store.fair_shares(1000, [w.due for w in walk])
+        shares = fair_shares(1000, [w.due for w in walk])
         claim_params = {
             "window": WINDOW,
             "tenants": [w.tenant for w in walk],

@@ -24,38 +24,27 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
-import select
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
-from redis import Redis
 from redis.exceptions import RedisError
-from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.exc import (
-    DBAPIError,
-    DisconnectionError,
-    InterfaceError,
-    OperationalError,
-    ProgrammingError,
-)
+from sqlalchemy import Connection, Engine
 
 from duejobs import metrics, migrate, store
 from duejobs.config import Settings
+from duejobs.core import Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE, Deliverer
 from duejobs.errors import (
-    DatabaseUnavailableError,
     InvalidHandlerError,
     InvalidScheduleError,
     InvalidScheduleIdError,
     QuotaExceededError,
     ScheduleNotFoundError,
     ScheduleNotLiveError,
-    SchemaMissingError,
     TenantMismatchError,
     VersionConflictError,
 )
@@ -120,32 +109,6 @@ def _choice(kind: type[E], value: object, name: str) -> E:
         raise InvalidScheduleError(f"{name} must be one of {choices}, got {value!r}") from exc
 
 
-def make_engine(database_url: str) -> Engine:
-    """An engine whose sessions speak UTC and notice dropped connections before use."""
-    # connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
-    engine = create_engine(
-        database_url, connect_args={"options": "-c timezone=UTC", "connect_timeout": 10}
-    )
-    event.listen(engine, "checkout", _discard_if_closed_by_server)
-    return engine
-
-
-def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """Replace a pooled connection the server closed, without a round trip.
-
-    An idle connection has nothing to read; when the server ends it (a restart, an
-    administrator, an idle timeout) its socket turns readable. Checking that costs a system
-    call, where a ``SELECT 1`` before every use would cost a round trip per ``schedule()``.
-    A silently lost network path is not seen here; its first statement fails instead.
-    """
-    pgconn = dbapi_connection.pgconn
-    if dbapi_connection.closed:
-        raise DisconnectionError("connection closed")
-    readable, _, _ = select.select([pgconn.socket], [], [], 0)
-    if readable:
-        raise DisconnectionError("the server closed this connection")
-
-
 _NO_JITTER = timedelta(0)
 
 
@@ -164,19 +127,6 @@ class _Placement(NamedTuple):
     queue: str
 
 
-@dataclass
-class _Core:
-    """What every tenant scope of one App shares."""
-
-    settings: Settings
-    engine: Engine
-    max_payload_bytes: int
-    queue: str
-    handlers: dict[str, Handler] = field(default_factory=dict)
-    deliverer: Deliverer | None = None
-    quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
-
-
 class App:
     """The entry point: ``App()`` reads the URLs from the environment."""
 
@@ -190,17 +140,22 @@ class App:
     ) -> None:
         settings = Settings.from_env(database_url, redis_url)
         engine = make_engine(settings.database_url)
-        self._core = _Core(settings, engine, max_payload_bytes, check_queue(queue))
+        self._core = Core(settings, engine, max_payload_bytes, check_queue(queue))
         self._tenant: str | None = None
 
     @classmethod
-    def _scoped(cls, core: _Core, tenant: str) -> App:
+    def _scoped(cls, core: Core, tenant: str) -> App:
         app = cls.__new__(cls)
         app._core = core
         app._tenant = tenant
         return app
 
     # -- configuration -----------------------------------------------------------------
+
+    @property
+    def core(self) -> Core:
+        """What this App shares with its tenant scopes and hands to the services."""
+        return self._core
 
     @property
     def settings(self) -> Settings:
@@ -217,10 +172,7 @@ class App:
 
     def deliverer(self) -> Deliverer:
         """The delivery side (RQ on Redis) of this App, created on first use."""
-        if self._core.deliverer is None:
-            redis = Redis.from_url(self.settings.require_redis())
-            self._core.deliverer = Deliverer(redis, self._core.queue)
-        return self._core.deliverer
+        return self._core.deliverer()
 
     @property
     def scope(self) -> str | None:
@@ -233,14 +185,12 @@ class App:
 
     def migrate(self) -> tuple[str | None, str | None]:
         """Create or upgrade the schema; returns (revision before, revision after)."""
-        with self._database():
+        with self._core.database():
             return migrate.upgrade(self.engine)
 
     def close(self) -> None:
         """Close pooled database and Redis connections."""
-        self.engine.dispose()
-        if self._core.deliverer is not None:
-            self._core.deliverer.redis.close()
+        self._core.close()
 
     # -- handlers ----------------------------------------------------------------------
 
@@ -284,7 +234,7 @@ class App:
 
     def handler_for(self, job_type: str) -> Handler | None:
         """The registration for ``job_type`` (no copy: the worker asks once per job)."""
-        return self._core.handlers.get(job_type)
+        return self._core.handler_for(job_type)
 
     # -- writing -----------------------------------------------------------------------
 
@@ -335,7 +285,7 @@ class App:
                 queue,
             )
         )
-        with self._transaction(conn) as c:
+        with self._core.transaction(conn) as c:
             cap = self._live_quota(c, new.tenant)
             if cap is not None and store.count_live_up_to(c, new.tenant, cap) >= cap:
                 existing = store.live_by_key(c, new.tenant, new.key) if new.key else None
@@ -361,7 +311,7 @@ class App:
         if not requests:
             return []
         tenants: Counter[str] = Counter()
-        with self._transaction(conn) as c:
+        with self._core.transaction(conn) as c:
             scope = c.begin_nested() if conn is not None else contextlib.nullcontext()
             with scope:
                 ids = store.insert_schedules(c, self._new_rows(requests, tenants))
@@ -413,7 +363,7 @@ class App:
             isinstance(expected_version, bool) or not isinstance(expected_version, int)
         ):
             raise InvalidScheduleError(f"expected_version must be an int, got {expected_version!r}")
-        with self._transaction(conn) as c:
+        with self._core.transaction(conn) as c:
             schedule, old_job = store.reschedule(c, sid, self._tenant, when, expected_version)
             if schedule is None:
                 self._explain_refusal(c, sid, expected_version)
@@ -428,7 +378,7 @@ class App:
         A running handler finds out through ``ctx.ensure_current()`` before its effect.
         """
         sid = _schedule_id(schedule_id)
-        with self._transaction(conn) as c:
+        with self._core.transaction(conn) as c:
             cancelled, job = store.cancel(c, sid, self._tenant)
         if conn is None:
             self._discard_queue_job(job)
@@ -471,7 +421,7 @@ class App:
                 isinstance(value, bool) or not isinstance(value, int) or value < 0
             ):
                 raise InvalidScheduleError(f"{name} must be an int >= 0 or None, got {value!r}")
-        with self._transaction(None) as c:
+        with self._core.transaction(None) as c:
             store.set_quota(c, tenant, caps)
         self._core.quotas.clear()
 
@@ -528,7 +478,7 @@ class App:
             grace=grace,
             queue=queue,
         )
-        with self._transaction(None) as c:
+        with self._core.transaction(None) as c:
             current = store.get_recurring(c, spec.tenant, name, lock=True)
             saved, jobs = self._save_recurring(c, spec, current is not None)
         for job in jobs:
@@ -588,7 +538,7 @@ class App:
 
     def get_recurring(self, name: str, *, tenant: str | None = None) -> Recurring | None:
         """The recurring schedule ``name`` (of this App's tenant, or ``tenant``)."""
-        with self._transaction(None) as c:
+        with self._core.transaction(None) as c:
             return store.get_recurring(c, self._write_tenant(tenant), name)
 
     def update_recurring(
@@ -601,7 +551,7 @@ class App:
         unknown = set(changes) - _UPDATABLE
         if unknown:
             raise InvalidScheduleError(f"cannot update {sorted(unknown)} of a recurring schedule")
-        with self._transaction(None) as c:
+        with self._core.transaction(None) as c:
             current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
             if current is None:
                 raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
@@ -622,7 +572,7 @@ class App:
 
     def delete_recurring(self, name: str, *, tenant: str | None = None) -> bool:
         """Delete the definition and cancel its occurrences not yet run (history stays)."""
-        with self._transaction(None) as c:
+        with self._core.transaction(None) as c:
             current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
             if current is None:
                 return False
@@ -633,7 +583,7 @@ class App:
         return True
 
     def _set_recurring(self, name: str, tenant: str | None, status: str) -> Recurring:
-        with self._transaction(None) as c:
+        with self._core.transaction(None) as c:
             current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
             if current is None:
                 raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
@@ -653,13 +603,13 @@ class App:
     def get(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> Schedule | None:
         """The schedule as stored now, or None (also for another tenant's id)."""
         sid = _schedule_id(schedule_id)
-        with self._transaction(conn) as c:
+        with self._core.transaction(conn) as c:
             return store.get_schedule(c, sid, self._tenant)
 
     def history(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> list[Event]:
         """The schedule's events, oldest first."""
         sid = _schedule_id(schedule_id)
-        with self._transaction(conn) as c:
+        with self._core.transaction(conn) as c:
             return store.history(c, sid, self._tenant)
 
     def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> bool:
@@ -669,7 +619,7 @@ class App:
         reservation expiry) instead of trusting that a job ran on time.
         """
         sid = _schedule_id(schedule_id)
-        with self._transaction(conn) as c:
+        with self._core.transaction(conn) as c:
             past = store.is_past_run_at(c, sid, self._tenant)
         if past is None:
             raise ScheduleNotFoundError(f"no schedule {sid}")
@@ -677,7 +627,7 @@ class App:
 
     def now(self) -> datetime:
         """The database's current time (UTC)."""
-        with self._transaction(None) as c:
+        with self._core.transaction(None) as c:
             return store.database_now(c)
 
     # -- internals ---------------------------------------------------------------------
@@ -723,33 +673,6 @@ class App:
             )
         assert expected_version is not None
         raise VersionConflictError(sid, expected_version, current.version)
-
-    @contextlib.contextmanager
-    def _database(self) -> Iterator[None]:
-        try:
-            yield
-        except (OperationalError, InterfaceError) as exc:
-            raise DatabaseUnavailableError(f"PostgreSQL is unavailable: {exc.orig}") from exc
-        except ProgrammingError as exc:
-            if store.is_missing_table(exc.orig):
-                raise SchemaMissingError(
-                    f"duejobs' tables are missing ({exc.orig}): run `duejobs migrate` first"
-                ) from exc
-            raise
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise DatabaseUnavailableError(
-                    f"PostgreSQL dropped the connection: {exc.orig}"
-                ) from exc
-            raise
-
-    @contextlib.contextmanager
-    def _transaction(self, conn: Connection | None) -> Iterator[Connection]:
-        if conn is not None:
-            yield conn  # the caller's transaction: the caller commits or rolls back
-            return
-        with self._database(), self.engine.begin() as c:
-            yield c
 
 
 class _Checks:

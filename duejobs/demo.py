@@ -29,8 +29,7 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from duejobs import store
-from duejobs.app import App
+from duejobs import App, store
 from duejobs.config import DATABASE_ENV
 from duejobs.models import Status
 from duejobs.worker import Context

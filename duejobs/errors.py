@@ -25,6 +25,10 @@ class InvalidScheduleError(DuejobsError, ValueError):
     """A schedule request was refused before anything was written."""
 
 
+class InvalidCronError(InvalidScheduleError):
+    """The cron expression cannot be parsed, or is one the scheduler would read differently."""
+
+
 class EmptyTypeError(InvalidScheduleError):
     """The job type is empty, not a string, or too long."""
 

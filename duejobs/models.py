@@ -133,6 +133,14 @@ class Misfire(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class Occurrence:
+    """One occurrence to materialize: its instant and, in its zone, its wall time."""
+
+    run_at: datetime
+    local_run_at: datetime
+
+
+@dataclass(frozen=True)
 class RecurringSpec:
     """A recurring definition as it is written: checked, its payload encoded as JSON."""
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from duejobs import metrics, store
-from duejobs.app import App
+from duejobs.core import HasCore
 from duejobs.errors import ConfigurationError
 from duejobs.service import Loop
 
@@ -71,8 +71,8 @@ class PruneResult:
 class Pruner:
     """One pruning pass at a time; see the module docstring for its promises."""
 
-    def __init__(self, app: App, config: PruneConfig | None = None) -> None:
-        self.app = app
+    def __init__(self, app: HasCore, config: PruneConfig | None = None) -> None:
+        self.core = app.core
         self.config = config or PruneConfig()
         self._loop = Loop("prune", log, metrics.PRUNE_FAILED_PASSES)
 
@@ -84,7 +84,7 @@ class Pruner:
         """Delete batch after batch until one comes back short (or :meth:`stop`)."""
         started, deleted, batches = time.monotonic(), 0, 0
         while True:
-            with self.app.engine.begin() as conn:
+            with self.core.engine.begin() as conn:
                 n = store.prune_finished(conn, self.config.older_than, self.config.batch_size)
             metrics.PRUNED.inc(n)
             deleted, batches = deleted + n, batches + 1

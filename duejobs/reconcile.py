@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from duejobs import metrics, store
-from duejobs.app import App
+from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.errors import ConfigurationError
 from duejobs.models import Status
@@ -89,16 +89,17 @@ class ReconcileResult:
         return self.repushed + self.rescued + self.failed + self.orphans_removed
 
 
-def orphan_jobs(app: App, chunk: int = 1000) -> Iterator[str]:
+def orphan_jobs(app: HasCore, chunk: int = 1000) -> Iterator[str]:
     """Waiting queue jobs of duejobs whose schedule is gone, finished, or at another version.
 
     Only what the database says for certain: a row that is ``scheduled`` at the job's version
     may be in the middle of a push by a scheduler, so its job is never called an orphan.
     The scan follows the queue while workers take from it: a job it misses is found next time.
     """
-    for ids in app.deliverer().waiting_job_ids(chunk):
+    core = app.core
+    for ids in core.deliverer().waiting_job_ids(chunk):
         ours = {job: parsed for job in ids if (parsed := parse_job_id(job)) is not None}
-        with app.engine.connect() as conn:
+        with core.engine.connect() as conn:
             states = store.schedule_states(conn, [p[0] for p in ours.values()])
         for job, (schedule_id, version, _attempt) in ours.items():
             state = states.get(schedule_id)
@@ -109,10 +110,10 @@ def orphan_jobs(app: App, chunk: int = 1000) -> Iterator[str]:
 class Reconciler:
     """One reconciliation pass at a time; see the module docstring for its promises."""
 
-    def __init__(self, app: App, config: ReconcileConfig | None = None) -> None:
-        self.app = app
+    def __init__(self, app: HasCore, config: ReconcileConfig | None = None) -> None:
+        self.core = app.core
         self.config = config or ReconcileConfig()
-        self.deliverer = app.deliverer()
+        self.deliverer = self.core.deliverer()
         self._loop = Loop("reconcile", log, metrics.RECONCILE_FAILED_PASSES)
 
     def stop(self) -> None:
@@ -121,7 +122,7 @@ class Reconciler:
 
     def run_once(self) -> ReconcileResult:
         """Rescue, re-push, remove orphans, promote; returns the counts."""
-        with self.app.engine.begin() as conn:
+        with self.core.engine.begin() as conn:
             rescued = store.rescue_expired(conn, self.config.batch_size)
         checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
@@ -146,7 +147,7 @@ class Reconciler:
         checked = repushed = stuck = 0
         after: tuple[datetime, uuid.UUID] | None = None
         while True:
-            with self.app.engine.begin() as conn:
+            with self.core.engine.begin() as conn:
                 rows = store.window_page(conn, self.config.window, after, self.config.batch_size)
                 now = store.database_now(conn)
                 since = now - self.config.stuck_after
@@ -167,7 +168,7 @@ class Reconciler:
 
     def _remove_orphans(self) -> int:
         return sum(
-            self.deliverer.remove(job) for job in orphan_jobs(self.app, self.config.batch_size)
+            self.deliverer.remove(job) for job in orphan_jobs(self.core, self.config.batch_size)
         )
 
     def run(

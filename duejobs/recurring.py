@@ -37,18 +37,13 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from duejobs import metrics, store
-from duejobs.errors import InvalidScheduleError, describe
-from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
-from duejobs.store import Occurrence
+from duejobs.errors import InvalidCronError, describe
+from duejobs.models import DstGap, DstOverlap, Misfire, Occurrence, Recurring
 
 log = logging.getLogger("duejobs.recurring")
 
 LIMIT = 10_000
 _TICK = timedelta(microseconds=1)
-
-
-class InvalidCronError(InvalidScheduleError):
-    """The cron expression cannot be parsed."""
 
 
 # Nicknames that mean something to a scheduler that runs for days (not ``@reboot``).

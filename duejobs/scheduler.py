@@ -63,12 +63,16 @@ is the App's.
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from sqlalchemy import Connection
+
 from duejobs import metrics, recurring, store
-from duejobs.app import App
+from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
 from duejobs.errors import ConfigurationError
 from duejobs.service import Loop, backoff
@@ -115,10 +119,10 @@ class PassResult:
 class Scheduler:
     """Claims due rows and pushes them to RQ; see the module docstring for its promises."""
 
-    def __init__(self, app: App, config: SchedulerConfig | None = None) -> None:
-        self.app = app
+    def __init__(self, app: HasCore, config: SchedulerConfig | None = None) -> None:
+        self.core = app.core
         self.config = config or SchedulerConfig()
-        self.deliverer = app.deliverer()
+        self.deliverer = self.core.deliverer()
         self._loop = Loop("scheduler", log, metrics.FAILED_PASSES)
         # Where the next claim's walk over tenants starts (shared by the claim loops).
         self._cursor = ""
@@ -136,11 +140,9 @@ class Scheduler:
     def stopping(self) -> bool:
         return self._loop.stopping
 
-    def _batch(self) -> tuple[store.Claim, PushResult]:
-        with self.app.engine.begin() as conn:
-            claim = store.claim_due(
-                conn, self.config.window, self.config.batch_size, after=self._cursor
-            )
+    def _batch(self) -> tuple[Claim, PushResult]:
+        with self.core.engine.begin() as conn:
+            claim = claim_due(conn, self.config.window, self.config.batch_size, after=self._cursor)
             self._cursor = claim.cursor
             rows = claim.rows
             pushes = [
@@ -182,7 +184,7 @@ class Scheduler:
         return result
 
     def _pass(self) -> PassResult:
-        recurring.materialize_once(self.app.engine, self.config.window)
+        recurring.materialize_once(self.core.engine, self.config.window)
         if self.config.concurrency == 1:
             drained = [self._drain()]
         else:
@@ -231,3 +233,108 @@ class Scheduler:
 def _log_pass(result: PassResult) -> None:
     if result.claimed or result.promoted:
         log.debug("scheduler pass: %s", result)
+
+
+# -- the claim: how a batch is shared among tenants ------------------------------------------
+
+# A tenant with fewer jobs than this waiting in the queue is "sparse": its first row of a
+# batch goes to the front of the queue.
+FRONT_LANE = 2
+
+
+def fair_shares(limit: int, wants: Sequence[int]) -> list[int]:
+    """Split ``limit`` places among tenants wanting ``wants``: equal shares, a tenant wanting
+    less than its share leaves the rest to the others (water-filling), and places that do not
+    divide evenly go one each to the first tenants in order."""
+    shares = [0] * len(wants)
+    left = limit
+    active = [i for i, want in enumerate(wants) if want > 0]
+    while left > 0 and active:
+        each = left // len(active)
+        if each == 0:
+            for i in active[:left]:
+                shares[i] += 1
+            break
+        for i in active:
+            given = min(each, wants[i] - shares[i])
+            shares[i] += given
+            left -= given
+        active = [i for i in active if shares[i] < wants[i]]
+    return shares
+
+
+@dataclass(frozen=True)
+class DueRow:
+    """A claimed row the scheduler is about to push, with its queue job id."""
+
+    id: uuid.UUID
+    tenant: str
+    version: int
+    attempt: int
+    due_at: datetime
+    queue_job_id: str
+    # Pushed to the front of the queue: the first row of a sparse tenant (see claim_due).
+    front: bool = False
+    queue: str = "duejobs"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim took, and what it learned on the way."""
+
+    rows: list[DueRow]
+    db_now: datetime
+    # Capped tenants whose due rows were held back by their in-flight quota.
+    throttled: list[str]
+    # Where the next claim's walk starts: the last tenant walked when the walk was cut at
+    # ``limit`` tenants, else "" (the next claim starts again from the first tenant).
+    cursor: str
+
+
+def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") -> Claim:
+    """Claim up to ``limit`` rows due within ``window`` that have no queue job for their
+    current version, shared fairly among the tenants that have some (walked in name order
+    after ``after``), oldest first within a tenant, rows locked by another scheduler skipped;
+    record their queue job id with an ``enqueued`` event. A tenant with an in-flight quota
+    gets only its due rows, and only as many as its quota leaves room for.
+
+    The first row of a *sparse* tenant — fewer than ``FRONT_LANE`` of its jobs waiting in the
+    queue — is marked ``front``: pushed to the front of the queue, it does not wait behind
+    another tenant's backlog (the sparse-flow rule of fair queueing, as in FQ-CoDel). A
+    tenant's later rows go to the back, so a busy tenant cannot jump the queue, and the front
+    lane carries at most one job per tenant per batch. ``FRONT_LANE`` is 2, not 1: a light
+    tenant whose previous job still waits (a slow moment) keeps its place at the front
+    instead of falling behind the backlog, where each of its jobs would then find the
+    previous one still waiting. The caller pushes the rows to Redis before committing and
+    rolls back if the push fails, so a row is never marked pushed without a real queue job."""
+    now, tenants = store.walk_tenants(conn, window, limit, after, FRONT_LANE)
+    if not tenants and after:  # the end of the names: start again from the first
+        now, tenants = store.walk_tenants(conn, window, limit, "", FRONT_LANE)
+    wants = [
+        t.due if t.cap is None else min(t.due, max(0, t.cap - (t.inflight or 0))) if t.locked else 0
+        for t in tenants
+    ]
+    throttled = [t.tenant for t, want in zip(tenants, wants, strict=True) if want < t.due]
+    cursor = tenants[-1].tenant if len(tenants) == limit else ""
+    plan = [
+        (t.tenant, share, t.cap)
+        for t, share in zip(tenants, fair_shares(limit, wants), strict=True)
+        if share
+    ]
+    if not plan:
+        return Claim([], now, throttled, cursor)
+    sparse = {t.tenant for t in tenants if t.sparse}
+    rows = [
+        DueRow(
+            r.id,
+            r.tenant,
+            r.version,
+            r.attempt,
+            r.due_at,
+            r.queue_job_id,
+            front=r.turn == 1 and r.tenant in sparse,
+            queue=r.queue,
+        )
+        for r in store.claim_shares(conn, window, plan)
+    ]
+    return Claim(rows, now, throttled, cursor)

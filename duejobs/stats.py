@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from duejobs import store
-from duejobs.app import App
+from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, job_tenant, job_tenant_part
 from duejobs.reconcile import orphan_jobs
 
@@ -96,15 +96,16 @@ class Stats:
 
 
 def collect(
-    app: App,
+    app: HasCore,
     *,
     since: timedelta = timedelta(hours=1),
     late_after: timedelta = timedelta(minutes=1),
     check_limit: int = 10_000,
 ) -> Stats:
-    """Read every figure once."""
-    scope = app.scope
-    with app.engine.connect() as conn:
+    """Read every figure once: of one tenant when ``app`` is a tenant-scoped App."""
+    scope: str | None = getattr(app, "scope", None)
+    core = app.core
+    with core.engine.connect() as conn:
         now = store.database_now(conn)
         live = store.live_figures(conn, late_after, scope)
         recent = store.activity(conn, since, scope)
@@ -114,11 +115,11 @@ def collect(
             for q in store.quotas(conn)
             if scope is None or q.tenant in (scope, store.DEFAULT_QUOTA_TENANT)
         ]
-    deliverer = app.deliverer()
+    deliverer = core.deliverer()
     pushed = [(r.queue_job_id, r.due_at, r.stuck) for r in overdue if r.queue_job_id]
     alive = deliverer.live(pushed) if pushed else []
     queued, deferred = deliverer.depth() if scope is None else (None, None)
-    orphans = orphan_jobs(app)
+    orphans = orphan_jobs(core)
     if scope is not None:
         orphans = (job for job in orphans if job_tenant(job) == job_tenant_part(scope))
     return Stats(

@@ -77,11 +77,11 @@ from redis.exceptions import RedisError
 from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
-from sqlalchemy import Connection
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from duejobs import metrics, store
-from duejobs.app import App
+from duejobs.core import Core, HasCore
 from duejobs.delivery import STUCK_AFTER
 from duejobs.errors import (
     ConfigurationError,
@@ -154,8 +154,14 @@ class Context:
     attempt: int
     run_at: datetime
     payload: Any
-    _app: App = field(repr=False)
+    _core: Core = field(repr=False)
     _finished: bool = field(default=False, repr=False)
+
+    @property
+    def engine(self) -> Engine:
+        """The App's engine, for a transaction of the handler's own. Not fenced: an effect
+        that must happen once goes through :meth:`transaction`."""
+        return self._core.engine
 
     @property
     def effect_key(self) -> str:
@@ -165,7 +171,7 @@ class Context:
     def ensure_current(self) -> None:
         """Raise :class:`ScheduleChangedError` if the schedule was cancelled, rescheduled or
         rescued since this attempt started. Call it right before an external effect."""
-        with self._app.engine.begin() as conn:
+        with self._core.engine.begin() as conn:
             change = store.change_since_claim(conn, self.schedule_id, self.version, self.attempt)
         if change is not None:
             raise ScheduleChangedError(self.schedule_id, change.value)
@@ -182,7 +188,7 @@ class Context:
         """
         if self._finished:
             raise RuntimeError("this attempt already committed its effect")
-        with self._app.engine.begin() as conn:
+        with self._core.engine.begin() as conn:
             change = store.change_since_claim(
                 conn, self.schedule_id, self.version, self.attempt, lock=True
             )
@@ -219,8 +225,8 @@ class _Heartbeat:
     attempt's ``overrun`` (which closes the attempt and ends the process): a handler that
     swallows its timeout can neither keep its lease nor keep the worker."""
 
-    def __init__(self, app: App, config: WorkerConfig) -> None:
-        self._app = app
+    def __init__(self, core: Core, config: WorkerConfig) -> None:
+        self._core = core
         self._config = config
         self._current: _Watched | None = None
         self._lock = threading.Lock()
@@ -268,7 +274,7 @@ class _Heartbeat:
                 return
             current.renewed_at = now
             try:
-                with self._app.engine.begin() as conn:
+                with self._core.engine.begin() as conn:
                     _bounded_locks(conn)
                     store.extend_lease(
                         conn,
@@ -346,15 +352,15 @@ class _Bookkeeping:
     reconciler), and the next job opens a new one.
     """
 
-    def __init__(self, app: App, config: WorkerConfig) -> None:
-        self._app = app
+    def __init__(self, core: Core, config: WorkerConfig) -> None:
+        self._core = core
         self._config = config
         self._conn: Connection | None = None
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[Connection]:
         if self._conn is None or self._conn.invalidated or self._conn.closed:
-            self._conn = self._app.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            self._conn = self._core.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
             # A row lock held by an application's open transaction must not hold the worker.
             store.bookkeeping_session(
                 self._conn, self._config.claim_lock_timeout, self._config.durable_bookkeeping
@@ -379,12 +385,12 @@ class _Bookkeeping:
 class Runtime:
     """Handles deliveries for one App: the logic of the worker, without RQ around it."""
 
-    def __init__(self, app: App, config: WorkerConfig | None = None, name: str | None = None):
-        self.app = app
+    def __init__(self, app: HasCore, config: WorkerConfig | None = None, name: str | None = None):
+        self.core = app.core
         self.config = config or WorkerConfig()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self._heartbeat = _Heartbeat(app, self.config)
-        self._db = _Bookkeeping(app, self.config)
+        self._heartbeat = _Heartbeat(self.core, self.config)
+        self._db = _Bookkeeping(self.core, self.config)
         # Set by handle() when the delivery came too early: the time to put it back for.
         self.deferred: datetime | None = None
         # Runs ``async def`` handlers, one at a time, in this worker's thread.
@@ -421,7 +427,7 @@ class Runtime:
         """A type label from a bounded set: the types this worker has handlers for."""
         if not job_type:
             return "-"
-        return job_type if self.app.handler_for(job_type) is not None else "unregistered"
+        return job_type if self.core.handler_for(job_type) is not None else "unregistered"
 
     def _run(
         self,
@@ -455,9 +461,16 @@ class Runtime:
             (claim.db_now - claim.due_at).total_seconds()
         )
         ctx = Context(
-            schedule_id, tenant, claim.type, version, attempt, claim.run_at, claim.payload, self.app
+            schedule_id,
+            tenant,
+            claim.type,
+            version,
+            attempt,
+            claim.run_at,
+            claim.payload,
+            self.core,
         )
-        handler = self.app.handler_for(claim.type)
+        handler = self.core.handler_for(claim.type)
         if handler is None:
             error = f"no handler registered for type {claim.type!r}"
             log.error(error, extra=where)
@@ -526,7 +539,7 @@ class Runtime:
 
         def close() -> None:
             try:
-                with self.app.engine.begin() as conn:
+                with self.core.engine.begin() as conn:
                     _bounded_locks(conn)
                     self._failed(conn, ctx, handler, error)
             except Exception:
@@ -649,8 +662,8 @@ class DuejobsWorker(SimpleWorker):
     def __init__(self, runtime: Runtime, queues: Sequence[str] = (), **kwargs: Any):
         global _runtime
         _runtime = runtime
-        connection = Redis.from_url(runtime.app.settings.require_redis())
-        queues = list(queues) or [runtime.app.queue]
+        connection = Redis.from_url(runtime.core.settings.require_redis())
+        queues = list(queues) or [runtime.core.queue]
         super().__init__(queues, connection=connection, serializer=JSONSerializer, **kwargs)
         self._runtime = runtime
 
@@ -659,6 +672,6 @@ class DuejobsWorker(SimpleWorker):
         due_at, self._runtime.deferred = self._runtime.deferred, None
         if due_at is not None:
             try:
-                self._runtime.app.deliverer().defer(job.id, due_at, job.origin)
+                self._runtime.core.deliverer().defer(job.id, due_at, job.origin)
             except RedisError:
                 log.exception("could not put %s back for %s; the reconciler will", job.id, due_at)

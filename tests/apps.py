@@ -48,7 +48,7 @@ def record(ctx: Context, payload: Any) -> None:
 def record_loosely(ctx: Context, payload: Any) -> None:
     """An effect outside the transactional helper (like a call to an external API)."""
     ctx.ensure_current()
-    with ctx._app.engine.begin() as conn:
+    with ctx.engine.begin() as conn:
         conn.execute(_INSERT, _params(ctx))
 
 

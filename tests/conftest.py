@@ -28,8 +28,8 @@ from psycopg import sql
 from sqlalchemy import Engine, text
 
 from duejobs import App
-from duejobs.app import make_engine
 from duejobs.config import DATABASE_ENV, REDIS_ENV, libpq_url, sqlalchemy_url
+from duejobs.core import make_engine
 from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig

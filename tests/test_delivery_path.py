@@ -23,10 +23,10 @@ from rq.serializers import JSONSerializer
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from duejobs import EventKind, Status, store
+from duejobs import EventKind, Status
 from duejobs.config import libpq_url
 from duejobs.delivery import Push, job_id
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
 from duejobs.worker import Outcome
 from tests.conftest import System
 
@@ -412,7 +412,7 @@ def test_a_connection_dropped_mid_pass_surfaces_as_a_database_error(system: Syst
         with psycopg.connect(libpq_url(system.app.settings.database_url), autocommit=True) as a:
             a.execute("SELECT pg_terminate_backend(%s)", (pid,))
         with pytest.raises(OperationalError):
-            store.claim_due(conn, timedelta(minutes=15), 10)
+            claim_due(conn, timedelta(minutes=15), 10)
         assert conn.invalidated
     assert system.scheduler.run_once().claimed == 1  # the pool hands out a fresh connection
 

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, text
 
 from duejobs import App, metrics, store
 from duejobs.errors import InvalidScheduleError, TenantMismatchError
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler import Claim, DueRow, Scheduler, SchedulerConfig, claim_due, fair_shares
 from duejobs.stats import collect, render
 from tests.conftest import System
 
@@ -35,19 +35,19 @@ def due_rows(engine: Engine, tenant: str, n: int, *, seconds_ago: float = 60) ->
         )
 
 
-def claim(engine: Engine, limit: int, after: str = "") -> store.Claim:
+def claim(engine: Engine, limit: int, after: str = "") -> Claim:
     with engine.begin() as conn:
-        return store.claim_due(conn, WINDOW, limit, after)
+        return claim_due(conn, WINDOW, limit, after)
 
 
-def claims_at_once(app: App, n: int) -> list[list[store.DueRow]]:
+def claims_at_once(app: App, n: int) -> list[list[DueRow]]:
     """``n`` claims of 100 in their own transactions, all holding their locks at once."""
     barrier = threading.Barrier(n)
-    taken: list[list[store.DueRow]] = []
+    taken: list[list[DueRow]] = []
 
     def one() -> None:
         with app.engine.begin() as conn:
-            taken.append(store.claim_due(conn, WINDOW, 100).rows)
+            taken.append(claim_due(conn, WINDOW, 100).rows)
             barrier.wait(timeout=10)
 
     threads = [threading.Thread(target=one) for _ in range(n)]
@@ -81,20 +81,20 @@ def pushed(engine: Engine, tenant: str) -> int:
 
 
 def test_fair_shares_are_equal_and_what_one_tenant_does_not_need_goes_to_the_others() -> None:
-    assert store.fair_shares(100, [20_000, 20]) == [80, 20]
-    assert store.fair_shares(100, [500, 500]) == [50, 50]
-    assert store.fair_shares(100, [500, 500, 500]) == [34, 33, 33]
-    assert store.fair_shares(100, [0, 7, 500]) == [0, 7, 93]
-    assert store.fair_shares(2, [5, 5, 5]) == [1, 1, 0]
-    assert store.fair_shares(100, [3, 4]) == [3, 4]
-    assert store.fair_shares(100, []) == []
+    assert fair_shares(100, [20_000, 20]) == [80, 20]
+    assert fair_shares(100, [500, 500]) == [50, 50]
+    assert fair_shares(100, [500, 500, 500]) == [34, 33, 33]
+    assert fair_shares(100, [0, 7, 500]) == [0, 7, 93]
+    assert fair_shares(2, [5, 5, 5]) == [1, 1, 0]
+    assert fair_shares(100, [3, 4]) == [3, 4]
+    assert fair_shares(100, []) == []
 
 
 @given(st.integers(0, 500), st.lists(st.integers(0, 300), max_size=40))
 def test_fair_shares_fill_the_batch_without_giving_anyone_more_than_it_wants(
     limit: int, wants: list[int]
 ) -> None:
-    shares = store.fair_shares(limit, wants)
+    shares = fair_shares(limit, wants)
     assert sum(shares) == min(limit, sum(wants))
     assert all(0 <= s <= w for s, w in zip(shares, wants, strict=True))
     # Max-min fair: a tenant that got less than it wanted got at least everyone else's share
@@ -225,7 +225,7 @@ def test_concurrent_claims_never_exceed_the_in_flight_quota(app: App) -> None:
     claims_at_once(app, 4)
     assert pushed(app.engine, "acme") == 10
     with app.engine.begin() as conn:  # and later claims see no room either
-        assert store.claim_due(conn, WINDOW, 100).rows == []
+        assert claim_due(conn, WINDOW, 100).rows == []
 
 
 def test_a_burst_with_an_in_flight_quota_does_not_hold_up_another_tenant(

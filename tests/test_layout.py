@@ -5,6 +5,8 @@
   (connections, engines and error classes may be named anywhere);
 * only the delivery side knows RQ: ``rq`` is imported by ``duejobs/delivery.py`` and, until
   the RQ worker class moves there, ``duejobs/worker.py``;
+* the App is a facade: no module imports ``duejobs.app`` but the public package and the CLI
+  (the services take the :class:`~duejobs.core.Core` an App hands them);
 * tests use public or explicitly exported names of the store: no ``store._...``.
 
 Seen failing against a build broken on purpose: ``from sqlalchemy import text`` in
@@ -75,6 +77,14 @@ def test_only_the_delivery_side_knows_rq(path: Path) -> None:
         return
     offending = [m for m, _n in _imports(path) if m.split(".")[0] == "rq"]
     assert offending == [], f"{path.name} imports {offending}: RQ belongs in duejobs/delivery.py"
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+def test_only_the_public_package_and_the_cli_import_the_app(path: Path) -> None:
+    if path.name in {"__init__.py", "cli.py"} and path.parent == PACKAGE:
+        return
+    offending = [m for m, _n in _imports(path) if m == "duejobs.app"]
+    assert offending == [], f"{path.name} imports the App: services take its Core"
 
 
 def test_tests_use_no_private_name_of_the_store() -> None:

@@ -74,11 +74,12 @@ def test_schedules_no_scheduler_pushed_are_pushed_by_the_reconciler(system: Syst
 SCHEDULER_KILLED = """
 import os, signal, sys
 from datetime import datetime, timedelta
-from duejobs import App, store
+from duejobs import App
 from duejobs.delivery import Push
+from duejobs.scheduler import claim_due
 app = App()
 with app.engine.begin() as conn:
-    claim = store.claim_due(conn, timedelta(minutes=15), 1000)
+    claim = claim_due(conn, timedelta(minutes=15), 1000)
     rows, now = claim.rows, claim.db_now
     if sys.argv[1] == "after-push":
         pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]

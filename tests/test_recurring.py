@@ -16,10 +16,10 @@ from croniter import croniter
 from sqlalchemy import text
 
 from duejobs import App
-from duejobs.errors import InvalidScheduleError, UnknownTimezoneError
+from duejobs.errors import InvalidCronError, InvalidScheduleError, UnknownTimezoneError
 from duejobs.metrics import RECURRING_QUARANTINED
 from duejobs.models import DstGap, DstOverlap
-from duejobs.recurring import InvalidCronError, Rule, materialize_once, occurrences
+from duejobs.recurring import Rule, materialize_once, occurrences
 from tests.conftest import System
 
 WINDOW = timedelta(minutes=15)

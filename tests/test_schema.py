@@ -15,9 +15,10 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from duejobs import App, store
-from duejobs.app import make_engine
 from duejobs.config import sqlalchemy_url
+from duejobs.core import make_engine
 from duejobs.migrate import current_revision, head_revision, upgrade
+from duejobs.scheduler import FRONT_LANE
 from tests.conftest import Servers
 
 
@@ -147,7 +148,7 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
             window=timedelta(minutes=15),
             limit=1000,
             after="",
-            front_lane=store.FRONT_LANE,
+            front_lane=FRONT_LANE,
         )
         claim = explain(
             store.QUERIES["claim_shares"].sql,

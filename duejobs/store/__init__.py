@@ -31,7 +31,7 @@ from duejobs.store.attempts import (
     record_stale,
 )
 from duejobs.store.bulk import insert_schedules
-from duejobs.store.claims import FRONT_LANE, Claim, DueRow, claim_due, fair_shares
+from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
 from duejobs.store.execution import (
     advisory_lock,
     create_database,
@@ -68,7 +68,6 @@ from duejobs.store.reconciliation import (
     window_page,
 )
 from duejobs.store.recurring import (
-    Occurrence,
     advance_recurring,
     cancel_occurrences,
     delete_recurring,
@@ -94,21 +93,19 @@ from duejobs.store.schedules import (
 __all__ = [
     "DEFAULT_QUOTA_TENANT",
     "FRAGMENTS",
-    "FRONT_LANE",
     "QUERIES",
     "QUOTA_COLUMNS",
     "Activity",
-    "Claim",
-    "DueRow",
+    "ClaimedRow",
     "LiveFigures",
     "NewRow",
-    "Occurrence",
     "OverdueRow",
     "Query",
     "Quota",
     "RunClaim",
     "ScheduleOutcome",
     "SkipReason",
+    "TenantDue",
     "WindowRow",
     "activity",
     "advance_recurring",
@@ -118,8 +115,8 @@ __all__ = [
     "cancel",
     "cancel_occurrences",
     "change_since_claim",
-    "claim_due",
     "claim_run",
+    "claim_shares",
     "count_live_up_to",
     "create_database",
     "database_now",
@@ -127,7 +124,6 @@ __all__ = [
     "due_recurring",
     "expire",
     "extend_lease",
-    "fair_shares",
     "finish",
     "get_recurring",
     "get_schedule",
@@ -158,5 +154,6 @@ __all__ = [
     "set_recurring_status",
     "start_lag",
     "status_counts",
+    "walk_tenants",
     "window_page",
 ]

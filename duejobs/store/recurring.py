@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +15,7 @@ from duejobs.models import (
     DstGap,
     DstOverlap,
     Misfire,
+    Occurrence,
     Recurring,
     RecurringSpec,
 )
@@ -106,14 +107,6 @@ def due_recurring(conn: Connection, window: timedelta, limit: int) -> list[Recur
     """Lock (SKIP LOCKED) active definitions whose next occurrence enters the window."""
     rows = run(conn, "due_recurring", {"window": window, "limit": limit})
     return [_recurring(r) for r in rows]
-
-
-@dataclass(frozen=True)
-class Occurrence:
-    """One occurrence to materialize: its instant and, in its zone, its wall time."""
-
-    run_at: datetime
-    local_run_at: datetime
 
 
 def insert_occurrences(

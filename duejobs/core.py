@@ -1,0 +1,135 @@
+"""What the App and every service share: settings, the engine, the delivery side, the handler
+registry, and the boundary where database errors become duejobs' own.
+
+An :class:`~duejobs.App` is a facade over one :class:`Core` (its tenant scopes share it); the
+scheduler, the worker, the reconciler, the pruner and the figures take either and use the
+Core alone, so none of them depends on the App's public API.
+
+Promises: one engine per Core, whose sessions speak UTC and whose pooled connections are
+checked for a server-side close without a round trip; one Redis client, made on first use;
+:meth:`Core.transaction` commits or rolls back as one, and an outage inside it surfaces as
+:class:`~duejobs.errors.DatabaseUnavailableError`, a schema never migrated as
+:class:`~duejobs.errors.SchemaMissingError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from redis import Redis
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import (
+    DBAPIError,
+    DisconnectionError,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+)
+
+from duejobs import store
+from duejobs.config import Settings
+from duejobs.delivery import Deliverer
+from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
+from duejobs.handlers import Handler
+
+
+def make_engine(database_url: str) -> Engine:
+    """An engine whose sessions speak UTC and notice dropped connections before use."""
+    # connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
+    engine = create_engine(
+        database_url, connect_args={"options": "-c timezone=UTC", "connect_timeout": 10}
+    )
+    event.listen(engine, "checkout", _discard_if_closed_by_server)
+    return engine
+
+
+def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Replace a pooled connection the server closed, without a round trip.
+
+    An idle connection has nothing to read; when the server ends it (a restart, an
+    administrator, an idle timeout) its socket turns readable. Checking that costs a system
+    call, where a ``SELECT 1`` before every use would cost a round trip per ``schedule()``.
+    A silently lost network path is not seen here; its first statement fails instead.
+    """
+    pgconn = dbapi_connection.pgconn
+    if dbapi_connection.closed:
+        raise DisconnectionError("connection closed")
+    readable, _, _ = select.select([pgconn.socket], [], [], 0)
+    if readable:
+        raise DisconnectionError("the server closed this connection")
+
+
+@dataclass
+class Core:
+    """The shared parts of one App (see the module docstring)."""
+
+    settings: Settings
+    engine: Engine
+    max_payload_bytes: int
+    queue: str
+    handlers: dict[str, Handler] = field(default_factory=dict)
+    # tenant → (monotonic time read, its live quota): one query saved per schedule()
+    quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
+    _deliverer: Deliverer | None = None
+
+    @property
+    def core(self) -> Core:
+        """Itself, so that a service can be given a Core or an App alike."""
+        return self
+
+    def deliverer(self) -> Deliverer:
+        """The delivery side (RQ on Redis), created on first use."""
+        if self._deliverer is None:
+            self._deliverer = Deliverer(Redis.from_url(self.settings.require_redis()), self.queue)
+        return self._deliverer
+
+    def handler_for(self, job_type: str) -> Handler | None:
+        """The registration for ``job_type`` (no copy: the worker asks once per job)."""
+        return self.handlers.get(job_type)
+
+    def close(self) -> None:
+        """Close pooled database and Redis connections."""
+        self.engine.dispose()
+        if self._deliverer is not None:
+            self._deliverer.redis.close()
+
+    @contextlib.contextmanager
+    def database(self) -> Iterator[None]:
+        """Database errors as duejobs' own: an outage, a schema never migrated."""
+        try:
+            yield
+        except (OperationalError, InterfaceError) as exc:
+            raise DatabaseUnavailableError(f"PostgreSQL is unavailable: {exc.orig}") from exc
+        except ProgrammingError as exc:
+            if store.is_missing_table(exc.orig):
+                raise SchemaMissingError(
+                    f"duejobs' tables are missing ({exc.orig}): run `duejobs migrate` first"
+                ) from exc
+            raise
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise DatabaseUnavailableError(
+                    f"PostgreSQL dropped the connection: {exc.orig}"
+                ) from exc
+            raise
+
+    @contextlib.contextmanager
+    def transaction(self, conn: Connection | None = None) -> Iterator[Connection]:
+        """The caller's transaction (``conn``: the caller commits or rolls back), or one of
+        its own that commits at the end of the block and rolls back on an error."""
+        if conn is not None:
+            yield conn
+            return
+        with self.database(), self.engine.begin() as c:
+            yield c
+
+
+class HasCore(Protocol):
+    """Anything built on a Core: an App, or the Core itself."""
+
+    @property
+    def core(self) -> Core: ...
