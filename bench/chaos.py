@@ -8,8 +8,9 @@ reconcilers (each restarted), a job popped and left behind as a killed worker wo
 Redis and its claim, Redis flushed, Redis restarted (no persistence: every key lost),
 PostgreSQL restarted or crashed, job hashes, queue entries and scheduled-registry members
 deleted, one
-PostgreSQL connection or every one terminated, a scheduler paused with SIGSTOP. Then it
-checks, by the database:
+PostgreSQL connection or every one terminated, a scheduler paused with SIGSTOP. A process
+that exits on its own (an RQ worker that meets Redis gone at a moment RQ does not retry) is
+started again, as its supervisor would, and counted. Then it checks, by the database:
 
 * every schedule that was due ran to a terminal state;
 * each (schedule, version) effect was applied at most once (through ``ctx.transaction()``),
@@ -86,6 +87,8 @@ class ChaosReport:
     schedules: int = 0
     faults: Counter[str] = field(default_factory=Counter)
     actions: Counter[str] = field(default_factory=Counter)
+    # Processes that exited on their own and were started again (as a supervisor would).
+    exits: Counter[str] = field(default_factory=Counter)
     violations: dict[str, int] = field(default_factory=dict)
     states: dict[str, int] = field(default_factory=dict)
     recovery_seconds: float | None = None
@@ -106,6 +109,8 @@ class ChaosReport:
             f"({', '.join(f'{k} {v}' for k, v in sorted(self.faults.items()))})",
             "  changes in flight: "
             + ", ".join(f"{k} {v}" for k, v in sorted(self.actions.items())),
+            f"  processes that exited on their own, started again: {sum(self.exits.values())}"
+            + "".join(f" ({k} {v})" for k, v in sorted(self.exits.items())),
             f"  violations: {sum(self.violations.values())} "
             f"({', '.join(f'{k} {v}' for k, v in self.violations.items())})",
             f"  everything due was terminal {recovered} after the last fault; "
@@ -156,6 +161,17 @@ class _Cluster:
         proc.kill()
         proc.wait(30)
         self.procs[kind][index] = self._start(kind, index)
+
+    def revive(self) -> list[str]:
+        """Start again every process that exited on its own, as its supervisor would (compose
+        ``restart: unless-stopped``); the kinds of those restarted."""
+        revived = []
+        for kind, procs in self.procs.items():
+            for index, proc in enumerate(procs):
+                if proc.poll() is not None:
+                    procs[index] = self._start(kind, index)
+                    revived.append(kind)
+        return revived
 
     def pause(self, kind: str, rng: random.Random, seconds: float) -> None:
         proc = self.procs[kind][rng.randrange(len(self.procs[kind]))]
@@ -214,10 +230,18 @@ class _Servers:
         _wait(lambda: _answers(client), 20)
         return proc
 
-    def restart_redis(self) -> None:
+    def stop_redis(self) -> None:
+        """Kill Redis (no persistence: every key is lost); :meth:`start_redis` brings it back
+        on the same port."""
         self._redis.kill()
         self._redis.wait(15)
+
+    def start_redis(self) -> None:
         self._redis = self._start_redis()
+
+    def restart_redis(self) -> None:
+        self.stop_redis()
+        self.start_redis()
 
     def _start_postgres(self) -> tuple[subprocess.Popen[str], str]:
         """A process holding the embedded server's lease; the server stops with it."""
@@ -484,8 +508,10 @@ def _run(config: ChaosConfig, servers: _Servers, logs: Path) -> ChaosReport:
             for _ in range(3):
                 _change(app, ids, rng, report)
             time.sleep(rng.uniform(*config.fault_gap))
+            for kind in cluster.revive():
+                report.exits[kind] += 1
         last_fault = _db_now(pg)
-        report.recovery_seconds = _settle(pg, last_fault, config, report)
+        report.recovery_seconds = _settle(pg, last_fault, config, report, cluster)
         # Rows rescheduled during the faults may be due a little after the last one.
         cutoff = last_fault + timedelta(seconds=10)
         _wait(lambda: _count(pg, _LIVE_DUE, cutoff) == 0, config.settle_timeout)
@@ -546,16 +572,23 @@ ORDER BY s.due_at LIMIT 10
 
 
 def _settle(
-    url: str, last_fault: datetime, config: ChaosConfig, report: ChaosReport
+    url: str, last_fault: datetime, config: ChaosConfig, report: ChaosReport, cluster: _Cluster
 ) -> float | None:
     """Seconds from the last fault until nothing due by then was left live (None: never,
-    within ``settle_timeout``); what was still live 15 s in goes into the report."""
+    within ``settle_timeout``); what was still live 15 s in goes into the report. A process
+    that exits meanwhile is started again, as its supervisor would."""
+
+    def settled() -> bool:
+        for kind in cluster.revive():
+            report.exits[kind] += 1
+        return _count(url, _LIVE_DUE, last_fault) == 0
+
     started = time.monotonic()
-    if _wait(lambda: _count(url, _LIVE_DUE, last_fault) == 0, 15):
+    if _wait(settled, 15):
         return time.monotonic() - started
     with contextlib.suppress(psycopg.Error), psycopg.connect(url) as conn:
         report.slow = [" | ".join(map(str, row)) for row in conn.execute(_SLOW, (last_fault,))]
-    if _wait(lambda: _count(url, _LIVE_DUE, last_fault) == 0, config.settle_timeout - 15):
+    if _wait(settled, config.settle_timeout - 15):
         return time.monotonic() - started
     return None
 

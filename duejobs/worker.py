@@ -62,27 +62,22 @@ import enum
 import inspect
 import logging
 import os
-import signal
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from redis import Redis
-from redis.exceptions import RedisError
-from rq import Queue, SimpleWorker
-from rq.job import Job
-from rq.serializers import JSONSerializer
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from duejobs import metrics, store
+from duejobs.context import Context
 from duejobs.core import Core, HasCore
-from duejobs.delivery import STUCK_AFTER
+from duejobs.delivery import STUCK_AFTER, Delivered, Deliverer, DuejobsWorker
 from duejobs.errors import (
     ConfigurationError,
     EffectAlreadyAppliedError,
@@ -91,8 +86,21 @@ from duejobs.errors import (
     describe,
 )
 from duejobs.handlers import Handler
+from duejobs.lease import Heartbeat, Watched, time_limit
 from duejobs.models import Status
 from duejobs.store import SkipReason
+
+# DuejobsWorker (the RQ side) lives in duejobs.delivery; it is named here too, beside the
+# Runtime it runs, for code that embeds a worker.
+__all__ = [
+    "EXIT_WEDGED",
+    "Context",
+    "DuejobsWorker",
+    "Outcome",
+    "Runtime",
+    "WorkerConfig",
+    "perform",
+]
 
 log = logging.getLogger("duejobs.worker")
 
@@ -141,191 +149,6 @@ class Outcome(enum.StrEnum):
     SKIPPED = "skipped"
     DEFERRED = "deferred"
     STALE = "stale"
-
-
-@dataclass
-class Context:
-    """What a handler gets besides the payload."""
-
-    schedule_id: uuid.UUID
-    tenant: str
-    type: str
-    version: int
-    attempt: int
-    run_at: datetime
-    payload: Any
-    _core: Core = field(repr=False)
-    _finished: bool = field(default=False, repr=False)
-
-    @property
-    def engine(self) -> Engine:
-        """The App's engine, for a transaction of the handler's own. Not fenced: an effect
-        that must happen once goes through :meth:`transaction`."""
-        return self._core.engine
-
-    @property
-    def effect_key(self) -> str:
-        """``"{type}:{schedule_id}:{version}"``: the same for every attempt of one intent."""
-        return f"{self.type}:{self.schedule_id}:{self.version}"
-
-    def ensure_current(self) -> None:
-        """Raise :class:`ScheduleChangedError` if the schedule was cancelled, rescheduled or
-        rescued since this attempt started. Call it right before an external effect."""
-        with self._core.engine.begin() as conn:
-            change = store.change_since_claim(conn, self.schedule_id, self.version, self.attempt)
-        if change is not None:
-            raise ScheduleChangedError(self.schedule_id, change.value)
-
-    @contextlib.contextmanager
-    def transaction(self) -> Iterator[Connection]:
-        """A transaction fenced on this attempt that records the effect and succeeds it.
-
-        Locks the row and re-checks it (:class:`ScheduleChangedError` if it moved on),
-        inserts ``effect_key`` into the ledger (:class:`EffectAlreadyAppliedError` if it is
-        there), yields the connection for the handler's own writes, then marks the schedule
-        ``succeeded`` in the same commit — or, should that find the attempt no longer
-        current, rolls everything back.
-        """
-        if self._finished:
-            raise RuntimeError("this attempt already committed its effect")
-        with self._core.engine.begin() as conn:
-            change = store.change_since_claim(
-                conn, self.schedule_id, self.version, self.attempt, lock=True
-            )
-            if change is not None:
-                raise ScheduleChangedError(self.schedule_id, change.value)
-            if not store.record_effect(
-                conn, self.effect_key, self.schedule_id, self.tenant, self.version
-            ):
-                raise EffectAlreadyAppliedError(f"effect {self.effect_key} was already applied")
-            yield conn
-            if not store.finish(
-                conn, self.schedule_id, self.version, self.attempt, outcome=Status.SUCCEEDED
-            ):  # cannot happen while the row lock holds; if it did, nothing commits
-                raise ScheduleChangedError(self.schedule_id, SkipReason.DUPLICATE.value)
-        self._finished = True
-
-
-@dataclass
-class _Watched:
-    """The attempt running now, and what to do if its handler never returns."""
-
-    schedule_id: uuid.UUID
-    version: int
-    attempt: int
-    give_up_at: float  # monotonic: the handler's timeout plus the grace
-    overrun: Callable[[], None]
-    renewed_at: float = field(default_factory=time.monotonic)  # the claim set the lease
-    fired: bool = False  # the heartbeat gave up on it: the process is ending
-
-
-class _Heartbeat:
-    """One thread per worker that renews the lease of the attempt running now — until the
-    handler's timeout plus ``timeout_grace`` has passed. Then it renews no more and calls the
-    attempt's ``overrun`` (which closes the attempt and ends the process): a handler that
-    swallows its timeout can neither keep its lease nor keep the worker."""
-
-    def __init__(self, core: Core, config: WorkerConfig) -> None:
-        self._core = core
-        self._config = config
-        self._current: _Watched | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="duejobs-heartbeat", daemon=True)
-        self._thread.start()
-
-    @contextlib.contextmanager
-    def watching(self, watched: _Watched) -> Iterator[None]:
-        with self._lock:
-            self._current = watched
-        self._wake.set()  # time the first renewal from this claim, not from the last beat
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._current = None
-                fired = watched.fired
-            if fired:  # the heartbeat is closing this attempt and ending the process
-                threading.Event().wait()
-
-    def _run(self) -> None:
-        beat = self._config.heartbeat.total_seconds()
-        while not self._stop.is_set():
-            with self._lock:
-                current = self._current
-            wait = beat
-            if current is not None:
-                due = min(current.renewed_at + beat, current.give_up_at)
-                wait = max(0.0, due - time.monotonic())
-            self._wake.wait(wait)
-            self._wake.clear()
-            with self._lock:
-                current = self._current
-                now = time.monotonic()
-                if self._stop.is_set() or current is None:
-                    continue
-                if now >= current.give_up_at:
-                    current.fired = True
-                elif now < current.renewed_at + beat:
-                    continue
-            if current.fired:
-                current.overrun()
-                return
-            current.renewed_at = now
-            try:
-                with self._core.engine.begin() as conn:
-                    _bounded_locks(conn)
-                    store.extend_lease(
-                        conn,
-                        current.schedule_id,
-                        current.version,
-                        current.attempt,
-                        self._config.lease,
-                    )
-            except Exception:  # keep beating; the next beat may reach the database
-                log.warning("could not renew the lease of %s", current.schedule_id, exc_info=True)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-
-
-def _bounded_locks(conn: Connection) -> None:
-    """The heartbeat's and the watchdog's statements give up on a row lock after a second:
-    the handler's own ``ctx.transaction()`` may hold it, and they must not hang behind it."""
-    store.bounded_locks(conn)
-
-
-@contextlib.contextmanager
-def _time_limit(limit: timedelta) -> Iterator[None]:
-    """Raise :class:`HandlerTimeoutError` in the handler after ``limit``, and again every
-    second until it returns (main thread only; the heartbeat's deadline covers the rest)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    armed = True
-
-    def expire(signum: int, frame: Any) -> None:
-        if armed:
-            raise HandlerTimeoutError(
-                f"handler ran past its timeout of {limit.total_seconds():g} s"
-            )
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, limit.total_seconds(), 1.0)
-    try:
-        yield
-    finally:
-        while True:  # a tick landing in here must not leave the timer armed
-            try:
-                armed = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
-                break
-            except HandlerTimeoutError:
-                continue
 
 
 def _lock_busy(exc: DBAPIError) -> bool:
@@ -389,10 +212,9 @@ class Runtime:
         self.core = app.core
         self.config = config or WorkerConfig()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        self._heartbeat = _Heartbeat(self.core, self.config)
+        self._heartbeat = Heartbeat(self.core, self.config.heartbeat, self.config.lease)
         self._db = _Bookkeeping(self.core, self.config)
         # Set by handle() when the delivery came too early: the time to put it back for.
-        self.deferred: datetime | None = None
         # Runs ``async def`` handlers, one at a time, in this worker's thread.
         self._loop = asyncio.new_event_loop()
 
@@ -401,9 +223,26 @@ class Runtime:
         self._db.close()
         self._loop.close()
 
+    @property
+    def redis_url(self) -> str:
+        return self.core.settings.require_redis()
+
+    @property
+    def default_queue(self) -> str:
+        return self.core.queue
+
+    def deliverer(self) -> Deliverer:
+        return self.core.deliverer()
+
     def handle(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> Outcome:
         """Claim, run and close one delivery; returns what happened."""
-        self.deferred = None
+        return Outcome(self.deliver(schedule_id, version, attempt, tenant).outcome)
+
+    def deliver(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> Delivered:
+        """Claim, run and close one delivery: what happened, and when to put the job back if
+        it must wait (an early delivery: its due time; a row locked by an application: at
+        once)."""
+        put_back_at: datetime | None = None
         job_type = ""
         try:
             claim = self._claim(schedule_id, version, attempt, tenant)
@@ -413,15 +252,16 @@ class Runtime:
             # Someone holds the row (an open application transaction): try again shortly,
             # under the same id, without using an attempt.
             log.info("row %s is locked; delivery put back", schedule_id)
-            self.deferred = _AT_ONCE
-            outcome = Outcome.DEFERRED
+            outcome, put_back_at = Outcome.DEFERRED, _AT_ONCE
         else:
             job_type = claim.type
             outcome = self._run(claim, schedule_id, version, attempt, tenant)
+            if outcome is Outcome.DEFERRED:
+                put_back_at = claim.due_at
         metrics.DELIVERIES.labels(
             metrics.tenant_label(tenant), self._type_label(job_type), outcome.value
         ).inc()
-        return outcome
+        return Delivered(outcome.value, put_back_at)
 
     def _type_label(self, job_type: str) -> str:
         """A type label from a bounded set: the types this worker has handlers for."""
@@ -447,7 +287,6 @@ class Runtime:
             assert claim.due_at is not None
             with self._db.connection() as conn:
                 store.record_deferred(conn, schedule_id, version, attempt)
-            self.deferred = claim.due_at
             log.info("not due until %s: deferred", claim.due_at, extra=where)
             return Outcome.DEFERRED
         if claim.skip is SkipReason.EXPIRED:
@@ -479,11 +318,11 @@ class Runtime:
             error = f"attempts exhausted ({attempt - 1} of {handler.retry.max_attempts})"
             return self._close(ctx, Status.FAILED, error=error)
         give_up = time.monotonic() + (handler.timeout + self.config.timeout_grace).total_seconds()
-        watched = _Watched(
+        watched = Watched(
             schedule_id, version, attempt, give_up, lambda: self._overrun(ctx, handler, where)
         )
         try:
-            with self._heartbeat.watching(watched), _time_limit(handler.timeout):
+            with self._heartbeat.watching(watched), time_limit(handler.timeout):
                 self._invoke(handler, ctx, claim.payload)
         except ScheduleChangedError as exc:
             log.info("changed while running: %s", exc.reason, extra=where)
@@ -540,7 +379,7 @@ class Runtime:
         def close() -> None:
             try:
                 with self.core.engine.begin() as conn:
-                    _bounded_locks(conn)
+                    store.bounded_locks(conn)
                     self._failed(conn, ctx, handler, error)
             except Exception:
                 log.exception("could not close the timed-out attempt; its lease will expire")
@@ -636,42 +475,11 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-_runtime: Runtime | None = None
-
-
 def perform(schedule_id: str, version: int, attempt: int, tenant: str) -> str:
-    """The function every duejobs RQ job names. It runs inside a :class:`DuejobsWorker`."""
-    if _runtime is None:
-        raise RuntimeError("duejobs jobs run only in `duejobs worker --app MODULE:APP`")
-    return _runtime.handle(uuid.UUID(schedule_id), int(version), int(attempt), str(tenant)).value
-
-
-class DuejobsWorker(SimpleWorker):
-    """An RQ SimpleWorker (no fork per job: one pooled database connection serves every job)
-    with the JSON serializer. The first SIGTERM/SIGINT finishes the current job, then exits.
-
-    ``queues``: the RQ queues to take jobs from, in priority order (default: the App's queue);
-    schedules are routed to a queue by type (``App.handler(queue=)``) or one by one
-    (``schedule(queue=)``), so a worker pool per queue keeps a slow type from starving a fast
-    one.
-
-    A delivery that came too early is put back into the scheduled registry under its own id,
-    once RQ has finished with it (so no other process can push a second job meanwhile).
-    """
-
-    def __init__(self, runtime: Runtime, queues: Sequence[str] = (), **kwargs: Any):
-        global _runtime
-        _runtime = runtime
-        connection = Redis.from_url(runtime.core.settings.require_redis())
-        queues = list(queues) or [runtime.core.queue]
-        super().__init__(queues, connection=connection, serializer=JSONSerializer, **kwargs)
-        self._runtime = runtime
-
-    def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
-        super().handle_job_success(job, queue, *args, **kwargs)
-        due_at, self._runtime.deferred = self._runtime.deferred, None
-        if due_at is not None:
-            try:
-                self._runtime.core.deliverer().defer(job.id, due_at, job.origin)
-            except RedisError:
-                log.exception("could not put %s back for %s; the reconciler will", job.id, due_at)
+    """The function every duejobs RQ job names (``JOB_FUNCTION``). A duejobs worker runs the
+    delivery itself (:class:`~duejobs.delivery.DuejobsWorker`) and never calls it; a plain RQ
+    worker that took the job does, and is told why it cannot run it."""
+    raise RuntimeError(
+        f"duejobs job for schedule {schedule_id} (v{version}, attempt {attempt}, tenant "
+        f"{tenant!r}) taken by a plain RQ worker: run `duejobs worker --app MODULE:APP`"
+    )

@@ -1,4 +1,5 @@
-"""A PostgreSQL crash right after workers acknowledged their outcomes to RQ.
+"""Servers that go away under a worker: a PostgreSQL crash right after workers acknowledged
+their outcomes to RQ, and Redis down while a worker is between two jobs.
 
 The crash is an immediate shutdown of a PostgreSQL of the test's own (SIGQUIT to the
 postmaster: no checkpoint, shared memory with its WAL buffers gone; the next start replays
@@ -7,7 +8,9 @@ a crash can hit is as wide as PostgreSQL allows, as on a busy server.
 
 Seen failing against a build broken on purpose: ``durable_bookkeeping`` ignored (the worker's
 commits always ``synchronous_commit = off``)
-→ ``test_outcomes_committed_with_durable_bookkeeping_survive_a_postgresql_crash``.
+→ ``test_outcomes_committed_with_durable_bookkeeping_survive_a_postgresql_crash``; RQ's own
+heartbeat (which ends the worker when Redis cannot be reached)
+→ ``test_a_worker_whose_redis_goes_away_between_two_jobs_keeps_working``.
 """
 
 from __future__ import annotations
@@ -133,4 +136,27 @@ def test_outcomes_a_crash_loses_run_again_and_fenced_effects_stay_once(
         assert {effects.get(s) for s in fenced} == {1}
         assert {effects.get(s) for s in loose} == {None}
     finally:
+        app.close()
+
+
+def test_a_worker_whose_redis_goes_away_between_two_jobs_keeps_working(
+    servers: _Servers,
+) -> None:
+    app = _app(servers)
+    runtime = Runtime(app, _config(durable=True))
+    try:
+        worker = DuejobsWorker(runtime)
+        worker.register_birth()
+        servers.stop_redis()
+        try:
+            worker.heartbeat()  # what RQ's loop does between two jobs: it must not end it
+        finally:
+            servers.start_redis()
+        s = app.schedule("note", {}, delay=0)
+        assert Scheduler(app).run_once().queued == 1
+        worker.work(burst=True, with_scheduler=False, logging_level="WARNING")
+        stored = app.get(s.id)
+        assert stored is not None and stored.status is Status.SUCCEEDED
+    finally:
+        runtime.close()
         app.close()

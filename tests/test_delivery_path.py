@@ -5,7 +5,11 @@ Real PostgreSQL, real Redis, real RQ workers (in this process unless a test need
 Seen failing against a build broken on purpose: an early delivery put back at once rather
 than at its due time
 → ``test_delivery_far_too_early_is_put_back_for_its_time_without_using_an_attempt``;
-the job data pickled → ``test_queue_job_carries_ids_and_version_never_the_payload``.
+the job data pickled → ``test_queue_job_carries_ids_and_version_never_the_payload``; the
+worker's runtime kept in a module global (the last worker made served every worker of the
+process, and a plain RQ worker in that process ran schedules)
+→ ``test_two_workers_in_one_process_each_run_their_own_apps_handlers``,
+``test_a_plain_rq_worker_never_runs_a_schedule_and_says_why``.
 """
 
 from __future__ import annotations
@@ -17,17 +21,17 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from rq import Queue
+from rq import Queue, SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from duejobs import EventKind, Status
+from duejobs import App, EventKind, Status
 from duejobs.config import libpq_url
 from duejobs.delivery import Push, job_id
 from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
-from duejobs.worker import Outcome
+from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
 from tests.conftest import System
 
 
@@ -441,3 +445,40 @@ def test_a_schedule_later_than_its_expiry_is_skipped_and_recorded_as_expired(
 def test_negative_expiry_is_refused(system: System) -> None:
     with pytest.raises(ValueError, match="expires_after must not be negative"):
         system.app.schedule("record", {}, delay=0, expires_after=-1)
+
+
+def test_two_workers_in_one_process_each_run_their_own_apps_handlers(
+    system: System, database_url: str, redis_url: str
+) -> None:
+    other = App(database_url=database_url, redis_url=redis_url, queue="other")
+    ran: list[str] = []
+    other.handler("mark")(lambda ctx, payload: ran.append("mark"))
+    s = other.schedule("mark", {}, delay=0)
+    system.scheduler.run_once()  # pushed onto the queue of its App
+    runtime = Runtime(other, WorkerConfig())
+    try:
+        theirs = DuejobsWorker(runtime)
+        DuejobsWorker(system.runtime)  # another worker made since, in the same process
+        theirs.work(burst=True, with_scheduler=False, logging_level="WARNING")
+    finally:
+        runtime.close()
+        other.close()
+    assert ran == ["mark"] and system.status(s.id) == "succeeded"
+
+
+def test_a_plain_rq_worker_never_runs_a_schedule_and_says_why(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    queue = system.scheduler.deliverer.queue
+    SimpleWorker([queue], connection=system.redis, serializer=JSONSerializer).work(
+        burst=True, with_scheduler=False, logging_level="CRITICAL"
+    )
+    job = Job.fetch(
+        system.app.get(s.id).queue_job_id,  # type: ignore[union-attr,arg-type]
+        connection=system.redis,
+        serializer=JSONSerializer,
+    )
+    result = job.latest_result()
+    assert job.get_status() == "failed" and result is not None
+    assert "duejobs worker --app" in (result.exc_string or "")
+    assert system.status(s.id) == "scheduled" and system.effects() == []  # the row untouched
