@@ -22,22 +22,21 @@ is still waiting there (best effort; the worker's check is the guarantee).
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
-from redis.exceptions import RedisError
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 
 from duejobs import metrics, migrate, store
+from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
+from duejobs.app_recurring import RecurringAPI
 from duejobs.config import Settings
 from duejobs.core import Core, make_engine
-from duejobs.delivery import DEFAULT_QUEUE, Deliverer
+from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
     InvalidHandlerError,
     InvalidScheduleError,
@@ -45,47 +44,30 @@ from duejobs.errors import (
     QuotaExceededError,
     ScheduleNotFoundError,
     ScheduleNotLiveError,
-    TenantMismatchError,
     VersionConflictError,
 )
 from duejobs.handlers import Handler, RetryPolicy
 from duejobs.models import (
-    DstGap,
-    DstOverlap,
     Event,
-    Misfire,
-    Recurring,
-    RecurringSpec,
     Schedule,
     ScheduleRequest,
 )
-from duejobs.recurring import Rule, check_cron, plan
-from duejobs.timespec import as_delay, parse_when, zone
+from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_TENANT,
     check_key,
     check_queue,
     check_tenant,
-    check_text,
     check_type,
-    encode_payload,
     payload_encoder,
 )
 
+__all__ = ["QUOTA_CACHE_SECONDS", "UNSET", "App", "ScheduleId", "Unset", "make_engine"]
+
 log = logging.getLogger("duejobs")
-# How long an App trusts the quota it read for a tenant (one query saved per schedule()).
-QUOTA_CACHE_SECONDS = 10.0
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Unset(enum.Enum):
-    """Marks an argument that was not given (``None`` has a meaning of its own)."""
-
-    UNSET = "unset"
-
-
-UNSET = Unset.UNSET
 ScheduleId = uuid.UUID | str
 
 
@@ -98,24 +80,7 @@ def _schedule_id(value: object) -> uuid.UUID:
         raise InvalidScheduleIdError(f"schedule id must be a UUID, got {value!r}") from exc
 
 
-E = TypeVar("E", DstGap, DstOverlap, Misfire)
-
-
-def _choice(kind: type[E], value: object, name: str) -> E:
-    try:
-        return kind(str(value))
-    except ValueError as exc:
-        choices = ", ".join(repr(k.value) for k in kind)
-        raise InvalidScheduleError(f"{name} must be one of {choices}, got {value!r}") from exc
-
-
 _NO_JITTER = timedelta(0)
-
-
-# What update_recurring may change: every field of a definition but its identity.
-_UPDATABLE = frozenset(
-    ("cron", "type", "payload", "timezone", "dst_gap", "dst_overlap", "misfire", "grace", "queue")
-)
 
 
 class _Placement(NamedTuple):
@@ -127,7 +92,7 @@ class _Placement(NamedTuple):
     queue: str
 
 
-class App:
+class App(RecurringAPI, QuotaAPI):
     """The entry point: ``App()`` reads the URLs from the environment."""
 
     def __init__(
@@ -151,33 +116,6 @@ class App:
         return app
 
     # -- configuration -----------------------------------------------------------------
-
-    @property
-    def core(self) -> Core:
-        """What this App shares with its tenant scopes and hands to the services."""
-        return self._core
-
-    @property
-    def settings(self) -> Settings:
-        return self._core.settings
-
-    @property
-    def engine(self) -> Engine:
-        return self._core.engine
-
-    @property
-    def queue(self) -> str:
-        """The RQ queue this App's jobs are delivered on."""
-        return self._core.queue
-
-    def deliverer(self) -> Deliverer:
-        """The delivery side (RQ on Redis) of this App, created on first use."""
-        return self._core.deliverer()
-
-    @property
-    def scope(self) -> str | None:
-        """The tenant this App is limited to, or None for the unscoped App."""
-        return self._tenant
 
     def tenant(self, name: str) -> App:
         """An App that sees and changes only ``name``'s schedules (shares engine, handlers)."""
@@ -231,10 +169,6 @@ class App:
             return func
 
         return register
-
-    def handler_for(self, job_type: str) -> Handler | None:
-        """The registration for ``job_type`` (no copy: the worker asks once per job)."""
-        return self._core.handler_for(job_type)
 
     # -- writing -----------------------------------------------------------------------
 
@@ -384,220 +318,6 @@ class App:
             self._discard_queue_job(job)
         return cancelled
 
-    # -- quotas --------------------------------------------------------------------------
-
-    def set_quota(
-        self,
-        tenant: str,
-        *,
-        max_live: int | Unset | None = UNSET,
-        max_inflight: int | Unset | None = UNSET,
-    ) -> None:
-        """Set a tenant's caps; only the caps given change, ``None`` clears one.
-
-        * ``max_live``: live (scheduled or running) schedules. A :meth:`schedule` beyond it
-          raises :class:`~duejobs.errors.QuotaExceededError` and writes nothing.
-        * ``max_inflight``: jobs pushed to Redis or running at once. The scheduler pushes
-          such a tenant's rows only when due and only while it has room: the rest wait in
-          the table, so a tenant's burst never sits in the queue ahead of other tenants.
-
-        Tenant ``"*"`` holds the defaults; a tenant's cleared cap follows the default.
-        Other processes apply a ``max_live`` change within ``QUOTA_CACHE_SECONDS``; the
-        scheduler reads ``max_inflight`` on every claim.
-        """
-        if self._tenant is not None:
-            raise TenantMismatchError("quotas are set through an unscoped App")
-        if tenant != store.DEFAULT_QUOTA_TENANT:
-            check_tenant(tenant)
-        caps = {
-            name: value
-            for name, value in (("max_live", max_live), ("max_inflight", max_inflight))
-            if not isinstance(value, Unset)
-        }
-        if not caps:
-            raise InvalidScheduleError("set_quota needs max_live= or max_inflight=")
-        for name, value in caps.items():
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
-            ):
-                raise InvalidScheduleError(f"{name} must be an int >= 0 or None, got {value!r}")
-        with self._core.transaction(None) as c:
-            store.set_quota(c, tenant, caps)
-        self._core.quotas.clear()
-
-    def quotas(self) -> list[store.Quota]:
-        """Every stored quota: the default (tenant ``"*"``) first, then per-tenant ones."""
-        if self._tenant is not None:
-            raise TenantMismatchError("quotas are read through an unscoped App")
-        with self.engine.connect() as c:
-            return store.quotas(c)
-
-    def _live_quota(self, conn: Connection, tenant: str) -> int | None:
-        cached = self._core.quotas.get(tenant)
-        if cached is not None and time.monotonic() - cached[0] < QUOTA_CACHE_SECONDS:
-            return cached[1]
-        cap = store.live_quota(conn, tenant)
-        self._core.quotas[tenant] = (time.monotonic(), cap)
-        return cap
-
-    # -- recurring schedules -----------------------------------------------------------
-
-    def recurring(
-        self,
-        name: str,
-        *,
-        cron: str,
-        type: str,
-        payload: Any = None,
-        timezone: str = "UTC",
-        tenant: str | None = None,
-        dst_gap: DstGap | str = DstGap.SHIFT,
-        dst_overlap: DstOverlap | str = DstOverlap.ONCE,
-        misfire: Misfire | str = Misfire.LATEST,
-        grace: timedelta | float = timedelta(0),
-        queue: str | None = None,
-    ) -> Recurring:
-        """Create (or replace) the recurring schedule ``name`` of the tenant.
-
-        Occurrences become ordinary schedules shortly before they are due (see
-        :mod:`duejobs.recurring` for the DST and misfire policies). Calling it again with the
-        same definition changes nothing; with another one it bumps the version and cancels
-        the occurrences not yet run. ``queue``: as for :meth:`schedule` (default: the type's,
-        else the App's).
-        """
-        spec = self._recurring_spec(
-            name,
-            tenant=self._write_tenant(tenant),
-            cron=cron,
-            type=type,
-            payload=payload,
-            timezone=timezone,
-            dst_gap=dst_gap,
-            dst_overlap=dst_overlap,
-            misfire=misfire,
-            grace=grace,
-            queue=queue,
-        )
-        with self._core.transaction(None) as c:
-            current = store.get_recurring(c, spec.tenant, name, lock=True)
-            saved, jobs = self._save_recurring(c, spec, current is not None)
-        for job in jobs:
-            self._discard_queue_job(job)
-        return saved
-
-    def _recurring_spec(
-        self,
-        name: str,
-        *,
-        tenant: str,
-        cron: str,
-        type: str,
-        payload: Any,
-        timezone: str,
-        dst_gap: DstGap | str,
-        dst_overlap: DstOverlap | str,
-        misfire: Misfire | str,
-        grace: timedelta | float,
-        queue: str | None,
-    ) -> RecurringSpec:
-        """A definition checked field by field (the error names the field)."""
-        if not isinstance(name, str) or not name or len(name) > 200:
-            raise InvalidScheduleError(f"recurring name must be 1-200 characters, got {name!r}")
-        check_text(name, "recurring name")
-        return RecurringSpec(
-            tenant=tenant,
-            name=name,
-            type=check_type(type),
-            payload_json=encode_payload(
-                payload if payload is not None else {}, self._core.max_payload_bytes
-            ),
-            cron=check_cron(cron),
-            timezone=str(zone(timezone)),
-            dst_gap=_choice(DstGap, dst_gap, "dst_gap"),
-            dst_overlap=_choice(DstOverlap, dst_overlap, "dst_overlap"),
-            misfire=_choice(Misfire, misfire, "misfire"),
-            grace=as_delay(grace, "grace"),
-            queue=self._route(self.handler_for(type), queue),
-        )
-
-    @staticmethod
-    def _save_recurring(
-        c: Connection, spec: RecurringSpec, existed: bool
-    ) -> tuple[Recurring, list[str]]:
-        """Write ``spec`` (the caller holds the definition's lock); the stored definition and
-        the queue jobs of the occurrences it superseded."""
-        rule = Rule(spec.cron, spec.timezone, spec.dst_gap, spec.dst_overlap)
-        saved = store.save_recurring(c, spec, plan(rule, store.database_now(c)))
-        if saved is None:  # exactly the active definition already stored (perhaps by a
-            # concurrent call that created it after this one looked)
-            stored = store.get_recurring(c, spec.tenant, spec.name)
-            assert stored is not None
-            return stored, []
-        replaced = existed or saved.version > 1
-        return saved, store.cancel_occurrences(c, saved.id, "superseded") if replaced else []
-
-    def get_recurring(self, name: str, *, tenant: str | None = None) -> Recurring | None:
-        """The recurring schedule ``name`` (of this App's tenant, or ``tenant``)."""
-        with self._core.transaction(None) as c:
-            return store.get_recurring(c, self._write_tenant(tenant), name)
-
-    def update_recurring(
-        self, name: str, *, tenant: str | None = None, **changes: Any
-    ) -> Recurring:
-        """Change some of a recurring schedule's fields (version + 1 if anything changed).
-
-        Read, merged and written in one transaction under the definition's row lock, so two
-        updates at once each keep the other's change."""
-        unknown = set(changes) - _UPDATABLE
-        if unknown:
-            raise InvalidScheduleError(f"cannot update {sorted(unknown)} of a recurring schedule")
-        with self._core.transaction(None) as c:
-            current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
-            if current is None:
-                raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
-            fields = {f: getattr(current, f) for f in _UPDATABLE}
-            spec = self._recurring_spec(name, tenant=current.tenant, **{**fields, **changes})
-            saved, jobs = self._save_recurring(c, spec, True)
-        for job in jobs:
-            self._discard_queue_job(job)
-        return saved
-
-    def pause_recurring(self, name: str, *, tenant: str | None = None) -> Recurring:
-        """Stop materializing occurrences; those not yet run are cancelled."""
-        return self._set_recurring(name, tenant, "paused")
-
-    def resume_recurring(self, name: str, *, tenant: str | None = None) -> Recurring:
-        """Start again from the next occurrence after now."""
-        return self._set_recurring(name, tenant, "active")
-
-    def delete_recurring(self, name: str, *, tenant: str | None = None) -> bool:
-        """Delete the definition and cancel its occurrences not yet run (history stays)."""
-        with self._core.transaction(None) as c:
-            current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
-            if current is None:
-                return False
-            jobs = store.cancel_occurrences(c, current.id, "recurring schedule deleted")
-            store.delete_recurring(c, current.id)
-        for job in jobs:
-            self._discard_queue_job(job)
-        return True
-
-    def _set_recurring(self, name: str, tenant: str | None, status: str) -> Recurring:
-        with self._core.transaction(None) as c:
-            current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
-            if current is None:
-                raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
-            jobs: list[str] = []
-            restart = None
-            if status == "paused":
-                jobs = store.cancel_occurrences(c, current.id, "recurring schedule paused")
-            elif current.status != "active":
-                restart = plan(Rule.of(current), store.database_now(c))
-            updated = store.set_recurring_status(c, current.id, status, restart)
-        for job in jobs:
-            self._discard_queue_job(job)
-        return updated
-
     # -- reading -----------------------------------------------------------------------
 
     def get(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> Schedule | None:
@@ -631,35 +351,6 @@ class App:
             return store.database_now(c)
 
     # -- internals ---------------------------------------------------------------------
-
-    def _discard_queue_job(self, queue_job_id: str | None) -> None:
-        """Remove a superseded delivery that is still waiting in Redis.
-
-        Best effort by design: the worker re-reads the row and skips a stale delivery, so a
-        Redis error here is logged, not raised — the database change already committed. With
-        ``conn=`` nothing is removed, since the caller may still roll back.
-        """
-        if queue_job_id is None or not self.settings.redis_url:
-            return
-        try:
-            self.deliverer().remove(queue_job_id)
-        except RedisError as exc:
-            log.warning("could not remove stale queue job %s: %s", queue_job_id, exc)
-
-    def _route(self, handler: Handler | None, queue: str | None) -> str:
-        """The queue a schedule goes to: the one asked for, else its type's, else the App's."""
-        if queue is not None:
-            return check_queue(queue)
-        return handler.queue if handler and handler.queue else self._core.queue
-
-    def _write_tenant(self, tenant: str | None) -> str:
-        if self._tenant is None:
-            return check_tenant(tenant if tenant is not None else DEFAULT_TENANT)
-        if tenant is not None and tenant != self._tenant:
-            raise TenantMismatchError(
-                f"this App is scoped to tenant {self._tenant!r} and cannot write for {tenant!r}"
-            )
-        return self._tenant
 
     def _explain_refusal(
         self, conn: Connection, sid: uuid.UUID, expected_version: int | None

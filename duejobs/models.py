@@ -124,6 +124,14 @@ class DstOverlap(enum.StrEnum):
     TWICE = "twice"  # run at both instants
 
 
+class RecurringStatus(enum.StrEnum):
+    """Where a recurring definition is: materializing occurrences, or not."""
+
+    ACTIVE = "active"
+    PAUSED = "paused"  # by its owner; resume() starts again after now
+    ERROR = "error"  # set aside: the scheduler could not evaluate it (see last_error)
+
+
 class Misfire(enum.StrEnum):
     """Occurrences missed while no scheduler ran (downtime longer than the window)."""
 
@@ -173,7 +181,7 @@ class Recurring:
     dst_overlap: DstOverlap
     misfire: Misfire
     grace: timedelta
-    status: str
+    status: RecurringStatus
     version: int
     next_run_at: datetime
     created_at: datetime

@@ -22,7 +22,7 @@ queue jobs. Never the finished history: the figures stay cheap on a table of mil
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -46,17 +46,13 @@ class Stats:
     schedules_without_job: int
     jobs_without_schedule: int
     quotas: list[store.Quota]
+    # The caps that apply to each tenant listed (its own, else the default's), as the
+    # scheduler and the App read them.
+    tenant_caps: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
 
     def caps(self, tenant: str) -> tuple[int | None, int | None]:
         """A tenant's effective (max_live, max_inflight): its own, else the default's."""
-        own = {q.tenant: q for q in self.quotas}
-        mine, default = own.get(tenant), own.get(store.DEFAULT_QUOTA_TENANT)
-
-        def pick(name: str) -> int | None:
-            value = getattr(mine, name, None)
-            return getattr(default, name, None) if value is None else value
-
-        return pick("max_live"), pick("max_inflight")
+        return self.tenant_caps.get(tenant, (None, None))
 
     @property
     def overall(self) -> store.LiveFigures:
@@ -115,6 +111,8 @@ def collect(
             for q in store.quotas(conn)
             if scope is None or q.tenant in (scope, store.DEFAULT_QUOTA_TENANT)
         ]
+        listed = {f.tenant for f in live if f.tenant} | {a.tenant for a in recent if a.tenant}
+        tenant_caps = store.effective_caps(conn, sorted(listed))
     deliverer = core.deliverer()
     pushed = [(r.queue_job_id, r.due_at, r.stuck) for r in overdue if r.queue_job_id]
     alive = deliverer.live(pushed) if pushed else []
@@ -133,6 +131,7 @@ def collect(
         schedules_without_job=(len(overdue) - len(pushed)) + alive.count(False),
         jobs_without_schedule=sum(1 for _ in orphans),
         quotas=quotas,
+        tenant_caps=tenant_caps,
     )
 
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from duejobs import App
-from duejobs import app as app_module
+from duejobs import app_quotas as app_module
 from duejobs.errors import QuotaExceededError, TenantMismatchError
 from tests.conftest import System
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
@@ -60,3 +61,11 @@ def count_live_up_to(conn: Connection, tenant: str, cap: int) -> int:
     row = run_one(conn, "count_live_up_to", {"tenant": tenant, "cap": cap})
     assert row is not None
     return int(row.live)
+
+
+def effective_caps(
+    conn: Connection, tenants: Sequence[str]
+) -> dict[str, tuple[int | None, int | None]]:
+    """Each tenant's (max_live, max_inflight) as they apply: its own, else the default's."""
+    rows = run(conn, "effective_caps", {"tenants": list(tenants)})
+    return {r.tenant: (r.max_live, r.max_inflight) for r in rows}

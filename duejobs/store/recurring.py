@@ -18,6 +18,7 @@ from duejobs.models import (
     Occurrence,
     Recurring,
     RecurringSpec,
+    RecurringStatus,
 )
 from duejobs.store.execution import run, run_one
 
@@ -37,7 +38,7 @@ def _recurring(m: Any) -> Recurring:
         dst_overlap=DstOverlap(m.dst_overlap),
         misfire=Misfire(m.misfire),
         grace=m.grace,
-        status=m.status,
+        status=RecurringStatus(m.status),
         version=m.version,
         next_run_at=m.next_run_at.astimezone(UTC),
         created_at=m.created_at.astimezone(UTC),
@@ -79,7 +80,10 @@ def quarantine_recurring(conn: Connection, recurring_id: uuid.UUID, error: str) 
 
 
 def set_recurring_status(
-    conn: Connection, recurring_id: uuid.UUID, status: str, next_run_at: datetime | None
+    conn: Connection,
+    recurring_id: uuid.UUID,
+    status: RecurringStatus,
+    next_run_at: datetime | None,
 ) -> Recurring:
     """Pause or resume, under a new version (occurrences made after a resume are new ones, not
     the cancelled ones of before); resuming restarts from ``next_run_at``."""

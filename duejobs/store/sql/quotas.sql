@@ -26,3 +26,9 @@ SELECT pg_advisory_xact_lock(hashtext('duejobs-quota:' || :tenant))
 SELECT (SELECT count(*) FROM (SELECT 1 FROM scheduled_jobs WHERE tenant = :tenant
                               AND {{unpushed}} LIMIT :cap) AS waiting)
        + {{inflight(:tenant, :cap)}} AS live
+
+-- name: effective_caps
+-- Each tenant's caps as they apply: its own, else the default's, else none.
+SELECT t.tenant, {{quota(max_live, t.tenant)}} AS max_live,
+       {{quota(max_inflight, t.tenant)}} AS max_inflight
+FROM unnest(CAST(:tenants AS text[])) AS t(tenant)

@@ -1,0 +1,93 @@
+"""What every part of the App stands on: its Core, the tenant it is scoped to, and the rules
+that place a write (whose tenant, which queue) and tidy up after one (a superseded job left in
+Redis)."""
+
+from __future__ import annotations
+
+import logging
+
+from redis.exceptions import RedisError
+from sqlalchemy import Engine
+
+from duejobs.config import Settings
+from duejobs.core import Core
+from duejobs.delivery import Deliverer
+from duejobs.errors import (
+    TenantMismatchError,
+)
+from duejobs.handlers import Handler
+from duejobs.validation import (
+    DEFAULT_TENANT,
+    check_queue,
+    check_tenant,
+)
+
+log = logging.getLogger("duejobs")
+
+
+class Scoped:
+    """The App's state and its shared rules; the App's parts (quotas, recurring definitions,
+    schedules) are built on it."""
+
+    _core: Core
+    _tenant: str | None
+
+    @property
+    def core(self) -> Core:
+        """What this App shares with its tenant scopes and hands to the services."""
+        return self._core
+
+    @property
+    def settings(self) -> Settings:
+        return self._core.settings
+
+    @property
+    def engine(self) -> Engine:
+        return self._core.engine
+
+    @property
+    def queue(self) -> str:
+        """The RQ queue this App's jobs are delivered on."""
+        return self._core.queue
+
+    @property
+    def scope(self) -> str | None:
+        """The tenant this App is limited to, or None for the unscoped App."""
+        return self._tenant
+
+    def deliverer(self) -> Deliverer:
+        """The delivery side (RQ on Redis) of this App, created on first use."""
+        return self._core.deliverer()
+
+    def handler_for(self, job_type: str) -> Handler | None:
+        """The registration for ``job_type`` (no copy: the worker asks once per job)."""
+        return self._core.handler_for(job_type)
+
+    def _discard_queue_job(self, queue_job_id: str | None) -> None:
+        """Remove a superseded delivery that is still waiting in Redis.
+
+        Best effort by design: the worker re-reads the row and skips a stale delivery, so a
+        Redis error here is logged, not raised — the database change already committed. With
+        ``conn=`` nothing is removed, since the caller may still roll back.
+        """
+        if queue_job_id is None or not self.settings.redis_url:
+            return
+        try:
+            self.deliverer().remove(queue_job_id)
+        except RedisError as exc:
+            log.warning("could not remove stale queue job %s: %s", queue_job_id, exc)
+
+    def _route(self, handler: Handler | None, queue: str | None) -> str:
+        """The queue a schedule goes to: the one asked for, else its type's, else the App's."""
+        if queue is not None:
+            return check_queue(queue)
+        return handler.queue if handler and handler.queue else self._core.queue
+
+    def _write_tenant(self, tenant: str | None) -> str:
+        if self._tenant is None:
+            return check_tenant(tenant if tenant is not None else DEFAULT_TENANT)
+        if tenant is not None and tenant != self._tenant:
+            raise TenantMismatchError(
+                f"this App is scoped to tenant {self._tenant!r} and cannot write for {tenant!r}"
+            )
+        return self._tenant

@@ -1,0 +1,191 @@
+"""Setting up and configuring: ``migrate``, ``recurring``, ``quota``, ``demo``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from datetime import datetime, timedelta
+
+import click
+
+from duejobs.app import UNSET, Unset
+from duejobs.cli.base import DURATION, _app, main
+from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
+
+
+@main.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Create or upgrade the schema (idempotent, safe to run concurrently)."""
+    with _app(ctx) as app:
+        before, after = app.migrate()
+        if before == after:
+            click.echo(f"schema already at revision {after}")
+        else:
+            click.echo(f"schema upgraded from {before or 'nothing'} to {after}")
+
+
+@main.group()
+def recurring() -> None:
+    """Recurring schedules: cron in a time zone, with DST and misfire policies."""
+
+
+def _print_recurring(r: Recurring) -> None:
+    data = {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(r).items()}
+    data["id"], data["grace"] = str(r.id), r.grace.total_seconds()
+    click.echo(json.dumps(data, default=str))
+
+
+_TENANT = click.option("--tenant", default=None, help="Tenant name (default: 'default').")
+
+
+@recurring.command("set")
+@click.argument("name")
+@click.option("--cron", required=True, help="Cron expression, e.g. '0 9 * * MON-FRI'.")
+@click.option("--type", "job_type", required=True, help="Job type of each occurrence.")
+@click.option("--tz", "timezone", default="UTC", show_default=True, help="IANA zone.")
+@click.option("--payload", default="{}", show_default=True, help="JSON payload.")
+@click.option("--dst-gap", type=click.Choice([g.value for g in DstGap]), default="shift")
+@click.option("--dst-overlap", type=click.Choice([o.value for o in DstOverlap]), default="once")
+@click.option("--misfire", type=click.Choice([m.value for m in Misfire]), default="latest")
+@click.option(
+    "--grace", type=DURATION, default="0s", show_default=True, help="Late by less: on time."
+)
+@_TENANT
+@click.pass_context
+def recurring_set(
+    ctx: click.Context,
+    name: str,
+    cron: str,
+    job_type: str,
+    timezone: str,
+    payload: str,
+    dst_gap: str,
+    dst_overlap: str,
+    misfire: str,
+    grace: timedelta,
+    tenant: str | None,
+) -> None:
+    """Create or replace the recurring schedule NAME."""
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    with _app(ctx) as app:
+        _print_recurring(
+            app.recurring(
+                name,
+                cron=cron,
+                type=job_type,
+                payload=data,
+                timezone=timezone,
+                tenant=tenant,
+                dst_gap=dst_gap,
+                dst_overlap=dst_overlap,
+                misfire=misfire,
+                grace=grace,
+            )
+        )
+
+
+@recurring.command("show")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_show(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Show the recurring schedule NAME (exit 1 if there is none)."""
+    with _app(ctx) as app:
+        found = app.get_recurring(name, tenant=tenant)
+        if found is None:
+            click.echo(f"error: no recurring schedule {name!r}", err=True)
+            sys.exit(1)
+        _print_recurring(found)
+
+
+@recurring.command("pause")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_pause(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Pause NAME: its occurrences not yet run are cancelled."""
+    with _app(ctx) as app:
+        _print_recurring(app.pause_recurring(name, tenant=tenant))
+
+
+@recurring.command("resume")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_resume(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Resume NAME from its next occurrence after now."""
+    with _app(ctx) as app:
+        _print_recurring(app.resume_recurring(name, tenant=tenant))
+
+
+@recurring.command("delete")
+@click.argument("name")
+@_TENANT
+@click.pass_context
+def recurring_delete(ctx: click.Context, name: str, tenant: str | None) -> None:
+    """Delete NAME (exit 1 if there is none); occurrences keep their history."""
+    with _app(ctx) as app:
+        deleted = app.delete_recurring(name, tenant=tenant)
+        click.echo("deleted" if deleted else f"no recurring schedule {name!r}")
+        sys.exit(0 if deleted else 1)
+
+
+def _cap(value: str | None, name: str) -> int | Unset | None:
+    if value is None:
+        return UNSET
+    if value.lower() == "none":
+        return None
+    if value.isdigit():
+        return int(value)
+    raise click.BadParameter("a number >= 0 or 'none'", param_hint=name)
+
+
+@main.command()
+@click.argument("tenant", required=False)
+@click.option("--max-live", help="Cap on live schedules, or 'none' to clear it.")
+@click.option("--max-inflight", help="Cap on jobs pushed or running, or 'none' to clear it.")
+@click.pass_context
+def quota(
+    ctx: click.Context, tenant: str | None, max_live: str | None, max_inflight: str | None
+) -> None:
+    """Set TENANT's quotas ('*' sets the defaults); without options, list them all."""
+    live = _cap(max_live, "--max-live")
+    inflight = _cap(max_inflight, "--max-inflight")
+    with _app(ctx) as app:
+        if tenant is None or (isinstance(live, Unset) and isinstance(inflight, Unset)):
+            if tenant is not None:
+                raise click.UsageError("give --max-live and/or --max-inflight")
+            for q in app.quotas():
+                click.echo(
+                    f"{q.tenant}: max_live={_cap_text(q.max_live, q.tenant)} "
+                    f"max_inflight={_cap_text(q.max_inflight, q.tenant)}"
+                )
+            return
+        app.set_quota(tenant, max_live=live, max_inflight=inflight)
+        for name, value in (("live schedules", live), ("jobs in flight", inflight)):
+            if not isinstance(value, Unset):
+                the = "the " if value is None and tenant != "*" else ""
+                click.echo(f"quota of {tenant}: {the}{_cap_text(value, tenant)} {name}")
+
+
+def _cap_text(value: int | None, tenant: str) -> str:
+    """A stored cap: a tenant's empty one follows the default; the default's means none."""
+    if value is not None:
+        return str(value)
+    return "no cap" if tenant == "*" else "default"
+
+
+@main.command()
+@click.pass_context
+def demo(ctx: click.Context) -> None:
+    """The whole system end to end: scheduler, workers, reconciler and a realistic mix."""
+    from duejobs.demo import register, run_demo
+
+    with _app(ctx, migrate=True) as app:
+        status = run_demo(register(app), ctx.obj["data_dir"], click.echo)
+    sys.exit(status)

@@ -1,0 +1,194 @@
+"""The ``duejobs`` group itself and what its commands share: the embedded servers, the
+duration flags, one-line errors, the services' defaults read from their configs."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import click
+
+from duejobs import logs, metrics
+from duejobs.app import App
+from duejobs.config import DATABASE_ENV, REDIS_ENV
+from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
+from duejobs.errors import DuejobsError
+from duejobs.prune import PruneConfig
+from duejobs.reconcile import ReconcileConfig
+from duejobs.scheduler import SchedulerConfig
+from duejobs.timespec import parse_duration
+from duejobs.worker import WorkerConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextmanager
+def services(data_dir: Path) -> Iterator[EmbeddedServices | None]:
+    """Use the configured URLs, or start/join the embedded servers for this command.
+
+    The URLs are exported to the environment so that an ``App()`` built by user code (and
+    any child process) finds the same servers.
+    """
+    if os.environ.get(DATABASE_ENV) and os.environ.get(REDIS_ENV):
+        yield None
+        return
+    try:
+        embedded = start_embedded(data_dir)
+    except DuejobsError as exc:
+        _fail(exc)
+    click.echo(embedded.describe(), err=True)
+    os.environ.setdefault(DATABASE_ENV, embedded.database_url)
+    os.environ.setdefault(REDIS_ENV, embedded.redis_url)
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+if TYPE_CHECKING:  # generic in click's stubs since 8.2; a plain class before at run time
+    _ParamType = click.ParamType[Any]
+else:
+    _ParamType = click.ParamType
+
+
+class Duration(_ParamType):
+    """A duration flag: ``250ms``, ``45s``, ``30m``, ``1h30m``, ``2d`` or plain seconds — the
+    one syntax of every duration the CLI takes."""
+
+    name = "duration"
+
+    def __init__(self, *, positive: bool = False) -> None:
+        self.positive = positive
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, timedelta):
+            return value
+        try:
+            duration = parse_duration(str(value))
+        except DuejobsError as exc:
+            self.fail(str(exc).removeprefix("duration: "), param, ctx)
+        if self.positive and duration <= timedelta(0):
+            self.fail(f"must be greater than zero, got {value!r}", param, ctx)
+        return duration
+
+
+# The services' defaults, which the flags show and take: stated once, in the configs.
+_SCHEDULER, _WORKER, _RECONCILE, _PRUNE = (
+    SchedulerConfig(),
+    WorkerConfig(),
+    ReconcileConfig(),
+    PruneConfig(),
+)
+DURATION = Duration()
+POSITIVE = Duration(positive=True)
+LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
+
+
+class _Cli(click.Group):
+    """Bad flags are one line on stderr and exit status 2 (no usage block to scroll past)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        try:
+            code = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(2)
+        except click.Abort:
+            click.echo("aborted", err=True)
+            sys.exit(1)
+        except click.ClickException as exc:
+            click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+C = TypeVar("C")
+
+
+def _checked(make: Callable[[], C]) -> C:
+    """A service's config built from flags; its refusal names the flag (each config's
+    messages start with the field's name)."""
+    try:
+        return make()
+    except DuejobsError as exc:
+        field = str(exc).split(" ", 1)[0]
+        raise click.BadParameter(str(exc), param_hint=f"--{field.replace('_', '-')}") from exc
+
+
+def _fail(exc: Exception) -> NoReturn:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(2 if isinstance(exc, ValueError) else 1)
+
+
+@contextmanager
+def _app(ctx: click.Context, migrate: bool = False) -> Iterator[App]:
+    data_dir: Path = ctx.obj["data_dir"]
+    try:
+        with services(data_dir):
+            app = App()
+            try:
+                if migrate:
+                    app.migrate()
+                yield app
+            finally:
+                app.close()
+    except DuejobsError as exc:
+        _fail(exc)
+
+
+@click.group(cls=_Cli)
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DATA_DIR,
+    show_default=True,
+    help="Where the embedded servers keep their data when no URLs are set.",
+)
+@click.pass_context
+def main(ctx: click.Context, data_dir: Path) -> None:
+    """duejobs: durable delayed and scheduled jobs on PostgreSQL and RQ."""
+    ctx.ensure_object(dict)
+    ctx.obj["data_dir"] = data_dir
+
+
+def load_app(reference: str) -> App:
+    """The App named by ``MODULE:ATTRIBUTE`` (the current directory is importable)."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"expected MODULE:APP, got {reference!r}", param_hint="--app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r}: {exc}", param_hint="--app"
+        ) from exc
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(
+            f"{reference!r} is not a duejobs.App (got {type(app).__name__})", param_hint="--app"
+        )
+    return app
+
+
+def _operations(func: F) -> F:
+    """Options every long-running command shares: logs and metrics."""
+    func = click.option("--metrics-port", type=int, help="Serve Prometheus /metrics here.")(func)
+    func = click.option(
+        "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True
+    )(func)
+    return click.option("--log-level", type=LOG_LEVELS, default="info", show_default=True)(func)
+
+
+def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
+    logs.configure(log_level, log_format)
+    if metrics_port is not None:
+        metrics.serve(metrics_port)

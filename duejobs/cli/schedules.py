@@ -1,0 +1,157 @@
+"""Commands on schedules: ``schedule``, ``reschedule``, ``cancel``, ``show``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timedelta
+from typing import Any
+
+import click
+
+from duejobs.cli.base import DURATION, F, _app, main
+from duejobs.models import Event, Schedule
+
+
+def _schedule_dict(s: Schedule) -> dict[str, Any]:
+    return {
+        "id": str(s.id),
+        "tenant": s.tenant,
+        "type": s.type,
+        "key": s.key,
+        "status": s.status.value,
+        "version": s.version,
+        "run_at": s.run_at.isoformat(),
+        "timezone": s.timezone,
+        "run_at_local": s.run_at_local.isoformat(),
+        "attempts": s.attempts,
+        "queue_job_id": s.queue_job_id,
+        "last_error": s.last_error,
+        "payload": s.payload,
+        "created_at": s.created_at.isoformat(),
+    }
+
+
+def _event_dict(e: Event) -> dict[str, Any]:
+    return {"at": e.at.isoformat(), "kind": e.kind.value, "version": e.version, **e.detail}
+
+
+def _print_schedule(s: Schedule, as_json: bool) -> None:
+    data = _schedule_dict(s)
+    if as_json:
+        click.echo(json.dumps(data, default=str))
+        return
+    for name, value in data.items():
+        click.echo(f"{name:>13}  {json.dumps(value) if name == 'payload' else value}")
+
+
+def _when_options(func: F) -> F:
+    func = click.option("--tz", "timezone", help="IANA zone; --at without an offset is local.")(
+        func
+    )
+    func = click.option("--at", "at", help="ISO 8601 time, e.g. 2026-10-30T09:00:00-03:00.")(func)
+    return click.option(
+        "--in", "delay", type=DURATION, help="Delay from the database clock: 45s, 30m, 1h30m."
+    )(func)
+
+
+def _when(delay: timedelta | None, at: str | None) -> dict[str, Any]:
+    if at is not None:
+        try:
+            return {"run_at": datetime.fromisoformat(at)}
+        except ValueError as exc:
+            raise click.BadParameter(f"not an ISO 8601 time: {at!r}", param_hint="--at") from exc
+    if delay is not None:
+        return {"delay": delay}
+    return {}
+
+
+@main.command()
+@click.argument("job_type")
+@_when_options
+@click.option("--payload", default="{}", show_default=True, help="JSON payload (ids, not copies).")
+@click.option("--key", help="Business key: scheduling a live key again returns the same schedule.")
+@click.option("--tenant", default=None, help="Tenant name (default: 'default').")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def schedule(
+    ctx: click.Context,
+    job_type: str,
+    delay: timedelta | None,
+    at: str | None,
+    timezone: str | None,
+    payload: str,
+    key: str | None,
+    tenant: str | None,
+    as_json: bool,
+) -> None:
+    """Schedule JOB_TYPE --in DURATION or --at TIME."""
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
+    with _app(ctx) as app:
+        s = app.schedule(
+            job_type, data, timezone=timezone, key=key, tenant=tenant, **_when(delay, at)
+        )
+        _print_schedule(s, as_json)
+
+
+@main.command()
+@click.argument("schedule_id")
+@click.pass_context
+def cancel(ctx: click.Context, schedule_id: str) -> None:
+    """Cancel a schedule (exit 1 if it was not scheduled or running)."""
+    with _app(ctx) as app:
+        cancelled = app.cancel(schedule_id)
+        click.echo("cancelled" if cancelled else "not cancelled: not scheduled or running")
+        sys.exit(0 if cancelled else 1)
+
+
+@main.command()
+@click.argument("schedule_id")
+@_when_options
+@click.option("--expected-version", type=int, help="Refuse if the schedule moved meanwhile.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def reschedule(
+    ctx: click.Context,
+    schedule_id: str,
+    delay: timedelta | None,
+    at: str | None,
+    timezone: str | None,
+    expected_version: int | None,
+    as_json: bool,
+) -> None:
+    """Move a schedule --in DURATION or --at TIME (its version goes up by one)."""
+    with _app(ctx) as app:
+        s = app.reschedule(
+            schedule_id,
+            timezone=timezone,
+            expected_version=expected_version,
+            **_when(delay, at),
+        )
+        _print_schedule(s, as_json)
+
+
+@main.command()
+@click.argument("schedule_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def show(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
+    """Show a schedule and its history."""
+    with _app(ctx) as app:
+        s = app.get(schedule_id)
+        events = app.history(schedule_id) if s else []
+        if s is None:
+            click.echo(f"error: no schedule {schedule_id}", err=True)
+            sys.exit(1)
+        if as_json:
+            out = {**_schedule_dict(s), "history": [_event_dict(e) for e in events]}
+            click.echo(json.dumps(out, default=str))
+            return
+        _print_schedule(s, as_json=False)
+        click.echo("history:")
+        for e in events:
+            detail = " ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
+            click.echo(f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {detail}")

@@ -1,0 +1,287 @@
+"""The long-running services and their one-pass forms: ``scheduler``, ``worker``,
+``reconcile``, ``stats``, ``prune``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+from datetime import timedelta
+
+import click
+
+from duejobs import metrics
+from duejobs.app import App
+from duejobs.cli.base import (
+    _PRUNE,
+    _RECONCILE,
+    _SCHEDULER,
+    _WORKER,
+    DURATION,
+    POSITIVE,
+    _app,
+    _checked,
+    _fail,
+    _operate,
+    _operations,
+    load_app,
+    main,
+    services,
+)
+from duejobs.errors import DuejobsError
+from duejobs.prune import PruneConfig, Pruner, PruneResult
+from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
+from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.stats import collect as collect_stats
+from duejobs.stats import render as render_stats
+from duejobs.timespec import spell_duration
+from duejobs.validation import check_queue
+from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
+
+
+@main.command()
+@click.option("--app", "app_ref", help="MODULE:APP whose queue to use (default: App()).")
+@click.option(
+    "--window",
+    type=DURATION,
+    default=spell_duration(_SCHEDULER.window),
+    show_default=True,
+    help="How far ahead to push.",
+)
+@click.option(
+    "--batch-size", default=_SCHEDULER.batch_size, show_default=True, help="Rows per claim."
+)
+@click.option(
+    "--poll-interval",
+    type=POSITIVE,
+    default=spell_duration(_SCHEDULER.poll_interval),
+    show_default=True,
+    help="Pause between passes.",
+)
+@click.option(
+    "--concurrency",
+    default=_SCHEDULER.concurrency,
+    show_default=True,
+    help="Parallel claim loops.",
+)
+@_operations
+@click.pass_context
+def scheduler(
+    ctx: click.Context,
+    app_ref: str | None,
+    window: timedelta,
+    batch_size: int,
+    poll_interval: timedelta,
+    concurrency: int,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+) -> None:
+    """Run the windowed scheduler until SIGTERM/SIGINT (then finish the batch and exit 0)."""
+    _operate(log_level, log_format, metrics_port)
+    with services(ctx.obj["data_dir"]):
+        app = load_app(app_ref) if app_ref else App()
+        try:
+            config = SchedulerConfig(
+                window=window,
+                batch_size=batch_size,
+                poll_interval=poll_interval,
+                concurrency=concurrency,
+            )
+            loop = Scheduler(app, config)
+        except DuejobsError as exc:
+            _fail(exc)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: loop.stop())
+        click.echo(f"duejobs scheduler: queue {app.queue!r}, window {window}", err=True)
+        loop.run()
+        loop.close()
+        app.close()
+
+
+@main.command()
+@click.option("--app", "app_ref", required=True, help="MODULE:APP with the handlers.")
+@click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
+@click.option(
+    "--queue",
+    "queues",
+    multiple=True,
+    help="RQ queue to take jobs from; repeat for several, in priority order (default: the App's).",
+)
+@click.option("--name", help="Worker name (default: host:pid).")
+@click.option(
+    "--lease",
+    type=POSITIVE,
+    default=spell_duration(_WORKER.lease),
+    show_default=True,
+    help="A running job's lease.",
+)
+@click.option(
+    "--heartbeat",
+    type=POSITIVE,
+    default=spell_duration(_WORKER.heartbeat),
+    show_default=True,
+    help="Between renewals (at most half the lease).",
+)
+@click.option(
+    "--timeout-grace",
+    type=POSITIVE,
+    default=spell_duration(_WORKER.timeout_grace),
+    show_default=True,
+    help="How long a handler past its timeout may take to return before the worker exits "
+    f"with status {EXIT_WEDGED} for its supervisor to restart it.",
+)
+@_operations
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    app_ref: str,
+    burst: bool,
+    queues: tuple[str, ...],
+    name: str | None,
+    lease: timedelta,
+    heartbeat: timedelta,
+    timeout_grace: timedelta,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+) -> None:
+    """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
+    _operate(log_level, log_format, metrics_port)
+    config = _checked(
+        lambda: WorkerConfig(lease=lease, heartbeat=heartbeat, timeout_grace=timeout_grace)
+    )
+    with services(ctx.obj["data_dir"]):
+        app = load_app(app_ref)
+        runtime = Runtime(app, config, name=name)
+        try:
+            rq_worker = DuejobsWorker(runtime, [check_queue(q) for q in queues], name=name)
+        except DuejobsError as exc:
+            _fail(exc)
+        rq_worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
+        runtime.close()
+        app.close()
+
+
+def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
+    data = dataclasses.asdict(result)
+    if as_json:
+        click.echo(json.dumps(data))
+        return
+    kinds = {
+        "repushed": "schedules without a live queue job, pushed again",
+        "overdue_repushed": "  of which overdue past the stuck threshold, job hash looked alive",
+        "rescued": "running attempts whose worker died, back to scheduled",
+        "failed": "running attempts whose worker died, attempts exhausted",
+        "orphans_removed": "queue jobs without a current schedule, removed",
+        "promoted": "deferred jobs whose time came, moved onto the queue",
+    }
+    click.echo(f"checked {result.checked} scheduled rows in the window")
+    for name, text_ in kinds.items():
+        click.echo(f"{data[name]:>8}  {text_}")
+
+
+@main.command()
+@click.option("--every", type=POSITIVE, help="Run a pass this often until SIGTERM/SIGINT: 5s.")
+@click.option(
+    "--window",
+    type=DURATION,
+    default=spell_duration(_RECONCILE.window),
+    show_default=True,
+    help="How far ahead to check.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
+@click.option(
+    "--stats-every",
+    type=POSITIVE,
+    default=spell_duration(metrics.GaugeRefresh.DEFAULT_EVERY),
+    show_default=True,
+    help="With --metrics-port: refresh the stats gauges at most this often.",
+)
+@_operations
+@click.pass_context
+def reconcile(
+    ctx: click.Context,
+    every: timedelta | None,
+    window: timedelta,
+    as_json: bool,
+    stats_every: timedelta,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
+) -> None:
+    """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds.
+
+    With --metrics-port, the figures of `duejobs stats` are exported after the first pass and
+    then at most every --stats-every: they count every live row (about 4 s at 5 million live
+    schedules), while a pass costs what the window holds."""
+    _operate(log_level, log_format, metrics_port)
+    with _app(ctx) as app:
+        reconciler = Reconciler(app, ReconcileConfig(window=window))
+        gauges = metrics.GaugeRefresh(lambda: collect_stats(app), stats_every)
+
+        def report(result: ReconcileResult) -> None:
+            _print_reconciled(result, as_json)
+            if metrics_port is not None:
+                gauges.maybe_refresh()
+
+        if every is None:
+            report(reconciler.run_once())
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: reconciler.stop())
+        reconciler.run(every, report=report)
+
+
+@main.command()
+@click.option(
+    "--since", type=POSITIVE, default="1h", show_default=True, help="How much history to read."
+)
+@click.option(
+    "--late-after", type=DURATION, default="1m", show_default=True, help="Overdue beyond: late."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def stats(ctx: click.Context, since: timedelta, late_after: timedelta, as_json: bool) -> None:
+    """Lag, late jobs, orphans and counts, overall and per tenant / type."""
+    with _app(ctx) as app:
+        figures = collect_stats(app, since=since, late_after=late_after)
+        click.echo(json.dumps(figures.as_dict()) if as_json else render_stats(figures))
+
+
+@main.command()
+@click.option(
+    "--older-than",
+    type=POSITIVE,
+    required=True,  # deleting is never implied
+    help=f"Age of finished schedules to delete, e.g. {spell_duration(_PRUNE.older_than)}.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=_PRUNE.batch_size,
+    show_default=True,
+    help="Rows per transaction.",
+)
+@click.option("--every", type=POSITIVE, help="Run a pass this often until SIGTERM/SIGINT: 1h.")
+@click.pass_context
+def prune(
+    ctx: click.Context, older_than: timedelta, batch_size: int, every: timedelta | None
+) -> None:
+    """Delete finished schedules (and their history) older than --older-than, in batches."""
+    config = _checked(lambda: PruneConfig(older_than=older_than, batch_size=batch_size))
+
+    def report(result: PruneResult) -> None:
+        click.echo(
+            f"pruned {result.deleted} finished schedules with their history in "
+            f"{result.seconds:.1f} s ({result.rate:,.0f} rows/s)"
+        )
+
+    with _app(ctx) as app:
+        pruner = Pruner(app, config)
+        if every is None:
+            report(pruner.run_once())
+            return
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: pruner.stop())
+        pruner.run(every, report=report)
