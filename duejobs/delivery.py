@@ -51,6 +51,8 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
+from duejobs.models import Delivery
+
 DEFAULT_QUEUE = "duejobs"
 log = logging.getLogger("duejobs.delivery")
 JOB_FUNCTION = "duejobs.worker.perform"
@@ -251,6 +253,13 @@ class Push:
     @property
     def job_id(self) -> str:
         return job_id(self.tenant, self.schedule_id, self.version, self.attempt)
+
+    @classmethod
+    def of(cls, row: Delivery, *, front: bool = False, stuck: bool = False) -> Push:
+        """The push of a delivery the store returned."""
+        return cls(
+            row.id, row.tenant, row.version, row.attempt, row.due_at, front, row.queue, stuck
+        )
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,21 @@ class Misfire(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class Delivery:
+    """One delivery of a schedule: which (schedule, version, attempt), from when, on which
+    RQ queue, under which job id. The store's claim and window pages return them, the
+    scheduler and the reconciler push them."""
+
+    id: uuid.UUID
+    tenant: str
+    version: int
+    attempt: int
+    due_at: datetime
+    queue_job_id: str
+    queue: str
+
+
+@dataclass(frozen=True)
 class Occurrence:
     """One occurrence to materialize: its instant and, in its zone, its wall time."""
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duejobs import metrics, store
@@ -151,11 +151,7 @@ class Reconciler:
                 rows = store.window_page(conn, self.config.window, after, self.config.batch_size)
                 now = store.database_now(conn)
                 since = now - self.config.stuck_after
-                pushes = [
-                    Push(r.id, r.tenant, r.version, r.attempt, r.due_at, queue=r.queue)
-                    for r in rows
-                ]
-                pushes = [replace(p, stuck=p.due_at < since) for p in pushes]
+                pushes = [Push.of(r, stuck=r.due_at < since) for r in rows]
                 result = self.deliverer.push(pushes, now)
                 lost = [r for r in rows if r.was_pushed and r.queue_job_id in result.created]
                 store.record_repushed(conn, lost)

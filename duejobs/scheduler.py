@@ -63,7 +63,6 @@ is the App's.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,6 +74,7 @@ from duejobs import metrics, recurring, store
 from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
 from duejobs.errors import ConfigurationError
+from duejobs.models import Delivery
 from duejobs.service import Loop, backoff
 
 log = logging.getLogger("duejobs.scheduler")
@@ -145,9 +145,7 @@ class Scheduler:
             claim = claim_due(conn, self.config.window, self.config.batch_size, after=self._cursor)
             self._cursor = claim.cursor
             rows = claim.rows
-            pushes = [
-                Push(r.id, r.tenant, r.version, r.attempt, r.due_at, r.front, r.queue) for r in rows
-            ]
+            pushes = [Push.of(r, front=r.front) for r in rows]
             if any(p.job_id != r.queue_job_id for p, r in zip(pushes, rows, strict=True)):
                 raise RuntimeError("queue job ids spelled differently by SQL and Python")
             result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback
@@ -264,18 +262,11 @@ def fair_shares(limit: int, wants: Sequence[int]) -> list[int]:
 
 
 @dataclass(frozen=True)
-class DueRow:
-    """A claimed row the scheduler is about to push, with its queue job id."""
+class DueRow(Delivery):
+    """A claimed row the scheduler is about to push."""
 
-    id: uuid.UUID
-    tenant: str
-    version: int
-    attempt: int
-    due_at: datetime
-    queue_job_id: str
     # Pushed to the front of the queue: the first row of a sparse tenant (see claim_due).
     front: bool = False
-    queue: str = "duejobs"
 
 
 @dataclass(frozen=True)
@@ -332,8 +323,8 @@ def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") 
             r.attempt,
             r.due_at,
             r.queue_job_id,
+            r.queue,
             front=r.turn == 1 and r.tenant in sparse,
-            queue=r.queue,
         )
         for r in store.claim_shares(conn, window, plan)
     ]

@@ -3,13 +3,13 @@ claim of each one's share (how the batch is shared is the scheduler's decision).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection
 
+from duejobs.models import Delivery
 from duejobs.store.execution import run
 
 
@@ -41,16 +41,9 @@ def walk_tenants(
 
 
 @dataclass(frozen=True)
-class ClaimedRow:
-    """A row claimed for pushing, with its queue job id and its turn within its tenant."""
+class ClaimedRow(Delivery):
+    """A row claimed for pushing, with its turn within its tenant."""
 
-    id: uuid.UUID
-    tenant: str
-    version: int
-    attempt: int
-    due_at: datetime
-    queue_job_id: str
-    queue: str
     turn: int  # 1 for the tenant's first row of the batch, 2 for its second, ...
 
 

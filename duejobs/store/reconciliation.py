@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import Connection
 
 from duejobs.models import (
+    Delivery,
     Status,
 )
 from duejobs.store.execution import run
@@ -18,17 +19,10 @@ from duejobs.store.execution import run
 
 
 @dataclass(frozen=True)
-class WindowRow:
+class WindowRow(Delivery):
     """A ``scheduled`` row inside the window, as the reconciler checks it against Redis."""
 
-    id: uuid.UUID
-    tenant: str
-    version: int
-    attempt: int
-    due_at: datetime
-    queue_job_id: str
-    was_pushed: bool
-    queue: str = "duejobs"
+    was_pushed: bool  # a scheduler had pushed it (else the reconciler is the first to)
 
 
 def window_page(
@@ -56,8 +50,8 @@ def window_page(
             r.attempt,
             r.due_at.astimezone(UTC),
             r.queue_job_id,
-            r.was_pushed,
             r.queue,
+            r.was_pushed,
         )
         for r in rows
     ]
