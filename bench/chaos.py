@@ -198,7 +198,7 @@ class _Cluster:
                 proc.wait(15)
 
 
-class _Servers:
+class Servers:
     """A PostgreSQL and a Redis of the run's own (the embedded ones, in a folder of its own),
     so that restarting them is real and touches nothing else. Both keep their address across
     a restart: PostgreSQL its socket, Redis its port."""
@@ -331,7 +331,7 @@ class _Faults:
     even a short run meets every kind."""
 
     def __init__(
-        self, cluster: _Cluster, servers: _Servers, r: redis.Redis, rng: random.Random
+        self, cluster: _Cluster, servers: Servers, r: redis.Redis, rng: random.Random
     ) -> None:
         self.cluster, self.servers, self.redis, self.rng = cluster, servers, r, rng
         self.kinds: dict[str, Callable[[], None]] = {
@@ -472,14 +472,14 @@ _VIOLATIONS = {
 def run_chaos(config: ChaosConfig, folder: Path | None = None) -> ChaosReport:
     """One seeded run on servers of its own under ``folder``; see the module docstring."""
     folder = folder or Path(tempfile.mkdtemp(prefix=f"duejobs-chaos-{config.seed}-"))
-    servers = _Servers(folder / "servers")
+    servers = Servers(folder / "servers")
     try:
         return _run(config, servers, folder)
     finally:
         servers.stop()
 
 
-def _run(config: ChaosConfig, servers: _Servers, logs: Path) -> ChaosReport:
+def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
     pg, redis_url = libpq_url(servers.database_url), servers.redis_url
     rng = random.Random(config.seed)
     report = ChaosReport(config.seed)

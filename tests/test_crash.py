@@ -25,7 +25,7 @@ import pytest
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from bench.chaos import _Servers
+from bench.chaos import Servers
 from duejobs import App, Status
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler
@@ -34,8 +34,8 @@ from tests.apps import EFFECTS_TABLE, register
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Servers]:
-    own = _Servers(tmp_path_factory.mktemp("crash"))
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    own = Servers(tmp_path_factory.mktemp("crash"))
     try:
         with psycopg.connect(own.database_url, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
@@ -50,7 +50,7 @@ def _note(ctx: Context, payload: Any) -> None:
     """A handler with no write of its own: its outcome is the worker's bookkeeping alone."""
 
 
-def _app(servers: _Servers) -> App:
+def _app(servers: Servers) -> App:
     app = register(App(database_url=servers.database_url, redis_url=servers.redis_url))
     app.handler("note")(_note)
     return app
@@ -70,7 +70,7 @@ def _work(app: App, durable: bool) -> None:
         runtime.close()
 
 
-def _acknowledged_then_crash(servers: _Servers, durable: bool, types: list[str]) -> list[uuid.UUID]:
+def _acknowledged_then_crash(servers: Servers, durable: bool, types: list[str]) -> list[uuid.UUID]:
     """Schedules run to an outcome RQ has been told of; then PostgreSQL crashes."""
     app = _app(servers)
     try:
@@ -97,7 +97,7 @@ def _states(app: App, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[Status, int
 
 
 def test_outcomes_committed_with_durable_bookkeeping_survive_a_postgresql_crash(
-    servers: _Servers,
+    servers: Servers,
 ) -> None:
     ids = _acknowledged_then_crash(servers, durable=True, types=["note"] * 20)
     app = _app(servers)
@@ -108,7 +108,7 @@ def test_outcomes_committed_with_durable_bookkeeping_survive_a_postgresql_crash(
 
 
 def test_outcomes_a_crash_loses_run_again_and_fenced_effects_stay_once(
-    servers: _Servers,
+    servers: Servers,
 ) -> None:
     ids = _acknowledged_then_crash(servers, durable=False, types=["record"] * 10 + ["note"] * 10)
     fenced, loose = ids[:10], ids[10:]
@@ -140,7 +140,7 @@ def test_outcomes_a_crash_loses_run_again_and_fenced_effects_stay_once(
 
 
 def test_a_worker_whose_redis_goes_away_between_two_jobs_keeps_working(
-    servers: _Servers,
+    servers: Servers,
 ) -> None:
     app = _app(servers)
     runtime = Runtime(app, _config(durable=True))

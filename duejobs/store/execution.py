@@ -6,6 +6,9 @@ same transaction the caller commits, without SQLAlchemy's per-execution work (ab
 statement, paid once or twice per job by the scheduler and the worker). Rows come back as
 named tuples. A psycopg error surfaces as SQLAlchemy's (``OperationalError``,
 ``IntegrityError``, ...) naming the statement, and a broken connection leaves the pool.
+
+What it does not do: SQLAlchemy's execution events (``before_cursor_execute``, an
+instrumentation hooked there) do not see these statements; instrument psycopg instead.
 """
 
 from __future__ import annotations
