@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
 from zoneinfo import ZoneInfo
 
 
@@ -153,6 +153,21 @@ class Delivery:
     due_at: datetime
     queue_job_id: str
     queue: str
+
+    @classmethod
+    def of(cls, row: Any, **more: Any) -> Self:
+        """One built from anything that carries a delivery's fields (a row, another
+        delivery), with the fields its own kind adds."""
+        return cls(
+            row.id,
+            row.tenant,
+            row.version,
+            row.attempt,
+            row.due_at.astimezone(UTC),
+            row.queue_job_id,
+            row.queue,
+            **more,
+        )
 
 
 @dataclass(frozen=True)

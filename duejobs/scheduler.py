@@ -316,16 +316,7 @@ def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") 
         return Claim([], now, throttled, cursor)
     sparse = {t.tenant for t in tenants if t.sparse}
     rows = [
-        DueRow(
-            r.id,
-            r.tenant,
-            r.version,
-            r.attempt,
-            r.due_at,
-            r.queue_job_id,
-            r.queue,
-            front=r.turn == 1 and r.tenant in sparse,
-        )
+        DueRow.of(r, front=r.turn == 1 and r.tenant in sparse)
         for r in store.claim_shares(conn, window, plan)
     ]
     return Claim(rows, now, throttled, cursor)

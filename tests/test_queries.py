@@ -44,11 +44,20 @@ def test_the_store_runs_every_statement_by_name() -> None:
     assert offending == []
 
 
-def test_fragments_are_each_rule_written_once() -> None:
-    sql = "\n".join(q.sql for q in QUERIES.values())
-    # the effective quota and the job id are spelled by their fragments only
-    assert sql.count("FROM tenant_quotas WHERE tenant = '*'") == sql.count("COALESCE((SELECT max_")
-    assert "live" in FRAGMENTS and "skip_verdict" in FRAGMENTS
+@pytest.mark.parametrize(
+    ("rule", "spelled"),
+    [
+        ("quota", "FROM tenant_quotas WHERE tenant = '*'"),
+        ("job_id", "'dj-' ||"),
+        ("skip_verdict", "THEN 'superseded'"),
+        ("created_detail", "jsonb_build_object('run_at', run_at)"),
+        ("run_at", "statement_timestamp() + CAST(:delay AS interval)"),
+    ],
+)
+def test_each_shared_rule_is_spelled_in_its_fragment_only(rule: str, spelled: str) -> None:
+    written = "\n".join(p.read_text() for p in (STORE / "sql").glob("*.sql"))
+    assert spelled in FRAGMENTS[rule] and spelled not in written
+    assert any(spelled in q.sql for q in QUERIES.values())  # and the queries do use it
 
 
 @pytest.mark.parametrize(

@@ -64,16 +64,4 @@ def claim_shares(
             "caps": [cap for _, _, cap in shares],
         },
     )
-    return [
-        ClaimedRow(
-            r.id,
-            r.tenant,
-            r.version,
-            r.attempt,
-            r.due_at.astimezone(UTC),
-            r.queue_job_id,
-            r.queue,
-            r.turn,
-        )
-        for r in rows
-    ]
+    return [ClaimedRow.of(r, turn=r.turn) for r in rows]

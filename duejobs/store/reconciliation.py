@@ -42,19 +42,7 @@ def window_page(
         "window_page",
         {"window": window, "after_due": after_due, "after_id": after_id, "limit": limit},
     )
-    return [
-        WindowRow(
-            r.id,
-            r.tenant,
-            r.version,
-            r.attempt,
-            r.due_at.astimezone(UTC),
-            r.queue_job_id,
-            r.queue,
-            r.was_pushed,
-        )
-        for r in rows
-    ]
+    return [WindowRow.of(r, was_pushed=r.was_pushed) for r in rows]
 
 
 def record_repushed(conn: Connection, rows: Sequence[WindowRow]) -> None:
