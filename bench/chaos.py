@@ -209,7 +209,7 @@ class Servers:
         engine = make_engine(sqlalchemy_url(self.database_url))
         upgrade(engine)
         engine.dispose()
-        self._redis_binary = EmbeddedRedis._binary()
+        self._redis_binary = EmbeddedRedis.binary()
         self._redis_dir = folder / "redis"
         self._redis_dir.mkdir(parents=True, exist_ok=True)
         with socket.socket() as sock:

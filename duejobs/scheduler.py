@@ -146,8 +146,6 @@ class Scheduler:
             self._cursor = claim.cursor
             rows = claim.rows
             pushes = [Push.of(r, front=r.front) for r in rows]
-            if any(p.job_id != r.queue_job_id for p, r in zip(pushes, rows, strict=True)):
-                raise RuntimeError("queue job ids spelled differently by SQL and Python")
             result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback
         return claim, result
 

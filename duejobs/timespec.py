@@ -14,6 +14,9 @@ Rules (documented in the README, relied upon by tests):
     first occurrence (``fold=0``, the earlier instant).
 * An aware ``run_at`` whose ``tzinfo`` is a ``ZoneInfo`` keeps that zone and its wall time as
   the original intent, as ``timezone=`` does.
+* ``jitter`` delays a schedule past ``run_at`` by a fixed share of it drawn from the schedule's
+  own id (:func:`jitter_offset`): never before the intended instant, and the same on every
+  re-push, reconcile or reschedule.
 
 One rule for range: every instant lies in ``[EARLIEST, LATEST)`` and every duration (delay,
 jitter, expiry, grace, backoff, timeout) is at most ``MAX_DURATION``, so every time derived
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import math
 import re
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -36,6 +40,7 @@ from duejobs.errors import (
     TimeSpecError,
     UnknownTimezoneError,
 )
+from duejobs.ids import random_share
 
 EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 LATEST = datetime(9000, 1, 1, tzinfo=UTC)
@@ -179,3 +184,9 @@ def spell_duration(value: timedelta) -> str:
     if ms:
         parts.append(f"{ms}ms")
     return "".join(parts)
+
+
+def jitter_offset(schedule_id: uuid.UUID, jitter: timedelta) -> timedelta:
+    """How far past ``run_at`` a schedule with ``jitter`` is due: a fixed share of it drawn
+    from the schedule's own id, spread over ``[0, jitter)``."""
+    return jitter * random_share(schedule_id) if jitter else jitter

@@ -166,7 +166,7 @@ _CLOSE_WITHIN = 5.0
 _AT_ONCE = datetime.fromtimestamp(0, UTC)
 
 
-class _Bookkeeping:
+class Bookkeeping:
     """The worker's own connection for claims and outcomes.
 
     Kept checked out (no pool round trip per job) and in autocommit: each bookkeeping step
@@ -213,14 +213,13 @@ class Runtime:
         self.config = config or WorkerConfig()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self._heartbeat = Heartbeat(self.core, self.config.heartbeat, self.config.lease)
-        self._db = _Bookkeeping(self.core, self.config)
-        # Set by handle() when the delivery came too early: the time to put it back for.
+        self.bookkeeping = Bookkeeping(self.core, self.config)
         # Runs ``async def`` handlers, one at a time, in this worker's thread.
         self._loop = asyncio.new_event_loop()
 
     def close(self) -> None:
         self._heartbeat.stop()
-        self._db.close()
+        self.bookkeeping.close()
         self._loop.close()
 
     @property
@@ -285,12 +284,12 @@ class Runtime:
         }
         if claim.skip is SkipReason.NOT_DUE:
             assert claim.due_at is not None
-            with self._db.connection() as conn:
+            with self.bookkeeping.connection() as conn:
                 store.record_deferred(conn, schedule_id, version, attempt)
             log.info("not due until %s: deferred", claim.due_at, extra=where)
             return Outcome.DEFERRED
         if claim.skip is SkipReason.EXPIRED:
-            with self._db.connection() as conn:
+            with self.bookkeeping.connection() as conn:
                 store.expire(conn, schedule_id, version)
         if claim.skip is not None:
             log.info("skipped: %s", claim.skip.value, extra=where)
@@ -397,7 +396,7 @@ class Runtime:
         own reading of how far away it is), then claims again."""
         give_up = time.monotonic() + self.config.max_early_wait.total_seconds()
         while True:
-            with self._db.connection() as conn:
+            with self.bookkeeping.connection() as conn:
                 claim = store.claim_run(
                     conn,
                     schedule_id=schedule_id,
@@ -444,7 +443,7 @@ class Runtime:
         retry_in: timedelta | None,
         conn: Connection | None,
     ) -> Outcome:
-        with contextlib.nullcontext(conn) if conn else self._db.connection() as conn:
+        with contextlib.nullcontext(conn) if conn else self.bookkeeping.connection() as conn:
             if store.finish(
                 conn,
                 ctx.schedule_id,
@@ -466,7 +465,7 @@ class Runtime:
         return Outcome.STALE
 
     def _stale(self, ctx: Context, reason: SkipReason) -> Outcome:
-        with self._db.connection() as conn:
+        with self.bookkeeping.connection() as conn:
             store.record_stale(conn, ctx.schedule_id, ctx.version, ctx.attempt, reason)
         return Outcome.STALE
 

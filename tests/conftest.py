@@ -24,12 +24,14 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from prometheus_client import REGISTRY
 from psycopg import sql
 from sqlalchemy import Engine, text
 
-from duejobs import App
+from duejobs import App, Schedule
 from duejobs.config import DATABASE_ENV, REDIS_ENV, libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
+from duejobs.delivery import Push
 from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig
@@ -262,3 +264,20 @@ def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.1)
+
+
+def job_id(tenant: str, schedule_id: uuid.UUID, version: int, attempt: int) -> str:
+    """A delivery's RQ job id as the README documents it."""
+    return f"dj-{tenant.replace('.', '_')}-{schedule_id.hex}-v{version}-a{attempt}"
+
+
+def push_of(s: Schedule, version: int = 1, attempt: int = 1) -> Push:
+    """A push of ``s`` at any version and attempt, as no claim would make it: a stray or
+    second copy of a delivery."""
+    spelled = job_id(s.tenant, s.id, version, attempt)
+    return Push(s.id, s.tenant, version, attempt, s.due_at, spelled)
+
+
+def sample(name: str, **labels: str) -> float:
+    """A metric's current value in this process, read as Prometheus would (0 if unset)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0

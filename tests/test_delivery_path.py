@@ -29,10 +29,10 @@ from sqlalchemy.exc import OperationalError
 
 from duejobs import App, EventKind, Status
 from duejobs.config import libpq_url
-from duejobs.delivery import Push, job_id
+from duejobs.delivery import parse_job_id
 from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
 from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
-from tests.conftest import System
+from tests.conftest import System, job_id, push_of
 
 
 def _kinds(system: System, schedule_id: uuid.UUID) -> list[str]:
@@ -137,17 +137,23 @@ def test_queue_job_carries_ids_and_version_never_the_payload(system: System) -> 
     assert job.args == [str(s.id), 1, 1, "default"] and job.origin == "duejobs"
 
 
-def test_job_ids_are_deterministic_and_valid_for_rq() -> None:
-    sid = uuid.UUID("12345678-1234-5678-1234-567812345678")
-    assert job_id("acme.com", sid, 3, 2) == "dj-acme_com-12345678123456781234567812345678-v3-a2"
-    assert job_id("acme.com", sid, 3, 2) == job_id("acme.com", sid, 3, 2)
-    assert job_id("acme", sid, 3, 2) != job_id("acme", sid, 4, 2)
+def test_job_ids_are_deterministic_and_valid_for_rq(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5), tenant="acme.com")
+    system.scheduler.run_once()
+    first = system.app.get(s.id)
+    assert first is not None and first.queue_job_id == f"dj-acme_com-{s.id.hex}-v1-a1"
+    system.app.reschedule(s.id, delay=timedelta(minutes=6))
+    system.scheduler.run_once()
+    moved = system.app.get(s.id)
+    assert moved is not None and moved.queue_job_id == f"dj-acme_com-{s.id.hex}-v2-a1"
+    assert parse_job_id(moved.queue_job_id) == (s.id, 2, 1)
+    assert parse_job_id("dj-acme_com-not-hex-v2-a1") is None
 
 
 def test_repushing_a_live_job_does_not_create_a_second_one(system: System) -> None:
     s = system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
-    push = Push(s.id, "default", 1, 1, s.due_at)
+    push = push_of(s)
     again = system.scheduler.deliverer.push([push, push], system.app.now())
     assert (again.queued, again.present) == (0, 2)
     assert system.scheduler.deliverer.queue.count == 1
@@ -239,7 +245,7 @@ def test_reschedule_earlier_runs_at_the_new_time(system: System) -> None:
 def test_stale_version_delivery_is_skipped_and_recorded(system: System) -> None:
     s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
     moved = system.app.reschedule(s.id, delay=0)
-    stale = Push(s.id, "default", 1, 1, s.due_at)
+    stale = push_of(s)
     system.scheduler.deliverer.push([stale], system.app.now() + timedelta(hours=1))
     outcome = system.runtime.handle(s.id, 1, 1, "default")
     assert outcome is Outcome.SKIPPED
@@ -262,7 +268,7 @@ def test_same_delivery_pushed_twice_applies_one_effect(system: System) -> None:
 
 def test_not_due_delivery_waits_for_the_database_clock(system: System) -> None:
     s = system.app.schedule("record", {}, delay=timedelta(seconds=0.4))
-    early = Push(s.id, "default", 1, 1, s.due_at)
+    early = push_of(s)
     system.scheduler.deliverer.push([early], system.app.now() + timedelta(hours=1))  # forced early
     outcome = system.runtime.handle(s.id, 1, 1, "default")
     assert outcome is Outcome.SUCCEEDED

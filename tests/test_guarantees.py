@@ -42,14 +42,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, text
 
-from duejobs import App, EventKind, ScheduleRequest, Status, metrics
-from duejobs.delivery import Push
+from duejobs import App, EventKind, ScheduleRequest, Status
 from duejobs.errors import DatabaseUnavailableError
 from duejobs.reconcile import Reconciler, orphan_jobs
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.worker import Context, DuejobsWorker, Runtime, WorkerConfig
 from tests.apps import register
-from tests.conftest import System, wait_for
+from tests.conftest import System, push_of, sample, wait_for
+
+FAILED = "duejobs_scheduler_failed_passes_total"
 
 
 def _write_effect(conn: Connection, ctx: Context) -> None:
@@ -288,7 +289,7 @@ def test_a_waiting_job_of_a_finished_schedule_is_an_orphan(system: System) -> No
     stored = system.app.get(s.id)
     assert stored is not None
     # A stray job of the same (schedule, version) left waiting: its version still matches.
-    leftover = Push(s.id, stored.tenant, stored.version, 2, stored.due_at)
+    leftover = push_of(stored, stored.version, 2)
     system.scheduler.deliverer.push([leftover], system.app.now())
     assert list(orphan_jobs(system.app)) == [leftover.job_id]
     assert Reconciler(system.app).run_once().orphans_removed == 1
@@ -326,12 +327,12 @@ def test_the_scheduler_backs_off_up_to_its_cap_through_an_outage(
         poll_interval=timedelta(milliseconds=10), max_backoff=timedelta(milliseconds=80)
     )
     scheduler = Scheduler(dead, config)
-    failed_before = metrics.FAILED_PASSES._value.get()
+    failed_before = sample(FAILED)
     dead.schedule("record", {}, delay=0)  # something to push, so the pass reaches Redis
     thread = threading.Thread(target=scheduler.run)
     with caplog.at_level(logging.WARNING, logger="duejobs.scheduler"):
         thread.start()
-        wait_for(lambda: metrics.FAILED_PASSES._value.get() >= failed_before + 6, 20, "passes")
+        wait_for(lambda: sample(FAILED) >= failed_before + 6, 20, "passes")
         scheduler.stop()
         thread.join(10)
     waits = [float(r.args[2]) for r in caplog.records if "retrying in" in r.msg]  # type: ignore[index]
@@ -404,7 +405,7 @@ def test_durable_bookkeeping_decides_whether_the_workers_commits_wait_for_the_di
 ) -> None:
     runtime = Runtime(app, WorkerConfig(durable_bookkeeping=durable))
     try:
-        with runtime._db.connection() as conn:
+        with runtime.bookkeeping.connection() as conn:
             assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == expected
     finally:
         runtime.close()

@@ -25,12 +25,11 @@ from sqlalchemy import text
 from duejobs import App, Status, recurring, stats, store
 from duejobs.delivery import WORKER_PREFIX
 from duejobs.errors import ConfigurationError
-from duejobs.metrics import FAILED_PASSES, OVERDUE_REPUSHED
 from duejobs.reconcile import ReconcileConfig, Reconciler
 from duejobs.scheduler import Scheduler
 from duejobs.worker import EXIT_WEDGED, Context, Outcome, Runtime, WorkerConfig
 from tests.apps import record, register
-from tests.conftest import Proc, System, wait_for
+from tests.conftest import Proc, System, sample, wait_for
 from tests.test_processes import WORKER
 
 JOB_PREFIX = "rq:job:"
@@ -114,11 +113,11 @@ def test_a_row_overdue_past_the_threshold_is_repushed_whatever_its_job_hash_says
             "UPDATE scheduled_jobs SET due_at = due_at - interval '1 minute' "
             f"WHERE id = '{schedule_id}'"
         )
-    before = OVERDUE_REPUSHED._value.get()
+    before = sample("duejobs_overdue_repushed_total")
     assert _without_job(system) == 1
     result = Reconciler(system.app).run_once()
     assert (result.repushed, result.overdue_repushed) == (1, 1)
-    assert OVERDUE_REPUSHED._value.get() == before + 1
+    assert sample("duejobs_overdue_repushed_total") == before + 1
     assert system.redis.llen(_queue_key(system) + ":intermediate") == 0
     system.work()
     assert system.status(schedule_id) == "succeeded"
@@ -266,7 +265,7 @@ def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
         monkeypatch.setattr(store, "rescue_expired", fails_once)
         service = Reconciler(system.app)
         run = functools.partial(service.run, timedelta(milliseconds=50))
-    failed_before = FAILED_PASSES._value.get()
+    failed_before = sample("duejobs_scheduler_failed_passes_total")
     s = system.app.schedule("record", {}, delay=0)
     thread = threading.Thread(target=run)
     thread.start()
@@ -277,7 +276,7 @@ def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
         thread.join(10)
     assert calls["n"] >= 2
     if loop == "scheduler":
-        assert FAILED_PASSES._value.get() == failed_before + 1
+        assert sample("duejobs_scheduler_failed_passes_total") == failed_before + 1
 
 
 def test_a_schedule_due_long_ago_is_pushed_again_after_redis_loses_it(system: System) -> None:

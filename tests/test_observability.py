@@ -7,43 +7,33 @@ import socket
 import urllib.request
 from collections.abc import Callable
 
-from prometheus_client import REGISTRY
-
-from tests.conftest import Proc, System, wait_for
-
-
-def _sample(name: str, **labels: str) -> float:
-    return REGISTRY.get_sample_value(name, labels) or 0.0
+from tests.conftest import Proc, System, sample, wait_for
 
 
 def test_worker_counts_outcomes_and_observes_lag_by_type(system: System) -> None:
-    before_ok = _sample(
+    before_ok = sample(
         "duejobs_deliveries_total", tenant="acme", type="record", outcome="succeeded"
     )
-    before_skip = _sample(
+    before_skip = sample(
         "duejobs_deliveries_total", tenant="acme", type="record", outcome="skipped"
     )
-    before_lag = _sample("duejobs_lag_seconds_count", tenant="acme", type="record")
+    before_lag = sample("duejobs_lag_seconds_count", tenant="acme", type="record")
     ids = [system.app.schedule("record", {}, delay=0, tenant="acme").id for _ in range(3)]
     system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
     system.runtime.handle(ids[0], 1, 1, "acme")  # a duplicate delivery
-    after_ok = _sample(
-        "duejobs_deliveries_total", tenant="acme", type="record", outcome="succeeded"
-    )
+    after_ok = sample("duejobs_deliveries_total", tenant="acme", type="record", outcome="succeeded")
     assert after_ok - before_ok == 3
-    after_skip = _sample(
-        "duejobs_deliveries_total", tenant="acme", type="record", outcome="skipped"
-    )
+    after_skip = sample("duejobs_deliveries_total", tenant="acme", type="record", outcome="skipped")
     assert after_skip - before_skip == 1
-    assert _sample("duejobs_lag_seconds_count", tenant="acme", type="record") - before_lag == 3
+    assert sample("duejobs_lag_seconds_count", tenant="acme", type="record") - before_lag == 3
 
 
 def test_scheduler_counts_what_it_pushed(system: System) -> None:
-    before = _sample("duejobs_scheduler_pushed_total", where="queue")
+    before = sample("duejobs_scheduler_pushed_total", where="queue")
     for _ in range(4):
         system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
-    assert _sample("duejobs_scheduler_pushed_total", where="queue") - before == 4
+    assert sample("duejobs_scheduler_pushed_total", where="queue") - before == 4
 
 
 def _free_port() -> int:

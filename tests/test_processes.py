@@ -24,10 +24,11 @@ from duejobs import App
 from duejobs.config import sqlalchemy_url
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DatabaseUnavailableError
-from duejobs.metrics import FAILED_PASSES
 from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig
-from tests.conftest import Proc, wait_for
+from tests.conftest import Proc, sample, wait_for
+
+FAILED = "duejobs_scheduler_failed_passes_total"
 
 
 def _count(app: App, sql: str) -> int:
@@ -183,7 +184,7 @@ def _pushed(app: App, ids: list[object]) -> bool:
 
 
 def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_url: str) -> None:
-    binary = EmbeddedRedis._binary()
+    binary = EmbeddedRedis.binary()
     port = _free_port()
 
     def start_redis() -> subprocess.Popen[bytes]:
@@ -206,9 +207,9 @@ def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_u
             server.wait()
             with pytest.raises(redis.ConnectionError):  # the outage is real
                 redis.Redis(port=port).ping()
-            failed = FAILED_PASSES._value.get()
+            failed = sample(FAILED)
             during = [local.schedule("record", {}, delay=0).id for _ in range(5)]
-            wait_for(lambda: FAILED_PASSES._value.get() >= failed + 3, 20, "failed passes")
+            wait_for(lambda: sample(FAILED) >= failed + 3, 20, "failed passes")
             assert thread.is_alive()
             assert not any(local.get(i).queue_job_id for i in during)  # type: ignore[union-attr]
             server = start_redis()
@@ -263,8 +264,8 @@ def test_scheduler_survives_a_postgresql_restart(
             stop_postgres(holder)  # the last user leaves: the server shuts down
             with pytest.raises(DatabaseUnavailableError):  # the outage is real
                 local.schedule("record", {}, delay=0)
-            failed = FAILED_PASSES._value.get()
-            wait_for(lambda: FAILED_PASSES._value.get() >= failed + 3, 20, "failed passes")
+            failed = sample(FAILED)
+            wait_for(lambda: sample(FAILED) >= failed + 3, 20, "failed passes")
             assert thread.is_alive()
             holder, url2 = start_postgres()
             assert sqlalchemy_url(url2) == local.settings.database_url

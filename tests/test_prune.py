@@ -16,9 +16,8 @@ from sqlalchemy import text
 
 from duejobs import store
 from duejobs.errors import ConfigurationError
-from duejobs.metrics import PRUNE_FAILED_PASSES
 from duejobs.prune import PruneConfig, Pruner, PruneResult
-from tests.conftest import System
+from tests.conftest import System, sample
 
 
 def _age(system: System, schedule_id: object, status: str, days: int) -> None:
@@ -112,7 +111,7 @@ def test_a_failed_prune_pass_is_counted_and_the_loop_goes_on(
 
     monkeypatch.setattr(store, "prune_finished", fails_once)
     pruner = Pruner(system.app)
-    failed_before = PRUNE_FAILED_PASSES._value.get()
+    failed_before = sample("duejobs_pruner_failed_passes_total")
     passes: list[PruneResult] = []
 
     def report(result: PruneResult) -> None:
@@ -123,7 +122,7 @@ def test_a_failed_prune_pass_is_counted_and_the_loop_goes_on(
     thread.start()
     thread.join(20)
     assert not thread.is_alive() and passes == [PruneResult(0, 1, passes[0].seconds)]
-    assert PRUNE_FAILED_PASSES._value.get() == failed_before + 1
+    assert sample("duejobs_pruner_failed_passes_total") == failed_before + 1
 
 
 @pytest.mark.parametrize(

@@ -17,12 +17,10 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 
 from duejobs import EventKind, Status, store
-from duejobs.delivery import Push
 from duejobs.errors import ConfigurationError
-from duejobs.metrics import RECONCILE_FAILED_PASSES
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.worker import Runtime, WorkerConfig
-from tests.conftest import Proc, System, wait_for
+from tests.conftest import Proc, System, push_of, sample, wait_for
 from tests.test_processes import SCHEDULER
 
 
@@ -82,7 +80,7 @@ with app.engine.begin() as conn:
     claim = claim_due(conn, timedelta(minutes=15), 1000)
     rows, now = claim.rows, claim.db_now
     if sys.argv[1] == "after-push":
-        pushes = [Push(r.id, r.tenant, r.version, r.attempt, r.due_at) for r in rows]
+        pushes = [Push.of(r) for r in rows]
         app.deliverer().push(pushes, now)
     print(len(rows), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # the transaction never commits
@@ -242,7 +240,7 @@ def test_stale_pushes_of_an_old_attempt_are_not_orphans_while_the_row_is_current
     s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
     system.scheduler.run_once()
     # Same version, another attempt: the worker skips it as a duplicate; not removed here.
-    system.scheduler.deliverer.push([Push(s.id, "default", 1, 7, s.due_at)], system.app.now())
+    system.scheduler.deliverer.push([push_of(s, 1, 7)], system.app.now())
     assert Reconciler(system.app).run_once().orphans_removed == 0
 
 
@@ -289,10 +287,10 @@ def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(
         reported.append(result)
         reconciler.stop()
 
-    failed_before = RECONCILE_FAILED_PASSES._value.get()
+    failed_before = sample("duejobs_reconciler_failed_passes_total")
     with caplog.at_level(logging.INFO, logger="duejobs.reconcile"):
         reconciler.run(timedelta(milliseconds=10), report=report)
-    assert RECONCILE_FAILED_PASSES._value.get() == failed_before + 2
+    assert sample("duejobs_reconciler_failed_passes_total") == failed_before + 2
     assert "reconcile recovered after 2 failed passes" in caplog.messages
     assert len(reported) == 1  # the two failed passes report nothing; the third does
     assert isinstance(reported[0], ReconcileResult) and reported[0].checked == 0

@@ -10,7 +10,8 @@ from sqlalchemy import Connection
 
 from duejobs.ids import id_stream
 from duejobs.store.execution import copying, database_now, meanwhile, run
-from duejobs.store.schedules import NewRow, _jitter_offset
+from duejobs.store.schedules import NewRow
+from duejobs.timespec import jitter_offset
 
 # Bulk scheduling: rows are streamed with COPY into a session-local staging table, then moved
 # with one INSERT ... SELECT (database clock for delays, key conflicts skipped) that also
@@ -58,7 +59,7 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
             when = r.when
             run_at = when.run_at if when.delay is None else db_now + when.delay
             assert run_at is not None  # a When holds a delay or an instant
-            offset = _jitter_offset(uuid.UUID(bytes=raw), r.jitter) if r.jitter else r.jitter
+            offset = jitter_offset(uuid.UUID(bytes=raw), r.jitter) if r.jitter else r.jitter
             copy.write_row(
                 (
                     raw,
@@ -140,7 +141,7 @@ def _insert_staged(
             r.payload_json,
             r.when.run_at,
             r.when.delay,
-            _jitter_offset(sid, r.jitter),
+            jitter_offset(sid, r.jitter),
             r.expires_after,
             r.max_attempts,
             r.when.timezone,

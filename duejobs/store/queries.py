@@ -63,9 +63,9 @@ FRAGMENTS = {
         "WHEN version <> :version THEN 'superseded' "
         "WHEN status <> :current_status OR attempts <> :current_attempts THEN 'duplicate' END"
     ),
-    # The queue job id of a row's next attempt, as duejobs.delivery.job_id spells it (a test
-    # holds the two spellings equal); computed here so that claiming and marking a batch is
-    # one UPDATE.
+    # The queue job id of a row's next attempt: its only spelling (duejobs.delivery pushes the
+    # id it finds on the row and only parses ids back). Computed here so that claiming and
+    # marking a batch is one UPDATE.
     "job_id": (
         "'dj-' || replace({0}.tenant, '.', '_') || '-' || replace(CAST({0}.id AS text), '-', '') "
         "|| '-v' || {0}.version || '-a' || ({0}.attempts + 1)"

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from duejobs.ids import new_id, random_share
+from duejobs.ids import new_id
 from duejobs.models import (
     Event,
     EventKind,
@@ -17,7 +17,7 @@ from duejobs.models import (
     Status,
 )
 from duejobs.store.execution import _utc, run, run_one
-from duejobs.timespec import When
+from duejobs.timespec import When, jitter_offset
 
 
 def _schedule(m: Any) -> Schedule:
@@ -69,21 +69,15 @@ class NewRow:
     queue: str = "duejobs"
 
 
-def _jitter_offset(schedule_id: uuid.UUID, jitter: timedelta) -> timedelta:
-    """A fixed share of ``jitter`` drawn from the schedule's own id: the same on every re-push,
-    reconcile or reschedule, spread over ``[0, jitter)``."""
-    return jitter * random_share(schedule_id)
-
-
 def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
     """Create a schedule, or return the live one holding ``key``; (schedule, created).
 
-    With ``jitter``, the schedule is due at ``run_at`` plus a fixed share of it drawn from its
-    own id: after the intended instant, never before."""
+    With ``jitter``, the schedule is due at ``run_at`` plus
+    :func:`~duejobs.timespec.jitter_offset`."""
     schedule_id = new_id()
     params = {
         "id": schedule_id,
-        "jitter_offset": _jitter_offset(schedule_id, new.jitter),
+        "jitter_offset": jitter_offset(schedule_id, new.jitter),
         "expires_after": new.expires_after,
         "max_attempts": new.max_attempts,
         "tenant": new.tenant,
