@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 from redis.connection import parse_url
 from sqlalchemy.engine import make_url
@@ -17,6 +18,26 @@ from duejobs.errors import ConfigurationError
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
+
+
+def check_count(name: str, value: object, low: int, high: int) -> None:
+    """Refuse a count knob outside ``low..high``, naming it (services validate their
+    configs with this, so every refusal reads the same)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigurationError(f"{name} must be {low}..{high}, got {value!r}")
+
+
+def check_duration(
+    name: str, value: object, *, zero_ok: bool = False, at_most: timedelta | None = None
+) -> None:
+    """Refuse a duration knob that is not a timedelta, is negative (or zero, unless
+    ``zero_ok``) or is longer than ``at_most``, naming it."""
+    if not isinstance(value, timedelta):
+        raise ConfigurationError(f"{name} must be a timedelta, got {value!r}")
+    if value < timedelta(0) or (value == timedelta(0) and not zero_ok):
+        raise ConfigurationError(f"{name} must be {'>=' if zero_ok else '>'} 0, got {value}")
+    if at_most is not None and value > at_most:
+        raise ConfigurationError(f"{name} must be at most {at_most}, got {value}")
 
 
 _SECRET_PARAMETERS = ("password", "sslpassword", "passfile", "sslkey")

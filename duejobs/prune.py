@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from duejobs import metrics, store
+from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
-from duejobs.errors import ConfigurationError
 from duejobs.service import Loop
 
 log = logging.getLogger("duejobs.prune")
@@ -48,10 +48,8 @@ class PruneConfig:
     batch_size: int = DEFAULT_BATCH_SIZE
 
     def __post_init__(self) -> None:
-        if self.older_than <= timedelta(0):
-            raise ConfigurationError(f"older_than must be > 0, got {self.older_than}")
-        if not 1 <= self.batch_size <= 100_000:
-            raise ConfigurationError(f"batch_size must be 1..100000, got {self.batch_size}")
+        check_duration("older_than", self.older_than)
+        check_count("batch_size", self.batch_size, 1, 100_000)
 
 
 @dataclass(frozen=True)

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from duejobs import metrics, store
+from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
-from duejobs.errors import ConfigurationError
 from duejobs.models import Status
 from duejobs.service import Loop
 
@@ -63,12 +63,9 @@ class ReconcileConfig:
     stuck_after: timedelta = STUCK_AFTER
 
     def __post_init__(self) -> None:
-        if self.window < timedelta(0):
-            raise ConfigurationError(f"window must be >= 0, got {self.window}")
-        if not 1 <= self.batch_size <= 100_000:
-            raise ConfigurationError(f"batch_size must be 1..100000, got {self.batch_size}")
-        if self.stuck_after <= timedelta(0):
-            raise ConfigurationError(f"stuck_after must be > 0, got {self.stuck_after}")
+        check_duration("window", self.window, zero_ok=True)
+        check_count("batch_size", self.batch_size, 1, 100_000)
+        check_duration("stuck_after", self.stuck_after)
 
 
 @dataclass(frozen=True)

@@ -71,9 +71,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from duejobs import metrics, recurring, store
+from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
-from duejobs.errors import ConfigurationError
 from duejobs.models import Delivery
 from duejobs.service import Loop, backoff
 
@@ -92,14 +92,11 @@ class SchedulerConfig:
     concurrency: int = 2
 
     def __post_init__(self) -> None:
-        if not 1 <= self.batch_size <= 10_000:
-            raise ConfigurationError(f"batch_size must be 1..10000, got {self.batch_size}")
-        if not 1 <= self.concurrency <= 16:
-            raise ConfigurationError(f"concurrency must be 1..16, got {self.concurrency}")
-        if self.window < timedelta(0) or self.poll_interval <= timedelta(0):
-            raise ConfigurationError("window must be >= 0 and poll_interval > 0")
-        if self.throttled_poll_interval <= timedelta(0):
-            raise ConfigurationError("throttled_poll_interval must be > 0")
+        check_count("batch_size", self.batch_size, 1, 10_000)
+        check_count("concurrency", self.concurrency, 1, 16)
+        check_duration("window", self.window, zero_ok=True)
+        for name in ("poll_interval", "throttled_poll_interval", "max_backoff"):
+            check_duration(name, getattr(self, name))
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from duejobs import metrics, store
+from duejobs.config import check_duration
 from duejobs.context import Context
 from duejobs.core import Core, HasCore
 from duejobs.delivery import STUCK_AFTER, Delivered, Deliverer, DuejobsWorker
@@ -103,6 +104,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("duejobs.worker")
+_MINUTE = timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -122,17 +124,12 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         for name in ("lease", "heartbeat", "timeout_grace", "claim_lock_timeout"):
-            value = getattr(self, name)
-            if not isinstance(value, timedelta) or value <= timedelta(0):
-                raise ConfigurationError(f"{name} must be a positive timedelta, got {value!r}")
+            check_duration(name, getattr(self, name))
+        check_duration("max_early_wait", self.max_early_wait, zero_ok=True, at_most=_MINUTE)
         if self.heartbeat * 2 > self.lease:
             raise ConfigurationError(
                 f"heartbeat ({self.heartbeat}) must be at most half the lease ({self.lease}), "
                 "or a slow handler can lose its lease between two beats"
-            )
-        if not timedelta(0) <= self.max_early_wait <= timedelta(minutes=1):
-            raise ConfigurationError(
-                f"max_early_wait must be between 0 and 1 minute, got {self.max_early_wait}"
             )
         if self.claim_lock_timeout >= STUCK_AFTER:
             raise ConfigurationError(

@@ -28,6 +28,10 @@ from duejobs.errors import (
     TimeSpecError,
     UnknownTimezoneError,
 )
+from duejobs.prune import PruneConfig
+from duejobs.reconcile import ReconcileConfig
+from duejobs.scheduler import SchedulerConfig
+from duejobs.worker import WorkerConfig
 
 
 @pytest.fixture
@@ -245,3 +249,31 @@ def test_handler_durations_may_be_given_in_seconds(app: App) -> None:
     assert registered.retry.backoff_cap == timedelta(seconds=10)
     with pytest.raises(ValueError, match="timeout"):
         app.handler("words", timeout="soon")(lambda ctx, payload: None)  # type: ignore[arg-type]
+
+
+_SECOND = timedelta(seconds=1)
+
+
+@pytest.mark.parametrize(
+    ("config", "knobs", "named"),
+    [
+        (SchedulerConfig, {"batch_size": 0}, "batch_size must be 1..10000, got 0"),
+        (SchedulerConfig, {"batch_size": True}, "batch_size must be 1..10000, got True"),
+        (SchedulerConfig, {"concurrency": 17}, "concurrency must be 1..16"),
+        (SchedulerConfig, {"window": -_SECOND}, "window must be >= 0"),
+        (SchedulerConfig, {"poll_interval": timedelta(0)}, "poll_interval must be > 0"),
+        (SchedulerConfig, {"throttled_poll_interval": 0.1}, "throttled_poll_interval must be a"),
+        (SchedulerConfig, {"max_backoff": -_SECOND}, "max_backoff must be > 0"),
+        (ReconcileConfig, {"batch_size": 100_001}, "batch_size must be 1..100000"),
+        (ReconcileConfig, {"stuck_after": timedelta(0)}, "stuck_after must be > 0"),
+        (PruneConfig, {"older_than": "30d"}, "older_than must be a timedelta"),
+        (WorkerConfig, {"claim_lock_timeout": timedelta(0)}, "claim_lock_timeout must be > 0"),
+        (WorkerConfig, {"max_early_wait": -_SECOND}, "max_early_wait must be >= 0"),
+        (WorkerConfig, {"max_early_wait": 61 * _SECOND}, "max_early_wait must be at most"),
+    ],
+)
+def test_every_service_config_refuses_a_knob_that_cannot_work_naming_it(
+    config: Callable[..., object], knobs: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        config(**knobs)

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import click
 
 from duejobs.app import UNSET, Unset
-from duejobs.cli.base import DURATION, _app, main
+from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, _app, main
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
 
 
@@ -37,22 +37,19 @@ def _print_recurring(r: Recurring) -> None:
     click.echo(json.dumps(data, default=str))
 
 
-_TENANT = click.option("--tenant", default=None, help="Tenant name (default: 'default').")
-
-
 @recurring.command("set")
 @click.argument("name")
 @click.option("--cron", required=True, help="Cron expression, e.g. '0 9 * * MON-FRI'.")
 @click.option("--type", "job_type", required=True, help="Job type of each occurrence.")
 @click.option("--tz", "timezone", default="UTC", show_default=True, help="IANA zone.")
-@click.option("--payload", default="{}", show_default=True, help="JSON payload.")
+@click.option("--payload", type=JSON_TEXT, default="{}", show_default=True, help="JSON payload.")
 @click.option("--dst-gap", type=click.Choice([g.value for g in DstGap]), default="shift")
 @click.option("--dst-overlap", type=click.Choice([o.value for o in DstOverlap]), default="once")
 @click.option("--misfire", type=click.Choice([m.value for m in Misfire]), default="latest")
 @click.option(
     "--grace", type=DURATION, default="0s", show_default=True, help="Late by less: on time."
 )
-@_TENANT
+@TENANT_OPTION
 @click.pass_context
 def recurring_set(
     ctx: click.Context,
@@ -60,7 +57,7 @@ def recurring_set(
     cron: str,
     job_type: str,
     timezone: str,
-    payload: str,
+    payload: object,
     dst_gap: str,
     dst_overlap: str,
     misfire: str,
@@ -68,17 +65,13 @@ def recurring_set(
     tenant: str | None,
 ) -> None:
     """Create or replace the recurring schedule NAME."""
-    try:
-        data = json.loads(payload)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
     with _app(ctx) as app:
         _print_recurring(
             app.recurring(
                 name,
                 cron=cron,
                 type=job_type,
-                payload=data,
+                payload=payload,
                 timezone=timezone,
                 tenant=tenant,
                 dst_gap=dst_gap,
@@ -91,7 +84,7 @@ def recurring_set(
 
 @recurring.command("show")
 @click.argument("name")
-@_TENANT
+@TENANT_OPTION
 @click.pass_context
 def recurring_show(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Show the recurring schedule NAME (exit 1 if there is none)."""
@@ -105,7 +98,7 @@ def recurring_show(ctx: click.Context, name: str, tenant: str | None) -> None:
 
 @recurring.command("pause")
 @click.argument("name")
-@_TENANT
+@TENANT_OPTION
 @click.pass_context
 def recurring_pause(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Pause NAME: its occurrences not yet run are cancelled."""
@@ -115,7 +108,7 @@ def recurring_pause(ctx: click.Context, name: str, tenant: str | None) -> None:
 
 @recurring.command("resume")
 @click.argument("name")
-@_TENANT
+@TENANT_OPTION
 @click.pass_context
 def recurring_resume(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Resume NAME from its next occurrence after now."""
@@ -125,7 +118,7 @@ def recurring_resume(ctx: click.Context, name: str, tenant: str | None) -> None:
 
 @recurring.command("delete")
 @click.argument("name")
-@_TENANT
+@TENANT_OPTION
 @click.pass_context
 def recurring_delete(ctx: click.Context, name: str, tenant: str | None) -> None:
     """Delete NAME (exit 1 if there is none); occurrences keep their history."""

@@ -4,6 +4,7 @@ duration flags, one-line errors, the services' defaults read from their configs.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -22,7 +23,7 @@ from duejobs.errors import DuejobsError
 from duejobs.prune import PruneConfig
 from duejobs.reconcile import ReconcileConfig
 from duejobs.scheduler import SchedulerConfig
-from duejobs.timespec import parse_duration
+from duejobs.timespec import parse_duration, spell_duration
 from duejobs.worker import WorkerConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -87,6 +88,35 @@ _SCHEDULER, _WORKER, _RECONCILE, _PRUNE = (
 )
 DURATION = Duration()
 POSITIVE = Duration(positive=True)
+
+
+def duration_option(
+    flag: str, default: timedelta, help: str, *, zero_ok: bool = False
+) -> Callable[[F], F]:
+    """A duration flag whose default is a config's, shown as the CLI spells durations."""
+    kind = DURATION if zero_ok else POSITIVE
+    default_text = spell_duration(default)
+    return click.option(flag, type=kind, default=default_text, show_default=True, help=help)
+
+
+TENANT_OPTION = click.option("--tenant", default=None, help="Tenant name (default: 'default').")
+
+
+class JSONText(_ParamType):
+    """A flag holding JSON text (a payload), handed to the command decoded."""
+
+    name = "json"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value)
+        except ValueError as exc:
+            self.fail(f"not JSON: {exc}", param, ctx)
+
+
+JSON_TEXT = JSONText()
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
 

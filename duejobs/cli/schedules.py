@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from duejobs.cli.base import DURATION, F, _app, main
+from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app, main
 from duejobs.models import Event, Schedule
 
 
@@ -69,9 +69,15 @@ def _when(delay: timedelta | None, at: str | None) -> dict[str, Any]:
 @main.command()
 @click.argument("job_type")
 @_when_options
-@click.option("--payload", default="{}", show_default=True, help="JSON payload (ids, not copies).")
+@click.option(
+    "--payload",
+    type=JSON_TEXT,
+    default="{}",
+    show_default=True,
+    help="JSON payload (ids, not copies).",
+)
 @click.option("--key", help="Business key: scheduling a live key again returns the same schedule.")
-@click.option("--tenant", default=None, help="Tenant name (default: 'default').")
+@TENANT_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def schedule(
@@ -80,19 +86,15 @@ def schedule(
     delay: timedelta | None,
     at: str | None,
     timezone: str | None,
-    payload: str,
+    payload: object,
     key: str | None,
     tenant: str | None,
     as_json: bool,
 ) -> None:
     """Schedule JOB_TYPE --in DURATION or --at TIME."""
-    try:
-        data = json.loads(payload)
-    except ValueError as exc:
-        raise click.BadParameter(f"not JSON: {exc}", param_hint="--payload") from exc
     with _app(ctx) as app:
         s = app.schedule(
-            job_type, data, timezone=timezone, key=key, tenant=tenant, **_when(delay, at)
+            job_type, payload, timezone=timezone, key=key, tenant=tenant, **_when(delay, at)
         )
         _print_schedule(s, as_json)
 

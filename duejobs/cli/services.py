@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Protocol, TypeVar
 
 import click
 
@@ -24,6 +26,7 @@ from duejobs.cli.base import (
     _fail,
     _operate,
     _operations,
+    duration_option,
     load_app,
     main,
     services,
@@ -38,25 +41,50 @@ from duejobs.timespec import spell_duration
 from duejobs.validation import check_queue
 from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
 
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+class _Pass(Protocol[R_co]):
+    """A service the CLI runs once or on a cadence (the reconciler, the pruner)."""
+
+    def run_once(self) -> R_co: ...
+
+    def run(self, every: timedelta, report: Callable[[R_co], None] | None = None) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _stop_on_signals(stop: Callable[[], None]) -> None:
+    """SIGTERM and SIGINT ask a loop to stop after the pass under way."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop())
+
+
+def _once_or_every(service: _Pass[R], every: timedelta | None, report: Callable[[R], None]) -> None:
+    """One pass, or a pass every ``every`` until SIGTERM/SIGINT."""
+    if every is None:
+        report(service.run_once())
+        return
+    _stop_on_signals(service.stop)
+    service.run(every, report=report)
+
 
 @main.command()
 @click.option("--app", "app_ref", help="MODULE:APP whose queue to use (default: App()).")
-@click.option(
+@duration_option(
     "--window",
-    type=DURATION,
-    default=spell_duration(_SCHEDULER.window),
-    show_default=True,
-    help="How far ahead to push.",
+    _SCHEDULER.window,
+    "How far ahead to push.",
+    zero_ok=True,
 )
 @click.option(
     "--batch-size", default=_SCHEDULER.batch_size, show_default=True, help="Rows per claim."
 )
-@click.option(
+@duration_option(
     "--poll-interval",
-    type=POSITIVE,
-    default=spell_duration(_SCHEDULER.poll_interval),
-    show_default=True,
-    help="Pause between passes.",
+    _SCHEDULER.poll_interval,
+    "Pause between passes.",
 )
 @click.option(
     "--concurrency",
@@ -91,8 +119,7 @@ def scheduler(
             loop = Scheduler(app, config)
         except DuejobsError as exc:
             _fail(exc)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: loop.stop())
+        _stop_on_signals(loop.stop)
         click.echo(f"duejobs scheduler: queue {app.queue!r}, window {window}", err=True)
         loop.run()
         loop.close()
@@ -109,26 +136,20 @@ def scheduler(
     help="RQ queue to take jobs from; repeat for several, in priority order (default: the App's).",
 )
 @click.option("--name", help="Worker name (default: host:pid).")
-@click.option(
+@duration_option(
     "--lease",
-    type=POSITIVE,
-    default=spell_duration(_WORKER.lease),
-    show_default=True,
-    help="A running job's lease.",
+    _WORKER.lease,
+    "A running job's lease.",
 )
-@click.option(
+@duration_option(
     "--heartbeat",
-    type=POSITIVE,
-    default=spell_duration(_WORKER.heartbeat),
-    show_default=True,
-    help="Between renewals (at most half the lease).",
+    _WORKER.heartbeat,
+    "Between renewals (at most half the lease).",
 )
-@click.option(
+@duration_option(
     "--timeout-grace",
-    type=POSITIVE,
-    default=spell_duration(_WORKER.timeout_grace),
-    show_default=True,
-    help="How long a handler past its timeout may take to return before the worker exits "
+    _WORKER.timeout_grace,
+    "How long a handler past its timeout may take to return before the worker exits "
     f"with status {EXIT_WEDGED} for its supervisor to restart it.",
 )
 @_operations
@@ -183,20 +204,17 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
 
 @main.command()
 @click.option("--every", type=POSITIVE, help="Run a pass this often until SIGTERM/SIGINT: 5s.")
-@click.option(
+@duration_option(
     "--window",
-    type=DURATION,
-    default=spell_duration(_RECONCILE.window),
-    show_default=True,
-    help="How far ahead to check.",
+    _RECONCILE.window,
+    "How far ahead to check.",
+    zero_ok=True,
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
-@click.option(
+@duration_option(
     "--stats-every",
-    type=POSITIVE,
-    default=spell_duration(metrics.GaugeRefresh.DEFAULT_EVERY),
-    show_default=True,
-    help="With --metrics-port: refresh the stats gauges at most this often.",
+    metrics.GaugeRefresh.DEFAULT_EVERY,
+    "With --metrics-port: refresh the stats gauges at most this often.",
 )
 @_operations
 @click.pass_context
@@ -225,12 +243,7 @@ def reconcile(
             if metrics_port is not None:
                 gauges.maybe_refresh()
 
-        if every is None:
-            report(reconciler.run_once())
-            return
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: reconciler.stop())
-        reconciler.run(every, report=report)
+        _once_or_every(reconciler, every, report)
 
 
 @main.command()
@@ -279,9 +292,4 @@ def prune(
 
     with _app(ctx) as app:
         pruner = Pruner(app, config)
-        if every is None:
-            report(pruner.run_once())
-            return
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: pruner.stop())
-        pruner.run(every, report=report)
+        _once_or_every(pruner, every, report)

@@ -14,9 +14,10 @@ instrumentation hooked there) do not see these statements; instrument psycopg in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql as pgsql
@@ -128,6 +129,28 @@ def _surfaced(
 
 def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC)
+
+
+T = TypeVar("T")
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def record(cls: type[T], row: Any, **converted: Any) -> T:
+    """A ``cls`` dataclass from the row's columns of the same names, instants in UTC;
+    ``converted`` gives the fields whose column needs more than that (an enum, say)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    values = dict(converted)
+    for name in names:
+        if name not in values:
+            value = getattr(row, name)
+            if isinstance(value, datetime) and value.tzinfo is not None:
+                value = value.astimezone(UTC)
+            values[name] = value
+    return cls(**values)
 
 
 def database_now(conn: Connection) -> datetime:

@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
@@ -20,31 +20,19 @@ from duejobs.models import (
     RecurringSpec,
     RecurringStatus,
 )
-from duejobs.store.execution import run, run_one
+from duejobs.store.execution import record, run, run_one
 
 # -- recurring schedules ---------------------------------------------------------------------
 
 
 def _recurring(m: Any) -> Recurring:
-    return Recurring(
-        id=m.id,
-        tenant=m.tenant,
-        name=m.name,
-        type=m.type,
-        payload=m.payload,
-        cron=m.cron,
-        timezone=m.timezone,
+    return record(
+        Recurring,
+        m,
         dst_gap=DstGap(m.dst_gap),
         dst_overlap=DstOverlap(m.dst_overlap),
         misfire=Misfire(m.misfire),
-        grace=m.grace,
         status=RecurringStatus(m.status),
-        version=m.version,
-        next_run_at=m.next_run_at.astimezone(UTC),
-        created_at=m.created_at.astimezone(UTC),
-        updated_at=m.updated_at.astimezone(UTC),
-        queue=m.queue,
-        last_error=m.last_error,
     )
 
 

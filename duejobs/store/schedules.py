@@ -16,32 +16,12 @@ from duejobs.models import (
     Schedule,
     Status,
 )
-from duejobs.store.execution import _utc, run, run_one
+from duejobs.store.execution import record, run, run_one
 from duejobs.timespec import When, jitter_offset
 
 
 def _schedule(m: Any) -> Schedule:
-    return Schedule(
-        id=m.id,
-        tenant=m.tenant,
-        type=m.type,
-        key=m.key,
-        payload=m.payload,
-        run_at=m.run_at.astimezone(UTC),
-        due_at=m.due_at.astimezone(UTC),
-        timezone=m.timezone,
-        local_run_at=m.local_run_at,
-        status=Status(m.status),
-        queue_job_id=m.queue_job_id,
-        version=m.version,
-        attempts=m.attempts,
-        last_error=m.last_error,
-        created_at=m.created_at.astimezone(UTC),
-        updated_at=m.updated_at.astimezone(UTC),
-        started_at=_utc(m.started_at),
-        finished_at=_utc(m.finished_at),
-        queue=m.queue,
-    )
+    return record(Schedule, m, status=Status(m.status))
 
 
 def _when_params(when: When) -> dict[str, Any]:
