@@ -13,7 +13,7 @@ import platform
 import sys
 import time
 
-from bench import bulk, fairness, lag, scheduler_throughput, worker_throughput
+from bench import bulk, concurrency, fairness, lag, scheduler_throughput, worker_throughput
 from bench.common import Figure, scratch_database
 
 
@@ -29,7 +29,7 @@ def main() -> int:
         f"Python {platform.python_version()})",
         flush=True,
     )
-    modules = (scheduler_throughput, worker_throughput, lag, fairness, bulk)
+    modules = (scheduler_throughput, worker_throughput, concurrency, lag, fairness, bulk)
     chosen = sys.argv[1:]
     with scratch_database() as (database_url, redis_url):
         for module in modules:

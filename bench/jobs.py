@@ -11,9 +11,16 @@ import redis
 import duejobs
 from duejobs.worker import Context
 
+NAP_SECONDS = 0.05
+
 
 def noop(*args: Any) -> None:
     """The bare RQ job: does nothing."""
+
+
+def nap(*args: Any) -> None:
+    """The bare RQ job standing for a network call: 50 ms of waiting."""
+    time.sleep(NAP_SECONDS)
 
 
 def stamp(target: float) -> None:
@@ -27,6 +34,12 @@ def _noop_handler(ctx: Context, payload: Any) -> None:
     """The duejobs handler: nothing but duejobs' own bookkeeping around it."""
 
 
+def _nap_handler(ctx: Context, payload: Any) -> None:
+    """The duejobs handler standing for a network call."""
+    time.sleep(NAP_SECONDS)
+
+
 app = duejobs.App() if os.environ.get("DUEJOBS_DATABASE_URL") else None
 if app is not None:
     app.handler("noop")(_noop_handler)
+    app.handler("nap")(_nap_handler)

@@ -36,12 +36,18 @@ from duejobs.delivery import Deliverer
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.handlers import Handler
 
+# SQLAlchemy's default pool: 5 kept, 10 more lent at a peak.
+POOL_SIZE, POOL_OVERFLOW = 5, 10
 
-def make_engine(database_url: str) -> Engine:
+
+def make_engine(database_url: str, pool_size: int = POOL_SIZE) -> Engine:
     """An engine whose sessions speak UTC and notice dropped connections before use."""
     # connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
     engine = create_engine(
-        database_url, connect_args={"options": "-c timezone=UTC", "connect_timeout": 10}
+        database_url,
+        connect_args={"options": "-c timezone=UTC", "connect_timeout": 10},
+        pool_size=pool_size,
+        max_overflow=POOL_OVERFLOW,
     )
     event.listen(engine, "checkout", _discard_if_closed_by_server)
     return engine
@@ -86,6 +92,16 @@ class Core:
         if self._deliverer is None:
             self._deliverer = Deliverer(Redis.from_url(self.settings.require_redis()), self.queue)
         return self._deliverer
+
+    def ensure_pool(self, connections: int) -> None:
+        """Let the engine lend ``connections`` at once without waiting (a worker's slots each
+        hold one for bookkeeping and may open one for a ``ctx.transaction()``): an engine
+        whose pool is smaller is replaced by a larger one, the old one closed."""
+        if connections <= POOL_SIZE + POOL_OVERFLOW:
+            return
+        old = self.engine
+        self.engine = make_engine(self.settings.database_url, connections)
+        old.dispose()
 
     def handler_for(self, job_type: str) -> Handler | None:
         """The registration for ``job_type`` (no copy: the worker asks once per job)."""

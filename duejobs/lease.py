@@ -11,6 +11,7 @@ up on a row lock after a second: the handler's own ``ctx.transaction()`` may hol
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import signal
 import threading
@@ -42,15 +43,16 @@ class Watched:
 
 
 class Heartbeat:
-    """One thread per worker that renews the lease of the attempt running now — until the
-    handler's timeout plus ``timeout_grace`` has passed. Then it renews no more and calls the
-    attempt's ``overrun`` (which closes the attempt and ends the process): a handler that
-    swallows its timeout can neither keep its lease nor keep the worker."""
+    """One thread per worker that renews the leases of the attempts running now — each until
+    its handler's timeout plus ``timeout_grace`` has passed. Then it renews that one no more
+    and calls its ``overrun`` (which closes the attempt and, unless other slots of the worker
+    can still work, ends the process): a handler that swallows its timeout can neither keep
+    its lease nor keep the worker."""
 
     def __init__(self, core: Core, every: timedelta, lease: timedelta) -> None:
         self._core = core
         self._every, self._lease = every, lease
-        self._current: Watched | None = None
+        self._watched: dict[int, Watched] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -58,56 +60,54 @@ class Heartbeat:
         self._thread.start()
 
     @contextlib.contextmanager
-    def watching(self, watched: Watched) -> Iterator[None]:
+    def watching(self, watched: Watched) -> Iterator[Watched]:
+        """Renew ``watched``'s lease while the block runs; the heartbeat sets ``fired`` on it
+        if it gave up on the attempt (its ``overrun`` ran)."""
         with self._lock:
-            self._current = watched
+            self._watched[id(watched)] = watched
         self._wake.set()  # time the first renewal from this claim, not from the last beat
         try:
-            yield
+            yield watched
         finally:
             with self._lock:
-                self._current = None
-                fired = watched.fired
-            if fired:  # the heartbeat is closing this attempt and ending the process
-                threading.Event().wait()
+                self._watched.pop(id(watched), None)
+
+    def _next_wait(self, beat: float) -> float:
+        with self._lock:
+            dues = [min(w.renewed_at + beat, w.give_up_at) for w in self._watched.values()]
+        return max(0.0, min(dues) - time.monotonic()) if dues else beat
 
     def _run(self) -> None:
         beat = self._every.total_seconds()
         while not self._stop.is_set():
-            with self._lock:
-                current = self._current
-            wait = beat
-            if current is not None:
-                due = min(current.renewed_at + beat, current.give_up_at)
-                wait = max(0.0, due - time.monotonic())
-            self._wake.wait(wait)
+            self._wake.wait(self._next_wait(beat))
             self._wake.clear()
-            with self._lock:
-                current = self._current
-                now = time.monotonic()
-                if self._stop.is_set() or current is None:
-                    continue
-                if now >= current.give_up_at:
-                    current.fired = True
-                elif now < current.renewed_at + beat:
-                    continue
-            if current.fired:
-                current.overrun()
+            if self._stop.is_set():
                 return
-            current.renewed_at = now
-            try:
-                with self._core.engine.begin() as conn:
-                    # never hang behind the handler's own ctx.transaction()
-                    store.bounded_locks(conn)
-                    store.extend_lease(
-                        conn,
-                        current.schedule_id,
-                        current.version,
-                        current.attempt,
-                        self._lease,
-                    )
-            except Exception:  # keep beating; the next beat may reach the database
-                log.warning("could not renew the lease of %s", current.schedule_id, exc_info=True)
+            now = time.monotonic()
+            with self._lock:
+                overrun = [w for w in self._watched.values() if now >= w.give_up_at]
+                due = [w for w in self._watched.values() if now >= w.renewed_at + beat]
+                for watched in overrun:
+                    watched.fired = True
+                    del self._watched[id(watched)]
+            for watched in overrun:
+                watched.overrun()
+            for watched in due:
+                if not watched.fired:
+                    watched.renewed_at = now
+                    self._renew(watched)
+
+    def _renew(self, watched: Watched) -> None:
+        try:
+            with self._core.engine.begin() as conn:
+                # never hang behind the handler's own ctx.transaction()
+                store.bounded_locks(conn)
+                store.extend_lease(
+                    conn, watched.schedule_id, watched.version, watched.attempt, self._lease
+                )
+        except Exception:  # keep beating; the next beat may reach the database
+            log.warning("could not renew the lease of %s", watched.schedule_id, exc_info=True)
 
     def stop(self) -> None:
         self._stop.set()
@@ -117,18 +117,29 @@ class Heartbeat:
 @contextlib.contextmanager
 def time_limit(limit: timedelta) -> Iterator[None]:
     """Raise :class:`HandlerTimeoutError` in the handler after ``limit``, and again every
-    second until it returns (main thread only; the heartbeat's deadline covers the rest)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    second until it returns.
 
+    In the main thread a ``SIGALRM`` timer raises it, interrupting even a blocking call. In a
+    worker slot (another thread) it is set as the thread's pending exception, which Python
+    raises at the handler's next bytecode: a handler blocked inside one long C call (a
+    ``time.sleep``, a socket read without a timeout) sees it only when that call returns, and
+    the heartbeat's deadline covers the rest."""
+    message = f"handler ran past its timeout of {limit.total_seconds():g} s"
+    if threading.current_thread() is threading.main_thread():
+        with _alarm(limit, message):
+            yield
+    else:
+        with _pending_exception(limit, message):
+            yield
+
+
+@contextlib.contextmanager
+def _alarm(limit: timedelta, message: str) -> Iterator[None]:
     armed = True
 
     def expire(signum: int, frame: Any) -> None:
         if armed:
-            raise HandlerTimeoutError(
-                f"handler ran past its timeout of {limit.total_seconds():g} s"
-            )
+            raise HandlerTimeoutError(message)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, limit.total_seconds(), 1.0)
@@ -140,6 +151,51 @@ def time_limit(limit: timedelta) -> Iterator[None]:
                 armed = False
                 signal.setitimer(signal.ITIMER_REAL, 0)
                 signal.signal(signal.SIGALRM, previous)
+                break
+            except HandlerTimeoutError:
+                continue
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    """Make ``exc`` the thread's pending exception (None: clear one not yet raised)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
+
+
+@contextlib.contextmanager
+def _pending_exception(limit: timedelta, message: str) -> Iterator[None]:
+    # Python raises a pending exception by calling its class without arguments.
+    timed_out = type(
+        "HandlerTimeoutError",
+        (HandlerTimeoutError,),
+        {"__init__": lambda self: HandlerTimeoutError.__init__(self, message)},
+    )
+    target = threading.get_ident()
+    lock = threading.Lock()
+    done = threading.Event()
+    armed = True
+
+    def expire() -> None:
+        wait = limit.total_seconds()
+        while not done.wait(wait):
+            with lock:
+                if not armed:
+                    return
+                _set_async_exc(target, timed_out)
+            wait = 1.0
+
+    timer = threading.Thread(target=expire, name="duejobs-time-limit", daemon=True)
+    timer.start()
+    try:
+        yield
+    finally:
+        while True:  # an exception landing in here must not leave another pending
+            try:
+                with lock:
+                    armed = False
+                    done.set()
+                    _set_async_exc(target, None)
                 break
             except HandlerTimeoutError:
                 continue

@@ -14,8 +14,8 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
 3. **Runs the handler** with ``ctx`` (ids, version, attempt, ``effect_key``, ``run_at``, and
    the payload read from the row now) under the type's timeout, while a heartbeat thread
    extends the lease so the reconciler can tell a slow handler from a dead worker. An
-   ``async def`` handler runs to completion on an event loop the worker owns (one at a time;
-   ``ctx``'s methods are synchronous and may be called from it).
+   ``async def`` handler runs to completion on an event loop of its slot (``ctx``'s methods
+   are synchronous and may be called from it).
 
    **Hard time limits.** At the timeout :class:`~duejobs.errors.HandlerTimeoutError` — a
    ``BaseException``, so ``except Exception`` cannot swallow it — is raised in the handler,
@@ -25,6 +25,14 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    and the worker process exits with status 70 (``EXIT_WEDGED``) for its supervisor to start
    a fresh one (compose ``restart: unless-stopped``, systemd ``Restart=always``); if the
    database cannot be reached then, the lease expires and the reconciler rescues the row.
+
+   **Slots** (``concurrency`` N > 1: each delivery in a thread of the worker's pool, see
+   :class:`~duejobs.delivery.DuejobsWorker`). A thread cannot be interrupted from outside: a
+   sync handler gets the timeout at its next Python instruction (not inside a blocking call,
+   see :func:`~duejobs.lease.time_limit`); an ``async def`` one is cancelled at its timeout.
+   A handler still running ``timeout_grace`` later is given up as above — attempt closed,
+   lease released, whatever it does afterwards recorded ``stale`` by the fence — but only its
+   slot waits for it: the process exits with ``EXIT_WEDGED`` once every slot is given up.
 4. **Closes the attempt** only if it is still current: ``succeeded``; or, on an exception,
    another attempt after exponential backoff with full jitter (``run_at`` is never touched;
    ``due_at`` and the attempt row carry the retry time), or ``failed`` with ``last_error``
@@ -51,12 +59,13 @@ under its own id, without using an attempt.
 
 Knobs (:class:`WorkerConfig`, checked when built): ``lease`` (20 s), ``heartbeat`` (5 s, at
 most half the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: set True
-to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeout`` (2 s).
+to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeout`` (2 s),
+``concurrency`` (1: deliveries one at a time, in the main thread; the App's connection pool
+grows to two connections per slot).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import enum
 import inspect
@@ -66,7 +75,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -75,9 +84,9 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from duejobs import metrics, store
-from duejobs.config import check_duration
+from duejobs.config import check_count, check_duration
 from duejobs.context import Context
-from duejobs.core import Core, HasCore
+from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Delivered, Deliverer, DuejobsWorker
 from duejobs.errors import (
     ConfigurationError,
@@ -89,6 +98,7 @@ from duejobs.errors import (
 from duejobs.handlers import Handler
 from duejobs.lease import Heartbeat, Watched, time_limit
 from duejobs.models import Status
+from duejobs.slots import Bookkeeping, EventLoops, lock_busy
 from duejobs.store import SkipReason
 
 # DuejobsWorker (the RQ side) lives in duejobs.delivery; it is named here too, beside the
@@ -105,6 +115,8 @@ __all__ = [
 
 log = logging.getLogger("duejobs.worker")
 _MINUTE = timedelta(minutes=1)
+# Slots per process: past this, more processes serve better than more threads.
+MAX_CONCURRENCY = 512
 
 
 @dataclass(frozen=True)
@@ -121,8 +133,10 @@ class WorkerConfig:
     durable_bookkeeping: bool = False
     timeout_grace: timedelta = timedelta(seconds=10)
     claim_lock_timeout: timedelta = timedelta(seconds=2)
+    concurrency: int = 1
 
     def __post_init__(self) -> None:
+        check_count("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
         for name in ("lease", "heartbeat", "timeout_grace", "claim_lock_timeout"):
             check_duration(name, getattr(self, name))
         check_duration("max_early_wait", self.max_early_wait, zero_ok=True, at_most=_MINUTE)
@@ -148,11 +162,6 @@ class Outcome(enum.StrEnum):
     STALE = "stale"
 
 
-def _lock_busy(exc: DBAPIError) -> bool:
-    """The statement gave up waiting for a row lock (``lock_timeout``)."""
-    return getattr(exc.orig, "sqlstate", None) == "55P03"
-
-
 # The exit status of a worker that ended itself because a handler would not return.
 EXIT_WEDGED = 70
 # How long the watchdog tries to record a timed-out attempt before the process ends anyway.
@@ -163,45 +172,6 @@ _CLOSE_WITHIN = 5.0
 _AT_ONCE = datetime.fromtimestamp(0, UTC)
 
 
-class Bookkeeping:
-    """The worker's own connection for claims and outcomes.
-
-    Kept checked out (no pool round trip per job) and in autocommit: each bookkeeping step
-    is one statement, so it commits without BEGIN/COMMIT round trips. A broken connection is
-    dropped, the error surfaces (RQ records the job as failed, the row stays for the
-    reconciler), and the next job opens a new one.
-    """
-
-    def __init__(self, core: Core, config: WorkerConfig) -> None:
-        self._core = core
-        self._config = config
-        self._conn: Connection | None = None
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[Connection]:
-        if self._conn is None or self._conn.invalidated or self._conn.closed:
-            self._conn = self._core.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            # A row lock held by an application's open transaction must not hold the worker.
-            store.bookkeeping_session(
-                self._conn, self._config.claim_lock_timeout, self._config.durable_bookkeeping
-            )
-        try:
-            yield self._conn
-        except DBAPIError as exc:
-            if not _lock_busy(exc):  # the connection is fine after a lock timeout
-                self.close()
-            raise
-
-    def close(self) -> None:
-        """Discard the connection rather than return it to the App's pool: its session
-        settings (no fsync, a short lock timeout) must not reach anyone else's transactions."""
-        if self._conn is not None:
-            with contextlib.suppress(DBAPIError):
-                self._conn.invalidate()
-                self._conn.close()
-            self._conn = None
-
-
 class Runtime:
     """Handles deliveries for one App: the logic of the worker, without RQ around it."""
 
@@ -209,15 +179,25 @@ class Runtime:
         self.core = app.core
         self.config = config or WorkerConfig()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        # Each slot's bookkeeping connection plus a ctx.transaction() of its handler at once.
+        self.core.ensure_pool(2 * self.config.concurrency + 2)
         self._heartbeat = Heartbeat(self.core, self.config.heartbeat, self.config.lease)
-        self.bookkeeping = Bookkeeping(self.core, self.config)
-        # Runs ``async def`` handlers, one at a time, in this worker's thread.
-        self._loop = asyncio.new_event_loop()
+        self.bookkeeping = Bookkeeping(
+            self.core, self.config.claim_lock_timeout, self.config.durable_bookkeeping
+        )
+        self._loops = EventLoops()
+        # Slots whose handler ran past its timeout and grace and has not returned.
+        self._wedged = 0
+        self._wedged_lock = threading.Lock()
 
     def close(self) -> None:
         self._heartbeat.stop()
         self.bookkeeping.close()
-        self._loop.close()
+        self._loops.close()
+
+    @property
+    def concurrency(self) -> int:
+        return self.config.concurrency
 
     @property
     def redis_url(self) -> str:
@@ -243,7 +223,7 @@ class Runtime:
         try:
             claim = self._claim(schedule_id, version, attempt, tenant)
         except DBAPIError as exc:
-            if not _lock_busy(exc):
+            if not lock_busy(exc):
                 raise
             # Someone holds the row (an open application transaction): try again shortly,
             # under the same id, without using an attempt.
@@ -318,7 +298,7 @@ class Runtime:
             schedule_id, version, attempt, give_up, lambda: self._overrun(ctx, handler, where)
         )
         try:
-            with self._heartbeat.watching(watched), time_limit(handler.timeout):
+            with self._heartbeat.watching(watched), self._given_up(watched):
                 self._invoke(handler, ctx, claim.payload)
         except ScheduleChangedError as exc:
             log.info("changed while running: %s", exc.reason, extra=where)
@@ -333,23 +313,32 @@ class Runtime:
         return self._close(ctx, Status.SUCCEEDED)
 
     def _invoke(self, handler: Handler, ctx: Context, payload: Any) -> None:
-        """Call the handler; an ``async def`` one (or any awaitable it returns) runs to
-        completion on this worker's event loop — never a success without a run."""
-        result = handler.func(ctx, payload)
-        if not inspect.isawaitable(result):
+        """Call the handler under its time limit; an ``async def`` one (or any awaitable it
+        returns) runs to completion on this slot's event loop. In a slot of a concurrent
+        worker an ``async def`` handler is cancelled at its timeout instead (see
+        :func:`~duejobs.lease.time_limit` for what a sync one gets)."""
+        if _in_slot() and inspect.iscoroutinefunction(handler.func):
+            self._loops.run(handler.func(ctx, payload), handler.timeout)
             return
-        task = self._loop.create_task(_awaited(result))
+        with time_limit(handler.timeout):
+            result = handler.func(ctx, payload)
+            if inspect.isawaitable(result):
+                self._loops.run(result)
+
+    @contextlib.contextmanager
+    def _given_up(self, watched: Watched) -> Iterator[None]:
+        """After a handler the heartbeat gave up on (its ``overrun`` closed the attempt):
+        with one slot, the process is ending — wait for it; with several, the slot is free
+        again, and what the handler did next finds its attempt closed (``stale``)."""
         try:
-            self._loop.run_until_complete(task)
+            yield
         finally:
-            # Nothing of this attempt may run on into the next one: the handler's task if
-            # the timeout struck, and any task it left behind.
-            leftover = asyncio.all_tasks(self._loop)
-            for pending in leftover:
-                pending.cancel()
-            if leftover:
-                with contextlib.suppress(BaseException):
-                    self._loop.run_until_complete(asyncio.wait(leftover, timeout=1))
+            if watched.fired:
+                if self.config.concurrency == 1:
+                    threading.Event().wait()
+                with self._wedged_lock:
+                    self._wedged -= 1
+                log.warning("a handler given up on returned; its slot works again")
 
     def _failed(
         self, conn: Connection | None, ctx: Context, handler: Handler, error: str
@@ -383,6 +372,12 @@ class Runtime:
         closing = threading.Thread(target=close, name="duejobs-timed-out", daemon=True)
         closing.start()
         closing.join(_CLOSE_WITHIN)  # an unreachable database must not keep the process
+        with self._wedged_lock:
+            self._wedged += 1
+            left = self.config.concurrency - self._wedged
+        if left > 0:
+            log.error("%s; its slot waits for it (%d slots work)", error, left, extra=where)
+            return
         log.critical("%s; the worker exits (status %d)", error, EXIT_WEDGED, extra=where)
         os._exit(EXIT_WEDGED)
 
@@ -428,7 +423,7 @@ class Runtime:
             try:
                 return self._close_once(ctx, outcome, error, retry_in, conn)
             except DBAPIError as exc:
-                if conn is not None or not _lock_busy(exc) or time.monotonic() > give_up:
+                if conn is not None or not lock_busy(exc) or time.monotonic() > give_up:
                     raise
                 log.info("row %s is locked; recording the outcome again", ctx.schedule_id)
 
@@ -467,8 +462,9 @@ class Runtime:
         return Outcome.STALE
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
+def _in_slot() -> bool:
+    """Running in a slot of a concurrent worker (not the main thread)."""
+    return threading.current_thread() is not threading.main_thread()
 
 
 def perform(schedule_id: str, version: int, attempt: int, tenant: str) -> str:

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -86,6 +89,54 @@ def stubborn_fenced(ctx: Context, payload: Any) -> None:
         stubborn(ctx, payload)
 
 
+# Handlers that meet: each arrives in its group and waits (up to `wait` seconds, 10 by
+# default) until `parties` have arrived, so a group succeeds only if that many run at once in
+# this process.
+_ARRIVED: collections.Counter[str] = collections.Counter()
+_ARRIVED_LOCK = threading.Lock()
+
+
+def _arrive(payload: Any) -> tuple[str, int, float]:
+    with _ARRIVED_LOCK:
+        _ARRIVED[payload["group"]] += 1
+    give_up = time.monotonic() + float(payload.get("wait", 10))
+    return payload["group"], int(payload["parties"]), give_up
+
+
+def _all_here(group: str, parties: int, give_up: float) -> bool:
+    if time.monotonic() > give_up:
+        raise RuntimeError(f"only {_ARRIVED[group]} of {parties} handlers ran at once")
+    return _ARRIVED[group] >= parties
+
+
+def meet(ctx: Context, payload: Any) -> None:
+    """A sync handler that waits for its group, then records."""
+    waiting = _arrive(payload)
+    while not _all_here(*waiting):
+        time.sleep(0.01)
+    record(ctx, payload)
+
+
+async def meet_async(ctx: Context, payload: Any) -> None:
+    """An ``async def`` handler that waits for its group on its event loop, then records."""
+    waiting = _arrive(payload)
+    while not _all_here(*waiting):
+        await asyncio.sleep(0.01)
+    record(ctx, payload)
+
+
+def spin(ctx: Context, payload: Any) -> None:
+    """Busy in Python code for `seconds`."""
+    give_up = time.monotonic() + float(payload.get("seconds", 60))
+    while time.monotonic() < give_up:
+        pass
+
+
+async def snooze(ctx: Context, payload: Any) -> None:
+    """Awaits far past its timeout."""
+    await asyncio.sleep(float(payload.get("seconds", 60)))
+
+
 def register(app: duejobs.App) -> duejobs.App:
     fast = timedelta(milliseconds=50)
     app.handler("record")(record)
@@ -95,6 +146,10 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("stall-once", timeout=timedelta(minutes=5))(stall_once)
     app.handler("stubborn", timeout=timedelta(seconds=1), max_attempts=2)(stubborn)
     app.handler("stubborn-fenced", timeout=timedelta(seconds=1), max_attempts=2)(stubborn_fenced)
+    app.handler("meet", max_attempts=1)(meet)
+    app.handler("meet-async", max_attempts=1)(meet_async)
+    app.handler("spin", timeout=timedelta(seconds=1), max_attempts=1)(spin)
+    app.handler("snooze", timeout=timedelta(seconds=1), max_attempts=1)(snooze)
     return app
 
 

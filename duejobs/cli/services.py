@@ -39,7 +39,7 @@ from duejobs.stats import collect as collect_stats
 from duejobs.stats import render as render_stats
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_queue
-from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import EXIT_WEDGED, MAX_CONCURRENCY, DuejobsWorker, Runtime, WorkerConfig
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -149,8 +149,16 @@ def scheduler(
 @duration_option(
     "--timeout-grace",
     _WORKER.timeout_grace,
-    "How long a handler past its timeout may take to return before the worker exits "
-    f"with status {EXIT_WEDGED} for its supervisor to restart it.",
+    "How long a handler past its timeout may take to return before its slot is given up "
+    f"(the worker exits with status {EXIT_WEDGED} for its supervisor once no slot works).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, MAX_CONCURRENCY),
+    default=_WORKER.concurrency,
+    show_default=True,
+    help="Deliveries run at once, each in a thread of its own (async handlers on the "
+    "thread's event loop); 1 runs them in the main thread.",
 )
 @_operations
 @click.pass_context
@@ -163,14 +171,21 @@ def worker(
     lease: timedelta,
     heartbeat: timedelta,
     timeout_grace: timedelta,
+    concurrency: int,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
 ) -> None:
-    """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: finish the job, then exit."""
+    """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: take no more jobs, finish
+    the running ones, then exit; a second one ends the worker at once."""
     _operate(log_level, log_format, metrics_port)
     config = _checked(
-        lambda: WorkerConfig(lease=lease, heartbeat=heartbeat, timeout_grace=timeout_grace)
+        lambda: WorkerConfig(
+            lease=lease,
+            heartbeat=heartbeat,
+            timeout_grace=timeout_grace,
+            concurrency=concurrency,
+        )
     )
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref)

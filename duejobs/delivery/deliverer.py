@@ -1,54 +1,17 @@
-"""Delivery: the only module that knows RQ and its Redis keys.
-
-What it promises:
-
-* **Deterministic ids.** A delivery of (tenant, schedule, version, attempt) always has the
-  same RQ job id, ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>`` (RQ allows only
-  ``[A-Za-z0-9_-]``; a ``.`` in a tenant becomes ``_``, the schedule id keeps it unique).
-  The store builds it (the ``job_id`` fragment, in the statement that claims the row) and
-  every push carries it from there; this module only reads ids back (:func:`parse_job_id`).
-* **A re-push never creates a second live job.** Pushing checks and writes atomically (one
-  Lua script per batch): an id Redis can still hand to a worker is left alone; RQ's own
-  ``enqueue`` would overwrite it and run it twice.
-* **A job hash is not proof.** A job counts as present only if its id is on its queue (or
-  between RQ's lists, in ``<queue>:intermediate``), or in its scheduled registry no later than
-  its time, or ``started`` by a worker whose RQ key still lives. A row overdue by more than
-  ``STUCK_AFTER`` trusts only the queue list and the registry. Anything else — a hash left
-  ``queued`` after its id was popped by a worker that died, an entry trimmed from a list or a
-  registry — is missing, and its stale hash is replaced under the same id. The check reads
-  each queue list once per script call, and trusts a ``queued`` hash on a queue longer than
-  ``LIST_SCAN_LIMIT`` (10,000: in-flight quotas keep queues far shorter, and a queue that long
-  is a backlog the overdue re-push still covers once its list shrinks);
-  :meth:`Deliverer.live` gives ``stats`` the same answer.
-* **Nothing is promoted early.** Rows due now go straight onto the queue; rows due later in
-  the window go to RQ's scheduled registry with a millisecond score (RQ truncates its own to
-  whole seconds, so it can fire up to 1 s early). :meth:`Deliverer.promote` moves them onto
-  the queue when the *database* clock, passed in by the scheduler, reaches them — the worker's
-  check against the database clock stays the guarantee.
-* **Fair order.** Jobs the scheduler marks ``front`` (the first job of a tenant with fewer
-  than two jobs waiting) go to the front of the queue, like RQ's ``at_front``.
-* **One round trip per batch**, not per job; **JSON only** — a job carries ids and the
-  version, never the payload, and a Redis writer cannot get code executed by unpickling.
-
-What it does not do: decide anything. Whether a job runs is the database's call (the
-worker re-reads the row). Redis Cluster is not supported (job keys are not declared keys).
-"""
+"""Pushing, promoting and removing duejobs' jobs on RQ's queues (see :mod:`duejobs.delivery`
+for what it promises)."""
 
 from __future__ import annotations
 
-import logging
 import re
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
@@ -56,7 +19,6 @@ from rq.utils import utcformat
 from duejobs.models import Delivery
 
 DEFAULT_QUEUE = "duejobs"
-log = logging.getLogger("duejobs.delivery")
 JOB_FUNCTION = "duejobs.worker.perform"
 # A queue job that raised (the database was unreachable, say) stays visible this long.
 FAILURE_TTL = 24 * 3600
@@ -453,95 +415,3 @@ class Deliverer:
             ],
         )
         return bool(removed)
-
-
-# -- the worker's side of RQ -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Delivered:
-    """What handling one delivery came to: the outcome (the RQ job's result), and when to
-    put the job back into its scheduled registry (None: it is done)."""
-
-    outcome: str
-    put_back_at: datetime | None = None
-
-
-class Performer(Protocol):
-    """What runs deliveries for a :class:`DuejobsWorker` (the worker's ``Runtime``)."""
-
-    @property
-    def redis_url(self) -> str: ...
-
-    @property
-    def default_queue(self) -> str: ...
-
-    def deliverer(self) -> Deliverer: ...
-
-    def deliver(
-        self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str
-    ) -> Delivered: ...
-
-
-class _DeliveryJob(Job):
-    """A duejobs job as a :class:`DuejobsWorker` runs it: its arguments go to the worker's
-    performer (never through an import of the function the job names), and what came of it
-    stays on the job for :meth:`DuejobsWorker.handle_job_success`."""
-
-    performer: ClassVar[Performer]
-    delivered: Delivered | None = None
-
-    def _execute(self) -> Any:
-        schedule_id, version, attempt, tenant = self.args
-        self.delivered = self.performer.deliver(
-            uuid.UUID(str(schedule_id)), int(version), int(attempt), str(tenant)
-        )
-        return self.delivered.outcome
-
-
-class DuejobsWorker(SimpleWorker):
-    """An RQ SimpleWorker (no fork per job: one pooled database connection serves every job)
-    with the JSON serializer. The first SIGTERM/SIGINT finishes the current job, then exits.
-
-    ``queues``: the RQ queues to take jobs from, in priority order (default: the performer's);
-    schedules are routed to a queue by type (``App.handler(queue=)``) or one by one
-    (``schedule(queue=)``), so a worker pool per queue keeps a slow type from starving a fast
-    one. Each worker runs its jobs through its own performer (a job class of its own), so
-    several workers in one process never share one.
-
-    A delivery that came too early is put back into the scheduled registry under its own id,
-    once RQ has finished with it (so no other process can push a second job meanwhile).
-    """
-
-    def __init__(self, performer: Performer, queues: Sequence[str] = (), **kwargs: Any):
-        job_class = type("DeliveryJob", (_DeliveryJob,), {"performer": performer})
-        connection = Redis.from_url(performer.redis_url)
-        super().__init__(
-            list(queues) or [performer.default_queue],
-            connection=connection,
-            serializer=JSONSerializer,
-            job_class=job_class,
-            **kwargs,
-        )
-        self._performer = performer
-
-    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
-        """RQ's heartbeat, which must not end the worker when Redis restarts: RQ retries a
-        dequeue that meets a dropped connection but quits on a heartbeat that does, so every
-        worker between two jobs at that moment would stop. The next dequeue waits for Redis."""
-        try:
-            super().heartbeat(*args, **kwargs)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            log.warning("worker heartbeat could not reach Redis (%s); going on", exc)
-
-    def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
-        super().handle_job_success(job, queue, *args, **kwargs)
-        delivered = getattr(job, "delivered", None)
-        if delivered is None or delivered.put_back_at is None:
-            return
-        try:
-            self._performer.deliverer().defer(job.id, delivered.put_back_at, job.origin)
-        except RedisError:
-            log.exception(
-                "could not put %s back for %s; the reconciler will", job.id, delivered.put_back_at
-            )

@@ -1,0 +1,203 @@
+"""Worker slots (``duejobs worker --concurrency N``) against RQ's own ways to run jobs at once.
+
+Each side runs as real worker processes in burst mode over jobs already waiting; its time is
+the span from the first job's start to the last job's end, read from the jobs themselves
+(RQ's ``started_at``/``ended_at``, duejobs' ``started_at``/``finished_at``), so process
+start-up counts on neither side. Memory is the largest resident set summed over a side's
+process tree (the pool's parent, its workers and their forked work horses), sampled every
+0.1 s. Medians of ``ROUNDS`` alternated rounds.
+
+* no-op jobs/s: one duejobs process with 16 slots against one bare RQ ``SimpleWorker``;
+* jobs whose handler sleeps 50 ms (a network call): one duejobs process with 32 slots against
+  one bare ``SimpleWorker`` (measured on ``NAP_BARE`` jobs: 2,000 would take it 100 s), and
+  against ``rq worker-pool -n 8`` (RQ's default worker class, a fork per job).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from redis import Redis
+from rq import Queue
+from rq.serializers import JSONSerializer
+from rq.utils import utcparse
+
+from bench.common import Figure, fill_due
+from bench.procs import ROOT
+from duejobs import App
+from duejobs.config import libpq_url
+from duejobs.scheduler import Scheduler, SchedulerConfig
+
+NOOP = int(os.environ.get("BENCH_SLOTS_NOOP_JOBS", "2000"))
+NAP = int(os.environ.get("BENCH_SLOTS_NAP_JOBS", "2000"))
+NAP_BARE = int(os.environ.get("BENCH_SLOTS_NAP_BARE_JOBS", "200"))
+ROUNDS = int(os.environ.get("BENCH_SLOTS_ROUNDS", "3"))
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and every process below it (0 once it is gone)."""
+    total = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                total += _rss(int(child))
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return total
+
+
+def _run(args: list[str], env: dict[str, str]) -> int:
+    """Run a burst worker command to its end; the largest RSS of its tree meanwhile."""
+    proc = subprocess.Popen(
+        args,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+    )
+    peak = 0
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.wait(0.1):
+            peak = max(peak, _rss(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        assert proc.wait(timeout=1800) == 0, args
+    finally:
+        stop.set()
+        sampler.join()
+    return peak
+
+
+def _bare(redis: Redis, env: dict[str, str], function: str, n: int, pool: int) -> tuple[float, int]:
+    """(jobs/s, peak RSS) of bare RQ: one SimpleWorker, or ``rq worker-pool -n POOL``."""
+    redis.flushdb()
+    queue = Queue("bare", connection=redis, serializer=JSONSerializer)
+    for start in range(0, n, 1000):
+        queue.enqueue_many(
+            [
+                Queue.prepare_data(function, job_id=f"bare-{i}", result_ttl=3600)
+                for i in range(start, min(start + 1000, n))
+            ]
+        )
+    if pool:
+        url = env["DUEJOBS_REDIS_URL"]
+        command = ["worker-pool", "bare", "-n", str(pool), "-b", "-S", "json", "-u", url]
+        rss = _run([sys.executable, "-m", "rq.cli", *command, "-l", "WARNING"], env)
+    else:
+        rss = _run([sys.executable, "-m", "bench.procs", "bare", "bare"], env)
+    with redis.pipeline(transaction=False) as pipe:
+        for i in range(n):
+            pipe.hmget(f"rq:job:bare-{i}", "started_at", "ended_at")
+        stamps = [(utcparse(s.decode()), utcparse(e.decode())) for s, e in pipe.execute()]
+    span = (max(e for _, e in stamps) - min(s for s, _ in stamps)).total_seconds()
+    return n / span, rss
+
+
+def _ours(
+    app: App, redis: Redis, env: dict[str, str], job_type: str, n: int, slots: int
+) -> tuple[float, int]:
+    """(jobs/s, peak RSS) of one duejobs worker process with ``slots`` slots."""
+    redis.flushdb()
+    fill_due(libpq_url(app.settings.database_url), n, job_type=job_type, offset="-1 second")
+    scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
+    scheduler.run_once()
+    scheduler.close()
+    worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", str(slots)]
+    rss = _run([sys.executable, "-m", "duejobs", *worker, "--log-level", "warning"], env)
+    with app.engine.connect() as conn:
+        done, span = conn.exec_driver_sql(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded'), "
+            "extract(epoch FROM max(finished_at) - min(started_at)) FROM scheduled_jobs"
+        ).one()
+    assert done == n, done
+    return n / float(span), rss
+
+
+def _median_rounds(sides: list[Callable[[], tuple[float, int]]]) -> list[tuple[float, int]]:
+    """Each side once per round, alternated; the median rate and RSS of each."""
+    results: list[list[tuple[float, int]]] = [[] for _ in sides]
+    for _ in range(ROUNDS):
+        for i, side in enumerate(sides):
+            results[i].append(side())
+    return [
+        (statistics.median(r for r, _ in rs), int(statistics.median(m for _, m in rs)))
+        for rs in results
+    ]
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    env = {"DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+    redis = Redis.from_url(redis_url)
+    app = App(database_url=database_url, redis_url=redis_url)
+    try:
+        (noop, _), (bare_noop, _) = _median_rounds(
+            [
+                lambda: _ours(app, redis, env, "noop", NOOP, 16),
+                lambda: _bare(redis, env, "bench.jobs.noop", NOOP, 0),
+            ]
+        )
+        (nap, nap_rss), (bare_nap, _), (pool_nap, pool_rss) = _median_rounds(
+            [
+                lambda: _ours(app, redis, env, "nap", NAP, 32),
+                lambda: _bare(redis, env, "bench.jobs.nap", NAP_BARE, 0),
+                lambda: _bare(redis, env, "bench.jobs.nap", NAP, 8),
+            ]
+        )
+    finally:
+        app.close()
+    mib = 1024 * 1024
+    return [
+        Figure(
+            "slots: no-op jobs/s, 1 process x 16 slots",
+            noop,
+            bare_noop,
+            "jobs/s",
+            ">= 3x 1 bare SimpleWorker",
+            noop >= 3 * bare_noop,
+        ),
+        Figure(
+            "slots: 50 ms jobs/s, 1 process x 32 slots",
+            nap,
+            bare_nap,
+            "jobs/s",
+            ">= 20x 1 bare SimpleWorker",
+            nap >= 20 * bare_nap,
+        ),
+        Figure(
+            "slots: 50 ms jobs/s vs rq worker-pool -n 8",
+            nap,
+            pool_nap,
+            "jobs/s",
+            ">= 1.0x the pool",
+            nap >= pool_nap,
+        ),
+        Figure(
+            "slots: memory (RSS), 1 x 32 slots vs the pool of 8",
+            nap_rss / mib,
+            pool_rss / mib,
+            "MiB",
+            "<= 0.25x the pool",
+            nap_rss <= 0.25 * pool_rss,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)

@@ -1,0 +1,204 @@
+"""The worker's side of RQ: the worker class that runs duejobs' jobs through a performer,
+one at a time or in slots (see :class:`DuejobsWorker`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from types import FrameType
+from typing import Any, ClassVar, Protocol
+
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import Queue, SimpleWorker
+from rq.executions import Execution
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.timeouts import BaseDeathPenalty
+
+from duejobs.delivery.deliverer import Deliverer
+
+log = logging.getLogger("duejobs.delivery")
+
+# How often a worker whose slots are all busy beats and looks for a stop request (seconds).
+_SLOT_WAIT = 1.0
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What handling one delivery came to: the outcome (the RQ job's result), and when to
+    put the job back into its scheduled registry (None: it is done)."""
+
+    outcome: str
+    put_back_at: datetime | None = None
+
+
+class Performer(Protocol):
+    """What runs deliveries for a :class:`DuejobsWorker` (the worker's ``Runtime``)."""
+
+    @property
+    def redis_url(self) -> str: ...
+
+    @property
+    def default_queue(self) -> str: ...
+
+    @property
+    def concurrency(self) -> int: ...
+
+    def deliverer(self) -> Deliverer: ...
+
+    def deliver(
+        self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str
+    ) -> Delivered: ...
+
+
+class _DeliveryJob(Job):
+    """A duejobs job as a :class:`DuejobsWorker` runs it: its arguments go to the worker's
+    performer (never through an import of the function the job names), and what came of it
+    stays on the job for :meth:`DuejobsWorker.handle_job_success`."""
+
+    performer: ClassVar[Performer]
+    delivered: Delivered | None = None
+
+    def _execute(self) -> Any:
+        schedule_id, version, attempt, tenant = self.args
+        self.delivered = self.performer.deliver(
+            uuid.UUID(str(schedule_id)), int(version), int(attempt), str(tenant)
+        )
+        return self.delivered.outcome
+
+
+class _NoDeathPenalty(BaseDeathPenalty):
+    """RQ's job timeout, off in a concurrent worker's slots: RQ's default arms ``SIGALRM``,
+    which only the main thread may; the delivery enforces its handler's own timeout."""
+
+    def setup_death_penalty(self) -> None:
+        pass
+
+    def cancel_death_penalty(self) -> None:
+        pass
+
+
+class DuejobsWorker(SimpleWorker):
+    """An RQ SimpleWorker (no fork per job: pooled database connections serve every job)
+    with the JSON serializer.
+
+    ``queues``: the RQ queues to take jobs from, in priority order (default: the performer's);
+    schedules are routed to a queue by type (``App.handler(queue=)``) or one by one
+    (``schedule(queue=)``), so a worker pool per queue keeps a slow type from starving a fast
+    one. Each worker runs its jobs through its own performer (a job class of its own), so
+    several workers in one process never share one.
+
+    **Slots.** With the performer's ``concurrency`` N above 1, up to N deliveries run at once,
+    each in a thread of the worker's pool; a job is taken from Redis only when a slot is free,
+    so a worker never holds jobs another worker could run. RQ sees what it always sees — each
+    job started, finished or failed through its registries, the worker's executions and
+    heartbeats — with several executions at a time. With N = 1 the job runs in the main thread,
+    exactly as a plain SimpleWorker runs it.
+
+    **Shutdown.** The first SIGTERM/SIGINT stops taking jobs and lets the running ones finish
+    (their handlers' timeouts bound the wait), then exits; nothing taken is left unstarted. A
+    second one is a cold shutdown: the process ends at once, and the leases of the attempts it
+    was running expire for the reconciler to rescue.
+
+    A delivery that came too early is put back into the scheduled registry under its own id,
+    once RQ has finished with it (so no other process can push a second job meanwhile).
+    """
+
+    def __init__(self, performer: Performer, queues: Sequence[str] = (), **kwargs: Any):
+        job_class = type("DeliveryJob", (_DeliveryJob,), {"performer": performer})
+        connection = Redis.from_url(performer.redis_url)
+        slots = performer.concurrency
+        super().__init__(
+            list(queues) or [performer.default_queue],
+            connection=connection,
+            serializer=JSONSerializer,
+            job_class=job_class,
+            **kwargs,
+        )
+        self._performer = performer
+        if slots > 1:
+            self.death_penalty_class = _NoDeathPenalty
+        self._slots = threading.BoundedSemaphore(slots)
+        self._pool = (
+            ThreadPoolExecutor(slots, thread_name_prefix="duejobs-slot") if slots > 1 else None
+        )
+
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        """Wait for a free slot (beating meanwhile), then take a job as RQ does."""
+        if self._pool is None:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        while not self._slots.acquire(timeout=_SLOT_WAIT):
+            if self._stop_requested:
+                return None
+            self.heartbeat()
+        if self._stop_requested:
+            self._slots.release()
+            return None
+        try:
+            taken = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        except BaseException:
+            self._slots.release()
+            raise
+        if taken is None:
+            self._slots.release()
+        return taken
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        if self._pool is None:
+            super().execute_job(job, queue)
+            return
+        execution = self.prepare_execution(job)
+        self._pool.submit(self._run_slot, job, queue, execution)
+
+    def _run_slot(self, job: Job, queue: Queue, execution: Execution) -> None:
+        try:
+            self.perform_job(job, queue, execution)
+        except BaseException:  # perform_job records failures itself; this is a last resort
+            log.exception("slot ended by an error outside the job %s", job.id)
+        finally:
+            self._slots.release()
+
+    def teardown(self) -> None:
+        """Let the running slots finish before RQ deregisters the worker."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        super().teardown()  # type: ignore[no-untyped-call]
+
+    def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self._pool is None:
+            super().request_force_stop(signum, frame)
+            return
+        log.warning("cold shutdown: ending now; running attempts are rescued when their lease ends")
+        os._exit(1)
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        """RQ's heartbeat, which must not end the worker when Redis restarts: RQ retries a
+        dequeue that meets a dropped connection but quits on a heartbeat that does, so every
+        worker between two jobs at that moment would stop. The next dequeue waits for Redis."""
+        try:
+            super().heartbeat(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            log.warning("worker heartbeat could not reach Redis (%s); going on", exc)
+
+    def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
+        super().handle_job_success(job, queue, *args, **kwargs)
+        delivered = getattr(job, "delivered", None)
+        if delivered is None or delivered.put_back_at is None:
+            return
+        try:
+            self._performer.deliverer().defer(job.id, delivered.put_back_at, job.origin)
+        except RedisError:
+            log.exception(
+                "could not put %s back for %s; the reconciler will", job.id, delivered.put_back_at
+            )

@@ -1,0 +1,260 @@
+"""A worker with several slots (``duejobs worker --concurrency N``): N deliveries at once, sync
+and ``async def`` handlers in one process, and every guarantee of one slot kept per slot.
+
+Seen failing against builds broken on purpose:
+
+* the slots' semaphore sized 1 whatever N (one delivery at a time) →
+  ``test_n_slots_run_n_deliveries_at_once_sync_and_async_in_one_process``;
+* a job taken from Redis before a slot is free (the semaphore acquired after the dequeue) →
+  ``test_a_worker_takes_a_job_only_when_a_slot_is_free``;
+* the claim's duplicate verdict dropped (three copies of one delivery racing in slots) →
+  ``test_each_slot_revalidates_so_copies_of_one_delivery_apply_one_effect``;
+* the thread time limit a no-op →
+  ``test_a_sync_handler_past_its_timeout_in_a_slot_fails_its_attempt``;
+* async handlers in slots not cancelled at their timeout →
+  ``test_an_async_handler_past_its_timeout_in_a_slot_is_cancelled``;
+* the watchdog ending the process at the first wedged slot →
+  ``test_a_wedged_slot_is_given_up_while_the_other_slots_work``;
+* the pool not drained before the worker stops (``teardown``): the leases of the handlers
+  still running lapse and the reconciler rescues them →
+  ``test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched``.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from rq import Queue, Worker
+from rq.serializers import JSONSerializer
+from sqlalchemy import text
+
+from duejobs import App, Status
+from duejobs.reconcile import Reconciler
+from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
+from tests.conftest import Proc, System, wait_for
+
+WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
+
+
+@pytest.fixture
+def slots(system: System) -> Iterator[Callable[[int], None]]:
+    """Drain the queue with an in-process worker of N slots (RQ's own loop, this thread)."""
+    runtimes: list[Runtime] = []
+
+    def work(n: int) -> None:
+        runtime = Runtime(
+            system.app, WorkerConfig(heartbeat=timedelta(milliseconds=200), concurrency=n)
+        )
+        runtimes.append(runtime)
+        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+
+    yield work
+    for runtime in runtimes:
+        runtime.close()
+
+
+def _count(app: App, sql: str, **params: object) -> int:
+    with app.engine.connect() as conn:
+        return int(conn.execute(text(sql), params).scalar_one())
+
+
+def _attempts(app: App, schedule_id: uuid.UUID) -> list[tuple[int, str, str | None]]:
+    with app.engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT attempt, status, error FROM scheduled_job_attempts "
+                "WHERE schedule_id = :id ORDER BY attempt"
+            ),
+            {"id": schedule_id},
+        ).all()
+    return [(r.attempt, r.status, r.error) for r in rows]
+
+
+def test_n_slots_run_n_deliveries_at_once_sync_and_async_in_one_process(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    meeting = {"group": uuid.uuid4().hex, "parties": 6}
+    ids = [system.app.schedule("meet", meeting, delay=0).id for _ in range(3)]
+    ids += [system.app.schedule("meet-async", meeting, delay=0).id for _ in range(3)]
+    system.scheduler.run_once()
+    slots(6)
+    assert [system.status(i) for i in ids] == ["succeeded"] * 6
+    assert len(system.effects()) == 6
+
+
+def test_one_slot_is_the_single_threaded_worker_of_before(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    meeting = {"group": uuid.uuid4().hex, "parties": 2, "wait": 1}
+    first = system.app.schedule("meet", meeting, delay=0)
+    system.scheduler.run_once()
+    slots(1)  # alone in its slot, it waits for a second party that never comes
+    stored = system.app.get(first.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error is not None and "only 1 of 2" in stored.last_error
+
+
+def test_each_slot_revalidates_so_copies_of_one_delivery_apply_one_effect(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+    for copy in range(3):  # what an at-least-once transport may hand over, at once
+        queue.enqueue("duejobs.worker.perform", str(s.id), 1, 1, "default", job_id=f"copy-{copy}")
+    slots(4)
+    assert system.effects() == [(f"record:{s.id}:1", 1)]
+    skipped = _count(
+        system.app,
+        "SELECT count(*) FROM scheduled_job_events WHERE schedule_id = :id AND kind = 'skipped'",
+        id=s.id,
+    )
+    assert skipped == 3
+
+
+def test_retries_run_per_slot_until_each_succeeds(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    ids = [system.app.schedule("flaky", {"fail_times": 1}, delay=0).id for _ in range(4)]
+
+    def done() -> bool:
+        system.scheduler.run_once()
+        slots(4)
+        return all(system.status(i) == "succeeded" for i in ids)
+
+    wait_for(done, 30, "every retry to succeed")
+    for i in ids:
+        assert [a[:2] for a in _attempts(system.app, i)] == [(1, "failed"), (2, "succeeded")]
+
+
+def test_a_sync_handler_past_its_timeout_in_a_slot_fails_its_attempt(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    s = system.app.schedule("spin", {"seconds": 5}, delay=0)
+    other = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    slots(2)
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error == "HandlerTimeoutError: handler ran past its timeout of 1 s"
+    assert system.status(other.id) == "succeeded"
+
+
+def test_an_async_handler_past_its_timeout_in_a_slot_is_cancelled(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    s = system.app.schedule("snooze", {"seconds": 5}, delay=0)
+    system.scheduler.run_once()
+    slots(2)
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.FAILED
+    assert stored.last_error == "HandlerTimeoutError: handler ran past its timeout of 1 s"
+
+
+def test_a_cancel_while_a_slot_runs_its_handler_leaves_no_effect(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    s = system.app.schedule("slow", {"seconds": 1.5}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "3", "--burst")
+    wait_for(lambda: system.status(s.id) == "running", 30, "the handler to start")
+    assert system.app.cancel(s.id)
+    assert worker.popen.wait(timeout=30) == 0, worker.output()
+    assert system.effects() == []
+    assert [a[:2] for a in _attempts(system.app, s.id)] == [(1, "stale")]
+
+
+def test_a_worker_takes_a_job_only_when_a_slot_is_free(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    ids = [system.app.schedule("slow", {"seconds": 2}, delay=0).id for _ in range(6)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2", "--burst")
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(system.app, running) == 2, 30, "two slots to be busy")
+    queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+    assert queue.count == 4  # the other jobs wait in Redis for any worker
+    # What RQ's tools show: two jobs started, by one worker with two executions.
+    assert queue.started_job_registry.count == 2
+    (rq_worker,) = Worker.all(connection=system.redis)
+    assert rq_worker.current_execution_count == 2
+    assert worker.popen.wait(timeout=60) == 0, worker.output()
+    assert [system.status(i) for i in ids] == ["succeeded"] * 6
+    assert (queue.started_job_registry.count, queue.finished_job_registry.count) == (0, 6)
+
+
+def test_a_wedged_slot_is_given_up_while_the_other_slots_work(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    stuck = system.app.schedule("stubborn", {"seconds": 120}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2", "--timeout-grace", "1s")
+    wait_for(lambda: _given_up(system, stuck.id), 30, "the slot to be given up")
+    later = [system.app.schedule("record", {}, delay=0).id for _ in range(3)]
+    system.scheduler.run_once()
+    wait_for(lambda: all(system.status(i) == "succeeded" for i in later), 30, "the free slot")
+    assert worker.popen.poll() is None, worker.output()  # one slot still works: no exit
+    assert worker.stop(signal.SIGKILL) == -signal.SIGKILL
+
+
+def _given_up(system: System, schedule_id: uuid.UUID) -> bool:
+    stored = system.app.get(schedule_id)
+    return stored is not None and "did not return" in (stored.last_error or "")
+
+
+def test_a_worker_whose_slots_are_all_wedged_exits_for_its_supervisor(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    ids = [system.app.schedule("stubborn", {"seconds": 120}, delay=0).id for _ in range(2)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2", "--timeout-grace", "1s")
+    assert worker.popen.wait(timeout=30) == EXIT_WEDGED, worker.output()
+    assert all(_given_up(system, i) for i in ids)
+
+
+def test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """Their leases are kept while they finish: handlers longer than the lease, and a
+    reconciler passing all the while, rescue nothing."""
+    ids = [system.app.schedule("slow", {"seconds": 4}, delay=0).id for _ in range(6)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "3", "--lease", "2s", "--heartbeat", "0.5s")
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(system.app, running) == 3, 30, "three slots to be busy")
+    worker.popen.send_signal(signal.SIGTERM)
+    reconciler = Reconciler(system.app)
+    rescued = 0
+    while worker.popen.poll() is None:
+        rescued += reconciler.run_once().rescued
+    assert worker.popen.wait() == 0, worker.output()
+    assert rescued == 0
+    statuses = sorted(system.status(i) for i in ids)
+    assert statuses == ["scheduled"] * 3 + ["succeeded"] * 3
+    untouched = "SELECT count(*) FROM scheduled_jobs WHERE status = 'scheduled' AND attempts = 0"
+    assert _count(system.app, untouched) == 3  # no attempt consumed
+    assert Queue("duejobs", connection=system.redis, serializer=JSONSerializer).count == 3
+
+
+def test_sigkill_leaves_every_running_slot_to_the_reconcilers_rescue(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    ids = [system.app.schedule("stall-once", {"seconds": 120}, delay=0).id for _ in range(3)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "3", "--lease", "2s", "--heartbeat", "1s")
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(system.app, running) == 3, 30, "three slots to be busy")
+    worker.stop(signal.SIGKILL)
+    reconciler = Reconciler(system.app)
+
+    def rescued() -> bool:
+        reconciler.run_once()
+        return _count(system.app, running) == 0
+
+    wait_for(rescued, 30, "the rescue of every slot")
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
+    assert sorted(system.effects()) == sorted((f"stall-once:{i}:1", 2) for i in ids)
