@@ -6,7 +6,8 @@ killed, crashed, or ended by itself because its handlers would not return (statu
 started again at once, or after a pause doubling from 1 s up to 30 s while it keeps exiting
 within 10 s of its start (a worker that cannot start does not spin). The first SIGTERM/SIGINT
 is passed to every worker — each takes no more jobs and finishes its running ones — and the
-supervisor exits 0 once they all have (1 if one of them failed to stop cleanly); a second one
+supervisor exits 0 once they all have (1 if one of them failed to stop cleanly; one still
+starting, which the signal ends at once, held nothing and counts as clean); a second one
 is passed on too, a cold shutdown for every worker. With ``--burst`` a worker that ends
 cleanly is done, and the supervisor ends with the last one.
 
@@ -101,4 +102,6 @@ class Supervisor:
                     break
                 self._children[n] = self._start(child.index, pause)
         codes = [child.process.wait() for child in self._children]
-        return 0 if all(code == 0 for code in codes) else 1
+        # A worker that the SIGTERM reached before it set up its handlers (still starting) held
+        # nothing: it stopped cleanly too.
+        return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1

@@ -15,6 +15,8 @@ Seen failing against builds broken on purpose:
   ``test_an_async_handler_past_its_timeout_in_a_slot_is_cancelled``;
 * the watchdog ending the process at the first wedged slot →
   ``test_a_wedged_slot_is_given_up_while_the_other_slots_work``;
+* the supervisor not starting a dead worker again, or not passing SIGTERM on →
+  ``test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warmly``;
 * the pool not drained before the worker stops (``teardown``): the leases of the handlers
   still running lapse and the reconciler rescues them →
   ``test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched``.
@@ -22,10 +24,12 @@ Seen failing against builds broken on purpose:
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from rq import Queue, Worker
@@ -258,3 +262,41 @@ def test_sigkill_leaves_every_running_slot_to_the_reconcilers_rescue(
     wait_for(rescued, 30, "the rescue of every slot")
     system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
     assert sorted(system.effects()) == sorted((f"stall-once:{i}:1", 2) for i in ids)
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found |= {int(c) for c in (task / "children").read_text().split()}
+    return found
+
+
+def test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warmly(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    supervisor = spawn(*WORKER, "--processes", "2", "--concurrency", "2")
+    wait_for(lambda: len(_children(supervisor.popen.pid)) == 2, 30, "two worker processes")
+    victim = min(_children(supervisor.popen.pid))
+    os.kill(victim, signal.SIGKILL)
+
+    def replaced() -> bool:
+        now = _children(supervisor.popen.pid)
+        return len(now) == 2 and victim not in now
+
+    wait_for(replaced, 30, "the dead worker started again")
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(6)]
+    system.scheduler.run_once()
+    wait_for(lambda: all(system.status(i) == "succeeded" for i in ids), 30, "the workers")
+    workers = _children(supervisor.popen.pid)
+    assert supervisor.stop(signal.SIGTERM) == 0, supervisor.output()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+
+
+def test_supervised_burst_workers_end_with_the_queue(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(6)]
+    system.scheduler.run_once()
+    supervisor = spawn(*WORKER, "--processes", "2", "--burst")
+    assert supervisor.popen.wait(timeout=60) == 0, supervisor.output()
+    assert [system.status(i) for i in ids] == ["succeeded"] * 6

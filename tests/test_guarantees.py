@@ -2,7 +2,8 @@
 
 Each was seen failing against a build broken on purpose (what was broken → what caught it):
 
-* ``ctx.ensure_current()`` made a no-op
+* ``ctx.ensure_current()`` made a no-op, or blind to another attempt of the same version (a
+  rescued attempt still running)
   → ``test_ensure_current_stops_a_handler_whose_schedule_was_changed_meanwhile``;
 * the fence's re-check in ``ctx.transaction()`` dropped
   → ``test_the_effect_transaction_refuses_a_schedule_that_moved_on_before_it``;
@@ -107,7 +108,7 @@ def _run(system: System, job_type: str) -> Any:
 # -- ctx.ensure_current() ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("change", ["cancelled", "rescheduled"])
+@pytest.mark.parametrize("change", ["cancelled", "rescheduled", "taken over"])
 def test_ensure_current_stops_a_handler_whose_schedule_was_changed_meanwhile(
     system: System, change: str
 ) -> None:
@@ -116,8 +117,14 @@ def test_ensure_current_stops_a_handler_whose_schedule_was_changed_meanwhile(
     def changed_meanwhile(ctx: Context, payload: Any) -> None:
         if change == "cancelled":
             system.app.cancel(ctx.schedule_id)  # another process, while this runs
-        else:
+        elif change == "rescheduled":
             system.app.reschedule(ctx.schedule_id, delay=timedelta(hours=1))
+        else:  # its lease lapsed, it was rescued, and another worker runs the next attempt
+            with system.app.engine.begin() as conn:
+                conn.execute(
+                    text("UPDATE scheduled_jobs SET attempts = attempts + 1 WHERE id = :id"),
+                    {"id": ctx.schedule_id},
+                )
         ctx.ensure_current()
         reached.append("the external effect")
 
@@ -126,7 +133,7 @@ def test_ensure_current_stops_a_handler_whose_schedule_was_changed_meanwhile(
     assert reached == []
     assert _attempt_states(system, s.id) == ["stale"]
     skipped = [e for e in system.app.history(s.id) if e.kind is EventKind.SKIPPED]
-    reason = "cancelled" if change == "cancelled" else "superseded"
+    reason = {"cancelled": "cancelled", "rescheduled": "superseded"}.get(change, "duplicate")
     assert [(e.detail["reason"], e.detail["while"]) for e in skipped] == [(reason, "running")]
 
 
@@ -154,7 +161,7 @@ def test_an_attempt_that_ends_after_its_schedule_moved_on_is_recorded_stale_and_
     kinds = [e.kind for e in system.app.history(s.id)]
     assert EventKind.SUCCEEDED not in kinds and EventKind.RETRIED not in kinds
     skipped = [e for e in system.app.history(s.id) if e.kind is EventKind.SKIPPED]
-    reason = "cancelled" if change == "cancelled" else "superseded"
+    reason = {"cancelled": "cancelled", "rescheduled": "superseded"}.get(change, "duplicate")
     assert [(e.detail["reason"], e.detail["while"]) for e in skipped] == [(reason, "running")]
 
 

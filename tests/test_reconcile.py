@@ -1,4 +1,11 @@
-"""The reconciler: schedules without jobs, jobs without schedules, work whose worker died."""
+"""The reconciler: schedules without jobs, jobs without schedules, work whose worker died.
+
+Seen failing against builds broken on purpose (found by the mutation run): the window's
+rows counted per page instead of in all (``checked =`` for ``+=``), and the page key taken
+from the wrong row → ``test_a_pass_pages_through_the_whole_window_and_counts_every_page``;
+the promotions left out of the pass's result
+→ ``test_a_pass_promotes_deferred_jobs_whose_time_came``.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +21,11 @@ from datetime import datetime, timedelta
 
 import pytest
 from redis.exceptions import RedisError
+from rq import Queue
+from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
-from duejobs import EventKind, Status, store
+from duejobs import EventKind, ScheduleRequest, Status, store
 from duejobs.errors import ConfigurationError
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.worker import Runtime, WorkerConfig
@@ -266,6 +275,37 @@ def test_a_pass_rescues_at_most_its_batch_of_expired_leases(system: System) -> N
     small = Reconciler(system.app, ReconcileConfig(batch_size=2))
     assert small.run_once().rescued == 2
     assert small.run_once().rescued == 1
+
+
+def test_a_pass_pages_through_the_whole_window_and_counts_every_page(system: System) -> None:
+    """Seven lost jobs, five of them due at one instant (pages are keyed by due time and id),
+    overdue past ``stuck_after``, re-pushed by a reconciler reading two rows a page."""
+    instant = system.app.now() - timedelta(seconds=1)
+    requests = [ScheduleRequest("record", {}, run_at=instant) for _ in range(5)]
+    requests += [
+        ScheduleRequest("record", {}, run_at=instant - timedelta(seconds=s)) for s in (1, 2)
+    ]
+    ids = system.app.schedule_many(requests)
+    system.scheduler.run_once()
+    system.redis.flushdb()  # every job lost
+    small = Reconciler(
+        system.app, ReconcileConfig(batch_size=2, stuck_after=timedelta(milliseconds=100))
+    )
+    result = small.run_once()
+    assert (result.checked, result.repushed, result.overdue_repushed) == (7, 7, 7)
+    queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+    pushed = [system.app.get(i) for i in ids]
+    assert sorted(queue.get_job_ids()) == sorted(s.queue_job_id for s in pushed if s)
+
+
+def test_a_pass_promotes_deferred_jobs_whose_time_came(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(milliseconds=300))
+    assert system.scheduler.run_once().deferred == 1
+    wait_for(lambda: system.app.now() >= s.due_at, 10, "the due time, by the database clock")
+    assert Reconciler(system.app).run_once().promoted == 1
+    queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+    stored = system.app.get(s.id)
+    assert stored is not None and queue.get_job_ids() == [stored.queue_job_id]
 
 
 def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol, TypeVar
@@ -37,6 +38,7 @@ from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.stats import collect as collect_stats
 from duejobs.stats import render as render_stats
+from duejobs.supervisor import Supervisor
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_queue
 from duejobs.worker import EXIT_WEDGED, MAX_CONCURRENCY, DuejobsWorker, Runtime, WorkerConfig
@@ -160,6 +162,14 @@ def scheduler(
     help="Deliveries run at once, each in a thread of its own (async handlers on the "
     "thread's event loop); 1 runs them in the main thread.",
 )
+@click.option(
+    "--processes",
+    type=click.IntRange(1, 256),
+    default=1,
+    show_default=True,
+    help="Worker processes under one supervisor that starts again any that exits; each "
+    "serves metrics on --metrics-port plus its index.",
+)
 @_operations
 @click.pass_context
 def worker(
@@ -172,13 +182,14 @@ def worker(
     heartbeat: timedelta,
     timeout_grace: timedelta,
     concurrency: int,
+    processes: int,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
 ) -> None:
     """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: take no more jobs, finish
     the running ones, then exit; a second one ends the worker at once."""
-    _operate(log_level, log_format, metrics_port)
+    _operate(log_level, log_format, metrics_port if processes == 1 else None)
     config = _checked(
         lambda: WorkerConfig(
             lease=lease,
@@ -187,6 +198,22 @@ def worker(
             concurrency=concurrency,
         )
     )
+    if processes > 1:
+        shared = ["worker", "--app", app_ref, *(f"--queue={q}" for q in queues)]
+        shared += [f"--lease={spell_duration(lease)}", f"--heartbeat={spell_duration(heartbeat)}"]
+        shared += [f"--timeout-grace={spell_duration(timeout_grace)}"]
+        shared += [f"--concurrency={concurrency}", f"--log-level={log_level}"]
+        shared += [f"--log-format={log_format}", *(["--burst"] if burst else [])]
+        children = [
+            [
+                *shared,
+                *([f"--name={name}-{i}"] if name else []),
+                *([f"--metrics-port={metrics_port + i}"] if metrics_port is not None else []),
+            ]
+            for i in range(processes)
+        ]
+        with services(ctx.obj["data_dir"]):
+            sys.exit(Supervisor(children, burst=burst).run())
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref)
         runtime = Runtime(app, config, name=name)

@@ -116,10 +116,10 @@ def change_since_claim(
 
 def extend_lease(
     conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int, lease: timedelta
-) -> bool:
-    """Push the running attempt's lease forward; False when it is no longer current."""
+) -> None:
+    """Push the running attempt's lease forward (nothing, once it is no longer current)."""
     params = {"id": schedule_id, "version": version, "attempt": attempt, "lease": lease}
-    return run_count(conn, "extend_lease", params) == 1
+    run_count(conn, "extend_lease", params)
 
 
 def record_effect(
