@@ -4,7 +4,8 @@ Seen failing against builds broken on purpose (found by the mutation run): the w
 rows counted per page instead of in all (``checked =`` for ``+=``), and the page key taken
 from the wrong row → ``test_a_pass_pages_through_the_whole_window_and_counts_every_page``;
 the promotions left out of the pass's result
-→ ``test_a_pass_promotes_deferred_jobs_whose_time_came``.
+→ ``test_a_pass_promotes_deferred_jobs_whose_time_came``; the scan of waiting jobs reading
+overlapping or gapped chunks → ``test_the_orphan_scan_reads_every_waiting_job_once_in_chunks``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sqlalchemy import text
 
 from duejobs import EventKind, ScheduleRequest, Status, store
 from duejobs.errors import ConfigurationError
-from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
+from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult, orphan_jobs
 from duejobs.worker import Runtime, WorkerConfig
 from tests.conftest import Proc, System, push_of, sample, wait_for
 from tests.test_processes import SCHEDULER
@@ -306,6 +307,18 @@ def test_a_pass_promotes_deferred_jobs_whose_time_came(system: System) -> None:
     queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
     stored = system.app.get(s.id)
     assert stored is not None and queue.get_job_ids() == [stored.queue_job_id]
+
+
+def test_the_orphan_scan_reads_every_waiting_job_once_in_chunks(system: System) -> None:
+    """Stray jobs of versions no row holds, on the queue and in the scheduled registry, read
+    two ids at a time."""
+    now = [system.app.schedule("record", {}, delay=0) for _ in range(5)]
+    later = [system.app.schedule("record", {}, delay=timedelta(minutes=5)) for _ in range(3)]
+    strays = [push_of(s, version=2) for s in now + later]
+    result = system.scheduler.deliverer.push(strays, system.app.now())
+    assert (result.queued, result.deferred) == (5, 3)
+    found = list(orphan_jobs(system.app, chunk=2))
+    assert sorted(found) == sorted(p.job_id for p in strays)
 
 
 def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(
