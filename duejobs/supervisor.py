@@ -11,6 +11,10 @@ starting, which the signal ends at once, held nothing and counts as clean); a se
 is passed on too, a cold shutdown for every worker. With ``--burst`` a worker that ends
 cleanly is done, and the supervisor ends with the last one.
 
+Its workers do not outlive it: on Linux each is asked (``PR_SET_PDEATHSIG``) to receive
+SIGTERM — a warm shutdown — when the supervisor dies, even by SIGKILL, so no worker goes on
+unsupervised.
+
 What it does not do: share anything between its workers (each has its own connections, slots,
 heartbeat and metrics port), or restart itself — run it under compose, systemd or Kubernetes.
 What a worker held when it died is rescued by the reconciler, as for any worker.
@@ -22,6 +26,7 @@ same command line keeps the worker's code path the single one.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 import subprocess
@@ -38,6 +43,15 @@ log = logging.getLogger("duejobs.supervisor")
 _QUICK_EXIT = 10.0
 _FIRST_PAUSE, _MAX_PAUSE = 1.0, 30.0
 _POLL = 0.2
+
+
+def _end_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the supervisor dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -60,7 +74,8 @@ class Supervisor:
 
     def _start(self, index: int, pause: float = 0.0) -> _Child:
         command = [sys.executable, "-m", "duejobs", *self._args[index]]
-        child = _Child(index, subprocess.Popen(command), time.monotonic(), pause)
+        process = subprocess.Popen(command, preexec_fn=_end_with_parent)
+        child = _Child(index, process, time.monotonic(), pause)
         log.info("worker %d started (pid %d)", index, child.process.pid)
         return child
 

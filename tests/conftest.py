@@ -10,6 +10,7 @@ it at the end. The Redis database named by the URL is flushed before each test t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -222,6 +223,7 @@ class Proc:
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: the cleanup ends its children too
             )
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
@@ -253,9 +255,9 @@ def spawn(
 
     yield start
     for proc in procs:
-        if proc.popen.poll() is None:
-            proc.popen.kill()
-            proc.popen.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        proc.popen.wait()
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

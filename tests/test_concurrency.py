@@ -16,7 +16,8 @@ Seen failing against builds broken on purpose:
 * the watchdog ending the process at the first wedged slot →
   ``test_a_wedged_slot_is_given_up_while_the_other_slots_work``;
 * the supervisor not starting a dead worker again, or not passing SIGTERM on →
-  ``test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warmly``;
+  ``test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warmly``; its
+  workers not told of its death → ``test_workers_do_not_outlive_a_killed_supervisor``;
 * the pool not drained before the worker stops (``teardown``): the leases of the handlers
   still running lapse and the reconciler rescues them →
   ``test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched``.
@@ -289,7 +290,25 @@ def test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warm
     wait_for(lambda: all(system.status(i) == "succeeded" for i in ids), 30, "the workers")
     workers = _children(supervisor.popen.pid)
     assert supervisor.stop(signal.SIGTERM) == 0, supervisor.output()
-    assert not any(Path(f"/proc/{pid}").exists() for pid in workers)
+    assert not any(_running(pid) for pid in workers)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_do_not_outlive_a_killed_supervisor(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    supervisor = spawn(*WORKER, "--processes", "2")
+    wait_for(lambda: len(_children(supervisor.popen.pid)) == 2, 30, "two worker processes")
+    workers = _children(supervisor.popen.pid)
+    os.kill(supervisor.popen.pid, signal.SIGKILL)
+    wait_for(lambda: not any(_running(pid) for pid in workers), 30, "the workers to stop")
 
 
 def test_supervised_burst_workers_end_with_the_queue(

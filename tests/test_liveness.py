@@ -6,7 +6,9 @@ Each test leaves Redis in one of the states that once fooled the push, the recon
 ``stats`` into calling a lost job live, and checks that the schedule runs anyway.
 
 Seen failing against a build whose push and ``live()`` trusted the hash's ``status`` alone
-(every test below but the ones that check a live job is left alone).
+(every test below but the ones that check a live job is left alone); and against a worker
+that gives up recording an outcome at the first row-lock timeout
+→ ``test_an_outcome_waits_out_a_row_lock_held_longer_than_the_claims_timeout``.
 """
 
 from __future__ import annotations
@@ -225,6 +227,40 @@ def test_a_claim_gives_up_on_a_row_an_open_transaction_locks_without_using_an_at
         assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
     finally:
         runtime.close()
+
+
+def test_an_outcome_waits_out_a_row_lock_held_longer_than_the_claims_timeout(app: App) -> None:
+    """An application transaction holds the row while the handler returns: the worker keeps
+    trying to record the outcome (each try gives up after ``claim_lock_timeout``) until the
+    lock is gone, and the outcome is kept."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold(schedule_id: object) -> None:
+        with app.engine.connect() as holder:
+            holder.execute(
+                text("SELECT 1 FROM scheduled_jobs WHERE id = :id FOR UPDATE"),
+                {"id": schedule_id},
+            )
+            holding.set()
+            release.wait(30)
+            holder.rollback()
+
+    def locked_at_close(ctx: Context, payload: Any) -> None:
+        threading.Thread(target=hold, args=(ctx.schedule_id,), daemon=True).start()
+        assert holding.wait(10)
+        # Released once the outcome has met the lock twice (two rounds of the timeout).
+        threading.Timer(0.45, release.set).start()
+
+    app.handler("locked-at-close")(locked_at_close)
+    runtime = Runtime(app, WorkerConfig(claim_lock_timeout=timedelta(milliseconds=200)))
+    s = app.schedule("locked-at-close", {}, delay=0)
+    try:
+        assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
+    finally:
+        release.set()
+        runtime.close()
+    stored = app.get(s.id)
+    assert stored is not None and stored.status is Status.SUCCEEDED
 
 
 @pytest.mark.parametrize(
