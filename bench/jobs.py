@@ -9,18 +9,12 @@ from typing import Any
 import redis
 
 import duejobs
+from bench.bare_jobs import NAP_SECONDS
 from duejobs.worker import Context
-
-NAP_SECONDS = 0.05
 
 
 def noop(*args: Any) -> None:
     """The bare RQ job: does nothing."""
-
-
-def nap(*args: Any) -> None:
-    """The bare RQ job standing for a network call: 50 ms of waiting."""
-    time.sleep(NAP_SECONDS)
 
 
 def stamp(target: float) -> None:
