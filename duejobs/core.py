@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import select
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,6 +70,9 @@ def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any)
         raise DisconnectionError("the server closed this connection")
 
 
+_DELIVERER_LOCK = threading.Lock()
+
+
 @dataclass
 class Core:
     """The shared parts of one App (see the module docstring)."""
@@ -88,9 +92,12 @@ class Core:
         return self
 
     def deliverer(self) -> Deliverer:
-        """The delivery side (RQ on Redis), created on first use."""
-        if self._deliverer is None:
-            self._deliverer = Deliverer(Redis.from_url(self.settings.require_redis()), self.queue)
+        """The delivery side (RQ on Redis), created on first use (once, whichever of a
+        worker's slots asks first)."""
+        with _DELIVERER_LOCK:
+            if self._deliverer is None:
+                redis = Redis.from_url(self.settings.require_redis())
+                self._deliverer = Deliverer(redis, self.queue)
         return self._deliverer
 
     def ensure_pool(self, connections: int) -> None:

@@ -1,11 +1,13 @@
 """The lease of a running attempt, and the limits on a handler's time.
 
-:class:`Heartbeat` renews the lease of the attempt running now, so that the reconciler can
-tell a slow handler from a dead worker — until the handler's timeout plus its grace has
-passed; then it renews no more and calls the attempt's ``overrun`` (which closes the attempt
-and ends the process). :func:`time_limit` raises :class:`~duejobs.errors.HandlerTimeoutError`
-in the handler at its timeout, and again every second until it returns. Their statements give
-up on a row lock after a second: the handler's own ``ctx.transaction()`` may hold it.
+:class:`Heartbeat` renews the leases of the attempts running now — every slot's, in one
+statement per beat on a connection of its own — so that the reconciler can tell a slow
+handler from a dead worker, until a handler's timeout plus its grace has passed; then it
+renews that lease no more and calls the attempt's ``overrun`` on a thread of its own (which
+closes the attempt and may end the process). A row locked now (the handler's own
+``ctx.transaction()``) is skipped for one beat, never waited for. :func:`time_limit` raises
+:class:`~duejobs.errors.HandlerTimeoutError` in the handler at its timeout, and again every
+second until it returns.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+
+from sqlalchemy import Connection
 
 from duejobs import store
 from duejobs.core import Core
@@ -53,6 +57,7 @@ class Heartbeat:
         self._core = core
         self._every, self._lease = every, lease
         self._watched: dict[int, Watched] = {}
+        self._conn: Connection | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -91,27 +96,40 @@ class Heartbeat:
                 for watched in overrun:
                     watched.fired = True
                     del self._watched[id(watched)]
-            for watched in overrun:
-                watched.overrun()
+            for watched in overrun:  # each on a thread of its own: the others' beats go on
+                threading.Thread(target=watched.overrun, name="duejobs-overrun").start()
+            due = [w for w in due if not w.fired]
             for watched in due:
-                if not watched.fired:
-                    watched.renewed_at = now
-                    self._renew(watched)
+                watched.renewed_at = now
+            if due:
+                self._renew(due)
 
-    def _renew(self, watched: Watched) -> None:
+    def _renew(self, due: list[Watched]) -> None:
+        """One statement for every lease due, on the heartbeat's own connection (never
+        waiting for the App's pool, which the handlers use)."""
         try:
-            with self._core.engine.begin() as conn:
-                # never hang behind the handler's own ctx.transaction()
-                store.bounded_locks(conn)
-                store.extend_lease(
-                    conn, watched.schedule_id, watched.version, watched.attempt, self._lease
+            if self._conn is None or self._conn.invalidated or self._conn.closed:
+                self._conn = self._core.engine.connect().execution_options(
+                    isolation_level="AUTOCOMMIT"
                 )
+            attempts = [(w.schedule_id, w.version, w.attempt) for w in due]
+            store.extend_leases(self._conn, attempts, self._lease)
         except Exception:  # keep beating; the next beat may reach the database
-            log.warning("could not renew the lease of %s", watched.schedule_id, exc_info=True)
+            log.warning("could not renew %d leases", len(due), exc_info=True)
+            self._close_connection()
+
+    def _close_connection(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.invalidate()
+                self._conn.close()
+            self._conn = None
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._thread.join(5)
+        self._close_connection()
 
 
 @contextlib.contextmanager

@@ -64,8 +64,11 @@ class Bookkeeping:
                 self._open.add(conn)
         try:
             yield conn
-        except DBAPIError as exc:
-            if not lock_busy(exc):  # the connection is fine after a lock timeout
+        except BaseException as exc:
+            # The connection is fine after a lock timeout; after anything else — a statement
+            # that failed, or one cut short by a handler's timeout landing in it — it is
+            # not trusted with the next delivery.
+            if not (isinstance(exc, DBAPIError) and lock_busy(exc)):
                 self._discard(conn)
             raise
 

@@ -1,15 +1,18 @@
 """``duejobs worker --processes P``: P worker processes kept running by one supervisor.
 
 What it promises: P workers run, each ``duejobs worker`` with the same flags (the i-th with
-``--metrics-port PORT+i`` and the name ``NAME-i`` when those are given). One that exits —
-killed, crashed, or ended by itself because its handlers would not return (status 70) — is
-started again at once, or after a pause doubling from 1 s up to 30 s while it keeps exiting
-within 10 s of its start (a worker that cannot start does not spin). The first SIGTERM/SIGINT
-is passed to every worker — each takes no more jobs and finishes its running ones — and the
-supervisor exits 0 once they all have (1 if one of them failed to stop cleanly; one still
-starting, which the signal ends at once, held nothing and counts as clean); a second one
-is passed on too, a cold shutdown for every worker. With ``--burst`` a worker that ends
-cleanly is done, and the supervisor ends with the last one.
+``--metrics-port PORT+i``, and the name ``NAME-i`` — ``NAME-i.n`` on its n-th start, since
+RQ refuses a name a killed worker left registered — when those are given), each in a session
+of its own so that a terminal's Ctrl+C or a service manager's stop reaches it once, from
+here. One that exits — killed, crashed, or ended by itself because its handlers would not
+return (status 70) — is started again at once, or after a pause doubling from 1 s up to 30 s
+while it keeps exiting within 10 s of its start (a worker that cannot start does not spin;
+the others are looked after meanwhile). The first SIGTERM/SIGINT is passed to every worker —
+each takes no more jobs and finishes its running ones — and the supervisor exits 0 once they
+all have (1 if one of them failed to stop cleanly; one still starting, which the signal ends
+at once, held nothing and counts as clean); a second one is passed on too, a cold shutdown
+for every worker. With ``--burst`` a worker that ends cleanly is done, and the supervisor
+ends with the last one.
 
 Its workers do not outlive it: on Linux each is asked (``PR_SET_PDEATHSIG``) to receive
 SIGTERM — a warm shutdown — when the supervisor dies, even by SIGKILL, so no worker goes on
@@ -27,13 +30,15 @@ same command line keeps the worker's code path the single one.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
@@ -45,10 +50,13 @@ _FIRST_PAUSE, _MAX_PAUSE = 1.0, 30.0
 _POLL = 0.2
 
 
-def _end_with_parent() -> None:
-    """In the child, before it runs: SIGTERM when the supervisor dies (Linux)."""
+def _end_with_parent(parent: int) -> None:
+    """In the child, before it runs: SIGTERM when the supervisor dies (Linux); and at once if
+    it died before this was asked."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 _PR_SET_PDEATHSIG = 1
@@ -57,27 +65,38 @@ _PR_SET_PDEATHSIG = 1
 @dataclass
 class _Child:
     index: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None  # None: waiting out its pause before a restart
     started: float
-    pause: float = 0.0  # before the next restart, if this one exits quickly
+    starts: int = 1
+    pause: float = 0.0  # the last pause before a restart (doubles while it exits quickly)
+    restart_at: float = 0.0
 
 
 class Supervisor:
-    """Runs ``args(i)`` (a ``duejobs`` command line) for each i in ``range(processes)``."""
+    """Runs ``args(i, n)`` — the ``duejobs`` command line of worker i's n-th start — for each
+    i in ``range(processes)``."""
 
-    def __init__(self, args: Sequence[Sequence[str]], *, burst: bool = False) -> None:
-        self._args = [list(a) for a in args]
+    def __init__(
+        self, processes: int, args: Callable[[int, int], Sequence[str]], *, burst: bool = False
+    ) -> None:
+        self._processes = processes
+        self._args = args
         self._burst = burst  # workers that end cleanly are done, not restarted
-        self._children: list[_Child] = []
+        self._children: dict[int, _Child] = {}
         self._stops = 0
         self._stopping = threading.Event()
 
-    def _start(self, index: int, pause: float = 0.0) -> _Child:
-        command = [sys.executable, "-m", "duejobs", *self._args[index]]
-        process = subprocess.Popen(command, preexec_fn=_end_with_parent)
-        child = _Child(index, process, time.monotonic(), pause)
-        log.info("worker %d started (pid %d)", index, child.process.pid)
-        return child
+    def _launch(self, index: int, starts: int = 1, pause: float = 0.0) -> None:
+        command = [sys.executable, "-m", "duejobs", *self._args(index, starts)]
+        process = subprocess.Popen(
+            command,
+            preexec_fn=functools.partial(_end_with_parent, os.getpid()),
+            start_new_session=True,  # a terminal's or a unit's signal reaches it once, from here
+        )
+        self._children[index] = _Child(index, process, time.monotonic(), starts, pause)
+        log.info("worker %d started (pid %d)", index, process.pid)
+        if self._stopping.is_set():  # a stop that came while it was being started
+            process.send_signal(signal.SIGTERM)
 
     def _signal(self, signum: int, frame: FrameType | None) -> None:
         self._stops += 1
@@ -88,35 +107,45 @@ class Supervisor:
             len(self._children),
             "warm" if self._stops == 1 else "cold",
         )
-        for child in self._children:
-            if child.process.poll() is None:
+        for child in list(self._children.values()):
+            if child.process is not None and child.process.poll() is None:
                 child.process.send_signal(signal.SIGTERM)
+
+    def _tend(self, child: _Child) -> bool:
+        """Look after one worker: restart it when due; False once it is done (burst)."""
+        now = time.monotonic()
+        if child.process is None:
+            if now >= child.restart_at:
+                self._launch(child.index, child.starts + 1, child.pause)
+            return True
+        code = child.process.poll()
+        if code is None:
+            return True
+        if self._burst and code == 0:
+            return False
+        quick = now - child.started < _QUICK_EXIT
+        child.pause = min(_MAX_PAUSE, max(_FIRST_PAUSE, child.pause * 2)) if quick else 0.0
+        log.warning(
+            "worker %d (pid %d) exited with status %d; starting it again in %.0f s",
+            child.index,
+            child.process.pid,
+            code,
+            child.pause,
+        )
+        child.process, child.restart_at = None, now + child.pause
+        return True
 
     def run(self) -> int:
         """Start the workers, keep them running until SIGTERM/SIGINT, then wait for them."""
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._signal)
-        self._children = [self._start(i) for i in range(len(self._args))]
+        for index in range(self._processes):
+            self._launch(index)
         while not self._stopping.wait(_POLL):
-            codes = [child.process.poll() for child in self._children]
-            if self._burst and all(code == 0 for code in codes):
+            working = [self._tend(child) for child in list(self._children.values())]
+            if not any(working):
                 break
-            for n, (child, code) in enumerate(zip(self._children, codes, strict=True)):
-                if code is None or (self._burst and code == 0) or self._stopping.is_set():
-                    continue
-                quick = time.monotonic() - child.started < _QUICK_EXIT
-                pause = min(_MAX_PAUSE, max(_FIRST_PAUSE, child.pause * 2)) if quick else 0.0
-                log.warning(
-                    "worker %d (pid %d) exited with status %d; starting it again in %.0f s",
-                    child.index,
-                    child.process.pid,
-                    code,
-                    pause,
-                )
-                if self._stopping.wait(pause):
-                    break
-                self._children[n] = self._start(child.index, pause)
-        codes = [child.process.wait() for child in self._children]
+        codes = [c.process.wait() for c in list(self._children.values()) if c.process is not None]
         # A worker that the SIGTERM reached before it set up its handlers (still starting) held
         # nothing: it stopped cleanly too.
         return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1

@@ -87,7 +87,7 @@ from duejobs import metrics, store
 from duejobs.config import check_count, check_duration
 from duejobs.context import Context
 from duejobs.core import HasCore
-from duejobs.delivery import STUCK_AFTER, Delivered, Deliverer, DuejobsWorker
+from duejobs.delivery import EXIT_WEDGED, STUCK_AFTER, Delivered, Deliverer, DuejobsWorker
 from duejobs.errors import (
     ConfigurationError,
     EffectAlreadyAppliedError,
@@ -162,8 +162,6 @@ class Outcome(enum.StrEnum):
     STALE = "stale"
 
 
-# The exit status of a worker that ended itself because a handler would not return.
-EXIT_WEDGED = 70
 # How long the watchdog tries to record a timed-out attempt before the process ends anyway.
 _CLOSE_WITHIN = 5.0
 # A delivery whose row another transaction held is put back with this score: the next
@@ -198,6 +196,11 @@ class Runtime:
     @property
     def concurrency(self) -> int:
         return self.config.concurrency
+
+    @property
+    def wedged(self) -> int:
+        with self._wedged_lock:
+            return self._wedged
 
     @property
     def redis_url(self) -> str:
@@ -298,7 +301,7 @@ class Runtime:
             schedule_id, version, attempt, give_up, lambda: self._overrun(ctx, handler, where)
         )
         try:
-            with self._heartbeat.watching(watched), self._given_up(watched):
+            with self._given_up(watched), self._heartbeat.watching(watched):
                 self._invoke(handler, ctx, claim.payload)
         except ScheduleChangedError as exc:
             log.info("changed while running: %s", exc.reason, extra=where)
@@ -351,21 +354,26 @@ class Runtime:
         return self._close(ctx, Status.FAILED, error=error, conn=conn)
 
     def _overrun(self, ctx: Context, handler: Handler, where: dict[str, Any]) -> None:
-        """From the heartbeat thread: the handler is past its timeout and its grace and has
-        not returned. Close its attempt as timed out (on a connection of its own), then end
-        the process so its supervisor starts a fresh one. If the database cannot be reached,
-        the lease, no longer renewed, expires and the reconciler rescues the row."""
+        """The handler is past its timeout and its grace and has not returned. Close its
+        attempt as timed out (on a connection of its own); then, unless other slots still
+        work, end the process so its supervisor starts a fresh one. If the attempt could not
+        be closed — the database unreachable, or the handler holding its row inside
+        ``ctx.transaction()`` — the process ends whatever the other slots do: only that ends
+        the handler's transaction and lets the lease expire for the reconciler's rescue."""
         grace = self.config.timeout_grace.total_seconds()
         error = (
             f"HandlerTimeoutError: handler ran past its timeout of "
             f"{handler.timeout.total_seconds():g} s and did not return within {grace:g} s more"
         )
 
+        closed = threading.Event()
+
         def close() -> None:
             try:
                 with self.core.engine.begin() as conn:
                     store.bounded_locks(conn)
                     self._failed(conn, ctx, handler, error)
+                closed.set()
             except Exception:
                 log.exception("could not close the timed-out attempt; its lease will expire")
 
@@ -375,7 +383,7 @@ class Runtime:
         with self._wedged_lock:
             self._wedged += 1
             left = self.config.concurrency - self._wedged
-        if left > 0:
+        if left > 0 and closed.is_set():
             log.error("%s; its slot waits for it (%d slots work)", error, left, extra=where)
             return
         log.critical("%s; the worker exits (status %d)", error, EXIT_WEDGED, extra=where)

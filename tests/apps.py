@@ -12,6 +12,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+import redis
 from sqlalchemy import text
 
 import duejobs
@@ -132,6 +133,16 @@ def spin(ctx: Context, payload: Any) -> None:
         pass
 
 
+def hold(ctx: Context, payload: Any) -> None:
+    """Waits (up to 30 s) until the test sets the Redis key ``payload["until"]``, then
+    records."""
+    client = redis.Redis.from_url(os.environ["DUEJOBS_REDIS_URL"])
+    give_up = time.monotonic() + 30
+    while not client.exists(payload["until"]) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    record(ctx, payload)
+
+
 async def snooze(ctx: Context, payload: Any) -> None:
     """Awaits far past its timeout."""
     await asyncio.sleep(float(payload.get("seconds", 60)))
@@ -150,6 +161,11 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("meet-async", max_attempts=1)(meet_async)
     app.handler("spin", timeout=timedelta(seconds=1), max_attempts=1)(spin)
     app.handler("snooze", timeout=timedelta(seconds=1), max_attempts=1)(snooze)
+    app.handler("hold", timeout=timedelta(seconds=60))(hold)
+    app.handler("stubborn-once", timeout=timedelta(seconds=1), max_attempts=1)(stubborn)
+    app.handler("stubborn-fenced-once", timeout=timedelta(seconds=1), max_attempts=1)(
+        stubborn_fenced
+    )
     return app
 
 

@@ -18,6 +18,15 @@ Seen failing against builds broken on purpose:
 * the supervisor not starting a dead worker again, or not passing SIGTERM on →
   ``test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warmly``; its
   workers not told of its death → ``test_workers_do_not_outlive_a_killed_supervisor``;
+* the watchdog keeping the process alive when it could not close a handler wedged inside
+  its effect fence (the row stays locked, no rescue) →
+  ``test_a_wedged_slot_inside_its_effect_fence_ends_the_worker_whatever_the_other_slots``;
+* a warm shutdown waiting for a slot that was given up →
+  ``test_sigterm_with_a_wedged_slot_finishes_the_others_then_exits_for_the_supervisor``;
+* a copy of the stop signal taken for a second one (cold shutdown) →
+  ``test_the_same_stop_signal_twice_within_a_second_is_one_warm_shutdown``;
+* a restarted worker reusing its name (RQ refuses it) →
+  ``test_a_named_worker_started_again_takes_a_name_of_its_own``;
 * the pool not drained before the worker stops (``teardown``): the leases of the handlers
   still running lapse and the reconciler rescues them →
   ``test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched``.
@@ -27,6 +36,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -176,7 +186,8 @@ def test_a_cancel_while_a_slot_runs_its_handler_leaves_no_effect(
 def test_a_worker_takes_a_job_only_when_a_slot_is_free(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
-    ids = [system.app.schedule("slow", {"seconds": 2}, delay=0).id for _ in range(6)]
+    release = f"test:release:{uuid.uuid4().hex}"
+    ids = [system.app.schedule("hold", {"until": release}, delay=0).id for _ in range(6)]
     system.scheduler.run_once()
     worker = spawn(*WORKER, "--concurrency", "2", "--burst")
     running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
@@ -187,6 +198,7 @@ def test_a_worker_takes_a_job_only_when_a_slot_is_free(
     assert queue.started_job_registry.count == 2
     (rq_worker,) = Worker.all(connection=system.redis)
     assert rq_worker.current_execution_count == 2
+    system.redis.set(release, 1)
     assert worker.popen.wait(timeout=60) == 0, worker.output()
     assert [system.status(i) for i in ids] == ["succeeded"] * 6
     assert (queue.started_job_registry.count, queue.finished_job_registry.count) == (0, 6)
@@ -195,7 +207,7 @@ def test_a_worker_takes_a_job_only_when_a_slot_is_free(
 def test_a_wedged_slot_is_given_up_while_the_other_slots_work(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
-    stuck = system.app.schedule("stubborn", {"seconds": 120}, delay=0)
+    stuck = system.app.schedule("stubborn-once", {"seconds": 120}, delay=0)
     system.scheduler.run_once()
     worker = spawn(*WORKER, "--concurrency", "2", "--timeout-grace", "1s")
     wait_for(lambda: _given_up(system, stuck.id), 30, "the slot to be given up")
@@ -221,14 +233,69 @@ def test_a_worker_whose_slots_are_all_wedged_exits_for_its_supervisor(
     assert all(_given_up(system, i) for i in ids)
 
 
+def test_a_wedged_slot_inside_its_effect_fence_ends_the_worker_whatever_the_other_slots(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """Only the process's end releases the row its fence holds: then the rescue can run."""
+    s = system.app.schedule("stubborn-fenced-once", {"seconds": 120}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(
+        *WORKER, "--concurrency", "3", "--timeout-grace", "1s", "--lease", "2s", "--heartbeat", "1s"
+    )
+    assert worker.popen.wait(timeout=30) == EXIT_WEDGED, worker.output()
+    reconciler = Reconciler(system.app)
+
+    def rescued() -> bool:
+        reconciler.run_once()
+        return system.status(s.id) != "running"
+
+    wait_for(rescued, 30, "the row to be rescued once the process ended")
+
+
+def test_sigterm_with_a_wedged_slot_finishes_the_others_then_exits_for_the_supervisor(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    release = f"test:release:{uuid.uuid4().hex}"
+    stuck = system.app.schedule("stubborn-once", {"seconds": 120}, delay=0)
+    fine = system.app.schedule("hold", {"until": release}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2", "--timeout-grace", "1s")
+    wait_for(lambda: _given_up(system, stuck.id), 30, "the slot to be given up")
+    worker.popen.send_signal(signal.SIGTERM)
+    system.redis.set(release, 1)
+    assert worker.popen.wait(timeout=30) == EXIT_WEDGED, worker.output()
+    assert system.status(fine.id) == "succeeded"
+
+
+def test_the_same_stop_signal_twice_within_a_second_is_one_warm_shutdown(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """As a terminal's Ctrl+C reaches a whole process group, or a unit's stop every process."""
+    ids = [system.app.schedule("slow", {"seconds": 1.5}, delay=0).id for _ in range(2)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2")
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(system.app, running) == 2, 30, "two slots to be busy")
+    worker.popen.send_signal(signal.SIGTERM)
+    (rq_worker,) = Worker.all(connection=system.redis)
+
+    def first_taken() -> bool:  # RQ records the warm shutdown it began
+        return bool(system.redis.hget(rq_worker.key, "shutdown_requested_date"))
+
+    wait_for(first_taken, 10, "the first signal to be handled")
+    worker.popen.send_signal(signal.SIGTERM)  # the copy, a few milliseconds later
+    assert worker.popen.wait(timeout=30) == 0, worker.output()
+    assert [system.status(i) for i in ids] == ["succeeded"] * 2
+
+
 def test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
     """Their leases are kept while they finish: handlers longer than the lease, and a
     reconciler passing all the while, rescue nothing."""
-    ids = [system.app.schedule("slow", {"seconds": 4}, delay=0).id for _ in range(6)]
+    ids = [system.app.schedule("slow", {"seconds": 5}, delay=0).id for _ in range(6)]
     system.scheduler.run_once()
-    worker = spawn(*WORKER, "--concurrency", "3", "--lease", "2s", "--heartbeat", "0.5s")
+    worker = spawn(*WORKER, "--concurrency", "3", "--lease", "3s", "--heartbeat", "0.5s")
     running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
     wait_for(lambda: _count(system.app, running) == 3, 30, "three slots to be busy")
     worker.popen.send_signal(signal.SIGTERM)
@@ -236,6 +303,7 @@ def test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched(
     rescued = 0
     while worker.popen.poll() is None:
         rescued += reconciler.run_once().rescued
+        time.sleep(0.2)  # a pass now and then, as a reconciler loop runs
     assert worker.popen.wait() == 0, worker.output()
     assert rescued == 0
     statuses = sorted(system.status(i) for i in ids)
@@ -309,6 +377,22 @@ def test_workers_do_not_outlive_a_killed_supervisor(
     workers = _children(supervisor.popen.pid)
     os.kill(supervisor.popen.pid, signal.SIGKILL)
     wait_for(lambda: not any(_running(pid) for pid in workers), 30, "the workers to stop")
+
+
+def test_a_named_worker_started_again_takes_a_name_of_its_own(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """RQ refuses a name that a killed worker left registered."""
+    supervisor = spawn(*WORKER, "--processes", "2", "--name", "w")
+
+    def names() -> set[str]:
+        return {w.name for w in Worker.all(connection=system.redis)}
+
+    wait_for(lambda: names() >= {"w-0", "w-1"}, 30, "both workers registered")
+    victim = next(w.pid for w in Worker.all(connection=system.redis) if w.name == "w-0")
+    os.kill(victim, signal.SIGKILL)
+    wait_for(lambda: "w-0.2" in names(), 30, "the worker started again under a new name")
+    assert supervisor.stop(signal.SIGTERM) == 0, supervisor.output()
 
 
 def test_supervised_burst_workers_end_with_the_queue(

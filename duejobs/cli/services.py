@@ -204,16 +204,19 @@ def worker(
         shared += [f"--timeout-grace={spell_duration(timeout_grace)}"]
         shared += [f"--concurrency={concurrency}", f"--log-level={log_level}"]
         shared += [f"--log-format={log_format}", *(["--burst"] if burst else [])]
-        children = [
-            [
+
+        def child(index: int, starts: int) -> list[str]:
+            # RQ refuses a name still registered by a worker that ended without deregistering
+            # (killed, or ended for its supervisor): each start gets a name of its own.
+            named = f"{name}-{index}" + (f".{starts}" if starts > 1 else "")
+            return [
                 *shared,
-                *([f"--name={name}-{i}"] if name else []),
-                *([f"--metrics-port={metrics_port + i}"] if metrics_port is not None else []),
+                *([f"--name={named}"] if name else []),
+                *([f"--metrics-port={metrics_port + index}"] if metrics_port is not None else []),
             ]
-            for i in range(processes)
-        ]
+
         with services(ctx.obj["data_dir"]):
-            sys.exit(Supervisor(children, burst=burst).run())
+            sys.exit(Supervisor(processes, child, burst=burst).run())
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref)
         runtime = Runtime(app, config, name=name)

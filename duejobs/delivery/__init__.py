@@ -51,10 +51,11 @@ from duejobs.delivery.deliverer import (
     job_tenant_part,
     parse_job_id,
 )
-from duejobs.delivery.rq_worker import Delivered, DuejobsWorker, Performer
+from duejobs.delivery.rq_worker import EXIT_WEDGED, Delivered, DuejobsWorker, Performer
 
 __all__ = [
     "DEFAULT_QUEUE",
+    "EXIT_WEDGED",
     "FAILURE_TTL",
     "JOB_FUNCTION",
     "LIST_SCAN_LIMIT",

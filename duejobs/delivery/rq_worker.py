@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import FrameType
 from typing import Any, ClassVar, Protocol
 
@@ -23,10 +23,14 @@ from rq.executions import Execution
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.timeouts import BaseDeathPenalty
+from rq.utils import now
+from rq.worker import WorkerStatus
 
 from duejobs.delivery.deliverer import Deliverer
 
 log = logging.getLogger("duejobs.delivery")
+# The exit status of a worker that ended itself because handlers would not return.
+EXIT_WEDGED = 70
 
 # How often a worker whose slots are all busy beats and looks for a stop request (seconds).
 _SLOT_WAIT = 1.0
@@ -52,6 +56,11 @@ class Performer(Protocol):
 
     @property
     def concurrency(self) -> int: ...
+
+    @property
+    def wedged(self) -> int:
+        """Slots whose handler was given up past its timeout and grace and still runs."""
+        ...
 
     def deliverer(self) -> Deliverer: ...
 
@@ -106,8 +115,11 @@ class DuejobsWorker(SimpleWorker):
 
     **Shutdown.** The first SIGTERM/SIGINT stops taking jobs and lets the running ones finish
     (their handlers' timeouts bound the wait), then exits; nothing taken is left unstarted. A
-    second one is a cold shutdown: the process ends at once, and the leases of the attempts it
-    was running expire for the reconciler to rescue.
+    slot whose handler was given up (it will not return) is not waited for: once the others
+    are done the process exits with ``EXIT_WEDGED``. A second signal more than a second after
+    the first (as RQ counts: a process group's copy of the same signal is not a second one) is
+    a cold shutdown: the process ends at once, and the leases of the attempts it was running
+    expire for the reconciler to rescue.
 
     A delivery that came too early is put back into the scheduled registry under its own id,
     once RQ has finished with it (so no other process can push a second job meanwhile).
@@ -131,6 +143,8 @@ class DuejobsWorker(SimpleWorker):
         self._pool = (
             ThreadPoolExecutor(slots, thread_name_prefix="duejobs-slot") if slots > 1 else None
         )
+        self._busy = 0  # slots running a job
+        self._busy_lock = threading.Condition()
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -142,11 +156,15 @@ class DuejobsWorker(SimpleWorker):
             if self._stop_requested:
                 return None
             self.heartbeat()
-        if self._stop_requested:
-            self._slots.release()
-            return None
         try:
-            taken = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            # Idle before looking at the stop flag: a signal from here on raises StopRequested
+            # (RQ's rule for an idle worker) instead of only setting the flag while this
+            # process blocks on Redis for minutes.
+            self.set_state(WorkerStatus.IDLE)
+            if self._stop_requested:
+                taken = None
+            else:
+                taken = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         except BaseException:
             self._slots.release()
             raise
@@ -158,8 +176,14 @@ class DuejobsWorker(SimpleWorker):
         if self._pool is None:
             super().execute_job(job, queue)
             return
-        execution = self.prepare_execution(job)
-        self._pool.submit(self._run_slot, job, queue, execution)
+        with self._busy_lock:
+            self._busy += 1
+        try:
+            execution = self.prepare_execution(job)
+            self._pool.submit(self._run_slot, job, queue, execution)
+        except BaseException:  # the job stays in RQ's intermediate list for the re-push
+            self._slot_done()
+            raise
 
     def _run_slot(self, job: Job, queue: Queue, execution: Execution) -> None:
         try:
@@ -167,11 +191,29 @@ class DuejobsWorker(SimpleWorker):
         except BaseException:  # perform_job records failures itself; this is a last resort
             log.exception("slot ended by an error outside the job %s", job.id)
         finally:
-            self._slots.release()
+            self._slot_done()
+
+    def _slot_done(self) -> None:
+        with self._busy_lock:
+            self._busy -= 1
+            self._busy_lock.notify_all()
+        self._slots.release()
 
     def teardown(self) -> None:
-        """Let the running slots finish before RQ deregisters the worker."""
+        """Let the running slots finish before RQ deregisters the worker — all but those
+        given up, which will not return: then the process ends for its supervisor."""
         if self._pool is not None:
+            with self._busy_lock:
+                while self._busy > self._performer.wedged:
+                    self._busy_lock.wait(_SLOT_WAIT)
+                stuck = self._busy
+            if stuck:
+                log.critical(
+                    "%d slots hold handlers that will not return; the worker exits (status %d)",
+                    stuck,
+                    EXIT_WEDGED,
+                )
+                os._exit(EXIT_WEDGED)
             self._pool.shutdown(wait=True)
         super().teardown()  # type: ignore[no-untyped-call]
 
@@ -179,6 +221,8 @@ class DuejobsWorker(SimpleWorker):
         if self._pool is None:
             super().request_force_stop(signum, frame)
             return
+        if (now() - self._shutdown_requested_date) < timedelta(seconds=1):  # type: ignore[operator]
+            return  # the same stop reaching this process twice (its group, its supervisor)
         log.warning("cold shutdown: ending now; running attempts are rescued when their lease ends")
         os._exit(1)
 

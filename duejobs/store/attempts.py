@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -114,12 +115,18 @@ def change_since_claim(
     return None if row.reason is None else SkipReason(row.reason)
 
 
-def extend_lease(
-    conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int, lease: timedelta
+def extend_leases(
+    conn: Connection, attempts: Sequence[tuple[uuid.UUID, int, int]], lease: timedelta
 ) -> None:
-    """Push the running attempt's lease forward (nothing, once it is no longer current)."""
-    params = {"id": schedule_id, "version": version, "attempt": attempt, "lease": lease}
-    run_count(conn, "extend_lease", params)
+    """Push forward the leases of running attempts — (schedule id, version, attempt) — in one
+    statement; those no longer current, or whose row is locked now, are left as they are."""
+    params = {
+        "ids": [a[0] for a in attempts],
+        "versions": [a[1] for a in attempts],
+        "attempts": [a[2] for a in attempts],
+        "lease": lease,
+    }
+    run_count(conn, "extend_leases", params)
 
 
 def record_effect(

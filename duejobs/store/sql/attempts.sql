@@ -66,10 +66,22 @@ SELECT {{skip_verdict}} AS reason FROM scheduled_jobs WHERE id = :id
 -- The same, keeping the row locked to the end of the transaction (the effect fence).
 SELECT {{skip_verdict}} AS reason FROM scheduled_jobs WHERE id = :id FOR UPDATE
 
--- name: extend_lease
-UPDATE scheduled_jobs
+-- name: extend_leases
+-- Push forward the leases of the running attempts given, in one statement. A row locked by
+-- its own handler's ctx.transaction() (or by an application) is skipped this beat, never
+-- waited for: the reconciler's rescue skips locked rows too.
+UPDATE scheduled_jobs s
 SET lease_expires_at = statement_timestamp() + CAST(:lease AS interval)
-WHERE id = :id AND version = :version AND attempts = :attempt AND status = 'running'
+FROM (
+    SELECT j.id
+    FROM unnest(CAST(:ids AS uuid[]), CAST(:versions AS integer[]),
+                CAST(:attempts AS integer[])) AS r(id, version, attempt)
+    JOIN scheduled_jobs j ON j.id = r.id AND j.version = r.version AND j.attempts = r.attempt
+    WHERE j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+) AS mine
+WHERE s.id = mine.id
 
 -- name: record_effect
 INSERT INTO scheduled_job_effects (effect_key, schedule_id, tenant, version)
