@@ -27,6 +27,8 @@ Seen failing against builds broken on purpose:
   ``test_the_same_stop_signal_twice_within_a_second_is_one_warm_shutdown``;
 * a restarted worker reusing its name (RQ refuses it) →
   ``test_a_named_worker_started_again_takes_a_name_of_its_own``;
+* the warm-stop request ignored (as when RQ's ``StopRequested`` is swallowed during its
+  start-up, seen once under load) → ``test_a_worker_stopped_while_it_starts_still_stops``;
 * the pool not drained before the worker stops (``teardown``): the leases of the handlers
   still running lapse and the reconciler rescues them →
   ``test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched``.
@@ -403,3 +405,16 @@ def test_supervised_burst_workers_end_with_the_queue(
     supervisor = spawn(*WORKER, "--processes", "2", "--burst")
     assert supervisor.popen.wait(timeout=60) == 0, supervisor.output()
     assert [system.status(i) for i in ids] == ["succeeded"] * 6
+
+
+@pytest.mark.parametrize("slots", ["1", "2"])
+def test_a_worker_stopped_while_it_starts_still_stops(
+    system: System, spawn: Callable[..., Proc], slots: str
+) -> None:
+    """SIGTERM at moments spread over a worker's start-up (before and during RQ's own start):
+    each run ends, however early the stop came."""
+    for delay in (0.3, 0.5, 0.7, 0.9, 1.1, 1.3):
+        worker = spawn(*WORKER, "--concurrency", slots)
+        time.sleep(delay)  # the moment of the stop, not a wait for a result
+        worker.popen.send_signal(signal.SIGTERM)
+        assert worker.popen.wait(timeout=20) in (0, -signal.SIGTERM), worker.output()

@@ -1,4 +1,8 @@
-"""Fair claiming across tenants and per-tenant in-flight quotas."""
+"""Fair claiming across tenants and per-tenant in-flight quotas.
+
+Seen failing against the mutation run's survivor that dropped a capped tenant's jobs in
+flight from the claim's walk → ``test_a_tenant_at_its_in_flight_quota_takes_no_share_of_a_batch``.
+"""
 
 from __future__ import annotations
 
@@ -194,6 +198,24 @@ def test_running_jobs_count_against_the_in_flight_quota(system: System) -> None:
             )
         )
     assert system.scheduler.run_once().claimed == 1
+
+
+def test_a_tenant_at_its_in_flight_quota_takes_no_share_of_a_batch(system: System) -> None:
+    """Its share would be rows the claim may not take: the batch would come back short and
+    the other tenant's rows wait for the next pass."""
+    system.app.set_quota("capped", max_inflight=1)
+    due_rows(system.app.engine, "capped", 10, seconds_ago=10)
+    due_rows(system.app.engine, "open", 4)
+    with system.app.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET status = 'running', queue_job_id = 'x', "
+                "lease_expires_at = now() + interval '1 minute' WHERE id IN "
+                "(SELECT id FROM scheduled_jobs WHERE tenant = 'capped' LIMIT 1)"
+            )
+        )
+    taken = claim(system.app.engine, 4).rows
+    assert [r.tenant for r in taken] == ["open"] * 4
 
 
 def test_a_capped_tenant_is_not_pushed_ahead_of_its_due_time(system: System) -> None:

@@ -365,6 +365,20 @@ def test_an_async_handler_leaves_nothing_running_into_the_next_job(system: Syste
     assert late == []
 
 
+def test_a_slot_keeps_its_event_loop_from_one_async_handler_to_the_next(system: System) -> None:
+    """A loop set up per job would cost every async delivery its setup and leak loops."""
+    loops: list[int] = []
+
+    async def note_loop(ctx: Context, payload: object) -> None:
+        loops.append(id(asyncio.get_running_loop()))
+
+    system.app.handler("note-loop")(note_loop)
+    for _ in range(2):
+        s = system.app.schedule("note-loop", {}, delay=0)
+        assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
+    assert len(loops) == 2 and loops[0] == loops[1]
+
+
 def test_the_workers_session_settings_never_reach_the_apps_pool(app: App) -> None:
     register(app)
     runtime = Runtime(app, WorkerConfig())

@@ -151,6 +151,8 @@ class DuejobsWorker(SimpleWorker):
     ) -> tuple[Job, Queue] | None:
         """Wait for a free slot (beating meanwhile), then take a job as RQ does."""
         if self._pool is None:
+            if self._stop_requested:
+                return None
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
         while not self._slots.acquire(timeout=_SLOT_WAIT):
             if self._stop_requested:
@@ -216,6 +218,13 @@ class DuejobsWorker(SimpleWorker):
                 os._exit(EXIT_WEDGED)
             self._pool.shutdown(wait=True)
         super().teardown()  # type: ignore[no-untyped-call]
+
+    def request_stop(self, signum: int, frame: FrameType | None) -> None:
+        """RQ's warm shutdown, with the request also kept as a flag: RQ raises
+        ``StopRequested`` in an idle worker, and one that lands inside RQ's start-up code
+        can be swallowed there, leaving the worker to block on Redis for good."""
+        self._stop_requested = True
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def request_force_stop(self, signum: int, frame: FrameType | None) -> None:
         if self._pool is None:
