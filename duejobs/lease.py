@@ -43,7 +43,7 @@ class Watched:
     give_up_at: float  # monotonic: the handler's timeout plus the grace
     overrun: Callable[[], None]
     renewed_at: float = field(default_factory=time.monotonic)  # the claim set the lease
-    fired: bool = False  # the heartbeat gave up on it: the process is ending
+    fired: bool = False  # the heartbeat gave up on it and called its overrun
 
 
 class Heartbeat:
@@ -92,13 +92,12 @@ class Heartbeat:
             now = time.monotonic()
             with self._lock:
                 overrun = [w for w in self._watched.values() if now >= w.give_up_at]
-                due = [w for w in self._watched.values() if now >= w.renewed_at + beat]
                 for watched in overrun:
                     watched.fired = True
                     del self._watched[id(watched)]
+                due = [w for w in self._watched.values() if now >= w.renewed_at + beat]
             for watched in overrun:  # each on a thread of its own: the others' beats go on
                 threading.Thread(target=watched.overrun, name="duejobs-overrun").start()
-            due = [w for w in due if not w.fired]
             for watched in due:
                 watched.renewed_at = now
             if due:

@@ -39,6 +39,19 @@ def due_rows(engine: Engine, tenant: str, n: int, *, seconds_ago: float = 60) ->
         )
 
 
+def running(engine: Engine, tenant: str, n: int) -> None:
+    """``n`` of ``tenant``'s rows running, with a live lease (jobs in flight)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET status = 'running', queue_job_id = 'x', "
+                "lease_expires_at = now() + interval '1 minute' WHERE id IN "
+                "(SELECT id FROM scheduled_jobs WHERE tenant = :tenant LIMIT :n)"
+            ),
+            {"tenant": tenant, "n": n},
+        )
+
+
 def claim(engine: Engine, limit: int, after: str = "") -> Claim:
     with engine.begin() as conn:
         return claim_due(conn, WINDOW, limit, after)
@@ -189,14 +202,7 @@ def test_an_in_flight_quota_keeps_the_rest_of_a_burst_in_the_table(system: Syste
 def test_running_jobs_count_against_the_in_flight_quota(system: System) -> None:
     system.app.set_quota("acme", max_inflight=3)
     due_rows(system.app.engine, "acme", 10)
-    with system.app.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE scheduled_jobs SET status = 'running', queue_job_id = 'x', "
-                "lease_expires_at = now() + interval '1 minute' WHERE id IN "
-                "(SELECT id FROM scheduled_jobs WHERE tenant = 'acme' LIMIT 2)"
-            )
-        )
+    running(system.app.engine, "acme", 2)
     assert system.scheduler.run_once().claimed == 1
 
 
@@ -206,14 +212,7 @@ def test_a_tenant_at_its_in_flight_quota_takes_no_share_of_a_batch(system: Syste
     system.app.set_quota("capped", max_inflight=1)
     due_rows(system.app.engine, "capped", 10, seconds_ago=10)
     due_rows(system.app.engine, "open", 4)
-    with system.app.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE scheduled_jobs SET status = 'running', queue_job_id = 'x', "
-                "lease_expires_at = now() + interval '1 minute' WHERE id IN "
-                "(SELECT id FROM scheduled_jobs WHERE tenant = 'capped' LIMIT 1)"
-            )
-        )
+    running(system.app.engine, "capped", 1)
     taken = claim(system.app.engine, 4).rows
     assert [r.tenant for r in taken] == ["open"] * 4
 
