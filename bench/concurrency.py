@@ -8,6 +8,9 @@ process tree (the pool's parent, its workers and their forked work horses), samp
 0.1 s. Medians of ``ROUNDS`` alternated rounds.
 
 * no-op jobs/s: one duejobs process with 16 slots against one bare RQ ``SimpleWorker``;
+* PostgreSQL commits per job (``pg_stat_database.xact_commit`` over the worker's run): the
+  slots' batched claims and outcomes against one slot, which claims and closes each job
+  alone (two commits a job);
 * jobs whose handler sleeps 50 ms (a network call): one duejobs process with 32 slots against
   one bare ``SimpleWorker`` (measured on ``NAP_BARE`` jobs: 2,000 would take it 100 s), and
   against ``rq worker-pool -n 8`` (RQ's default worker class, a fork per job; the bare jobs
@@ -21,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,36 +111,60 @@ def _bare(redis: Redis, env: dict[str, str], function: str, n: int, pool: int) -
     return n / span, rss
 
 
+def _commits(app: App) -> int:
+    """Transactions committed in the bench's database so far, once every other session has
+    ended (a backend's counts reach the statistics when it exits)."""
+    with app.engine.connect() as conn:
+        wait_for_alone = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        for _ in range(300):
+            if conn.exec_driver_sql(wait_for_alone).scalar_one() == 0:
+                break
+            conn.rollback()
+            time.sleep(0.1)
+        conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+        return int(
+            conn.exec_driver_sql(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            ).scalar_one()
+        )
+
+
 def _ours(
     app: App, redis: Redis, env: dict[str, str], job_type: str, n: int, slots: int
-) -> tuple[float, int]:
-    """(jobs/s, peak RSS) of one duejobs worker process with ``slots`` slots."""
+) -> tuple[float, int, float]:
+    """(jobs/s, peak RSS, PostgreSQL commits per job) of one duejobs worker process with
+    ``slots`` slots."""
     redis.flushdb()
     fill_due(libpq_url(app.settings.database_url), n, job_type=job_type, offset="-1 second")
     scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
     scheduler.run_once()
     scheduler.close()
+    app.engine.dispose()
+    before = _commits(app)
     worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", str(slots)]
     rss = _run([sys.executable, "-m", "duejobs", *worker, "--log-level", "warning"], env)
+    commits = _commits(app) - before
     with app.engine.connect() as conn:
         done, span = conn.exec_driver_sql(
             "SELECT count(*) FILTER (WHERE status = 'succeeded'), "
             "extract(epoch FROM max(finished_at) - min(started_at)) FROM scheduled_jobs"
         ).one()
     assert done == n, done
-    return n / float(span), rss
+    return n / float(span), rss, commits / n
 
 
-def _median_rounds(sides: list[Callable[[], tuple[float, int]]]) -> list[tuple[float, int]]:
-    """Each side once per round, alternated; the median rate and RSS of each."""
-    results: list[list[tuple[float, int]]] = [[] for _ in sides]
+def _median_rounds(
+    sides: list[Callable[[], tuple[float, ...]]],
+) -> list[tuple[float, ...]]:
+    """Each side once per round, alternated; the median of each of a side's figures."""
+    results: list[list[tuple[float, ...]]] = [[] for _ in sides]
     for _ in range(ROUNDS):
         for i, side in enumerate(sides):
             results[i].append(side())
-    return [
-        (statistics.median(r for r, _ in rs), int(statistics.median(m for _, m in rs)))
-        for rs in results
-    ]
+    return [tuple(statistics.median(column) for column in zip(*rs, strict=True)) for rs in results]
 
 
 def run(database_url: str, redis_url: str) -> list[Figure]:
@@ -144,13 +172,14 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     redis = Redis.from_url(redis_url)
     app = App(database_url=database_url, redis_url=redis_url)
     try:
-        (noop, _), (bare_noop, _) = _median_rounds(
+        (noop, _, noop_commits), (bare_noop, _), (_, _, one_commits) = _median_rounds(
             [
                 lambda: _ours(app, redis, env, "noop", NOOP, 16),
                 lambda: _bare(redis, env, "bench.bare_jobs.noop", NOOP, 0),
+                lambda: _ours(app, redis, env, "noop", NOOP, 1),
             ]
         )
-        (nap, nap_rss), (bare_nap, _), (pool_nap, pool_rss) = _median_rounds(
+        (nap, nap_rss, nap_commits), (bare_nap, _), (pool_nap, pool_rss) = _median_rounds(
             [
                 lambda: _ours(app, redis, env, "nap", NAP, 32),
                 lambda: _bare(redis, env, "bench.bare_jobs.nap", NAP_BARE, 0),
@@ -184,6 +213,22 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
             "jobs/s",
             ">= 1.0x the pool",
             nap >= pool_nap,
+        ),
+        Figure(
+            "slots: PostgreSQL commits/job, 16 slots, no-op",
+            noop_commits,
+            one_commits,
+            "commits",
+            "<= 0.5x one slot (unbatched)",
+            noop_commits <= 0.5 * one_commits,
+        ),
+        Figure(
+            "slots: PostgreSQL commits/job, 32 slots, 50 ms",
+            nap_commits,
+            one_commits,
+            "commits",
+            "<= 0.5x one slot (unbatched)",
+            nap_commits <= 0.5 * one_commits,
         ),
         Figure(
             "slots: memory (RSS), 1 x 32 slots vs the pool of 8",

@@ -83,8 +83,8 @@ class Context:
             ):
                 raise EffectAlreadyAppliedError(f"effect {self.effect_key} was already applied")
             yield conn
-            if not store.finish(
-                conn, self.schedule_id, self.version, self.attempt, outcome=Status.SUCCEEDED
-            ):  # cannot happen while the row lock holds; if it did, nothing commits
+            closing = store.Closing(self.schedule_id, self.version, self.attempt, Status.SUCCEEDED)
+            if not store.finish(conn, [closing])[0]:
+                # cannot happen while the row lock holds; if it did, nothing commits
                 raise ScheduleChangedError(self.schedule_id, SkipReason.DUPLICATE.value)
         self._finished = True

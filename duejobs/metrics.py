@@ -58,6 +58,12 @@ DELIVERIES = Counter(
     "Deliveries handled by a worker, by outcome.",
     ["tenant", "type", "outcome"],
 )
+BATCH_SIZE = Histogram(
+    "duejobs_worker_batch_size",
+    "Claims or outcomes a worker's bookkeeping statement carried (group commit).",
+    ["kind"],
+    buckets=(1, 2, 4, 8, 16, 32, 64),
+)
 PUSHED = Counter("duejobs_scheduler_pushed", "Jobs pushed by the scheduler.", ["where"])
 PROMOTED = Counter("duejobs_scheduler_promoted", "Deferred jobs moved onto the queue.")
 PASS_SECONDS = Histogram("duejobs_scheduler_pass_seconds", "Duration of a scheduler pass.")

@@ -6,6 +6,8 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    version, this being the next attempt, and ``due_at`` reached by the **database's** clock →
    ``running`` with an attempt row, a ``started`` event and a lease. The worker's own clock is
    never consulted, so a worker whose clock is ten minutes off behaves like any other.
+   Deliveries taken from Redis together (one per free slot) are claimed in that same one
+   statement, and so are outcomes that arrive together (:mod:`duejobs.batches`).
 2. **Otherwise skips, and records why**: missing, cancelled, superseded (another version),
    duplicate (already running or done — RQ can deliver one id twice), expired (later than
    the schedule's ``expires_after``; the schedule is then cancelled). A delivery that arrived
@@ -62,6 +64,9 @@ most half the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: 
 to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeout`` (2 s),
 ``concurrency`` (1: deliveries one at a time, in the main thread; the App's connection pool
 grows to two connections per slot).
+
+Metrics: ``duejobs_deliveries_total{tenant,type,outcome}``, ``duejobs_lag_seconds``, and
+``duejobs_worker_batch_size{kind}`` (claims or outcomes per bookkeeping statement).
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -84,6 +89,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
 from duejobs import metrics, store
+from duejobs.batches import GroupCommit
 from duejobs.config import check_count, check_duration
 from duejobs.context import Context
 from duejobs.core import HasCore
@@ -99,7 +105,7 @@ from duejobs.handlers import Handler
 from duejobs.lease import Heartbeat, Watched, time_limit
 from duejobs.models import Status
 from duejobs.slots import Bookkeeping, EventLoops, lock_busy
-from duejobs.store import SkipReason
+from duejobs.store import Closing, Delivery, RunClaim, SkipReason
 
 # DuejobsWorker (the RQ side) lives in duejobs.delivery; it is named here too, beside the
 # Runtime it runs, for code that embeds a worker.
@@ -162,6 +168,11 @@ class Outcome(enum.StrEnum):
     STALE = "stale"
 
 
+_CLOSED = {
+    Status.SUCCEEDED: Outcome.SUCCEEDED,
+    Status.SCHEDULED: Outcome.RETRYING,
+    Status.FAILED: Outcome.FAILED,
+}
 # How long the watchdog tries to record a timed-out attempt before the process ends anyway.
 _CLOSE_WITHIN = 5.0
 # A delivery whose row another transaction held is put back with this score: the next
@@ -184,6 +195,12 @@ class Runtime:
             self.core, self.config.claim_lock_timeout, self.config.durable_bookkeeping
         )
         self._loops = EventLoops()
+        # Claims and outcomes of deliveries that arrive together, one statement per batch.
+        self._claims = GroupCommit("claim", self._claim_batch)
+        self._closings = GroupCommit("outcome", self._close_batch)
+        # Deliveries claimed when they were taken from Redis together, until their slot runs.
+        self._claimed_ahead: dict[Delivery, RunClaim] = {}
+        self._ahead_lock = threading.Lock()
         # Slots whose handler ran past its timeout and grace and has not returned.
         self._wedged = 0
         self._wedged_lock = threading.Lock()
@@ -223,11 +240,8 @@ class Runtime:
         once)."""
         put_back_at: datetime | None = None
         job_type = ""
-        try:
-            claim = self._claim(schedule_id, version, attempt, tenant)
-        except DBAPIError as exc:
-            if not lock_busy(exc):
-                raise
+        claim = self._claim(Delivery(schedule_id, tenant, version, attempt))
+        if claim is None:
             # Someone holds the row (an open application transaction): try again shortly,
             # under the same id, without using an attempt.
             log.info("row %s is locked; delivery put back", schedule_id)
@@ -389,30 +403,58 @@ class Runtime:
         log.critical("%s; the worker exits (status %d)", error, EXIT_WEDGED, extra=where)
         os._exit(EXIT_WEDGED)
 
-    def _claim(
-        self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str
-    ) -> store.RunClaim:
-        """Claim; an early delivery waits for its time when that is close (by the database's
-        own reading of how far away it is), then claims again."""
+    def claim_ahead(self, deliveries: Sequence[tuple[uuid.UUID, int, int, str]]) -> None:
+        """Claim in one statement deliveries taken from Redis together, each for the slot
+        that will run it (see :meth:`deliver`); those that cannot run now are left to their
+        slot, which says why."""
+        batch = [
+            Delivery(s, tenant, version, attempt) for s, version, attempt, tenant in deliveries
+        ]
+        claims = self._claims.run_now(batch)
+        with self._ahead_lock:
+            self._claimed_ahead.update((d, c) for d, c in zip(batch, claims, strict=True) if c)
+
+    def _claim(self, delivery: Delivery) -> RunClaim | None:
+        """Claim (with the deliveries claimed beside it); one that cannot run now is told why
+        (:func:`~duejobs.store.claim_verdict`), and one that came early waits for its time
+        when that is close, by the database's own reading of how far away it is, then
+        claims again. None: its row stayed locked past ``claim_lock_timeout``."""
+        with self._ahead_lock:
+            ahead = self._claimed_ahead.pop(delivery, None)
+        if ahead is not None:
+            return ahead
         give_up = time.monotonic() + self.config.max_early_wait.total_seconds()
+        locked_until = time.monotonic() + self.config.claim_lock_timeout.total_seconds()
         while True:
-            with self.bookkeeping.connection() as conn:
-                claim = store.claim_run(
-                    conn,
-                    schedule_id=schedule_id,
-                    tenant=tenant,
-                    version=version,
-                    attempt=attempt,
-                    worker=self.name,
-                    lease=self.config.lease,
-                )
-            if claim.skip is not SkipReason.NOT_DUE:
+            claim = self._claims.submit(delivery)
+            if claim is not None:
                 return claim
-            assert claim.due_at is not None and claim.db_now is not None
-            remaining = (claim.due_at - claim.db_now).total_seconds()
+            try:
+                with self.bookkeeping.connection() as conn:
+                    verdict = store.claim_verdict(conn, delivery, worker=self.name)
+            except DBAPIError as exc:
+                if not lock_busy(exc):
+                    raise
+                return None
+            if verdict.skip is None:  # its row was locked when the claim looked
+                if time.monotonic() > locked_until:
+                    return None
+                continue
+            if verdict.skip is not SkipReason.NOT_DUE:
+                return verdict
+            assert verdict.due_at is not None and verdict.db_now is not None
+            remaining = (verdict.due_at - verdict.db_now).total_seconds()
             if time.monotonic() + remaining > give_up:
-                return claim
+                return verdict
             time.sleep(remaining)
+
+    def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
+        with self.bookkeeping.connection() as conn:
+            return store.claim_runs(conn, deliveries, worker=self.name, lease=self.config.lease)
+
+    def _close_batch(self, closings: Sequence[Closing]) -> list[bool]:
+        with self.bookkeeping.connection() as conn:
+            return store.finish(conn, closings)
 
     def _close(
         self,
@@ -423,45 +465,42 @@ class Runtime:
         retry_in: timedelta | None = None,
         conn: Connection | None = None,
     ) -> Outcome:
-        """Record the attempt's outcome. On the worker's own connection a row lock another
-        transaction holds (an application's cancel, say) is waited for in rounds of
-        ``claim_lock_timeout``, up to the lease, so a finished handler's outcome is kept."""
+        """Record the attempt's outcome: with the outcomes of the slots beside it, or on
+        ``conn`` (a transaction of the caller's). A row lock another transaction holds (an
+        application's cancel, say) is waited for in rounds of ``claim_lock_timeout``, up to
+        the lease, so a finished handler's outcome is kept."""
+        closing = Closing(ctx.schedule_id, ctx.version, ctx.attempt, outcome, error, retry_in)
+        if conn is None and self._closings.submit(closing):
+            return _CLOSED[outcome]
         give_up = time.monotonic() + self.config.lease.total_seconds()
         while True:
             try:
-                return self._close_once(ctx, outcome, error, retry_in, conn)
+                closed = self._close_locked(ctx, closing, conn)
             except DBAPIError as exc:
                 if conn is not None or not lock_busy(exc) or time.monotonic() > give_up:
                     raise
-                log.info("row %s is locked; recording the outcome again", ctx.schedule_id)
+                closed = None
+            if closed is not None:
+                return closed
+            if time.monotonic() > give_up:
+                raise RuntimeError(
+                    f"row {ctx.schedule_id} stayed locked; the outcome of attempt "
+                    f"{ctx.attempt} was not recorded (its lease will expire)"
+                )
+            log.info("row %s is locked; recording the outcome again", ctx.schedule_id)
 
-    def _close_once(
-        self,
-        ctx: Context,
-        outcome: Status,
-        error: str | None,
-        retry_in: timedelta | None,
-        conn: Connection | None,
-    ) -> Outcome:
+    def _close_locked(
+        self, ctx: Context, closing: Closing, conn: Connection | None
+    ) -> Outcome | None:
+        """Wait for the row's lock, then close the attempt or record it stale. None: the
+        row was locked again before the close (only between two autocommit statements)."""
         with contextlib.nullcontext(conn) if conn else self.bookkeeping.connection() as conn:
-            if store.finish(
-                conn,
-                ctx.schedule_id,
-                ctx.version,
-                ctx.attempt,
-                outcome=outcome,
-                error=error,
-                retry_in=retry_in,
-            ):
-                return {
-                    Status.SUCCEEDED: Outcome.SUCCEEDED,
-                    Status.SCHEDULED: Outcome.RETRYING,
-                    Status.FAILED: Outcome.FAILED,
-                }[outcome]
-            change = store.change_since_claim(conn, ctx.schedule_id, ctx.version, ctx.attempt)
-            store.record_stale(
-                conn, ctx.schedule_id, ctx.version, ctx.attempt, change or SkipReason.DUPLICATE
+            change = store.change_since_claim(
+                conn, ctx.schedule_id, ctx.version, ctx.attempt, lock=True
             )
+            if change is None:
+                return _CLOSED[closing.outcome] if store.finish(conn, [closing])[0] else None
+            store.record_stale(conn, ctx.schedule_id, ctx.version, ctx.attempt, change)
         return Outcome.STALE
 
     def _stale(self, ctx: Context, reason: SkipReason) -> Outcome:

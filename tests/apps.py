@@ -118,6 +118,21 @@ def meet(ctx: Context, payload: Any) -> None:
     record(ctx, payload)
 
 
+_MET: collections.defaultdict[str, threading.Event] = collections.defaultdict(threading.Event)
+
+
+def meet_and_return(ctx: Context, payload: Any) -> None:
+    """A sync handler that waits for its group, all of which return at the same moment;
+    it records nothing (the worker closes its attempt)."""
+    group, parties, give_up = _arrive(payload)
+    with _ARRIVED_LOCK:
+        met = _MET[group]
+        if _ARRIVED[group] >= parties:
+            met.set()
+    if not met.wait(max(0.0, give_up - time.monotonic())):
+        raise RuntimeError(f"only {_ARRIVED[group]} of {parties} handlers ran at once")
+
+
 async def meet_async(ctx: Context, payload: Any) -> None:
     """An ``async def`` handler that waits for its group on its event loop, then records."""
     waiting = _arrive(payload)
@@ -159,6 +174,7 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("stubborn-fenced", timeout=timedelta(seconds=1), max_attempts=2)(stubborn_fenced)
     app.handler("meet", max_attempts=1)(meet)
     app.handler("meet-async", max_attempts=1)(meet_async)
+    app.handler("meet-and-return", max_attempts=1)(meet_and_return)
     app.handler("spin", timeout=timedelta(seconds=1), max_attempts=1)(spin)
     app.handler("snooze", timeout=timedelta(seconds=1), max_attempts=1)(snooze)
     app.handler("hold", timeout=timedelta(seconds=60))(hold)

@@ -31,7 +31,19 @@ Seen failing against builds broken on purpose:
   start-up, seen once under load) → ``test_a_worker_stopped_while_it_starts_still_stops``;
 * the pool not drained before the worker stops (``teardown``): the leases of the handlers
   still running lapse and the reconciler rescues them →
-  ``test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched``.
+  ``test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched``;
+* RQ told ``idle`` while a slot runs a job, or never told ``idle`` once the last slot is
+  done, or the state in memory left ``busy`` (a stop no longer reaches the blocked dequeue)
+  → ``test_a_worker_with_a_busy_slot_shows_busy_while_it_waits_for_more``;
+* the worker's heartbeat never sent again once throttled →
+  ``test_a_worker_whose_slots_are_all_busy_keeps_beating``;
+* the ``rq suspend`` check skipped → ``test_rq_suspend_keeps_a_worker_from_taking_jobs``;
+* no more jobs taken with the first for the free slots (one claim statement per job) →
+  ``test_deliveries_taken_together_are_claimed_in_one_statement``;
+* outcomes committed one per statement (the group commit's limit 1) →
+  ``test_outcomes_that_arrive_together_are_committed_together``;
+* jobs taken together and not started left behind at a stop (claimed, never run) →
+  ``test_jobs_taken_together_and_not_started_run_at_a_warm_stop``.
 """
 
 from __future__ import annotations
@@ -47,12 +59,13 @@ from pathlib import Path
 import pytest
 from rq import Queue, Worker
 from rq.serializers import JSONSerializer
+from rq.suspension import resume, suspend
 from sqlalchemy import text
 
 from duejobs import App, Status
 from duejobs.reconcile import Reconciler
 from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
-from tests.conftest import Proc, System, wait_for
+from tests.conftest import Proc, System, sample, wait_for
 
 WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
 
@@ -204,6 +217,116 @@ def test_a_worker_takes_a_job_only_when_a_slot_is_free(
     assert worker.popen.wait(timeout=60) == 0, worker.output()
     assert [system.status(i) for i in ids] == ["succeeded"] * 6
     assert (queue.started_job_registry.count, queue.finished_job_registry.count) == (0, 6)
+
+
+def test_a_worker_with_a_busy_slot_shows_busy_while_it_waits_for_more(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    release = f"test:release:{uuid.uuid4().hex}"
+    ids = [system.app.schedule("hold", {"until": release}, delay=0).id for _ in range(2)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "3")
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(system.app, running) == 2, 30, "two slots to be busy")
+    # The third slot's dequeue blocks on Redis: RQ set the worker idle just before it.
+    wait_for(lambda: _blocked_on_redis(system), 30, "the free slot to wait on the queue")
+    (rq_worker,) = Worker.all(connection=system.redis)
+    assert rq_worker.get_state() == "busy"
+    system.redis.set(release, 1)
+    wait_for(lambda: all(system.status(i) == "succeeded" for i in ids), 30, "the slots")
+    wait_for(lambda: rq_worker.refresh() or rq_worker.get_state() == "idle", 30, "idle")
+    assert worker.stop() == 0, worker.output()  # a stop still reaches the blocked dequeue
+
+
+def test_a_worker_whose_slots_are_all_busy_keeps_beating(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    release = f"test:release:{uuid.uuid4().hex}"
+    for _ in range(2):
+        system.app.schedule("hold", {"until": release}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2")
+    running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
+    wait_for(lambda: _count(system.app, running) == 2, 30, "both slots to be busy")
+    (rq_worker,) = Worker.all(connection=system.redis)
+    first = rq_worker.last_heartbeat
+    assert first is not None
+    # Beats are sent at most once a second, but they are sent.
+    wait_for(lambda: rq_worker.refresh() or rq_worker.last_heartbeat > first, 10, "a beat")
+    system.redis.set(release, 1)
+    assert worker.stop() == 0, worker.output()
+
+
+def _blocked_on_redis(system: System) -> bool:
+    return any(c.get("cmd") in ("blmove", "blpop") for c in system.redis.client_list())
+
+
+def test_rq_suspend_keeps_a_worker_from_taking_jobs(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    scheduled = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    suspend(system.redis)
+    worker = spawn(*WORKER, "--concurrency", "2", "--burst")
+    assert worker.popen.wait(timeout=60) == 0, worker.output()  # RQ: a burst worker quits
+    assert system.status(scheduled.id) == "scheduled"
+    resume(system.redis)
+    worker = spawn(*WORKER, "--concurrency", "2", "--burst")
+    assert worker.popen.wait(timeout=60) == 0, worker.output()
+    assert system.status(scheduled.id) == "succeeded"
+
+
+def _statements(kind: str) -> tuple[float, float]:
+    """(statements, requests) of the worker's batched bookkeeping so far, in this process."""
+    return (
+        sample("duejobs_worker_batch_size_count", kind=kind),
+        sample("duejobs_worker_batch_size_sum", kind=kind),
+    )
+
+
+def test_deliveries_taken_together_are_claimed_in_one_statement(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(8)]
+    system.scheduler.run_once()
+    before = _statements("claim")
+    slots(8)  # one job taken as RQ takes it, seven more at once for the free slots
+    after = _statements("claim")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 8)
+    assert [system.status(i) for i in ids] == ["succeeded"] * 8
+    assert _count(system.app, "SELECT count(*) FROM scheduled_job_attempts") == 8
+
+
+def test_outcomes_that_arrive_together_are_committed_together(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    meeting = {"group": uuid.uuid4().hex, "parties": 8}
+    ids = [system.app.schedule("meet-and-return", meeting, delay=0).id for _ in range(8)]
+    system.scheduler.run_once()
+    before = _statements("outcome")
+    slots(8)  # eight handlers that return at the same moment
+    after = _statements("outcome")
+    assert after[1] - before[1] == 8
+    assert after[0] - before[0] < 8
+    assert [system.status(i) for i in ids] == ["succeeded"] * 8
+    events = "SELECT count(*) FROM scheduled_job_events WHERE kind = 'succeeded'"
+    assert _count(system.app, events) == 8
+
+
+def test_jobs_taken_together_and_not_started_run_at_a_warm_stop(system: System) -> None:
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
+    system.scheduler.run_once()
+    runtime = Runtime(system.app, WorkerConfig(concurrency=4))
+    worker = DuejobsWorker(runtime)
+    try:
+        worker.register_birth()
+        taken = worker.dequeue_job_and_maintain_ttl(None)  # and three more, claimed
+        assert taken is not None
+        worker.execute_job(*taken)
+        worker.teardown()  # a stop requested now: the three others still run
+    finally:
+        runtime.close()
+    assert [system.status(i) for i in ids] == ["succeeded"] * 4
 
 
 def test_a_wedged_slot_is_given_up_while_the_other_slots_work(

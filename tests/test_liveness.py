@@ -8,7 +8,12 @@ Each test leaves Redis in one of the states that once fooled the push, the recon
 Seen failing against a build whose push and ``live()`` trusted the hash's ``status`` alone
 (every test below but the ones that check a live job is left alone); and against a worker
 that gives up recording an outcome at the first row-lock timeout
-→ ``test_an_outcome_waits_out_a_row_lock_held_longer_than_the_claims_timeout``.
+→ ``test_an_outcome_waits_out_a_row_lock_held_longer_than_the_claims_timeout`` (and
+against one whose batched close waits for the lock instead of skipping the row); against a
+claim that gives up at once on a row locked when the batched claim looked →
+``test_a_claim_waits_for_a_row_lock_released_within_its_timeout_and_runs``; and against a
+batched claim that waits for row locks →
+``test_a_claim_gives_up_on_a_row_an_open_transaction_locks_without_using_an_attempt``.
 """
 
 from __future__ import annotations
@@ -227,6 +232,25 @@ def test_a_claim_gives_up_on_a_row_an_open_transaction_locks_without_using_an_at
         assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
     finally:
         runtime.close()
+
+
+def test_a_claim_waits_for_a_row_lock_released_within_its_timeout_and_runs(app: App) -> None:
+    """The batched claim skips a locked row; the delivery's own verdict then waits for the
+    lock and, finding the row still ready, claims it: one attempt, run at once."""
+    register(app)
+    runtime = Runtime(app, WorkerConfig(claim_lock_timeout=timedelta(seconds=5)))
+    s = app.schedule("record", {}, delay=0)
+    try:
+        with app.engine.connect() as holder:
+            holder.execute(
+                text("SELECT 1 FROM scheduled_jobs WHERE id = :id FOR UPDATE"), {"id": s.id}
+            )
+            threading.Timer(0.3, holder.rollback).start()
+            assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
+    finally:
+        runtime.close()
+    stored = app.get(s.id)
+    assert stored is not None and (stored.status, stored.attempts) == (Status.SUCCEEDED, 1)
 
 
 def test_an_outcome_waits_out_a_row_lock_held_longer_than_the_claims_timeout(app: App) -> None:

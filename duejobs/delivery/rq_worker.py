@@ -3,6 +3,7 @@ one at a time or in slots (see :class:`DuejobsWorker`)."""
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import threading
@@ -34,6 +35,8 @@ EXIT_WEDGED = 70
 
 # How often a worker whose slots are all busy beats and looks for a stop request (seconds).
 _SLOT_WAIT = 1.0
+# How often a plain worker heartbeat, or a look for `rq suspend`, reaches Redis at most.
+_BEAT_EVERY = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ class Performer(Protocol):
 
     def deliverer(self) -> Deliverer: ...
 
+    def claim_ahead(self, deliveries: Sequence[tuple[uuid.UUID, int, int, str]]) -> None:
+        """Claim together deliveries taken together, before their slots run them."""
+        ...
+
     def deliver(
         self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str
     ) -> Delivered: ...
@@ -78,11 +85,22 @@ class _DeliveryJob(Job):
     delivered: Delivered | None = None
 
     def _execute(self) -> Any:
-        schedule_id, version, attempt, tenant = self.args
-        self.delivered = self.performer.deliver(
-            uuid.UUID(str(schedule_id)), int(version), int(attempt), str(tenant)
-        )
+        self.delivered = self.performer.deliver(*_delivery_args(self))
         return self.delivered.outcome
+
+
+def _delivery_args(job: Job) -> tuple[uuid.UUID, int, int, str]:
+    """A duejobs job's delivery: schedule id, version, attempt, tenant."""
+    schedule_id, version, attempt, tenant = job.args
+    return uuid.UUID(str(schedule_id)), int(version), int(attempt), str(tenant)
+
+
+def _delivery(taken: tuple[Job, Queue]) -> tuple[uuid.UUID, int, int, str] | None:
+    """The delivery of a job taken; None for a job that is not one (its run says so)."""
+    try:
+        return _delivery_args(taken[0])
+    except (TypeError, ValueError):
+        return None
 
 
 class _NoDeathPenalty(BaseDeathPenalty):
@@ -111,10 +129,18 @@ class DuejobsWorker(SimpleWorker):
     so a worker never holds jobs another worker could run. RQ sees what it always sees — each
     job started, finished or failed through its registries, the worker's executions and
     heartbeats — with several executions at a time. With N = 1 the job runs in the main thread,
-    exactly as a plain SimpleWorker runs it.
+    exactly as a plain SimpleWorker runs it. When a job is taken and more slots are free, as
+    many more jobs as are waiting (one per free slot, without blocking) are taken with it and
+    claimed in one statement (``Performer.claim_ahead``); they hold their slots and run next.
+
+    **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
+    before each; here a plain beat and the suspension check reach Redis at most once a second
+    (a suspension stops the worker taking jobs within a second). With slots, Redis is told the
+    worker is ``idle`` only once no slot is busy.
 
     **Shutdown.** The first SIGTERM/SIGINT stops taking jobs and lets the running ones finish
-    (their handlers' timeouts bound the wait), then exits; nothing taken is left unstarted. A
+    (their handlers' timeouts bound the wait) — jobs taken with another and not started yet
+    included — then exits; nothing taken is left unstarted. A
     slot whose handler was given up (it will not return) is not waited for: once the others
     are done the process exits with ``EXIT_WEDGED``. A second signal more than a second after
     the first (as RQ counts: a process group's copy of the same signal is not a second one) is
@@ -124,6 +150,9 @@ class DuejobsWorker(SimpleWorker):
     A delivery that came too early is put back into the scheduled registry under its own id,
     once RQ has finished with it (so no other process can push a second job meanwhile).
     """
+
+    _busy = 0  # slots running a job (RQ may set the state before __init__ ends)
+    _suspension_checked: datetime | None = None
 
     def __init__(self, performer: Performer, queues: Sequence[str] = (), **kwargs: Any):
         job_class = type("DeliveryJob", (_DeliveryJob,), {"performer": performer})
@@ -143,17 +172,21 @@ class DuejobsWorker(SimpleWorker):
         self._pool = (
             ThreadPoolExecutor(slots, thread_name_prefix="duejobs-slot") if slots > 1 else None
         )
-        self._busy = 0  # slots running a job
         self._busy_lock = threading.Condition()
+        self._taken: collections.deque[tuple[Job, Queue]] = collections.deque()
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
-        """Wait for a free slot (beating meanwhile), then take a job as RQ does."""
+        """Wait for a free slot (beating meanwhile), then take a job as RQ does — and, with
+        more slots free, as many more as are waiting, up to one per free slot, claimed
+        together (:meth:`_take_more`); those are handed out first."""
         if self._pool is None:
             if self._stop_requested:
                 return None
             return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        if self._taken:
+            return self._taken.popleft()  # its slot was taken with it
         while not self._slots.acquire(timeout=_SLOT_WAIT):
             if self._stop_requested:
                 return None
@@ -172,7 +205,37 @@ class DuejobsWorker(SimpleWorker):
             raise
         if taken is None:
             self._slots.release()
+            return None
+        self._take_more(taken)
         return taken
+
+    def _take_more(self, taken: tuple[Job, Queue]) -> None:
+        """Take, without waiting, one more job per free slot (never more: a worker does not
+        hoard jobs another could run), and have all of them claimed in one statement."""
+        jobs = [taken]
+        while self._slots.acquire(blocking=False):
+            try:
+                more = self.queue_class.dequeue_any(
+                    self._ordered_queues,
+                    None,
+                    connection=self.connection,
+                    job_class=self.job_class,
+                    serializer=self.serializer,
+                    death_penalty_class=self.death_penalty_class,
+                )
+            except RedisError as exc:  # the job taken already runs; the next dequeue waits
+                log.warning("could not take more jobs at once (%s)", exc)
+                more = None
+            if more is None:
+                self._slots.release()
+                break
+            jobs.append(more)
+        self._taken.extend(jobs[1:])
+        deliveries = [d for d in map(_delivery, jobs) if d is not None]
+        try:
+            self._performer.claim_ahead(deliveries)
+        except Exception:  # each slot claims its own delivery then, and meets the error
+            log.exception("could not claim %d deliveries together", len(deliveries))
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         if self._pool is None:
@@ -199,12 +262,21 @@ class DuejobsWorker(SimpleWorker):
         with self._busy_lock:
             self._busy -= 1
             self._busy_lock.notify_all()
+            if not self._busy and self.get_state() == WorkerStatus.IDLE:
+                try:  # under the lock: a job the main thread starts now is busy after this
+                    super().set_state(WorkerStatus.IDLE)
+                except RedisError as exc:
+                    log.warning("could not mark the worker idle (%s)", exc)
         self._slots.release()
 
     def teardown(self) -> None:
-        """Let the running slots finish before RQ deregisters the worker — all but those
-        given up, which will not return: then the process ends for its supervisor."""
+        """Run the jobs taken together with another and not started yet (they hold a slot
+        and their claim), let the running slots finish before RQ deregisters the worker —
+        all but those given up, which will not return: then the process ends for its
+        supervisor."""
         if self._pool is not None:
+            while self._taken:
+                self.execute_job(*self._taken.popleft())
             with self._busy_lock:
                 while self._busy > self._performer.wedged:
                     self._busy_lock.wait(_SLOT_WAIT)
@@ -235,14 +307,41 @@ class DuejobsWorker(SimpleWorker):
         log.warning("cold shutdown: ending now; running attempts are rescued when their lease ends")
         os._exit(1)
 
-    def heartbeat(self, *args: Any, **kwargs: Any) -> None:
-        """RQ's heartbeat, which must not end the worker when Redis restarts: RQ retries a
-        dequeue that meets a dropped connection but quits on a heartbeat that does, so every
-        worker between two jobs at that moment would stop. The next dequeue waits for Redis."""
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's heartbeat, sent at most once a second, which must not end the worker when
+        Redis restarts.
+
+        RQ beats three times per job (before and after each dequeue, after each job), three
+        Redis round trips each, for a registration that lives ``worker_ttl`` (minutes): a
+        plain beat within ``_BEAT_EVERY`` of the last one is skipped. One with a ``timeout``
+        or ``pipeline`` (a job's start, its monitoring) is always sent. RQ retries a dequeue
+        that meets a dropped connection but quits on a heartbeat that does, so every worker
+        between two jobs at that moment would stop: the next dequeue waits for Redis."""
+        plain = timeout is None and pipeline is None
+        if plain and self.last_heartbeat and now() - self.last_heartbeat < _BEAT_EVERY:
+            return
         try:
-            super().heartbeat(*args, **kwargs)
+            super().heartbeat(timeout, pipeline)
         except (RedisConnectionError, RedisTimeoutError) as exc:
             log.warning("worker heartbeat could not reach Redis (%s); going on", exc)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's ``rq suspend`` check, at most once a second (RQ reads a Redis key before every
+        job): a suspension stops a worker from taking jobs within a second."""
+        if self._suspension_checked is not None and now() - self._suspension_checked < _BEAT_EVERY:
+            return
+        super().check_for_suspension(burst)
+        self._suspension_checked = now()
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        """RQ's worker state; with slots, Redis is told ``idle`` only once no slot is busy
+        (RQ sets it before each dequeue, while the other slots may be running jobs). The
+        state in memory still turns idle: RQ's stop signal raises ``StopRequested`` into an
+        idle worker's blocking dequeue."""
+        if state == WorkerStatus.IDLE and self._busy:
+            self._state = state
+            return
+        super().set_state(state, pipeline)
 
     def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
         super().handle_job_success(job, queue, *args, **kwargs)

@@ -15,7 +15,7 @@ from duejobs.models import (
     EventKind,
     Status,
 )
-from duejobs.store.execution import run, run_count, run_one
+from duejobs.store.execution import record, run, run_count, run_one
 
 # -- the delivery path: worker ---------------------------------------------------------------
 
@@ -32,8 +32,19 @@ class SkipReason(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class Delivery:
+    """One delivery as the worker claims it: which attempt of which version of a schedule."""
+
+    schedule_id: uuid.UUID
+    tenant: str
+    version: int
+    attempt: int
+
+
+@dataclass(frozen=True)
 class RunClaim:
-    """What the worker learned when it tried to claim a delivery."""
+    """What the worker learned when it tried to claim a delivery: a running attempt (no
+    ``skip``: its type, payload and times), or why it cannot run now."""
 
     skip: SkipReason | None
     type: str = ""
@@ -43,34 +54,42 @@ class RunClaim:
     db_now: datetime | None = None
 
 
-def claim_run(
-    conn: Connection,
-    *,
-    schedule_id: uuid.UUID,
-    tenant: str,
-    version: int,
-    attempt: int,
-    worker: str,
-    lease: timedelta,
-) -> RunClaim:
-    """Turn a delivery into a running attempt, in one statement, or say why not.
+def claim_runs(
+    conn: Connection, deliveries: Sequence[Delivery], *, worker: str, lease: timedelta
+) -> list[RunClaim | None]:
+    """Turn the deliveries that can run now into running attempts, in one statement: each
+    one's row (of its tenant) ``scheduled`` at the delivered version, this being its next
+    attempt, due by the database clock, not expired, and not locked by another transaction.
+    The answers follow the deliveries' order; None for one left untouched (see
+    :func:`claim_verdict`), and for a second copy of a delivery claimed once."""
+    params = {
+        "ids": [d.schedule_id for d in deliveries],
+        "tenants": [d.tenant for d in deliveries],
+        "versions": [d.version for d in deliveries],
+        "attempts": [d.attempt for d in deliveries],
+        "worker": worker,
+        "lease": lease,
+    }
+    claimed = {row.id: record(RunClaim, row, skip=None) for row in run(conn, "claim_runs", params)}
+    return [claimed.pop(d.schedule_id, None) for d in deliveries]
 
-    Runs only if the row (of that tenant) is ``scheduled`` at the delivered version, this is
-    the next attempt, and the database clock has reached ``due_at``. Skips other than
-    ``not_due`` are recorded as events in the same statement.
-    """
+
+def claim_verdict(conn: Connection, delivery: Delivery, *, worker: str) -> RunClaim:
+    """Why a delivery :func:`claim_runs` left out cannot run now, after waiting for a row
+    lock another transaction holds (up to the connection's ``lock_timeout``); skips other
+    than ``not_due`` are recorded as events. ``skip`` None: it can run now (its row was
+    locked when the claim looked) — claim again."""
     row = run_one(
         conn,
-        "claim_run",
+        "claim_verdict",
         {
-            "id": schedule_id,
-            "tenant": tenant,
-            "version": version,
-            "attempt": attempt,
+            "id": delivery.schedule_id,
+            "tenant": delivery.tenant,
+            "version": delivery.version,
+            "attempt": delivery.attempt,
             "worker": worker,
-            "lease": lease,
             "current_status": Status.SCHEDULED.value,
-            "current_attempts": attempt - 1,
+            "current_attempts": delivery.attempt - 1,
         },
     )
     if row is None:
@@ -78,8 +97,6 @@ def claim_run(
     return RunClaim(
         skip=SkipReason(row.reason) if row.reason else None,
         type=row.type,
-        payload=row.payload,
-        run_at=row.run_at.astimezone(UTC),
         due_at=row.due_at.astimezone(UTC),
         db_now=row.db_now.astimezone(UTC),
     )
@@ -137,38 +154,42 @@ def record_effect(
     return run_one(conn, "record_effect", params) is not None
 
 
-def finish(
-    conn: Connection,
-    schedule_id: uuid.UUID,
-    version: int,
-    attempt: int,
-    *,
-    outcome: Status,
-    error: str | None = None,
-    retry_in: timedelta | None = None,
-) -> bool:
-    """Close the running attempt: ``succeeded``, ``failed``, or back to ``scheduled`` for a
-    retry after ``retry_in`` (``run_at`` never moves). False when the attempt was no longer
-    current — the schedule was cancelled, rescheduled or rescued meanwhile."""
-    event = {
-        Status.SUCCEEDED: EventKind.SUCCEEDED,
-        Status.FAILED: EventKind.FAILED,
-        Status.SCHEDULED: EventKind.RETRIED,
-    }[outcome]
-    rows = run(
-        conn,
-        "finish",
-        {
-            "id": schedule_id,
-            "version": version,
-            "attempt": attempt,
-            "status": outcome.value,
-            "event": event.value,
-            "error": error,
-            "retry_in": retry_in,
-        },
-    )
-    return bool(rows)
+@dataclass(frozen=True)
+class Closing:
+    """A running attempt's outcome: ``succeeded``, ``failed``, or ``scheduled`` again for a
+    retry after ``retry_in`` (``run_at`` never moves)."""
+
+    schedule_id: uuid.UUID
+    version: int
+    attempt: int
+    outcome: Status
+    error: str | None = None
+    retry_in: timedelta | None = None
+
+
+_EVENTS = {
+    Status.SUCCEEDED: EventKind.SUCCEEDED,
+    Status.FAILED: EventKind.FAILED,
+    Status.SCHEDULED: EventKind.RETRIED,
+}
+
+
+def finish(conn: Connection, closings: Sequence[Closing]) -> list[bool]:
+    """Close running attempts, in one statement; whether each was closed, in their order.
+    One is left open when it is no longer current (the schedule was cancelled, rescheduled
+    or rescued meanwhile) or when another transaction holds its row now (see
+    :func:`change_since_claim` with ``lock``)."""
+    params = {
+        "ids": [c.schedule_id for c in closings],
+        "versions": [c.version for c in closings],
+        "attempts": [c.attempt for c in closings],
+        "statuses": [c.outcome.value for c in closings],
+        "events": [_EVENTS[c.outcome].value for c in closings],
+        "errors": [c.error for c in closings],
+        "retry_ins": [c.retry_in for c in closings],
+    }
+    closed = {(r.id, r.version, r.attempt) for r in run(conn, "finish", params)}
+    return [(c.schedule_id, c.version, c.attempt) in closed for c in closings]
 
 
 def record_stale(

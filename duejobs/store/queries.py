@@ -2,9 +2,9 @@
 
 A file holds named blocks, grouped by concern (schedules, claims, attempts, ...)::
 
-    -- name: claim_run
-    -- Turn a delivery into a running attempt, or say why not.
-    WITH cur AS (...) ...
+    -- name: claim_runs
+    -- Deliveries turned into running attempts, many in one statement.
+    WITH req AS (...) ...
 
 Parameters are written ``:name``; ``{{fragment}}`` stands for one of :data:`FRAGMENTS`, the
 few pieces of SQL several statements share, so that each rule is spelled once. The files are

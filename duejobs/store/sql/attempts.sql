@@ -1,9 +1,49 @@
 -- A worker's attempt: claim, lease, effect ledger, finish, stale and deferred records.
 
--- name: claim_run
--- Turn a delivery into a running attempt, or say why not, in one statement: the skip
--- verdict (the attempt must be the next one of a scheduled row), then the database clock
--- (not due yet, or past its expiry). Skips other than not_due are recorded as events.
+-- name: claim_runs
+-- Deliveries turned into running attempts, many in one statement: those whose row is ready
+-- now (scheduled at the delivered version, this its next attempt, due by the database clock,
+-- not expired) and not locked by another transaction. The others are left untouched for
+-- claim_verdict, which waits for a lock, says why a delivery cannot run and records it.
+WITH req AS (
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS text[]),
+                         CAST(:versions AS integer[]), CAST(:attempts AS integer[]))
+        AS r(id, tenant, version, attempt)
+), ready AS (
+    SELECT j.id, r.attempt
+    FROM req r
+    JOIN scheduled_jobs j ON j.id = r.id AND j.tenant = r.tenant
+    WHERE j.status = 'scheduled' AND j.version = r.version AND j.attempts = r.attempt - 1
+      AND j.due_at <= statement_timestamp()
+      AND (j.expires_after IS NULL OR j.due_at + j.expires_after >= statement_timestamp())
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET status = 'running', attempts = ready.attempt, started_at = statement_timestamp(),
+        lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
+        updated_at = statement_timestamp()
+    FROM ready
+    WHERE s.id = ready.id
+    RETURNING s.id, s.tenant, s.version, s.attempts, s.type, s.payload, s.run_at, s.due_at
+), attempt AS (
+    INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, status, worker)
+    SELECT id, tenant, version, attempts, 'running', :worker FROM upd
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'started', version,
+           jsonb_build_object(
+               'attempt', attempts, 'worker', :worker, 'type', type,
+               'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
+    FROM upd
+)
+SELECT id, type, payload, run_at, due_at, statement_timestamp() AS db_now FROM upd
+
+-- name: claim_verdict
+-- Why a delivery claim_runs left unclaimed cannot run now, waiting for a row lock held
+-- elsewhere (up to the connection's lock_timeout): the skip verdict (the attempt must be the
+-- next one of a scheduled row), then the database clock (not due yet, or past its expiry).
+-- Skips other than not_due are recorded as events. NULL: it can run (its row was locked).
 WITH cur AS (
     SELECT id, tenant, type, version, status, attempts, run_at, due_at, payload,
            expires_after
@@ -17,32 +57,16 @@ WITH cur AS (
                          WHEN due_at + expires_after < statement_timestamp() THEN 'expired'
                     END) AS reason
     FROM cur
-), upd AS (
-    UPDATE scheduled_jobs s
-    SET status = 'running', attempts = :attempt, started_at = statement_timestamp(),
-        lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
-        updated_at = statement_timestamp()
-    FROM verdict v
-    WHERE s.id = :id AND s.id = v.id AND v.reason IS NULL
-    RETURNING s.id, s.tenant, s.version, s.due_at, s.run_at, s.type
-), attempt AS (
-    INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, status, worker)
-    SELECT id, tenant, version, :attempt, 'running', :worker FROM upd
 ), event AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
-    SELECT id, tenant, 'started', version,
-           jsonb_build_object(
-               'attempt', :attempt, 'worker', :worker, 'type', type,
-               'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
-    FROM upd
-    UNION ALL
     SELECT id, tenant, 'skipped', version,
-           jsonb_build_object('reason', reason, 'delivered_version', :version,
-                              'attempt', :attempt, 'worker', :worker)
+           jsonb_build_object('reason', reason, 'delivered_version', CAST(:version AS integer),
+                              'attempt', CAST(:attempt AS integer),
+                              'worker', CAST(:worker AS text))
     FROM verdict
     WHERE reason IN ('cancelled', 'superseded', 'duplicate', 'expired')
 )
-SELECT type, payload, run_at, due_at, reason, statement_timestamp() AS db_now FROM verdict
+SELECT reason, type, due_at, statement_timestamp() AS db_now FROM verdict
 
 -- name: record_deferred
 -- An early delivery put back for its due time: no attempt used, the history says so.
@@ -89,36 +113,54 @@ VALUES (:key, :id, :tenant, :version) ON CONFLICT (effect_key) DO NOTHING
 RETURNING 1
 
 -- name: finish
--- Close the running attempt: succeeded, failed, or back to scheduled for a retry (run_at
--- never moves; due_at carries the next attempt's time), with its attempt row and event.
-WITH upd AS (
-    UPDATE scheduled_jobs
-    SET status = CAST(:status AS text),
-        due_at = CASE WHEN CAST(:retry_in AS interval) IS NULL THEN due_at
-                      ELSE statement_timestamp() + CAST(:retry_in AS interval) END,
-        queue_job_id = CASE WHEN :status = 'scheduled' THEN NULL ELSE queue_job_id END,
-        finished_at = CASE WHEN :status = 'scheduled' THEN NULL
+-- Close running attempts, many in one statement: succeeded, failed, or back to scheduled for
+-- a retry (run_at never moves; due_at carries the next attempt's time), each with its
+-- attempt row and event. An attempt no longer current is left alone, and so is one whose row
+-- another transaction holds now: the worker waits for that lock, then closes it or records
+-- it stale.
+WITH req AS (
+    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:versions AS integer[]),
+                         CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
+                         CAST(:events AS text[]), CAST(:errors AS text[]),
+                         CAST(:retry_ins AS interval[]))
+        AS r(id, version, attempt, status, event, error, retry_in)
+), mine AS (
+    SELECT r.*
+    FROM req r
+    JOIN scheduled_jobs j ON j.id = r.id AND j.version = r.version AND j.attempts = r.attempt
+    WHERE j.status = 'running'
+    ORDER BY j.id
+    FOR UPDATE OF j SKIP LOCKED
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET status = m.status,
+        due_at = CASE WHEN m.retry_in IS NULL THEN s.due_at
+                      ELSE statement_timestamp() + m.retry_in END,
+        queue_job_id = CASE WHEN m.status = 'scheduled' THEN NULL ELSE s.queue_job_id END,
+        finished_at = CASE WHEN m.status = 'scheduled' THEN NULL
                            ELSE statement_timestamp() END,
-        last_error = CAST(:error AS text),
+        last_error = m.error,
         lease_expires_at = NULL,
         updated_at = statement_timestamp()
-    WHERE id = :id AND version = :version AND attempts = :attempt AND status = 'running'
-    RETURNING id, tenant, version, due_at
+    FROM mine m
+    WHERE s.id = m.id
+    RETURNING s.id, s.tenant, s.version, s.due_at, m.attempt, m.status, m.event, m.error
 ), attempt AS (
     UPDATE scheduled_job_attempts a
-    SET status = CASE WHEN :status = 'succeeded' THEN 'succeeded' ELSE 'failed' END,
-        finished_at = statement_timestamp(), error = CAST(:error AS text),
-        next_attempt_at = CASE WHEN :status = 'scheduled' THEN upd.due_at END
+    SET status = CASE WHEN upd.status = 'succeeded' THEN 'succeeded' ELSE 'failed' END,
+        finished_at = statement_timestamp(), error = upd.error,
+        next_attempt_at = CASE WHEN upd.status = 'scheduled' THEN upd.due_at END
     FROM upd
-    WHERE a.schedule_id = upd.id AND a.version = upd.version AND a.attempt = :attempt
+    WHERE a.schedule_id = upd.id AND a.version = upd.version AND a.attempt = upd.attempt
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, event, version,
+           jsonb_strip_nulls(jsonb_build_object(
+               'attempt', attempt, 'error', error,
+               'next_attempt_at', CASE WHEN status = 'scheduled' THEN due_at END))
+    FROM upd
 )
-INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
-SELECT id, tenant, CAST(:event AS text), version,
-       jsonb_strip_nulls(jsonb_build_object(
-           'attempt', :attempt, 'error', CAST(:error AS text),
-           'next_attempt_at', CASE WHEN :status = 'scheduled' THEN due_at END))
-FROM upd
-RETURNING 1
+SELECT id, version, attempt FROM upd
 
 -- name: record_stale
 -- A running attempt whose schedule moved on: its result is not applied, the history says so.
