@@ -24,6 +24,7 @@ test: lint
 	$(BIN)/pytest
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[embedded,test,bench]'
 	$(BIN)/python -m bench
 
 # The modules that carry the guarantees (pyproject's only_mutate: of the store, the claim and

@@ -13,7 +13,15 @@ import platform
 import sys
 import time
 
-from bench import bulk, concurrency, fairness, lag, scheduler_throughput, worker_throughput
+from bench import (
+    bulk,
+    concurrency,
+    fairness,
+    lag,
+    peer,
+    scheduler_throughput,
+    worker_throughput,
+)
 from bench.common import Figure, scratch_database
 
 
@@ -29,7 +37,7 @@ def main() -> int:
         f"Python {platform.python_version()})",
         flush=True,
     )
-    modules = (scheduler_throughput, worker_throughput, concurrency, lag, fairness, bulk)
+    modules = (scheduler_throughput, worker_throughput, concurrency, peer, lag, fairness, bulk)
     chosen = sys.argv[1:]
     with scratch_database() as (database_url, redis_url):
         for module in modules:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from typing import Any
@@ -33,7 +34,13 @@ def _nap_handler(ctx: Context, payload: Any) -> None:
     time.sleep(NAP_SECONDS)
 
 
+async def _async_nap_handler(ctx: Context, payload: Any) -> None:
+    """The same network call, awaited."""
+    await asyncio.sleep(NAP_SECONDS)
+
+
 app = duejobs.App() if os.environ.get("DUEJOBS_DATABASE_URL") else None
 if app is not None:
     app.handler("noop")(_noop_handler)
     app.handler("nap")(_nap_handler)
+    app.handler("anap")(_async_nap_handler)

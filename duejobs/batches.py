@@ -1,11 +1,12 @@
 """Group commit: the slots' claims and outcomes, many in one statement.
 
 With several slots, deliveries arrive and handlers return at about the same moments. Each
-slot hands its claim or its outcome to a :class:`GroupCommit` and waits for the answer. A
-slot that finds no batch running runs one at once — its own request and every one queued
-behind it (up to ``limit``) — in one statement on its own bookkeeping connection; the slots
-that queued meanwhile wait for that commit, and the next of them runs the requests that
-queued during it. An idle worker therefore pays no delay (a lone request is a batch of one),
+slot hands its claim or its outcome to a :class:`GroupCommit` and waits for the answer (the
+worker hands over at once the claims of jobs it took from Redis together). A caller that
+finds no batch running runs one at once — its own requests and those queued behind them (up
+to ``limit``) — in one statement, on a bookkeeping connection it checks out for it; the
+callers that queued meanwhile wait for that commit, and the next of them runs the requests
+that queued during it. An idle worker therefore pays no delay (a lone request is a batch of one),
 and a busy one pays one round trip per batch instead of one per job.
 
 What it promises: each request gets the answer of the one commit that carried it, or the
@@ -34,7 +35,7 @@ Request = TypeVar("Request")
 Answer = TypeVar("Answer")
 
 
-@dataclass
+@dataclass(eq=False)  # each request is itself, whatever it holds (two may be equal)
 class _Pending(Generic[Request, Answer]):
     request: Request
     done: bool = False
@@ -58,15 +59,22 @@ class GroupCommit(Generic[Request, Answer]):
 
     def submit(self, request: Request) -> Answer:
         """The answer to ``request``, once the statement that carried it has committed."""
-        mine: _Pending[Request, Answer] = _Pending(request)
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: Sequence[Request]) -> list[Answer]:
+        """The answers to requests that arrived together, in their order, once committed
+        (in one statement, with any queued behind them up to ``limit``)."""
+        mine: list[_Pending[Request, Answer]] = [_Pending(r) for r in requests]
         with self._changed:
-            self._queue.append(mine)
-            while self._running and not mine.done:
+            self._queue.extend(mine)
+            while self._running and not all(p.done for p in mine):
                 self._changed.wait()
-            if not mine.done:  # no batch runs: lead one, this request first
-                self._queue.remove(mine)
-                batch = [mine, *self._queue[: self._limit - 1]]
-                del self._queue[: self._limit - 1]
+            if not all(p.done for p in mine):  # no batch runs: lead one, these first
+                own = [p for p in mine if not p.done]
+                taken = {id(p) for p in own}
+                others = [p for p in self._queue if id(p) not in taken]
+                room = max(0, self._limit - len(own))
+                batch, self._queue = own + others[:room], others[room:]
                 self._running = True
                 self._changed.release()
                 try:
@@ -75,22 +83,17 @@ class GroupCommit(Generic[Request, Answer]):
                     self._changed.acquire()
                     self._running = False
                     self._changed.notify_all()
-        if mine.error is not None:
-            raise mine.error
-        return mine.answer  # type: ignore[return-value]
-
-    def run_now(self, requests: Sequence[Request]) -> Sequence[Answer]:
-        """Run ``requests`` as one batch in this thread (they arrived together), beside any
-        batch another thread runs."""
-        metrics.BATCH_SIZE.labels(self._kind).observe(len(requests))
-        return self._run(requests)
+        for pending in mine:
+            if pending.error is not None:
+                raise pending.error
+        return [p.answer for p in mine]  # type: ignore[misc]
 
     def _lead(self, batch: list[_Pending[Request, Answer]]) -> None:
         """Run one batch; every request in it is answered, whatever happens."""
         metrics.BATCH_SIZE.labels(self._kind).observe(len(batch))
         try:
             answers = self._run([p.request for p in batch])
-        except BaseException as exc:  # the leader's own request is first: it raises this
+        except BaseException as exc:  # each request's caller raises it, the leader's too
             for pending in batch:
                 pending.error, pending.done = exc, True
             return

@@ -1,14 +1,16 @@
-"""What each worker slot owns: its bookkeeping connection and its event loop.
+"""What a worker's slots use: bookkeeping connections and each slot's event loop.
 
 A worker runs one delivery at a time per slot: the process's main thread with
-``--concurrency 1``, a thread of its pool otherwise. Whatever a delivery uses between its
-claim and its outcome must therefore be the slot's own, never shared with a delivery running
-beside it: a connection in the middle of one slot's statement, or an event loop running one
-slot's handler, cannot serve another. Both are made on a slot's first use and kept for the
-next delivery (no pool round trip per job, no loop set up per job).
+``--concurrency 1``, a thread of its pool otherwise. A connection in the middle of one
+statement, or an event loop running one slot's handler, cannot serve another at the same
+time. Bookkeeping connections are therefore checked out for one step (a batch of claims or
+outcomes, a verdict, a stale record) and put back for the next, so a process holds as many
+as run at once — a few, however many slots (the group commit of :mod:`duejobs.batches` runs
+one statement for many of them) — not one per slot. An event loop is made on a slot's first
+``async def`` handler and kept for its next.
 
 What they promise: :class:`Bookkeeping` drops a broken connection (the error surfaces; the
-next delivery opens a new one) and never returns one to the App's pool, since its session
+next step opens a new one) and never returns one to the App's pool, since its session
 settings must not reach anyone else's transactions. :class:`EventLoops` runs an ``async def``
 handler to completion, cancels it at its timeout when given one, and leaves no task of an
 attempt running into the next.
@@ -37,54 +39,71 @@ def lock_busy(exc: DBAPIError) -> bool:
 
 
 class Bookkeeping:
-    """Each slot's own connection for claims and outcomes.
+    """The worker's connections for claims and outcomes, checked out one step at a time.
 
-    Kept checked out and in autocommit: each bookkeeping step is one statement, so it commits
-    without BEGIN/COMMIT round trips. A broken connection is dropped, the error surfaces (RQ
-    records the job as failed, the row stays for the reconciler), and the next job opens a
-    new one.
+    In autocommit: each bookkeeping step is one statement, so it commits without
+    BEGIN/COMMIT round trips. A connection that met an error other than a lock timeout is
+    dropped, the error surfaces (RQ records the job as failed, the row stays for the
+    reconciler), and the next step opens a new one.
     """
 
     def __init__(self, core: Core, lock_timeout: timedelta, durable: bool) -> None:
         self._core = core
         self._lock_timeout, self._durable = lock_timeout, durable
-        self._local = threading.local()
+        self._idle: list[Connection] = []
         self._open: set[Connection] = set()
         self._lock = threading.Lock()
 
+    @property
+    def opened(self) -> int:
+        """Connections open now, idle or checked out."""
+        with self._lock:
+            return len(self._open)
+
     @contextlib.contextmanager
     def connection(self) -> Iterator[Connection]:
-        conn: Connection | None = getattr(self._local, "conn", None)
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
         if conn is None or conn.invalidated or conn.closed:
             conn = self._core.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            # A row lock held by an application's open transaction must not hold the worker.
-            store.bookkeeping_session(conn, self._lock_timeout, self._durable)
-            self._local.conn = conn
             with self._lock:
                 self._open.add(conn)
+            try:
+                # A row lock held by an application's open transaction must not hold the
+                # worker.
+                store.bookkeeping_session(conn, self._lock_timeout, self._durable)
+            except BaseException:
+                self._discard(conn)
+                raise
         try:
             yield conn
         except BaseException as exc:
             # The connection is fine after a lock timeout; after anything else — a statement
             # that failed, or one cut short by a handler's timeout landing in it — it is
-            # not trusted with the next delivery.
+            # not trusted with the next step.
             if not (isinstance(exc, DBAPIError) and lock_busy(exc)):
                 self._discard(conn)
+                raise
+            self._put_back(conn)
             raise
+        self._put_back(conn)
+
+    def _put_back(self, conn: Connection) -> None:
+        with self._lock:
+            if conn in self._open:
+                self._idle.append(conn)
 
     def _discard(self, conn: Connection) -> None:
         with self._lock:
             self._open.discard(conn)
-        if getattr(self._local, "conn", None) is conn:
-            self._local.conn = None
         with contextlib.suppress(DBAPIError):
             conn.invalidate()
             conn.close()
 
     def close(self) -> None:
-        """Discard every slot's connection (the slots must have stopped)."""
+        """Discard every connection (the slots must have stopped)."""
         with self._lock:
-            open_ = list(self._open)
+            open_, self._idle = list(self._open), []
         for conn in open_:
             self._discard(conn)
 

@@ -188,7 +188,8 @@ class Runtime:
         self.core = app.core
         self.config = config or WorkerConfig()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
-        # Each slot's bookkeeping connection plus a ctx.transaction() of its handler at once.
+        # At most: a ctx.transaction() per slot, and a bookkeeping step per slot (a few run
+        # at once, however many slots: the group commit carries many in one statement).
         self.core.ensure_pool(2 * self.config.concurrency + 2)
         self._heartbeat = Heartbeat(self.core, self.config.heartbeat, self.config.lease)
         self.bookkeeping = Bookkeeping(
@@ -410,7 +411,7 @@ class Runtime:
         batch = [
             Delivery(s, tenant, version, attempt) for s, version, attempt, tenant in deliveries
         ]
-        claims = self._claims.run_now(batch)
+        claims = self._claims.submit_all(batch)
         with self._ahead_lock:
             self._claimed_ahead.update((d, c) for d, c in zip(batch, claims, strict=True) if c)
 

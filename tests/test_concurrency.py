@@ -7,7 +7,9 @@ Seen failing against builds broken on purpose:
   ``test_n_slots_run_n_deliveries_at_once_sync_and_async_in_one_process``;
 * a job taken from Redis before a slot is free (the semaphore acquired after the dequeue) →
   ``test_a_worker_takes_a_job_only_when_a_slot_is_free``;
-* the claim's duplicate verdict dropped (three copies of one delivery racing in slots) →
+* the claim's duplicate verdict dropped (three copies of one delivery racing in slots), or
+  the group commit's pending requests told apart by value (``list.remove`` took another
+  slot's equal request) →
   ``test_each_slot_revalidates_so_copies_of_one_delivery_apply_one_effect``;
 * the thread time limit a no-op →
   ``test_a_sync_handler_past_its_timeout_in_a_slot_fails_its_attempt``;
@@ -42,6 +44,8 @@ Seen failing against builds broken on purpose:
   ``test_deliveries_taken_together_are_claimed_in_one_statement``;
 * outcomes committed one per statement (the group commit's limit 1) →
   ``test_outcomes_that_arrive_together_are_committed_together``;
+* a bookkeeping connection never reused (one opened per step) →
+  ``test_many_slots_share_a_few_bookkeeping_connections``;
 * jobs taken together and not started left behind at a stop (claimed, never run) →
   ``test_jobs_taken_together_and_not_started_run_at_a_warm_stop``.
 """
@@ -206,11 +210,14 @@ def test_a_worker_takes_a_job_only_when_a_slot_is_free(
     system.scheduler.run_once()
     worker = spawn(*WORKER, "--concurrency", "2", "--burst")
     running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
-    wait_for(lambda: _count(system.app, running) == 2, 30, "two slots to be busy")
     queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+
+    def both_busy() -> bool:  # claimed together, then started in RQ one after the other
+        return _count(system.app, running) == 2 and queue.started_job_registry.count == 2
+
+    wait_for(both_busy, 30, "two slots to be busy")
     assert queue.count == 4  # the other jobs wait in Redis for any worker
     # What RQ's tools show: two jobs started, by one worker with two executions.
-    assert queue.started_job_registry.count == 2
     (rq_worker,) = Worker.all(connection=system.redis)
     assert rq_worker.current_execution_count == 2
     system.redis.set(release, 1)
@@ -311,6 +318,19 @@ def test_outcomes_that_arrive_together_are_committed_together(
     assert [system.status(i) for i in ids] == ["succeeded"] * 8
     events = "SELECT count(*) FROM scheduled_job_events WHERE kind = 'succeeded'"
     assert _count(system.app, events) == 8
+
+
+def test_many_slots_share_a_few_bookkeeping_connections(system: System) -> None:
+    ids = [system.app.schedule("record-loosely", {}, delay=0).id for _ in range(64)]
+    system.scheduler.run_once()
+    runtime = Runtime(system.app, WorkerConfig(concurrency=32))
+    try:
+        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        # one claim batch and one outcome batch at a time, each on a connection of its own
+        assert runtime.bookkeeping.opened <= 3
+    finally:
+        runtime.close()
+    assert [system.status(i) for i in ids] == ["succeeded"] * 64
 
 
 def test_jobs_taken_together_and_not_started_run_at_a_warm_stop(system: System) -> None:

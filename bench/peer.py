@@ -1,0 +1,257 @@
+"""duejobs against Procrastinate, the PostgreSQL-only peer a team would pick instead.
+
+Both run on the same PostgreSQL (Procrastinate in a scratch database of its own, its schema
+applied by its own ``schema --apply``), the same ``async def`` handler (``asyncio.sleep`` of
+50 ms, a network call), as real worker processes started by their own command lines:
+
+* **async jobs/s**: ``ASYNC_JOBS`` jobs already waiting; one duejobs worker process with
+  ``--concurrency 200`` against one Procrastinate worker with ``--concurrency 200``
+  (``--one-shot``: it exits once the queue is empty, as duejobs' ``--burst`` does). Each
+  side's time is the span from its first job's start to its last job's end, read from its
+  own records (duejobs' ``started_at``/``finished_at``; Procrastinate's ``started`` and
+  ``succeeded`` events).
+* **peak**: ``PEAK_JOBS`` jobs all due at one instant ``LEAD`` seconds ahead, written before
+  any process starts; 2 processes x 32 on each side (duejobs: ``worker --processes 2
+  --concurrency 32`` and one scheduler; Procrastinate: two ``worker --concurrency 32``).
+  Drain time: from the instant to the last job's end; lag: each job's start minus the
+  instant, p50 and p99.
+
+Procrastinate's settings: its defaults, except a connection pool of up to 50 (psycopg_pool's
+default of 4 would be its limit at 200 jobs at once) and, in the peak, a polling interval of
+0.1 s (its default is 5 s: a job scheduled for later is found at the next poll, since no
+NOTIFY is sent when its time comes), which is the poll interval of duejobs' scheduler.
+Medians of ``ROUNDS`` alternated rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+
+import psycopg
+from psycopg import sql
+from redis import Redis
+
+from bench.common import Figure, fill_due, percentile, wait_until
+from bench.procs import ROOT
+from duejobs import App
+from duejobs.config import libpq_url
+from duejobs.scheduler import Scheduler, SchedulerConfig
+
+ASYNC_JOBS = int(os.environ.get("BENCH_PEER_ASYNC_JOBS", "2000"))
+PEAK_JOBS = int(os.environ.get("BENCH_PEER_PEAK_JOBS", "10000"))
+ROUNDS = int(os.environ.get("BENCH_PEER_ROUNDS", "3"))
+LEAD = 20.0  # seconds between writing the peak's jobs and their instant
+PEER = ["-m", "procrastinate", "--app", "bench.peer_jobs.app"]
+DUEJOBS = ["-m", "duejobs"]
+PEAK_WORKERS = ["worker", "--app", "bench.jobs:app", "--processes", "2", "--concurrency", "32"]
+
+
+def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, *args],
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[bytes], stop: bool) -> None:
+    """Wait for a burst process to end (or stop a serving one warmly first)."""
+    if stop:
+        os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=600) == 0, proc.args
+
+
+@contextmanager
+def _peer_database(database_url: str) -> Iterator[str]:
+    """A scratch database for Procrastinate beside duejobs' one, its schema applied."""
+    server = libpq_url(database_url)
+    name = f"duejobs_peer_{uuid.uuid4().hex[:8]}"
+    head, _, query = server.partition("?")
+    url = f"{head.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        _finish(_start([*PEER, "schema", "--apply"], {"PEER_DATABASE_URL": url}), stop=False)
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+def _peer_jobs(url: str, n: int, at: str | None) -> None:
+    """``n`` Procrastinate jobs of the bench task, due now or at the instant ``at``, written
+    as Procrastinate writes a batch (its own defer function), after emptying its tables."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers")
+        conn.execute(
+            "SELECT procrastinate_defer_jobs_v1(array_agg(ROW('default', 'anap', 0, NULL, "
+            "NULL, '{}'::jsonb, %(at)s::timestamptz)::procrastinate_job_to_defer_v1)) "
+            "FROM generate_series(1, %(n)s)",
+            {"n": n, "at": at},
+        )
+
+
+def _peer_times(url: str) -> list[tuple[datetime, datetime]]:
+    """(started, succeeded) of every Procrastinate job, from its events."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT min(at) FILTER (WHERE type = 'started'), "
+            "min(at) FILTER (WHERE type = 'succeeded') "
+            "FROM procrastinate_events GROUP BY job_id"
+        ).fetchall()
+    return [(s, e) for s, e in rows if s is not None and e is not None]
+
+
+def _our_times(url: str) -> list[tuple[datetime, datetime]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT started_at, finished_at FROM scheduled_jobs WHERE status = 'succeeded'"
+        ).fetchall()
+    return [(s, e) for s, e in rows]
+
+
+def _done(read: Callable[[str], list[tuple[datetime, datetime]]], url: str, n: int) -> bool:
+    return len(read(url)) >= n
+
+
+def _rate(times: list[tuple[datetime, datetime]], n: int) -> float:
+    assert len(times) == n, (len(times), n)
+    return n / (max(e for _, e in times) - min(s for s, _ in times)).total_seconds()
+
+
+def _our_async(app: App, env: dict[str, str], url: str, redis: Redis) -> float:
+    redis.flushdb()
+    fill_due(url, ASYNC_JOBS, job_type="anap", offset="-1 second")
+    scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
+    scheduler.run_once()
+    scheduler.close()
+    worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", "200"]
+    _finish(_start([*DUEJOBS, *worker, "--log-level", "warning"], env), stop=False)
+    return _rate(_our_times(url), ASYNC_JOBS)
+
+
+def _peer_async(peer_url: str) -> float:
+    _peer_jobs(peer_url, ASYNC_JOBS, None)
+    worker = ["worker", "--concurrency", "200", "--one-shot"]
+    _finish(_start([*PEER, *worker], {"PEER_DATABASE_URL": peer_url}), stop=False)
+    return _rate(_peer_times(peer_url), ASYNC_JOBS)
+
+
+def _instant(url: str) -> datetime:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT date_trunc('second', now()) + make_interval(secs => %s)", (LEAD,)
+        ).fetchone()
+    assert row is not None
+    instant: datetime = row[0]
+    return instant
+
+
+def _peak_figures(
+    times: list[tuple[datetime, datetime]], instant: datetime, n: int
+) -> tuple[float, float, float]:
+    """(drain seconds, lag p50, lag p99 in ms) from the instant."""
+    assert len(times) == n, (len(times), n)
+    lags = [(s - instant).total_seconds() * 1000 for s, _ in times]
+    drain = (max(e for _, e in times) - instant).total_seconds()
+    return drain, percentile(lags, 0.5), percentile(lags, 0.99)
+
+
+def _our_peak(env: dict[str, str], url: str, redis: Redis) -> tuple[float, float, float]:
+    redis.flushdb()
+    instant = _instant(url)
+    fill_due(url, PEAK_JOBS, job_type="anap", offset=f"{LEAD} seconds")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE scheduled_jobs SET run_at = %(t)s, due_at = %(t)s", {"t": instant})
+    procs = [
+        _start([*DUEJOBS, "scheduler", "--log-level", "warning"], env),
+        _start([*DUEJOBS, *PEAK_WORKERS, "--log-level", "warning"], env),
+    ]
+    try:
+        wait_until(lambda: _done(_our_times, url, PEAK_JOBS), 600, "duejobs' peak", every=0.5)
+    finally:
+        for proc in procs:
+            _finish(proc, stop=True)
+    return _peak_figures(_our_times(url), instant, PEAK_JOBS)
+
+
+def _peer_peak(peer_url: str) -> tuple[float, float, float]:
+    instant = _instant(peer_url)
+    _peer_jobs(peer_url, PEAK_JOBS, instant.isoformat())
+    worker = ["worker", "--concurrency", "32", "--fetch-job-polling-interval", "0.1"]
+    procs = [_start([*PEER, *worker], {"PEER_DATABASE_URL": peer_url}) for _ in range(2)]
+    try:
+        wait_until(
+            lambda: _done(_peer_times, peer_url, PEAK_JOBS), 600, "Procrastinate's peak", 0.5
+        )
+    finally:
+        for proc in procs:
+            _finish(proc, stop=True)
+    return _peak_figures(_peer_times(peer_url), instant, PEAK_JOBS)
+
+
+def _median(values: list[tuple[float, ...]]) -> tuple[float, ...]:
+    return tuple(statistics.median(column) for column in zip(*values, strict=True))
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    env = {"DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+    url = libpq_url(database_url)
+    redis = Redis.from_url(redis_url)
+    ours: list[tuple[float, ...]] = []
+    theirs: list[tuple[float, ...]] = []
+    app = App(database_url=database_url, redis_url=redis_url)
+    try:
+        with _peer_database(database_url) as peer_url:
+            for _ in range(ROUNDS):
+                ours.append((_our_async(app, env, url, redis), *_our_peak(env, url, redis)))
+                theirs.append((_peer_async(peer_url), *_peer_peak(peer_url)))
+    finally:
+        app.close()
+    (rate, drain, p50, p99), (peer_rate, peer_drain, peer_p50, peer_p99) = (
+        _median(ours),
+        _median(theirs),
+    )
+    print(  # reported beside the drain time, without a target
+        f"  peak lag from the instant: duejobs p50 {p50:.0f} ms / p99 {p99:.0f} ms, "
+        f"Procrastinate p50 {peer_p50:.0f} ms / p99 {peer_p99:.0f} ms",
+        flush=True,
+    )
+    return [
+        Figure(
+            "peer: async 50 ms jobs/s, 1 process x 200",
+            rate,
+            peer_rate,
+            "jobs/s",
+            ">= 1.0x Procrastinate",
+            rate >= peer_rate,
+        ),
+        Figure(
+            f"peer: peak of {PEAK_JOBS:,} at one instant, 2 x 32",
+            drain,
+            peer_drain,
+            "s",
+            "<= 1.0x Procrastinate",
+            drain <= peer_drain,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)
