@@ -94,7 +94,7 @@ def _peer_jobs(url: str, n: int, at: str | None) -> None:
     """``n`` Procrastinate jobs of the bench task, due now or at the instant ``at``, written
     as Procrastinate writes a batch (its own defer function), after emptying its tables."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE procrastinate_jobs, procrastinate_events, procrastinate_workers")
+        conn.execute("TRUNCATE procrastinate_jobs, procrastinate_workers CASCADE")
         conn.execute(
             "SELECT procrastinate_defer_jobs_v1(array_agg(ROW('default', 'anap', 0, NULL, "
             "NULL, '{}'::jsonb, %(at)s::timestamptz)::procrastinate_job_to_defer_v1)) "
