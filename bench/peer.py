@@ -60,6 +60,7 @@ def _start(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,  # Procrastinate logs every job; a failure shows in the exit
         start_new_session=True,
     )
 

@@ -71,6 +71,8 @@ def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any)
 
 
 _DELIVERER_LOCK = threading.Lock()
+# redis-py's own default pool size, kept as the least the deliverer gets.
+_REDIS_POOL = 100
 
 
 @dataclass
@@ -85,6 +87,7 @@ class Core:
     # tenant → (monotonic time read, its live quota): one query saved per schedule()
     quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     _deliverer: Deliverer | None = None
+    _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
 
     @property
     def core(self) -> Core:
@@ -96,14 +99,19 @@ class Core:
         worker's slots asks first)."""
         with _DELIVERER_LOCK:
             if self._deliverer is None:
-                redis = Redis.from_url(self.settings.require_redis())
+                redis = Redis.from_url(
+                    self.settings.require_redis(),
+                    max_connections=max(_REDIS_POOL, self._redis_connections),
+                )
                 self._deliverer = Deliverer(redis, self.queue)
         return self._deliverer
 
     def ensure_pool(self, connections: int) -> None:
-        """Let the engine lend ``connections`` at once without waiting (a worker's slots each
-        hold one for bookkeeping and may open one for a ``ctx.transaction()``): an engine
-        whose pool is smaller is replaced by a larger one, the old one closed."""
+        """Let the engine lend ``connections`` at once without waiting (a worker's slots may
+        each run a bookkeeping step and a ``ctx.transaction()``): an engine whose pool is
+        smaller is replaced by a larger one, the old one closed. The deliverer's Redis pool,
+        made on first use, holds as many."""
+        self._redis_connections = max(self._redis_connections, connections)
         if connections <= POOL_SIZE + POOL_OVERFLOW:
             return
         old = self.engine

@@ -44,6 +44,12 @@ Seen failing against builds broken on purpose:
   ``test_deliveries_taken_together_are_claimed_in_one_statement``;
 * outcomes committed one per statement (the group commit's limit 1) →
   ``test_outcomes_that_arrive_together_are_committed_together``;
+* a worker's Redis pool left at redis-py's default of 100 connections (slots past that fail
+  their jobs with "Too many connections") →
+  ``test_two_hundred_slots_do_not_run_out_of_redis_connections``;
+* the executions of jobs started together forgotten (each job then started a second time,
+  the first left in the started registry) →
+  ``test_a_worker_takes_a_job_only_when_a_slot_is_free``;
 * a bookkeeping connection never reused (one opened per step) →
   ``test_many_slots_share_a_few_bookkeeping_connections``;
 * jobs taken together and not started left behind at a stop (claimed, never run) →
@@ -331,6 +337,15 @@ def test_many_slots_share_a_few_bookkeeping_connections(system: System) -> None:
     finally:
         runtime.close()
     assert [system.status(i) for i in ids] == ["succeeded"] * 64
+
+
+def test_two_hundred_slots_do_not_run_out_of_redis_connections(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    ids = [system.app.schedule("snooze", {"seconds": 0.2}, delay=0).id for _ in range(1000)]
+    system.scheduler.run_once()
+    slots(200)  # every slot busy, slots starting and finishing with RQ at once
+    assert [system.status(i) for i in ids] == ["succeeded"] * 1000
 
 
 def test_jobs_taken_together_and_not_started_run_at_a_warm_stop(system: System) -> None:

@@ -35,6 +35,8 @@ EXIT_WEDGED = 70
 
 # How often a worker whose slots are all busy beats and looks for a stop request (seconds).
 _SLOT_WAIT = 1.0
+# Redis connections a worker holds beyond one per slot.
+_REDIS_SPARE = 8
 # How often a plain worker heartbeat, or a look for `rq suspend`, reaches Redis at most.
 _BEAT_EVERY = timedelta(seconds=1)
 
@@ -131,7 +133,8 @@ class DuejobsWorker(SimpleWorker):
     heartbeats — with several executions at a time. With N = 1 the job runs in the main thread,
     exactly as a plain SimpleWorker runs it. When a job is taken and more slots are free, as
     many more jobs as are waiting (one per free slot, without blocking) are taken with it and
-    claimed in one statement (``Performer.claim_ahead``); they hold their slots and run next.
+    claimed in one statement (``Performer.claim_ahead``) and started in RQ in one pipeline;
+    they hold their slots and run next.
 
     **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
     before each; here a plain beat and the suspension check reach Redis at most once a second
@@ -156,8 +159,10 @@ class DuejobsWorker(SimpleWorker):
 
     def __init__(self, performer: Performer, queues: Sequence[str] = (), **kwargs: Any):
         job_class = type("DeliveryJob", (_DeliveryJob,), {"performer": performer})
-        connection = Redis.from_url(performer.redis_url)
         slots = performer.concurrency
+        # One Redis connection per slot at most, the main loop's, RQ's pubsub and a few more
+        # (redis-py's default pool of 100 would fail slots past that).
+        connection = Redis.from_url(performer.redis_url, max_connections=slots + _REDIS_SPARE)
         super().__init__(
             list(queues) or [performer.default_queue],
             connection=connection,
@@ -174,6 +179,7 @@ class DuejobsWorker(SimpleWorker):
         )
         self._busy_lock = threading.Condition()
         self._taken: collections.deque[tuple[Job, Queue]] = collections.deque()
+        self._started: dict[str, Execution] = {}  # executions of jobs taken together
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -231,11 +237,33 @@ class DuejobsWorker(SimpleWorker):
                 break
             jobs.append(more)
         self._taken.extend(jobs[1:])
+        self._start_all(jobs)
         deliveries = [d for d in map(_delivery, jobs) if d is not None]
         try:
             self._performer.claim_ahead(deliveries)
         except Exception:  # each slot claims its own delivery then, and meets the error
             log.exception("could not claim %d deliveries together", len(deliveries))
+
+    def _start_all(self, jobs: list[tuple[Job, Queue]]) -> None:
+        """RQ's start of jobs taken together — each one's execution, in the started registry
+        and the worker's executions — in one pipeline instead of one round trip each. On a
+        Redis error each job is started alone when it runs."""
+        pipe = self.connection.pipeline()
+        try:
+            executions = [
+                (job, Execution.create(job, self.get_heartbeat_ttl(job), pipe, self.name))
+                for job, _ in jobs
+            ]
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            pipe.execute()
+        except RedisError as exc:
+            log.warning("could not start %d jobs at once (%s)", len(jobs), exc)
+            return
+        finally:
+            pipe.reset()
+        for job, execution in executions:
+            self.executions[execution.id] = execution
+            self._started[job.id] = execution
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         if self._pool is None:
@@ -244,7 +272,7 @@ class DuejobsWorker(SimpleWorker):
         with self._busy_lock:
             self._busy += 1
         try:
-            execution = self.prepare_execution(job)
+            execution = self._started.pop(job.id, None) or self.prepare_execution(job)
             self._pool.submit(self._run_slot, job, queue, execution)
         except BaseException:  # the job stays in RQ's intermediate list for the re-push
             self._slot_done()
