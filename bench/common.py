@@ -20,6 +20,24 @@ from duejobs.migrate import upgrade
 
 
 @contextmanager
+def empty_database(server: str, prefix: str) -> Iterator[str]:
+    """The libpq URL of a new, empty database named ``prefix`` plus a random suffix on the
+    server at ``server`` (a libpq URL), dropped afterwards."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    head, _, query = server.partition("?")
+    url = f"{head.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+
+@contextmanager
 def scratch_database() -> Iterator[tuple[str, str]]:
     """(database URL, Redis URL): a fresh, migrated database on the configured or embedded
     server, dropped afterwards."""
@@ -28,22 +46,13 @@ def scratch_database() -> Iterator[tuple[str, str]]:
     if not (server and redis_url):
         embedded = start_embedded(Path(".duejobs"))
         server, redis_url = embedded.database_url, embedded.redis_url
-    server = libpq_url(server)
-    name = f"duejobs_bench_{uuid.uuid4().hex[:8]}"
-    head, _, query = server.partition("?")
-    url = f"{head.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        engine = make_engine(sqlalchemy_url(url))
-        upgrade(engine)
-        engine.dispose()
-        yield url, redis_url
+        with empty_database(libpq_url(server), "duejobs_bench") as url:
+            engine = make_engine(sqlalchemy_url(url))
+            upgrade(engine)
+            engine.dispose()
+            yield url, redis_url
     finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
         if embedded is not None:
             embedded.stop()
 

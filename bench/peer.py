@@ -30,16 +30,14 @@ import signal
 import statistics
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
 import psycopg
-from psycopg import sql
 from redis import Redis
 
-from bench.common import Figure, fill_due, percentile, wait_until
+from bench.common import Figure, empty_database, fill_due, percentile, wait_until
 from bench.procs import ROOT
 from duejobs import App
 from duejobs.config import libpq_url
@@ -75,20 +73,9 @@ def _finish(proc: subprocess.Popen[bytes], stop: bool) -> None:
 @contextmanager
 def _peer_database(database_url: str) -> Iterator[str]:
     """A scratch database for Procrastinate beside duejobs' one, its schema applied."""
-    server = libpq_url(database_url)
-    name = f"duejobs_peer_{uuid.uuid4().hex[:8]}"
-    head, _, query = server.partition("?")
-    url = f"{head.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
+    with empty_database(libpq_url(database_url), "duejobs_peer") as url:
         _finish(_start([*PEER, "schema", "--apply"], {"PEER_DATABASE_URL": url}), stop=False)
         yield url
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
 
 
 def _peer_jobs(url: str, n: int, at: str | None) -> None:
