@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 
 from duejobs import App, Status, recurring, stats, store
 from duejobs.delivery import WORKER_PREFIX
@@ -211,6 +211,13 @@ def test_an_async_handler_past_its_timeout_fails(system: System) -> None:
     assert stored.last_error is not None and stored.last_error.startswith("HandlerTimeoutError")
 
 
+def _lock_row(holder: Connection, schedule_id: object) -> None:
+    """Hold the schedule's row lock in ``holder``'s open transaction, as an application might."""
+    holder.execute(
+        text("SELECT 1 FROM scheduled_jobs WHERE id = :id FOR UPDATE"), {"id": schedule_id}
+    )
+
+
 def test_a_claim_gives_up_on_a_row_an_open_transaction_locks_without_using_an_attempt(
     app: App, redis_client: object
 ) -> None:
@@ -219,9 +226,7 @@ def test_a_claim_gives_up_on_a_row_an_open_transaction_locks_without_using_an_at
     s = app.schedule("record", {}, delay=0)
     try:
         with app.engine.connect() as holder:
-            holder.execute(
-                text("SELECT 1 FROM scheduled_jobs WHERE id = :id FOR UPDATE"), {"id": s.id}
-            )
+            _lock_row(holder, s.id)
             started = time.monotonic()
             delivered = runtime.deliver(s.id, 1, 1, "default")
             assert delivered.outcome == Outcome.DEFERRED and delivered.put_back_at is not None
@@ -242,9 +247,7 @@ def test_a_claim_waits_for_a_row_lock_released_within_its_timeout_and_runs(app: 
     s = app.schedule("record", {}, delay=0)
     try:
         with app.engine.connect() as holder:
-            holder.execute(
-                text("SELECT 1 FROM scheduled_jobs WHERE id = :id FOR UPDATE"), {"id": s.id}
-            )
+            _lock_row(holder, s.id)
             threading.Timer(0.3, holder.rollback).start()
             assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
     finally:
@@ -261,10 +264,7 @@ def test_an_outcome_waits_out_a_row_lock_held_longer_than_the_claims_timeout(app
 
     def hold(schedule_id: object) -> None:
         with app.engine.connect() as holder:
-            holder.execute(
-                text("SELECT 1 FROM scheduled_jobs WHERE id = :id FOR UPDATE"),
-                {"id": schedule_id},
-            )
+            _lock_row(holder, schedule_id)
             holding.set()
             release.wait(30)
             holder.rollback()
