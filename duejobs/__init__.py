@@ -5,11 +5,13 @@ Redis, through RQ, only delivers work to workers.
 """
 
 from duejobs.app import App
+from duejobs.async_app import AsyncApp
 from duejobs.handlers import RetryPolicy
 from duejobs.models import Event, EventKind, Schedule, ScheduleRequest, Status
 
 __all__ = [
     "App",
+    "AsyncApp",
     "Event",
     "EventKind",
     "RetryPolicy",

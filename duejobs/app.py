@@ -35,7 +35,7 @@ from duejobs import metrics, migrate, store
 from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
 from duejobs.app_recurring import RecurringAPI
 from duejobs.config import Settings
-from duejobs.core import Core, make_engine
+from duejobs.core import Conn, Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
     InvalidHandlerError,
@@ -185,7 +185,7 @@ class App(RecurringAPI, QuotaAPI):
         jitter: timedelta | float | None = None,
         expires_after: timedelta | float | None = None,
         queue: str | None = None,
-        conn: Connection | None = None,
+        conn: Conn | None = None,
     ) -> Schedule:
         """Persist the intent to run ``job_type`` with ``payload`` at a time.
 
@@ -231,7 +231,7 @@ class App(RecurringAPI, QuotaAPI):
         return schedule
 
     def schedule_many(
-        self, requests: Iterable[ScheduleRequest], *, conn: Connection | None = None
+        self, requests: Iterable[ScheduleRequest], *, conn: Conn | None = None
     ) -> list[uuid.UUID]:
         """Persist many schedules at once (COPY); their ids, in order.
 
@@ -285,7 +285,7 @@ class App(RecurringAPI, QuotaAPI):
         delay: timedelta | float | None = None,
         timezone: str | None = None,
         expected_version: int | None = None,
-        conn: Connection | None = None,
+        conn: Conn | None = None,
     ) -> Schedule:
         """Move a live schedule to a new time; returns it at version + 1.
 
@@ -306,7 +306,7 @@ class App(RecurringAPI, QuotaAPI):
             self._discard_queue_job(old_job)
         return schedule
 
-    def cancel(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> bool:
+    def cancel(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
         """Cancel a schedule: True when it was scheduled or running, False otherwise.
 
         A running handler finds out through ``ctx.ensure_current()`` before its effect.
@@ -320,19 +320,19 @@ class App(RecurringAPI, QuotaAPI):
 
     # -- reading -----------------------------------------------------------------------
 
-    def get(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> Schedule | None:
+    def get(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> Schedule | None:
         """The schedule as stored now, or None (also for another tenant's id)."""
         sid = _schedule_id(schedule_id)
         with self._core.transaction(conn) as c:
             return store.get_schedule(c, sid, self._tenant)
 
-    def history(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> list[Event]:
+    def history(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> list[Event]:
         """The schedule's events, oldest first."""
         sid = _schedule_id(schedule_id)
         with self._core.transaction(conn) as c:
             return store.history(c, sid, self._tenant)
 
-    def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Connection | None = None) -> bool:
+    def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
         """Whether the database clock has reached the schedule's ``run_at``.
 
         For endpoints that must enforce a deadline themselves (an auction close, a

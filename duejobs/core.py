@@ -19,7 +19,7 @@ import select
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from redis import Redis
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -30,6 +30,7 @@ from sqlalchemy.exc import (
     OperationalError,
     ProgrammingError,
 )
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from duejobs import store
 from duejobs.config import Settings
@@ -37,20 +38,39 @@ from duejobs.delivery import Deliverer
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.handlers import Handler
 
+Conn: TypeAlias = Connection | store.Driver
+"""What ``conn=`` takes: a SQLAlchemy connection or a plain psycopg one, in the caller's
+transaction."""
+
 # SQLAlchemy's default pool: 5 kept, 10 more lent at a peak.
 POOL_SIZE, POOL_OVERFLOW = 5, 10
 
 
+# connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
+_CONNECT_ARGS = {"options": "-c timezone=UTC", "connect_timeout": 10}
+
+
 def make_engine(database_url: str, pool_size: int = POOL_SIZE) -> Engine:
     """An engine whose sessions speak UTC and notice dropped connections before use."""
-    # connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
     engine = create_engine(
         database_url,
-        connect_args={"options": "-c timezone=UTC", "connect_timeout": 10},
+        connect_args=_CONNECT_ARGS,
         pool_size=pool_size,
         max_overflow=POOL_OVERFLOW,
     )
     event.listen(engine, "checkout", _discard_if_closed_by_server)
+    return engine
+
+
+def make_async_engine(database_url: str, pool_size: int = POOL_SIZE) -> AsyncEngine:
+    """:func:`make_engine`'s engine on psycopg's async connections (for an event loop)."""
+    engine = create_async_engine(
+        database_url,
+        connect_args=_CONNECT_ARGS,
+        pool_size=pool_size,
+        max_overflow=POOL_OVERFLOW,
+    )
+    event.listen(engine.sync_engine, "checkout", _discard_if_closed_by_server)
     return engine
 
 
@@ -62,8 +82,9 @@ def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any)
     call, where a ``SELECT 1`` before every use would cost a round trip per ``schedule()``.
     A silently lost network path is not seen here; its first statement fails instead.
     """
-    pgconn = dbapi_connection.pgconn
-    if dbapi_connection.closed:
+    driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)  # async: adapted
+    pgconn = driver.pgconn
+    if driver.closed:
         raise DisconnectionError("connection closed")
     readable, _, _ = select.select([pgconn.socket], [], [], 0)
     if readable:
@@ -149,11 +170,11 @@ class Core:
             raise
 
     @contextlib.contextmanager
-    def transaction(self, conn: Connection | None = None) -> Iterator[Connection]:
+    def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:
         """The caller's transaction (``conn``: the caller commits or rolls back), or one of
         its own that commits at the end of the block and rolls back on an error."""
         if conn is not None:
-            yield conn
+            yield store.lent(conn)
             return
         with self.database(), self.engine.begin() as c:
             yield c

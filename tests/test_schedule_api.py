@@ -12,9 +12,10 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from duejobs import App, EventKind, Status
+from duejobs import App, EventKind, ScheduleRequest, Status
 from duejobs.config import libpq_url
 from duejobs.errors import (
+    QuotaExceededError,
     ScheduleNotFoundError,
     ScheduleNotLiveError,
     VersionConflictError,
@@ -161,6 +162,42 @@ def test_schedule_inside_a_committed_caller_transaction_commits_with_it(app: App
         conn.execute(text("INSERT INTO orders VALUES (1)"))
         s = app.schedule("x", {"order": 1}, delay=60, conn=conn)
     assert app.get(s.id) is not None
+
+
+def test_a_plain_psycopg_connection_holds_the_schedule_in_its_transaction(
+    app: App, database_url: str, count: Callable[..., int]
+) -> None:
+    with psycopg.connect(libpq_url(database_url)) as raw:
+        app.schedule("x", {}, delay=60, conn=raw)
+        raw.rollback()
+        assert count() == 0 and count("scheduled_job_events") == 0
+        raw.execute("CREATE TEMP TABLE orders (id int) ON COMMIT DROP")
+        kept = app.schedule("x", {}, delay=60, conn=raw)
+        assert app.get(kept.id) is None and app.get(kept.id, conn=raw) is not None
+        raw.commit()
+    assert app.get(kept.id) is not None
+    with pytest.raises(TypeError, match="a SQLAlchemy Connection or a psycopg Connection, got"):
+        app.schedule("x", {}, delay=60, conn="a connection")  # type: ignore[arg-type]
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as raw:
+        with pytest.raises(TypeError, match="autocommit mode outside a transaction"):
+            app.cancel(kept.id, conn=raw)
+        with raw.transaction():
+            assert app.cancel(kept.id, conn=raw)
+    assert app.get(kept.id).status is Status.CANCELLED  # type: ignore[union-attr]
+
+
+def test_a_refused_batch_leaves_a_plain_psycopg_transaction_usable(
+    app: App, database_url: str
+) -> None:
+    app.set_quota("acme", max_live=1)
+    with psycopg.connect(libpq_url(database_url)) as raw:
+        first = app.schedule("x", {}, delay=60, tenant="acme", conn=raw)
+        with pytest.raises(QuotaExceededError):
+            app.schedule_many([ScheduleRequest("x", {}, delay=60, tenant="acme")], conn=raw)
+        rows = raw.execute("SELECT count(*) FROM scheduled_jobs").fetchone()
+        assert rows == (1,)  # the savepoint undid the batch, and only the batch
+        raw.commit()
+    assert app.get(first.id) is not None
 
 
 def test_reschedule_later_bumps_the_version_and_records_both_times(app: App) -> None:

@@ -36,10 +36,13 @@ from duejobs.store.attempts import (
 from duejobs.store.bulk import insert_schedules
 from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
 from duejobs.store.execution import (
+    AsyncDriver,
+    Driver,
     advisory_lock,
     create_database,
     database_now,
     is_missing_table,
+    lent,
     server_answers,
 )
 from duejobs.store.figures import (
@@ -100,9 +103,11 @@ __all__ = [
     "QUERIES",
     "QUOTA_COLUMNS",
     "Activity",
+    "AsyncDriver",
     "ClaimedRow",
     "Closing",
     "Delivery",
+    "Driver",
     "LiveFigures",
     "NewRow",
     "OverdueRow",
@@ -141,6 +146,7 @@ __all__ = [
     "insert_schedules",
     "is_missing_table",
     "is_past_run_at",
+    "lent",
     "live_by_key",
     "live_figures",
     "live_quota",

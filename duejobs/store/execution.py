@@ -17,25 +17,171 @@ import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar, cast
 
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
+from sqlalchemy.util import await_only
 
 from duejobs.store.queries import QUERIES
+
+T = TypeVar("T")
 
 
 def _driver(conn: Connection) -> psycopg.Connection[Any]:
     """The psycopg connection under ``conn``, inside the transaction the caller will commit
-    (begun here if the caller has not run a statement yet, as SQLAlchemy would)."""
+    (begun here if the caller has not run a statement yet, as SQLAlchemy would).
+
+    Under an async engine (:class:`~duejobs.AsyncApp`) the connection is psycopg's
+    ``AsyncConnection`` and this code runs in the greenlet SQLAlchemy's ``run_sync`` gives it:
+    :class:`_Awaited` awaits each call there, so the event loop serves other coroutines while
+    PostgreSQL works."""
     driver = conn.connection.driver_connection
-    assert isinstance(driver, psycopg.Connection)
+    assert isinstance(driver, psycopg.Connection | psycopg.AsyncConnection)
     if not driver.autocommit and not conn.in_transaction():
         conn.begin()
+    if isinstance(driver, psycopg.AsyncConnection):
+        # The part of psycopg.Connection's API this module uses, with the same results.
+        return cast("psycopg.Connection[Any]", _Awaited(driver))
     return driver
+
+
+AsyncDriver: TypeAlias = psycopg.AsyncConnection[Any]
+Driver: TypeAlias = psycopg.Connection[Any] | AsyncDriver
+"""A caller's own psycopg connection, given as ``conn=`` instead of SQLAlchemy's."""
+
+
+def lent(conn: object, *, awaited: bool = False) -> Connection:
+    """The connection the store runs on for a caller's ``conn=``: SQLAlchemy's as it is, a
+    plain psycopg one through :class:`_Lent` (``awaited``: psycopg's ``AsyncConnection``,
+    for :class:`~duejobs.AsyncApp`). Either way the caller's transaction holds the
+    statements. Anything else is a ``TypeError`` naming what was given."""
+    if isinstance(conn, _Lent):
+        return cast(Connection, conn)
+    if isinstance(conn, psycopg.AsyncConnection if awaited else psycopg.Connection):
+        return cast(Connection, _Lent(conn))
+    if isinstance(conn, Connection) and not awaited:
+        return conn
+    wanted = (
+        "a SQLAlchemy AsyncConnection or AsyncSession or a psycopg AsyncConnection"
+        if awaited
+        else "a SQLAlchemy Connection or a psycopg Connection"
+    )
+    given = f"{type(conn).__module__}.{type(conn).__qualname__}"
+    raise TypeError(f"conn= takes {wanted}, got {given}")
+
+
+class _Lent:
+    """A caller's psycopg connection offering what the store calls on SQLAlchemy's.
+
+    It is only lent: the store never begins, commits, rolls back or closes the caller's
+    transaction (a broken connection stays the caller's to close). One outside any
+    transaction in autocommit mode is refused: each statement would commit on its own, and
+    a schedule and its history event must commit together."""
+
+    def __init__(self, driver: Driver) -> None:
+        idle = driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if driver.autocommit and idle:
+            raise TypeError(
+                "conn= is a psycopg connection in autocommit mode outside a transaction: "
+                "open one first (with conn.transaction(): ...)"
+            )
+        self.driver_connection = driver
+
+    @property
+    def connection(self) -> _Lent:
+        return self
+
+    def in_transaction(self) -> bool:
+        return True  # psycopg begins one at the first statement
+
+    def invalidate(self, exc: BaseException) -> None:
+        """Nothing: the connection is the caller's."""
+
+    def begin_nested(self) -> contextlib.AbstractContextManager[Any]:
+        """A savepoint, released at the end of the block or rolled back on an error."""
+        if isinstance(self.driver_connection, psycopg.AsyncConnection):
+            return _entered(self.driver_connection.transaction())
+        return self.driver_connection.transaction()
+
+
+@contextlib.contextmanager
+def _entered(manager: contextlib.AbstractAsyncContextManager[T]) -> Iterator[T]:
+    """An async context manager entered and left from synchronous code in the greenlet."""
+    value = await_only(manager.__aenter__())
+    try:
+        yield value
+    except BaseException as exc:
+        if not await_only(manager.__aexit__(type(exc), exc, exc.__traceback__)):
+            raise
+    else:
+        await_only(manager.__aexit__(None, None, None))
+
+
+class _Awaited:
+    """psycopg's ``AsyncConnection`` offering what this module calls on a ``Connection``."""
+
+    def __init__(self, driver: psycopg.AsyncConnection[Any]) -> None:
+        self._driver = driver
+
+    @property
+    def closed(self) -> bool:
+        return self._driver.closed
+
+    @property
+    def autocommit(self) -> bool:
+        return self._driver.autocommit
+
+    @contextlib.contextmanager
+    def cursor(self, **options: Any) -> Iterator[_AwaitedCursor]:
+        with _entered(self._driver.cursor(**options)) as cursor:
+            yield _AwaitedCursor(cursor)
+
+    @contextlib.contextmanager
+    def pipeline(self) -> Iterator[None]:
+        with _entered(self._driver.pipeline()):
+            yield
+
+    def execute(self, query: Any, params: Any) -> None:
+        await_only(self._driver.execute(query, params))
+
+
+class _AwaitedCursor:
+    def __init__(self, cursor: psycopg.AsyncCursor[Any]) -> None:
+        self._cursor = cursor
+
+    @property
+    def description(self) -> Any:
+        return self._cursor.description
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def execute(self, query: Any, params: Any) -> None:
+        await_only(self._cursor.execute(query, params))
+
+    def fetchall(self) -> list[Any]:
+        return await_only(self._cursor.fetchall())
+
+    @contextlib.contextmanager
+    def copy(self, statement: Any) -> Iterator[_AwaitedCopy]:
+        with _entered(self._cursor.copy(statement)) as copy:
+            yield _AwaitedCopy(copy)
+
+
+class _AwaitedCopy:
+    def __init__(self, copy: psycopg.AsyncCopy) -> None:
+        self._copy = copy
+
+    def set_types(self, types: Sequence[str]) -> None:
+        self._copy.set_types(types)
+
+    def write_row(self, row: Sequence[Any]) -> None:
+        await_only(self._copy.write_row(row))
 
 
 def run(conn: Connection, name: str, params: dict[str, Any] | None = None) -> list[Any]:
@@ -129,9 +275,6 @@ def _surfaced(
 
 def _utc(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC)
-
-
-T = TypeVar("T")
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}
