@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 
 from duejobs import store
-from duejobs.core import Core
+from duejobs.core import Conn, Core
 from duejobs.errors import EffectAlreadyAppliedError, ScheduleChangedError
 from duejobs.models import Status
 from duejobs.store import SkipReason
@@ -61,7 +61,7 @@ class Context:
             raise ScheduleChangedError(self.schedule_id, change.value)
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Connection]:
+    def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:
         """A transaction fenced on this attempt that records the effect and succeeds it.
 
         Locks the row and re-checks it (:class:`ScheduleChangedError` if it moved on),
@@ -69,10 +69,20 @@ class Context:
         there), yields the connection for the handler's own writes, then marks the schedule
         ``succeeded`` in the same commit — or, should that find the attempt no longer
         current, rolls everything back.
+
+        ``conn``: run the fence inside a transaction of the handler's own (a plain psycopg
+        connection, or Django's through :func:`duejobs.contrib.django.fenced`), whose commit
+        then decides; it must commit before the handler returns, or the attempt is left to
+        its lease and rescued.
         """
         if self._finished:
             raise RuntimeError("this attempt already committed its effect")
-        with self._core.engine.begin() as conn:
+        scope = (
+            contextlib.nullcontext(store.lent(conn))
+            if conn is not None
+            else self._core.engine.begin()
+        )
+        with scope as conn:
             change = store.change_since_claim(
                 conn, self.schedule_id, self.version, self.attempt, lock=True
             )

@@ -42,7 +42,7 @@ from tests.apps import EFFECTS_TABLE, register
 TEST_DATA_DIR = Path(tempfile.gettempdir()) / f"duejobs-tests-{os.getuid()}"
 _TABLES = (
     "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
-    "recurring_schedules, tenant_quotas, test_effects"
+    "scheduled_job_results, recurring_schedules, tenant_quotas, test_effects"
 )
 
 

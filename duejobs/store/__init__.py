@@ -85,6 +85,13 @@ from duejobs.store.recurring import (
     save_recurring,
     set_recurring_status,
 )
+from duejobs.store.results import (
+    AttemptRecord,
+    StoredResult,
+    add_error,
+    outcome_of,
+    save_return_value,
+)
 from duejobs.store.retention import prune_finished
 from duejobs.store.schedules import (
     NewRow,
@@ -104,6 +111,7 @@ __all__ = [
     "QUOTA_COLUMNS",
     "Activity",
     "AsyncDriver",
+    "AttemptRecord",
     "ClaimedRow",
     "Closing",
     "Delivery",
@@ -116,9 +124,11 @@ __all__ = [
     "RunClaim",
     "ScheduleOutcome",
     "SkipReason",
+    "StoredResult",
     "TenantDue",
     "WindowRow",
     "activity",
+    "add_error",
     "advance_recurring",
     "advisory_lock",
     "bookkeeping_session",
@@ -150,6 +160,7 @@ __all__ = [
     "live_by_key",
     "live_figures",
     "live_quota",
+    "outcome_of",
     "outcomes",
     "overdue_rows",
     "prune_finished",
@@ -162,6 +173,7 @@ __all__ = [
     "reschedule",
     "rescue_expired",
     "save_recurring",
+    "save_return_value",
     "schedule_states",
     "server_answers",
     "set_quota",

@@ -22,6 +22,7 @@ from typing import Any, TypeAlias, TypeVar, cast
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import namedtuple_row
+from psycopg.types.json import JsonbLoader
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.util import await_only
@@ -90,6 +91,11 @@ class _Lent:
                 "open one first (with conn.transaction(): ...)"
             )
         self.driver_connection = driver
+        # Some callers load jsonb as text (Django does, for its JSONField): the store's own
+        # statements decode it, on their cursors only.
+        jsonb = driver.adapters.types["jsonb"].oid
+        loader = driver.adapters.get_loader(jsonb, psycopg.pq.Format.TEXT)
+        self.json_as_text = not (loader and issubclass(loader, JsonbLoader))
 
     @property
     def connection(self) -> _Lent:
@@ -158,6 +164,10 @@ class _AwaitedCursor:
         return self._cursor.description
 
     @property
+    def adapters(self) -> Any:
+        return self._cursor.adapters
+
+    @property
     def rowcount(self) -> int:
         return self._cursor.rowcount
 
@@ -190,6 +200,8 @@ def run(conn: Connection, name: str, params: dict[str, Any] | None = None) -> li
     driver = _driver(conn)
     try:
         with driver.cursor(row_factory=namedtuple_row) as cursor:
+            if isinstance(conn, _Lent) and conn.json_as_text:
+                cursor.adapters.register_loader("jsonb", JsonbLoader)
             cursor.execute(query.driver_sql, params or {})
             return cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:

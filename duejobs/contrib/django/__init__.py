@@ -1,0 +1,195 @@
+"""duejobs in a Django project: settings, Django's own transactions, handlers found in the
+installed applications, management commands and a Tasks backend.
+
+Setup::
+
+    INSTALLED_APPS = [..., "duejobs.contrib.django"]
+    DUEJOBS = {"REDIS_URL": "redis://localhost:6379/0"}  # the other keys below are optional
+
+Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` whose
+connection duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3);
+``DATABASE_URL`` (default: built from that alias's settings); ``QUEUE`` (the RQ queue,
+default ``duejobs``); ``MAX_PAYLOAD_BYTES``. An unknown key or a database that is not
+PostgreSQL on psycopg 3 is :class:`~django.core.exceptions.ImproperlyConfigured`.
+
+Promises:
+
+* ``from duejobs.contrib.django import app`` is the one App of the process, built on first use
+  from the settings.
+* Its writes and reads run on Django's own connection, inside ``transaction.atomic()``: in a
+  view's atomic block a schedule commits or rolls back with the view's work (no ``conn=``);
+  outside one, each call is an atomic block of its own. ``conn=`` still takes any other
+  connection.
+* Handlers live in each installed application's ``jobs.py`` (imported at startup); a sync
+  handler runs between two ``close_old_connections()``, as a request does, so a worker never
+  reuses a Django connection that broke or outlived ``CONN_MAX_AGE``.
+* ``with fenced(ctx):`` is ``ctx.transaction()`` on Django's connection: ORM writes inside it
+  commit exactly once, together with the schedule's success.
+
+The services run as management commands (``duejobs_migrate``, ``duejobs_scheduler``,
+``duejobs_worker``, ``duejobs_reconcile``), which take the CLI's options; Django's Tasks
+framework runs through :class:`duejobs.contrib.django.tasks.DuejobsBackend`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import close_old_connections, connections, transaction
+from sqlalchemy import URL, Connection
+
+from duejobs import store
+from duejobs.app import App
+from duejobs.config import Settings
+from duejobs.context import Context
+from duejobs.core import Conn, Core, make_engine
+from duejobs.delivery import DEFAULT_QUEUE
+from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue
+
+__all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_KEYS = {"REDIS_URL", "DATABASE", "DATABASE_URL", "QUEUE", "MAX_PAYLOAD_BYTES"}
+
+
+def _config() -> dict[str, Any]:
+    config: dict[str, Any] = dict(getattr(settings, "DUEJOBS", {}))
+    unknown = set(config) - _KEYS
+    if unknown:
+        raise ImproperlyConfigured(
+            f"DUEJOBS has unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}"
+        )
+    return config
+
+
+def settings_urls() -> tuple[str, str | None, str]:
+    """The database URL, the Redis URL and the database alias the settings give duejobs."""
+    config = _config()
+    alias = config.get("DATABASE", "default")
+    if alias not in settings.DATABASES:
+        raise ImproperlyConfigured(f"DUEJOBS['DATABASE'] names {alias!r}, not in DATABASES")
+    database = settings.DATABASES[alias]
+    if database.get("ENGINE") != "django.db.backends.postgresql":
+        raise ImproperlyConfigured(
+            f"duejobs needs PostgreSQL: DATABASES[{alias!r}] uses {database.get('ENGINE')!r}"
+        )
+    return config.get("DATABASE_URL") or _url(database), config.get("REDIS_URL"), alias
+
+
+def _url(database: dict[str, Any]) -> str:
+    """A SQLAlchemy URL for one entry of ``DATABASES`` (a Unix socket folder as ``HOST`` is
+    passed as libpq's ``host`` parameter). ``OPTIONS`` are not carried over: give
+    ``DUEJOBS['DATABASE_URL']`` when they matter (TLS, say)."""
+    host = database.get("HOST") or None
+    socket_folder = host is not None and host.startswith("/")
+    return URL.create(
+        "postgresql+psycopg",
+        username=database.get("USER") or None,
+        password=database.get("PASSWORD") or None,
+        host=None if socket_folder else host,
+        port=int(database["PORT"]) if database.get("PORT") else None,
+        database=database.get("NAME") or None,
+        query={"host": host} if socket_folder and host else {},
+    ).render_as_string(hide_password=False)
+
+
+class _DjangoCore(Core):
+    """A Core whose own transactions are Django's atomic blocks on its connection."""
+
+    alias: str = "default"
+
+    @contextlib.contextmanager
+    def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:
+        if conn is not None:
+            with super().transaction(conn) as given:
+                yield given
+            return
+        django_connection = connections[self.alias]
+        with self.database(), transaction.atomic(using=self.alias):
+            django_connection.ensure_connection()
+            driver = django_connection.connection
+            if type(driver).__module__.split(".")[0] != "psycopg":
+                raise ImproperlyConfigured(
+                    "duejobs shares Django's connection, which must be psycopg 3 "
+                    f"(DATABASES[{self.alias!r}] runs on {type(driver).__module__})"
+                )
+            yield store.lent(driver)
+
+
+class DjangoApp(App):
+    """The App of a Django project (see the module docstring); build it with :func:`get_app`."""
+
+    def __init__(self) -> None:
+        database_url, redis_url, alias = settings_urls()
+        config = _config()
+        resolved = Settings.from_env(database_url, redis_url)
+        core = _DjangoCore(
+            resolved,
+            make_engine(resolved.database_url),
+            int(config.get("MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)),
+            check_queue(config.get("QUEUE", DEFAULT_QUEUE)),
+        )
+        core.alias = alias
+        self._core = core
+        self._tenant = None
+        self.alias = alias
+
+    def handler(self, job_type: str, **options: Any) -> Callable[[F], F]:
+        """:meth:`App.handler`; a sync handler runs between two ``close_old_connections()``."""
+        register = super().handler(job_type, **options)
+
+        def wrap(func: F) -> F:
+            if inspect.iscoroutinefunction(func):
+                register(func)
+                return func
+
+            @functools.wraps(func)
+            def between_fresh_connections(ctx: Context, payload: Any) -> Any:
+                close_old_connections()
+                try:
+                    return func(ctx, payload)
+                finally:
+                    close_old_connections()
+
+            register(between_fresh_connections)
+            return func
+
+        return wrap
+
+
+_APP: DjangoApp | None = None
+_LOCK = threading.Lock()
+
+
+def get_app() -> DjangoApp:
+    """The process's App, built from the settings on first use."""
+    global _APP
+    with _LOCK:
+        if _APP is None:
+            _APP = DjangoApp()
+        return _APP
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        return get_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@contextlib.contextmanager
+def fenced(ctx: Context) -> Iterator[None]:
+    """``ctx.transaction()`` on Django's connection: the ORM writes in the block commit
+    exactly once, with the schedule's success, or not at all (see :mod:`duejobs.context`)."""
+    alias = get_app().alias
+    with transaction.atomic(using=alias):
+        connection = connections[alias]
+        connection.ensure_connection()
+        with ctx.transaction(conn=store.lent(connection.connection)):
+            yield

@@ -1,0 +1,274 @@
+"""``duejobs.contrib.django`` in a small Django project (``tests/django_project``): settings,
+Django's own transactions, handlers found in ``jobs.py``, management commands and the Tasks
+backend, on real PostgreSQL and Redis, with workers started by ``manage.py``.
+
+Seen failing against a build broken on purpose: the App's own transactions on duejobs'
+engine instead of Django's connection →
+``test_a_schedule_in_a_views_atomic_block_commits_with_it`` and
+``test_a_schedule_in_a_rolled_back_atomic_block_never_existed``; ``fenced()`` committing the
+ORM write outside the fence →
+``test_an_orm_write_in_a_fence_is_undone_when_the_schedule_was_cancelled_meanwhile``; the return
+value not saved → ``test_a_task_enqueued_through_django_tasks_runs_and_returns_its_value``;
+errors not recorded → ``test_a_failing_task_fails_after_its_attempts_with_each_traceback``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import django
+import pytest
+import redis
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test.utils import override_settings
+
+from duejobs import App, Status
+from duejobs.scheduler import Scheduler
+from tests.conftest import ROOT
+
+try:  # Django 6 and later, as the backend does
+    from django.tasks import TaskResultStatus
+    from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+except ImportError:
+    from django_tasks import TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+
+SETTINGS = "tests.django_project.settings"
+
+
+@pytest.fixture(scope="session")
+def project(database_url: str, redis_url: str) -> Iterator[dict[str, str]]:
+    """Django set up in this process on the session's scratch database; the environment a
+    ``manage.py`` process needs."""
+    env = {
+        "DJANGO_SETTINGS_MODULE": SETTINGS,
+        "DUEJOBS_TEST_DATABASE_URL": database_url,
+        "DUEJOBS_TEST_REDIS_URL": redis_url,
+    }
+    os.environ.update(env)
+    django.setup()
+    call_command("migrate", "shop", verbosity=0)
+    yield {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    connection.close()
+
+
+@pytest.fixture
+def shop(project: dict[str, str], app: App, redis_client: redis.Redis) -> Iterator[Shop]:
+    from tests.django_project.shop.models import Order
+
+    Order.objects.all().delete()
+    yield Shop(project, app)
+    connection.close()
+
+
+class Shop:
+    """The project, and what drives it: a scheduler pass, a worker started by manage.py."""
+
+    def __init__(self, env: dict[str, str], app: App) -> None:
+        from duejobs.contrib.django import get_app
+
+        self.env, self.app, self.django_app = env, app, get_app()
+
+    def manage(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "django", *args, "--settings", SETTINGS],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    def work(self) -> None:
+        """One scheduler pass, then a worker from manage.py until the queues are empty."""
+        Scheduler(self.django_app).run_once()
+        done = self.manage("duejobs_worker", "--burst", "--queue", "duejobs", "--queue", "reports")
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    def work_until(self, finished: Callable[[], bool], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not finished():
+            assert time.monotonic() < deadline, "deadline passed before the work was done"
+            self.work()
+
+
+def test_the_settings_build_one_app_on_the_databases_entry(shop: Shop) -> None:
+    from duejobs.contrib.django import app, get_app, settings_urls
+
+    assert app is get_app() is shop.django_app
+    assert shop.django_app.now() is not None  # the URL built from DATABASES reaches it
+    assert settings_urls()[2] == "default"
+    with (
+        override_settings(DUEJOBS={"REDIS": "typo"}),
+        pytest.raises(ImproperlyConfigured, match=r"unknown keys \['REDIS'\]"),
+    ):
+        settings_urls()
+    with (
+        override_settings(DUEJOBS={"DATABASE": "other"}),
+        pytest.raises(ImproperlyConfigured, match="'other', not in DATABASES"),
+    ):
+        settings_urls()
+
+
+def test_handlers_in_the_installed_apps_jobs_modules_are_registered(shop: Shop) -> None:
+    assert shop.django_app.handler_for("shop.remind") is not None
+    assert shop.django_app.handler_for("django.task.default") is not None
+
+
+def test_a_schedule_in_a_views_atomic_block_commits_with_it(shop: Shop) -> None:
+    from tests.django_project.shop.models import Order
+
+    with transaction.atomic():
+        order = Order.objects.create(customer="ana")
+        s = shop.django_app.schedule("shop.remind", {"order_id": order.id}, delay=60)
+        assert shop.app.get(s.id) is None  # not committed: invisible outside the view
+    assert shop.app.get(s.id) is not None and Order.objects.filter(id=order.id).exists()
+
+
+def test_a_schedule_in_a_rolled_back_atomic_block_never_existed(
+    shop: Shop, count: Callable[..., int]
+) -> None:
+    from tests.django_project.shop.models import Order
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        order = Order.objects.create(customer="bo")
+        shop.django_app.schedule("shop.remind", {"order_id": order.id}, delay=60)
+        raise RuntimeError("the view failed")
+    assert count() == 0 and count("scheduled_job_events") == 0
+    assert not Order.objects.exists()
+
+
+def test_outside_an_atomic_block_each_call_commits_on_its_own(shop: Shop) -> None:
+    s = shop.django_app.schedule("shop.remind", {"order_id": 1}, delay=60)
+    assert shop.app.get(s.id) is not None
+    assert shop.django_app.cancel(s.id) and shop.app.get(s.id).status is Status.CANCELLED  # type: ignore[union-attr]
+
+
+def test_a_worker_from_manage_py_runs_a_handler_that_writes_through_the_orm_once(
+    shop: Shop,
+) -> None:
+    from tests.django_project.shop.models import Order
+
+    order = Order.objects.create(customer="cy")
+    s = shop.django_app.schedule("shop.remind", {"order_id": order.id}, delay=0)
+    shop.work_until(lambda: shop.app.get(s.id).status is Status.SUCCEEDED)  # type: ignore[union-attr]
+    order.refresh_from_db()
+    assert order.reminded == 1
+    with shop.app.engine.connect() as conn:
+        from sqlalchemy import text
+
+        keys = conn.execute(text("SELECT effect_key FROM scheduled_job_effects")).scalars().all()
+    assert keys == [f"shop.remind:{s.id}:1"]
+
+
+def test_an_orm_write_in_a_fence_is_undone_when_the_schedule_was_cancelled_meanwhile(
+    shop: Shop,
+) -> None:
+    from tests.django_project.shop.models import Order
+
+    order = Order.objects.create(customer="di")
+    s = shop.django_app.schedule("shop.cancelled-meanwhile", {"order_id": order.id}, delay=0)
+    shop.work_until(lambda: shop.app.get(s.id).status is Status.CANCELLED)  # type: ignore[union-attr]
+    order.refresh_from_db()
+    assert order.reminded == 0
+    assert [e.kind.value for e in shop.app.history(s.id)][-1] == "skipped"
+
+
+def test_a_task_enqueued_through_django_tasks_runs_and_returns_its_value(shop: Shop) -> None:
+    from tests.django_project.shop.tasks import add, report
+
+    added, reported = add.enqueue(2, 3), report.enqueue("sales")
+    assert added.status == TaskResultStatus.READY and added.args == [2, 3]
+    assert shop.app.get(added.id).queue == "duejobs"  # type: ignore[union-attr]
+    assert shop.app.get(reported.id).queue == "reports"  # type: ignore[union-attr]
+    shop.work_until(lambda: add.get_result(added.id).is_finished)
+    shop.work_until(lambda: report.get_result(reported.id).is_finished)
+    added.refresh()
+    assert added.status == TaskResultStatus.SUCCESSFUL and added.return_value == 5
+    assert len(added.worker_ids) == 1 and added.started_at and added.finished_at
+    assert report.get_result(reported.id).return_value == {"report": "sales", "rows": [1, 2, 3]}
+
+
+def test_an_enqueue_in_a_rolled_back_atomic_block_leaves_no_task(
+    shop: Shop, count: Callable[..., int]
+) -> None:
+    from tests.django_project.shop.tasks import add
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        add.enqueue(1, 1)
+        raise RuntimeError("the view failed")
+    assert count() == 0
+
+
+def test_a_deferred_task_waits_for_run_after(shop: Shop) -> None:
+    from django.utils import timezone
+
+    from tests.django_project.shop.tasks import add
+
+    later = timezone.now() + timedelta(hours=1)
+    result = add.using(run_after=later).enqueue(1, 2)
+    assert shop.app.get(result.id).run_at == later  # type: ignore[union-attr]
+    shop.work()
+    assert add.get_result(result.id).status == TaskResultStatus.READY
+
+
+def test_a_failing_task_fails_after_its_attempts_with_each_traceback(shop: Shop) -> None:
+    from tests.django_project.shop.tasks import explode
+
+    result = explode.enqueue()
+    shop.work_until(lambda: explode.get_result(result.id).is_finished)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED and len(result.worker_ids) == 2
+    assert [e.exception_class for e in result.errors] == [RuntimeError, RuntimeError]
+    assert "the task failed on purpose" in result.errors[-1].traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018 - Django raises for a failed task's value
+
+
+def test_a_return_value_that_cannot_be_stored_fails_the_task_saying_why(shop: Shop) -> None:
+    from tests.django_project.shop.tasks import too_big
+
+    result = too_big.enqueue()
+    shop.work_until(lambda: too_big.get_result(result.id).is_finished)
+    result.refresh()
+    assert result.errors[-1].exception_class_path.endswith("TaskResultError")
+    assert "MAX_RESULT_BYTES" in result.errors[-1].traceback
+
+
+def test_context_taking_and_async_tasks_run(shop: Shop) -> None:
+    from tests.django_project.shop.tasks import add_later, which_attempt
+
+    attempt, later = which_attempt.enqueue(), add_later.enqueue(4, 5)
+    shop.work_until(lambda: add_later.get_result(later.id).is_finished)
+    shop.work_until(lambda: which_attempt.get_result(attempt.id).is_finished)
+    assert which_attempt.get_result(attempt.id).return_value == 1
+    assert add_later.get_result(later.id).return_value == 9
+
+
+def test_what_the_backend_refuses_or_cannot_find(shop: Shop) -> None:
+    from tests.django_project.shop.tasks import add
+
+    with pytest.raises(InvalidTaskError, match="priority"):
+        add.using(priority=5)
+    with pytest.raises(InvalidTaskError, match="Queue 'nowhere'"):
+        add.using(queue_name="nowhere")
+    other = shop.app.schedule("shop.remind", {"order_id": 1}, delay=60)
+    for unknown in ("not-a-uuid", str(uuid.uuid4()), str(other.id)):
+        with pytest.raises(TaskResultDoesNotExist):
+            add.get_result(unknown)
+
+
+def test_management_commands_run_the_cli_with_the_settings(shop: Shop) -> None:
+    call_command("duejobs_migrate")  # from code: already at head, nothing to do
+    migrated = shop.manage("duejobs_migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    reconciled = shop.manage("duejobs_reconcile", "--json")
+    assert reconciled.returncode == 0 and reconciled.stdout.startswith("{"), reconciled.stderr
