@@ -4,6 +4,6 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY duejobs ./duejobs
 COPY migrations ./migrations
-RUN pip install --no-cache-dir . && useradd --system duejobs
+RUN pip install --no-cache-dir ".[binary]" && useradd --system duejobs
 USER duejobs
 ENTRYPOINT ["duejobs"]

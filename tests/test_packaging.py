@@ -1,0 +1,89 @@
+"""What a team installs: ``pip install duejobs`` with no extras is a working library and CLI
+against given URLs; the version is the distribution's; frameworks, test tools and psycopg's
+wheel stay optional.
+
+Seen failing against a build broken on purpose: ``psycopg[binary]`` back among the runtime
+requirements → ``test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel``;
+the CLI importing Django at startup →
+``test_a_plain_install_is_a_working_library_and_cli_against_given_urls``.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import importlib.metadata
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+import duejobs
+from tests.conftest import ROOT, Servers
+
+
+def test_the_version_is_the_installed_distributions() -> None:
+    installed = importlib.metadata.version("duejobs")
+    shown = subprocess.run(
+        [sys.executable, "-m", "duejobs", "--version"], capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.strip() == f"duejobs, version {installed}"
+    assert duejobs.__version__ == installed
+
+
+def test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel() -> None:
+    required = [Requirement(r) for r in importlib.metadata.requires("duejobs") or []]
+    always = {r.name.lower(): r for r in required if r.marker is None}
+    optional = {"django", "django-tasks", "fastapi", "uvicorn", "pytest", "ruff", "mypy"}
+    assert not optional & set(always), sorted(optional & set(always))
+    assert always["psycopg"].extras == set()  # the application chooses how to get libpq
+    extras = {str(r.marker) for r in required if r.marker is not None}
+    assert 'extra == "binary"' in extras and 'extra == "django"' in extras
+
+
+@pytest.mark.slow
+def test_a_plain_install_is_a_working_library_and_cli_against_given_urls(
+    tmp_path: Path, servers: Servers, redis_url: str
+) -> None:
+    if ctypes.util.find_library("pq") is None:
+        pytest.skip("no system libpq: a plain install needs it (duejobs[binary] brings its own)")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    subprocess.run([*pip, str(ROOT)], check=True, timeout=600)
+
+    database = f"duejobs_plain_{uuid.uuid4().hex[:8]}"
+    env = {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": servers.create_database(database),
+        "DUEJOBS_REDIS_URL": redis_url,
+    }
+    env.pop("PYTHONPATH", None)
+    try:
+
+        def run(*args: str) -> str:
+            done = subprocess.run(
+                args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+            )
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout
+
+        run(str(venv / "bin" / "duejobs"), "migrate")
+        script = (
+            "import sys, duejobs\n"
+            "app = duejobs.App()\n"
+            "s = app.schedule('mail', {'to': 'a'}, delay=60)\n"
+            "print(app.get(s.id).status.value)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "{'django', 'fastapi', 'pytest', 'psycopg_binary'}))\n"
+        )
+        assert run(str(venv / "bin" / "python"), "-c", script).split("\n")[:2] == [
+            "scheduled",
+            "[]",
+        ]
+        assert "created" in run(str(venv / "bin" / "duejobs"), "stats")
+    finally:
+        servers.drop_database(database)
