@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint bench mutation clean
+.PHONY: demo test lint docs bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,11 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+# The documentation site (MkDocs), built strictly: a broken link or reference fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
+
+test: lint docs
 	$(BIN)/pytest
 
 bench: $(STAMP)
@@ -38,4 +42,4 @@ mutation: $(STAMP)
 	$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) .duejobs .mypy_cache .ruff_cache .pytest_cache mutants
+	rm -rf $(VENV) .duejobs .mypy_cache .ruff_cache .pytest_cache mutants site
