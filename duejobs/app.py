@@ -22,6 +22,7 @@ is still waiting there (best effort; the worker's check is the guarantee).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections import Counter
@@ -39,11 +40,14 @@ from duejobs.core import Conn, Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
     InvalidHandlerError,
+    InvalidKeyError,
     InvalidScheduleError,
     InvalidScheduleIdError,
+    KeyInUseError,
     QuotaExceededError,
     ScheduleNotFoundError,
     ScheduleNotLiveError,
+    ScheduleNotRetryableError,
     VersionConflictError,
 )
 from duejobs.handlers import Handler, RetryPolicy
@@ -78,6 +82,13 @@ def _schedule_id(value: object) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError as exc:
         raise InvalidScheduleIdError(f"schedule id must be a UUID, got {value!r}") from exc
+
+
+def _required_key(value: object) -> str:
+    key = check_key(value)
+    if key is None:
+        raise InvalidKeyError("a key is required to find a schedule by key, got None")
+    return key
 
 
 _NO_JITTER = timedelta(0)
@@ -224,7 +235,7 @@ class App(RecurringAPI, QuotaAPI):
             if cap is not None and store.count_live_up_to(c, new.tenant, cap) >= cap:
                 existing = store.live_by_key(c, new.tenant, new.key) if new.key else None
                 if existing is not None:
-                    return existing
+                    return dataclasses.replace(existing, created=False)
                 metrics.QUOTA_REFUSALS.labels(metrics.tenant_label(new.tenant)).inc()
                 raise QuotaExceededError(new.tenant, cap)
             schedule, _created = store.insert_schedule(c, new)
@@ -317,6 +328,105 @@ class App(RecurringAPI, QuotaAPI):
         if conn is None:
             self._discard_queue_job(job)
         return cancelled
+
+    def retry(
+        self,
+        schedule_id: ScheduleId,
+        *,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        timezone: str | None = None,
+        conn: Conn | None = None,
+    ) -> Schedule:
+        """Schedule a ``failed`` or ``cancelled`` schedule again: version + 1, its attempts
+        from zero, due now (or at ``run_at`` / after ``delay``), recorded in its history as a
+        ``rescheduled`` event marked ``retry``. Any other status is
+        :class:`~duejobs.errors.ScheduleNotRetryableError`; a key another live schedule
+        holds meanwhile, :class:`~duejobs.errors.KeyInUseError`."""
+        sid = _schedule_id(schedule_id)
+        if run_at is None and delay is None:
+            delay = 0
+        when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+        with self._core.transaction(conn) as c:
+            current = store.get_schedule(c, sid, self._tenant)
+            if current is None:
+                raise ScheduleNotFoundError(f"no schedule {sid}")
+            holder = store.live_by_key(c, current.tenant, current.key) if current.key else None
+            if holder is not None and holder.id != sid:
+                raise KeyInUseError(
+                    f"schedule {sid}'s key {current.key!r} is held by live schedule "
+                    f"{holder.id}: cancel that one first"
+                )
+            retried = store.retry(c, sid, self._tenant, when)
+            if retried is None:
+                raise ScheduleNotRetryableError(
+                    f"schedule {sid} is {current.status.value}; only failed or cancelled "
+                    "ones are retried"
+                )
+        return retried
+
+    def run_now(
+        self,
+        schedule_id: ScheduleId,
+        *,
+        expected_version: int | None = None,
+        conn: Conn | None = None,
+    ) -> Schedule:
+        """Make a live schedule due now (:meth:`reschedule` with no delay): the next scheduler
+        pass pushes it."""
+        return self.reschedule(schedule_id, delay=0, expected_version=expected_version, conn=conn)
+
+    # -- by key ------------------------------------------------------------------------
+
+    def get_by_key(
+        self, key: str, *, tenant: str | None = None, conn: Conn | None = None
+    ) -> Schedule | None:
+        """The live (scheduled or running) schedule holding ``key`` for the tenant (this
+        App's, else ``tenant``, else the default), or None. Keys are unique among live
+        schedules only: finished ones are found by id."""
+        owner, key = self._write_tenant(tenant), _required_key(key)
+        with self._core.transaction(conn) as c:
+            return store.live_by_key(c, owner, key)
+
+    def cancel_by_key(
+        self, key: str, *, tenant: str | None = None, conn: Conn | None = None
+    ) -> bool:
+        """:meth:`cancel` the live schedule holding ``key``; False when none does."""
+        owner, key = self._write_tenant(tenant), _required_key(key)
+        with self._core.transaction(conn) as c:
+            holder = store.live_by_key(c, owner, key)
+            if holder is None:
+                return False
+            cancelled, job = store.cancel(c, holder.id, self._tenant)
+        if conn is None:
+            self._discard_queue_job(job)
+        return cancelled
+
+    def reschedule_by_key(
+        self,
+        key: str,
+        *,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        timezone: str | None = None,
+        tenant: str | None = None,
+        conn: Conn | None = None,
+    ) -> Schedule:
+        """:meth:`reschedule` the live schedule holding ``key``
+        (:class:`~duejobs.errors.ScheduleNotFoundError` when none does)."""
+        owner, key = self._write_tenant(tenant), _required_key(key)
+        when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+        with self._core.transaction(conn) as c:
+            holder = store.live_by_key(c, owner, key)
+            if holder is None:
+                raise ScheduleNotFoundError(f"no live schedule holds key {key!r} of {owner!r}")
+            schedule, old_job = store.reschedule(c, holder.id, self._tenant, when, None)
+            if schedule is None:
+                self._explain_refusal(c, holder.id, None)
+        assert schedule is not None
+        if conn is None:
+            self._discard_queue_job(old_job)
+        return schedule
 
     # -- reading -----------------------------------------------------------------------
 

@@ -192,6 +192,63 @@ class AsyncApp:
         """:meth:`App.cancel`, awaited."""
         return await self._call(App.cancel, conn, schedule_id)
 
+    async def retry(
+        self,
+        schedule_id: ScheduleId,
+        *,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        timezone: str | None = None,
+        conn: AsyncConn | None = None,
+    ) -> Schedule:
+        """:meth:`App.retry`, awaited."""
+        return await self._call(
+            App.retry, conn, schedule_id, run_at=run_at, delay=delay, timezone=timezone
+        )
+
+    async def run_now(
+        self,
+        schedule_id: ScheduleId,
+        *,
+        expected_version: int | None = None,
+        conn: AsyncConn | None = None,
+    ) -> Schedule:
+        """:meth:`App.run_now`, awaited."""
+        return await self._call(App.run_now, conn, schedule_id, expected_version=expected_version)
+
+    async def get_by_key(
+        self, key: str, *, tenant: str | None = None, conn: AsyncConn | None = None
+    ) -> Schedule | None:
+        """:meth:`App.get_by_key`, awaited."""
+        return await self._call(App.get_by_key, conn, key, tenant=tenant)
+
+    async def cancel_by_key(
+        self, key: str, *, tenant: str | None = None, conn: AsyncConn | None = None
+    ) -> bool:
+        """:meth:`App.cancel_by_key`, awaited."""
+        return await self._call(App.cancel_by_key, conn, key, tenant=tenant)
+
+    async def reschedule_by_key(
+        self,
+        key: str,
+        *,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+        timezone: str | None = None,
+        tenant: str | None = None,
+        conn: AsyncConn | None = None,
+    ) -> Schedule:
+        """:meth:`App.reschedule_by_key`, awaited."""
+        return await self._call(
+            App.reschedule_by_key,
+            conn,
+            key,
+            run_at=run_at,
+            delay=delay,
+            timezone=timezone,
+            tenant=tenant,
+        )
+
     # -- reading -----------------------------------------------------------------------
 
     async def get(

@@ -109,6 +109,14 @@ class VersionConflictError(DuejobsError):
         self.actual = actual
 
 
+class ScheduleNotRetryableError(DuejobsError):
+    """Only a ``failed`` or ``cancelled`` schedule can be retried."""
+
+
+class KeyInUseError(DuejobsError):
+    """The schedule's key is held by another live schedule (keys are unique among live ones)."""
+
+
 class DatabaseUnavailableError(DuejobsError):
     """PostgreSQL could not be reached or dropped the connection; nothing was committed."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 from zoneinfo import ZoneInfo
@@ -72,6 +72,9 @@ class Schedule:
     started_at: datetime | None
     finished_at: datetime | None
     queue: str = "duejobs"  # the RQ queue it is delivered on
+    # What schedule() did: True when it created this schedule, False when it returned the
+    # live schedule already holding the key; None when the schedule was read (get, list).
+    created: bool | None = field(default=None, compare=False)
 
     @property
     def run_at_local(self) -> datetime:

@@ -1,4 +1,4 @@
-"""Commands on schedules: ``schedule``, ``reschedule``, ``cancel``, ``show``."""
+"""Commands on schedules: ``schedule``, ``reschedule``, ``cancel``, ``retry``, ``show``."""
 
 from __future__ import annotations
 
@@ -100,14 +100,53 @@ def schedule(
 
 
 @main.command()
-@click.argument("schedule_id")
+@click.argument("schedule_id", required=False)
+@click.option("--key", help="Cancel the live schedule holding this key instead of an id.")
+@TENANT_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def cancel(ctx: click.Context, schedule_id: str) -> None:
-    """Cancel a schedule (exit 1 if it was not scheduled or running)."""
+def cancel(
+    ctx: click.Context,
+    schedule_id: str | None,
+    key: str | None,
+    tenant: str | None,
+    as_json: bool,
+) -> None:
+    """Cancel a schedule by SCHEDULE_ID or --key (exit 1 if none was scheduled or running)."""
+    if (schedule_id is None) == (key is None):
+        raise click.UsageError("give a SCHEDULE_ID or --key, not both")
+    if schedule_id is not None and tenant is not None:
+        raise click.UsageError("--tenant goes with --key (an id names its schedule)")
     with _app(ctx) as app:
-        cancelled = app.cancel(schedule_id)
+        if key is not None:
+            cancelled = app.cancel_by_key(key, tenant=tenant)
+        else:
+            assert schedule_id is not None
+            cancelled = app.cancel(schedule_id)
+    if as_json:
+        click.echo(json.dumps({"cancelled": cancelled}))
+    else:
         click.echo("cancelled" if cancelled else "not cancelled: not scheduled or running")
-        sys.exit(0 if cancelled else 1)
+    sys.exit(0 if cancelled else 1)
+
+
+@main.command()
+@click.argument("schedule_id")
+@_when_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def retry(
+    ctx: click.Context,
+    schedule_id: str,
+    delay: timedelta | None,
+    at: str | None,
+    timezone: str | None,
+    as_json: bool,
+) -> None:
+    """Schedule a failed or cancelled schedule again: now, --in DURATION or --at TIME."""
+    with _app(ctx) as app:
+        s = app.retry(schedule_id, timezone=timezone, **_when(delay, at))
+        _print_schedule(s, as_json)
 
 
 @main.command()

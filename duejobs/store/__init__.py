@@ -102,6 +102,7 @@ from duejobs.store.schedules import (
     is_past_run_at,
     live_by_key,
     reschedule,
+    retry,
 )
 
 __all__ = [
@@ -172,6 +173,7 @@ __all__ = [
     "record_stale",
     "reschedule",
     "rescue_expired",
+    "retry",
     "save_recurring",
     "save_return_value",
     "schedule_states",

@@ -79,6 +79,43 @@ WITH cur AS (
 )
 SELECT queue_job_id FROM upd
 
+-- name: retry
+-- A failed or cancelled schedule scheduled again as version + 1: attempts from zero, due at
+-- the new time, its `rescheduled` event marked as a retry. Nothing for any other status.
+WITH cur AS (
+    SELECT id, run_at AS old_run_at, version AS old_version, status AS old_status
+    FROM scheduled_jobs
+    WHERE id = :id AND {{tenant_filter}} AND status IN ('failed', 'cancelled')
+    FOR UPDATE
+), upd AS (
+    UPDATE scheduled_jobs s
+    SET run_at = {{run_at}},
+        due_at = {{run_at}} + s.jitter_offset,
+        timezone = COALESCE(CAST(:timezone AS text), s.timezone),
+        local_run_at = :local_run_at,
+        version = s.version + 1,
+        status = 'scheduled',
+        queue_job_id = NULL,
+        attempts = 0,
+        last_error = NULL,
+        updated_at = statement_timestamp(),
+        enqueued_at = NULL,
+        started_at = NULL,
+        finished_at = NULL,
+        lease_expires_at = NULL
+    FROM cur
+    WHERE s.id = :id AND s.id = cur.id
+    RETURNING s.*, cur.old_run_at, cur.old_version, cur.old_status
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'rescheduled', version,
+           jsonb_build_object('retry', true, 'old_status', old_status,
+                              'old_run_at', old_run_at, 'new_run_at', run_at,
+                              'old_version', old_version)
+    FROM upd
+)
+SELECT {{schedule_columns}} FROM upd
+
 -- name: history
 SELECT id, schedule_id, kind, version, at, detail FROM scheduled_job_events
 WHERE schedule_id = :id AND {{tenant_filter}} ORDER BY id
