@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint docs bench mutation clean
+.PHONY: demo test lint docs test-django6 bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,23 @@ docs: $(STAMP)
 
 test: lint docs
 	$(BIN)/pytest
+	$(MAKE) test-django6
+
+# The Django integration again on Django 6 (its built-in django.tasks), which needs Python 3.12
+# or newer: run when such a Python is on the PATH, said plainly when it is not.
+PYTHON_DJANGO6 ?= $(shell for p in python3.13 python3.12 \
+	$$(ls -d $$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python 2>/dev/null); do \
+	$$p -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null && { echo $$p; break; }; done)
+DJANGO6 := .venv-django6
+test-django6: $(STAMP)
+	@if [ -z "$(PYTHON_DJANGO6)" ]; then \
+		echo "test-django6: no Python 3.12 or newer found (PATH, pyenv): Django 6 not tested here"; \
+	else \
+		[ -x $(DJANGO6)/bin/python ] || $(PYTHON_DJANGO6) -m venv $(DJANGO6); \
+		$(DJANGO6)/bin/python -m pip install --quiet --upgrade pip && \
+		$(DJANGO6)/bin/python -m pip install --quiet -e '.[binary,django,embedded,test]' 'Django>=6,<7' && \
+		$(DJANGO6)/bin/python -m pytest -q -p no:cacheprovider tests/test_django.py tests/test_async_app.py; \
+	fi
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[binary,django,embedded,test,bench]' --group dev
@@ -42,4 +59,4 @@ mutation: $(STAMP)
 	$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) .duejobs .mypy_cache .ruff_cache .pytest_cache mutants site
+	rm -rf $(VENV) $(DJANGO6) .duejobs .mypy_cache .ruff_cache .pytest_cache mutants site
