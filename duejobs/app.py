@@ -15,7 +15,8 @@ Promises:
 
 Knobs: ``database_url`` / ``redis_url`` (default: ``DUEJOBS_DATABASE_URL`` /
 ``DUEJOBS_REDIS_URL``), ``max_payload_bytes`` (default 64 KiB), ``queue`` (the RQ queue,
-default ``duejobs``). Cancel and reschedule also remove the superseded job from Redis when it
+default ``duejobs``), ``schema`` (of duejobs' tables, default ``DUEJOBS_SCHEMA``, else
+``public``). Cancel and reschedule also remove the superseded job from Redis when it
 is still waiting there (best effort; the worker's check is the guarantee).
 """
 
@@ -113,9 +114,10 @@ class App(RecurringAPI, QuotaAPI):
         *,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         queue: str = DEFAULT_QUEUE,
+        schema: str | None = None,
     ) -> None:
-        settings = Settings.from_env(database_url, redis_url)
-        engine = make_engine(settings.database_url)
+        settings = Settings.from_env(database_url, redis_url, schema)
+        engine = make_engine(settings.database_url, schema=settings.schema)
         self._core = Core(settings, engine, max_payload_bytes, check_queue(queue))
         self._tenant: str | None = None
 

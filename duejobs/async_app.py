@@ -82,7 +82,9 @@ class AsyncApp:
 
     def __init__(self, app: App, *, pool_size: int = POOL_SIZE) -> None:
         shared = app.core
-        self._engine: AsyncEngine = make_async_engine(shared.settings.database_url, pool_size)
+        self._engine: AsyncEngine = make_async_engine(
+            shared.settings.database_url, pool_size, shared.settings.schema
+        )
         self._core = Core(
             shared.settings,
             self._engine.sync_engine,
@@ -311,7 +313,7 @@ class AsyncApp:
             result = await connection.run_sync(in_callers_transaction)
         else:  # a transaction of its own, or the caller's psycopg AsyncConnection
             if conn is not None:
-                kwargs["conn"] = store.lent(conn, awaited=True)
+                kwargs["conn"] = store.lent(conn, awaited=True, schema=self._core.settings.schema)
             result = await greenlet_spawn(method, app, *args, **kwargs)
         for job in app.superseded:
             await asyncio.to_thread(App._discard_queue_job, app, job)

@@ -8,6 +8,7 @@ and the test suite fall back to the embedded servers (:mod:`duejobs.embedded`), 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,6 +19,19 @@ from duejobs.errors import ConfigurationError
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
+SCHEMA_ENV = "DUEJOBS_SCHEMA"
+DEFAULT_SCHEMA = "public"
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def check_schema(name: object) -> str:
+    """The PostgreSQL schema for duejobs' tables: a plain lower-case identifier (so that it
+    never needs quoting), at most 63 characters."""
+    if not isinstance(name, str) or not _SCHEMA.fullmatch(name) or name.startswith("pg_"):
+        raise ConfigurationError(
+            f"schema must be a lower-case identifier (a-z, 0-9, _; not pg_*), got {name!r}"
+        )
+    return name
 
 
 def check_count(name: str, value: object, low: int, high: int) -> None:
@@ -107,9 +121,15 @@ class Settings:
 
     database_url: str
     redis_url: str | None
+    schema: str = DEFAULT_SCHEMA  # where duejobs' tables live (DUEJOBS_SCHEMA)
 
     @classmethod
-    def from_env(cls, database_url: str | None = None, redis_url: str | None = None) -> Settings:
+    def from_env(
+        cls,
+        database_url: str | None = None,
+        redis_url: str | None = None,
+        schema: str | None = None,
+    ) -> Settings:
         """Explicit arguments first, then the environment; no database URL is a clear error."""
         db = database_url or os.environ.get(DATABASE_ENV)
         if not db:
@@ -120,7 +140,10 @@ class Settings:
         redis = redis_url or os.environ.get(REDIS_ENV)
         if redis:
             check_redis_url(redis)
-        return cls(database_url=sqlalchemy_url(db), redis_url=redis)
+        if schema is None:
+            schema = os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
+        where = check_schema(schema)
+        return cls(database_url=sqlalchemy_url(db), redis_url=redis, schema=where)
 
     def require_redis(self) -> str:
         """The Redis URL, or :class:`ConfigurationError` naming the variable."""

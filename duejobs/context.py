@@ -78,7 +78,7 @@ class Context:
         if self._finished:
             raise RuntimeError("this attempt already committed its effect")
         scope = (
-            contextlib.nullcontext(store.lent(conn))
+            contextlib.nullcontext(store.lent(conn, schema=self._core.settings.schema))
             if conn is not None
             else self._core.engine.begin()
         )

@@ -33,7 +33,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from duejobs import store
-from duejobs.config import Settings
+from duejobs.config import DEFAULT_SCHEMA, Settings
 from duejobs.delivery import Deliverer
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.handlers import Handler
@@ -50,25 +50,32 @@ POOL_SIZE, POOL_OVERFLOW = 5, 10
 _CONNECT_ARGS = {"options": "-c timezone=UTC", "connect_timeout": 10}
 
 
-def make_engine(database_url: str, pool_size: int = POOL_SIZE) -> Engine:
-    """An engine whose sessions speak UTC and notice dropped connections before use."""
+def make_engine(
+    database_url: str, pool_size: int = POOL_SIZE, schema: str = DEFAULT_SCHEMA
+) -> Engine:
+    """An engine whose sessions speak UTC and notice dropped connections before use; its
+    connections reach duejobs' tables in ``schema``."""
     engine = create_engine(
         database_url,
         connect_args=_CONNECT_ARGS,
         pool_size=pool_size,
         max_overflow=POOL_OVERFLOW,
+        execution_options={store.SCHEMA_OPTION: schema},
     )
     event.listen(engine, "checkout", _discard_if_closed_by_server)
     return engine
 
 
-def make_async_engine(database_url: str, pool_size: int = POOL_SIZE) -> AsyncEngine:
+def make_async_engine(
+    database_url: str, pool_size: int = POOL_SIZE, schema: str = DEFAULT_SCHEMA
+) -> AsyncEngine:
     """:func:`make_engine`'s engine on psycopg's async connections (for an event loop)."""
     engine = create_async_engine(
         database_url,
         connect_args=_CONNECT_ARGS,
         pool_size=pool_size,
         max_overflow=POOL_OVERFLOW,
+        execution_options={store.SCHEMA_OPTION: schema},
     )
     event.listen(engine.sync_engine, "checkout", _discard_if_closed_by_server)
     return engine
@@ -136,7 +143,7 @@ class Core:
         if connections <= POOL_SIZE + POOL_OVERFLOW:
             return
         old = self.engine
-        self.engine = make_engine(self.settings.database_url, connections)
+        self.engine = make_engine(self.settings.database_url, connections, self.settings.schema)
         old.dispose()
 
     def handler_for(self, job_type: str) -> Handler | None:
@@ -174,7 +181,7 @@ class Core:
         """The caller's transaction (``conn``: the caller commits or rolls back), or one of
         its own that commits at the end of the block and rolls back on an error."""
         if conn is not None:
-            yield store.lent(conn)
+            yield store.lent(conn, schema=self.settings.schema)
             return
         with self.database(), self.engine.begin() as c:
             yield c

@@ -38,24 +38,41 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+def _schema(engine: Engine) -> str:
+    """The schema of duejobs' tables the engine was made for (``public`` by default)."""
+    schema: str = engine.get_execution_options().get(store.SCHEMA_OPTION, "public")
+    return schema
+
+
+def _options(schema: str) -> dict[str, str | None]:
+    """Alembic's options: its revision table beside duejobs' tables."""
+    return {"version_table": VERSION_TABLE, "version_table_schema": _table_schema(schema)}
+
+
+def _table_schema(schema: str) -> str | None:
+    return None if schema == "public" else schema
+
+
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (None when duejobs was never migrated there)."""
     with engine.connect() as conn:
-        context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        context = MigrationContext.configure(conn, opts=_options(_schema(engine)))
         return context.get_current_revision()
 
 
 def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
-    """Bring the schema to ``revision``; returns (revision before, revision after)."""
+    """Bring the schema to ``revision``; returns (revision before, revision after). Outside
+    ``public``, the schema is created first and the revisions run with it first on the
+    ``search_path``."""
     config = alembic_config()
+    schema = _schema(engine)
     with engine.begin() as conn:
         store.advisory_lock(conn, _LOCK_KEY)
-        before = MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE}
-        ).get_current_revision()
+        if schema != "public":
+            store.use_schema(conn, schema)
+        before = MigrationContext.configure(conn, opts=_options(schema)).get_current_revision()
         config.attributes["connection"] = conn
+        config.attributes["version_table_schema"] = _table_schema(schema)
         command.upgrade(config, revision)
-        after = MigrationContext.configure(
-            conn, opts={"version_table": VERSION_TABLE}
-        ).get_current_revision()
+        after = MigrationContext.configure(conn, opts=_options(schema)).get_current_revision()
     return before, after

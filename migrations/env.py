@@ -18,7 +18,11 @@ VERSION_TABLE = "duejobs_alembic_version"
 
 
 def _run(connection: Connection) -> None:
-    context.configure(connection=connection, version_table=VERSION_TABLE)
+    context.configure(
+        connection=connection,
+        version_table=VERSION_TABLE,
+        version_table_schema=context.config.attributes.get("version_table_schema"),
+    )
     with context.begin_transaction():
         context.run_migrations()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -10,15 +11,23 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
+import redis
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
-from duejobs import App, store
-from duejobs.config import sqlalchemy_url
+from duejobs import App, ScheduleRequest, store
+from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
+from duejobs.delivery import DuejobsWorker
+from duejobs.errors import ConfigurationError, SchemaMissingError
 from duejobs.migrate import current_revision, head_revision, upgrade
-from duejobs.scheduler import FRONT_LANE
+from duejobs.reconcile import Reconciler
+from duejobs.scheduler import FRONT_LANE, Scheduler
+from duejobs.stats import collect
+from duejobs.worker import Runtime, WorkerConfig
+from tests.apps import EFFECTS_TABLE, register
 from tests.conftest import Servers
 
 
@@ -186,3 +195,84 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         claim,
     ), claim
     assert "Seq Scan on scheduled_jobs" not in claim, claim
+
+
+def test_every_part_runs_with_its_tables_in_a_schema_of_its_own(
+    fresh_database: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """Seen failing against a build broken on purpose: statements left unqualified (the
+    tables are then missing in ``public``), and the caller's connection not told the schema."""
+    url = sqlalchemy_url(fresh_database)
+    app = register(App(database_url=url, redis_url=redis_url, schema="jobs"))
+    plain = make_engine(url)  # an application's own engine: search_path is public
+    try:
+        assert app.migrate() == (None, head_revision())
+        assert app.migrate() == (head_revision(), head_revision())
+        with plain.begin() as conn:
+            conn.execute(text(EFFECTS_TABLE))
+            placed = conn.execute(
+                text(
+                    "SELECT table_schema, table_name FROM information_schema.tables "
+                    "WHERE table_name = ANY(:names)"
+                ),
+                {"names": [*store.TABLES, "duejobs_alembic_version"]},
+            ).all()
+        assert {schema for schema, _ in placed} == {"jobs"}
+        assert len(placed) == len(store.TABLES) + 1
+
+        own = app.schedule("record", {"n": 1}, delay=0, key="k")
+        many = app.schedule_many([ScheduleRequest("record", {"n": n}, delay=0) for n in (2, 3)])
+        with plain.begin() as conn:  # the caller's transaction, on its own connection
+            theirs = app.schedule("record", {"n": 4}, delay=0, conn=conn)
+        with psycopg.connect(libpq_url(url)) as raw:
+            mine = app.schedule("record", {"n": 5}, delay=0, conn=raw)
+        ids = [own.id, *many, theirs.id, mine.id]
+
+        Scheduler(app).run_once()
+        runtime = Runtime(app, WorkerConfig())
+        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        runtime.close()
+        assert [app.get(i).status.value for i in ids] == ["succeeded"] * 5  # type: ignore[union-attr]
+        assert Reconciler(app).run_once().fixed == 0
+        (default,) = [a for a in collect(app).activity if a.tenant == "default" and not a.type]
+        assert default.counts["succeeded"] == 5
+
+        with pytest.raises(SchemaMissingError):
+            App(database_url=url, redis_url=redis_url).get(own.id)  # nothing in public
+    finally:
+        app.close()
+        plain.dispose()
+
+
+def test_a_schema_name_that_would_need_quoting_is_refused(fresh_database: str) -> None:
+    for bad in ("Jobs", "jobs-x", "pg_jobs", "1jobs", "x" * 64, ""):
+        with pytest.raises(ConfigurationError, match="schema must be a lower-case identifier"):
+            App(database_url=fresh_database, schema=bad)
+
+
+def test_the_cli_follows_duejobs_schema(fresh_database: str, redis_url: str) -> None:
+    env = {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": fresh_database,
+        "DUEJOBS_REDIS_URL": redis_url,
+        "DUEJOBS_SCHEMA": "ops",
+    }
+
+    def cli(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "duejobs", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    cli("migrate")
+    shown = json.loads(cli("schedule", "mail", "--in", "1h", "--json"))
+    app = App(database_url=fresh_database, schema="ops")
+    try:
+        assert app.get(shown["id"]) is not None
+    finally:
+        app.close()

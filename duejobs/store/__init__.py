@@ -44,6 +44,7 @@ from duejobs.store.execution import (
     is_missing_table,
     lent,
     server_answers,
+    use_schema,
 )
 from duejobs.store.figures import (
     Activity,
@@ -55,7 +56,15 @@ from duejobs.store.figures import (
     start_lag,
     status_counts,
 )
-from duejobs.store.queries import DEFAULT_QUOTA_TENANT, FRAGMENTS, QUERIES, Query
+from duejobs.store.queries import (
+    DEFAULT_QUOTA_TENANT,
+    FRAGMENTS,
+    QUERIES,
+    SCHEMA_OPTION,
+    TABLES,
+    Query,
+    in_schema,
+)
 from duejobs.store.quotas import (
     QUOTA_COLUMNS,
     Quota,
@@ -110,6 +119,8 @@ __all__ = [
     "FRAGMENTS",
     "QUERIES",
     "QUOTA_COLUMNS",
+    "SCHEMA_OPTION",
+    "TABLES",
     "Activity",
     "AsyncDriver",
     "AttemptRecord",
@@ -152,6 +163,7 @@ __all__ = [
     "get_recurring",
     "get_schedule",
     "history",
+    "in_schema",
     "insert_occurrences",
     "insert_schedule",
     "insert_schedules",
@@ -182,6 +194,7 @@ __all__ = [
     "set_recurring_status",
     "start_lag",
     "status_counts",
+    "use_schema",
     "walk_tenants",
     "window_page",
 ]

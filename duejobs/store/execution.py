@@ -27,7 +27,7 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.util import await_only
 
-from duejobs.store.queries import QUERIES
+from duejobs.store.queries import QUERIES, SCHEMA_OPTION, TABLES, Query, in_schema
 
 T = TypeVar("T")
 
@@ -55,16 +55,19 @@ Driver: TypeAlias = psycopg.Connection[Any] | AsyncDriver
 """A caller's own psycopg connection, given as ``conn=`` instead of SQLAlchemy's."""
 
 
-def lent(conn: object, *, awaited: bool = False) -> Connection:
+def lent(conn: object, *, awaited: bool = False, schema: str = "public") -> Connection:
     """The connection the store runs on for a caller's ``conn=``: SQLAlchemy's as it is, a
     plain psycopg one through :class:`_Lent` (``awaited``: psycopg's ``AsyncConnection``,
     for :class:`~duejobs.AsyncApp`). Either way the caller's transaction holds the
-    statements. Anything else is a ``TypeError`` naming what was given."""
+    statements, which reach duejobs' tables in ``schema``. Anything else is a ``TypeError``
+    naming what was given."""
     if isinstance(conn, _Lent):
         return cast(Connection, conn)
     if isinstance(conn, psycopg.AsyncConnection if awaited else psycopg.Connection):
-        return cast(Connection, _Lent(conn))
+        return cast(Connection, _Lent(conn, schema))
     if isinstance(conn, Connection) and not awaited:
+        if conn.get_execution_options().get(SCHEMA_OPTION, "public") != schema:
+            conn.execution_options(**{SCHEMA_OPTION: schema})
         return conn
     wanted = (
         "a SQLAlchemy AsyncConnection or AsyncSession or a psycopg AsyncConnection"
@@ -83,7 +86,8 @@ class _Lent:
     transaction in autocommit mode is refused: each statement would commit on its own, and
     a schedule and its history event must commit together."""
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Driver, schema: str) -> None:
+        self.schema = schema
         idle = driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         if driver.autocommit and idle:
             raise TypeError(
@@ -194,9 +198,22 @@ class _AwaitedCopy:
         await_only(self._copy.write_row(row))
 
 
+def _schema(conn: Connection) -> str:
+    """The schema of duejobs' tables for statements on ``conn``."""
+    if isinstance(conn, _Lent):
+        return conn.schema
+    schema: str = conn.get_execution_options().get(SCHEMA_OPTION, "public")
+    return schema
+
+
+def _query(conn: Connection, name: str) -> Query:
+    schema = _schema(conn)
+    return (QUERIES if schema == "public" else in_schema(schema))[name]
+
+
 def run(conn: Connection, name: str, params: dict[str, Any] | None = None) -> list[Any]:
     """Run the statement ``name``; its rows (none for a statement without a result)."""
-    query = QUERIES[name]
+    query = _query(conn, name)
     driver = _driver(conn)
     try:
         with driver.cursor(row_factory=namedtuple_row) as cursor:
@@ -216,7 +233,7 @@ def run_one(conn: Connection, name: str, params: dict[str, Any] | None = None) -
 
 def run_count(conn: Connection, name: str, params: dict[str, Any] | None = None) -> int:
     """Run the statement ``name``; how many rows it changed."""
-    query = QUERIES[name]
+    query = _query(conn, name)
     driver = _driver(conn)
     try:
         with driver.cursor() as cursor:
@@ -230,7 +247,7 @@ def run_count(conn: Connection, name: str, params: dict[str, Any] | None = None)
 def meanwhile(conn: Connection, name: str, params: dict[str, Any]) -> Iterator[None]:
     """Send the statement ``name`` and run the block while PostgreSQL works on it (psycopg's
     pipeline mode); the statement's errors surface when the block ends."""
-    query = QUERIES[name]
+    query = _query(conn, name)
     driver = _driver(conn)
     try:
         with driver.pipeline():
@@ -254,7 +271,8 @@ def copying(
     binary: the client formats little, and PostgreSQL parses no text."""
     driver = _driver(conn)
     statement = pgsql.SQL("COPY {} ({}) FROM STDIN{}").format(
-        pgsql.Identifier(table),
+        # duejobs' tables in their schema; a temporary staging table in the session's own
+        pgsql.Identifier(_schema(conn), table) if table in TABLES else pgsql.Identifier(table),
         pgsql.SQL(", ").join(map(pgsql.Identifier, columns)),
         pgsql.SQL(" (FORMAT BINARY)" if types is not None else ""),
     )
@@ -320,6 +338,14 @@ def advisory_lock(conn: Connection, key: int) -> None:
     """Hold PostgreSQL's advisory lock ``key`` until the transaction ends (migrators queue
     behind one another)."""
     run(conn, "advisory_lock", {"key": key})
+
+
+def use_schema(conn: Connection, schema: str) -> None:
+    """Create ``schema`` (a checked identifier) if it does not exist, and put it first on the
+    transaction's ``search_path``: the migrations' unqualified names then land in it."""
+    driver = _driver(conn)
+    driver.execute(pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(pgsql.Identifier(schema)))
+    driver.execute("SELECT set_config('search_path', %s, true)", (f'"{schema}", public',))
 
 
 def server_answers(url: str) -> bool:

@@ -183,3 +183,37 @@ def load() -> dict[str, Query]:
 
 
 QUERIES = load()
+
+SCHEMA_OPTION = "duejobs_schema"
+"""The execution option (on an engine or a connection) naming the schema of duejobs' tables."""
+
+TABLES = (
+    "scheduled_jobs",
+    "scheduled_job_events",
+    "scheduled_job_attempts",
+    "scheduled_job_effects",
+    "scheduled_job_results",
+    "recurring_schedules",
+    "tenant_quotas",
+)
+_TABLE = re.compile(r"(?<![.\w])(" + "|".join(TABLES) + r")\b")
+_IN_SCHEMA: dict[str, dict[str, Query]] = {}
+
+
+def in_schema(schema: str) -> dict[str, Query]:
+    """Every statement with duejobs' tables in ``schema`` (a checked identifier): the
+    statements stay independent of the connection's ``search_path``, so a caller's own
+    connection (``conn=``) reaches them too."""
+    if schema == "public":
+        return QUERIES
+    found = _IN_SCHEMA.get(schema)
+    if found is None:
+        found = _IN_SCHEMA[schema] = {
+            name: Query(
+                name,
+                _TABLE.sub(rf"{schema}.\1", query.sql),
+                _TABLE.sub(rf"{schema}.\1", query.driver_sql),
+            )
+            for name, query in QUERIES.items()
+        }
+    return found

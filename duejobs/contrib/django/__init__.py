@@ -8,7 +8,8 @@ Setup::
 
 Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` whose
 connection duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3);
-``DATABASE_URL`` (default: built from that alias's settings); ``QUEUE`` (the RQ queue,
+``DATABASE_URL`` (default: built from that alias's settings); ``SCHEMA`` (of duejobs'
+tables, default ``public``); ``QUEUE`` (the RQ queue,
 default ``duejobs``); ``MAX_PAYLOAD_BYTES``. An unknown key or a database that is not
 PostgreSQL on psycopg 3 is :class:`~django.core.exceptions.ImproperlyConfigured`.
 
@@ -56,7 +57,7 @@ from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue
 __all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_KEYS = {"REDIS_URL", "DATABASE", "DATABASE_URL", "QUEUE", "MAX_PAYLOAD_BYTES"}
+_KEYS = {"REDIS_URL", "DATABASE", "DATABASE_URL", "SCHEMA", "QUEUE", "MAX_PAYLOAD_BYTES"}
 
 
 def _config() -> dict[str, Any]:
@@ -120,7 +121,7 @@ class _DjangoCore(Core):
                     "duejobs shares Django's connection, which must be psycopg 3 "
                     f"(DATABASES[{self.alias!r}] runs on {type(driver).__module__})"
                 )
-            yield store.lent(driver)
+            yield store.lent(driver, schema=self.settings.schema)
 
 
 class DjangoApp(App):
@@ -129,10 +130,10 @@ class DjangoApp(App):
     def __init__(self) -> None:
         database_url, redis_url, alias = settings_urls()
         config = _config()
-        resolved = Settings.from_env(database_url, redis_url)
+        resolved = Settings.from_env(database_url, redis_url, config.get("SCHEMA"))
         core = _DjangoCore(
             resolved,
-            make_engine(resolved.database_url),
+            make_engine(resolved.database_url, schema=resolved.schema),
             int(config.get("MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)),
             check_queue(config.get("QUEUE", DEFAULT_QUEUE)),
         )
@@ -191,5 +192,5 @@ def fenced(ctx: Context) -> Iterator[None]:
     with transaction.atomic(using=alias):
         connection = connections[alias]
         connection.ensure_connection()
-        with ctx.transaction(conn=store.lent(connection.connection)):
+        with ctx.transaction(conn=connection.connection):
             yield
