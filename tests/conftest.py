@@ -212,13 +212,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class Proc:
-    """A duejobs command in its own process, its output in a file."""
+    """A duejobs command (or, with ``code``, a Python program) in its own process, its output
+    in a file."""
 
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], log: Path, code: str | None = None
+    ) -> None:
         self.log = log
+        argv = ["-c", code] if code is not None else ["-m", "duejobs", *args]
         with open(log, "w") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "duejobs", *args],
+                [sys.executable, *argv],
                 env=env,
                 cwd=ROOT,
                 stdout=out,
@@ -241,7 +245,7 @@ def spawn(
 ) -> Iterator[Callable[..., Proc]]:
     procs: list[Proc] = []
 
-    def start(*args: str, extra_env: dict[str, str] | None = None) -> Proc:
+    def start(*args: str, extra_env: dict[str, str] | None = None, code: str | None = None) -> Proc:
         env = {
             **os.environ,
             "DUEJOBS_DATABASE_URL": database_url,
@@ -249,7 +253,7 @@ def spawn(
             "PYTHONPATH": str(ROOT),
             **(extra_env or {}),
         }
-        proc = Proc(list(args), env, tmp_path / f"proc-{len(procs)}.log")
+        proc = Proc(list(args), env, tmp_path / f"proc-{len(procs)}.log", code)
         procs.append(proc)
         return proc
 

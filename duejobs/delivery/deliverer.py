@@ -73,6 +73,18 @@ _PUSH = (
     f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
     + _PRESENT
     + """
+-- A dead worker's entry in the started registry (``id:execution``, or ``id`` alone) would
+-- outlive the job that replaces its hash: RQ 2.x's registry cleanup fails whatever job
+-- then has that id once the entry expires, even a queued one.
+local function unstart(started_key, id)
+    redis.call('ZREM', started_key, id)
+    local cursor = '0'
+    repeat
+        local page = redis.call('ZSCAN', started_key, cursor, 'MATCH', id .. ':*', 'COUNT', 1000)
+        cursor = page[1]
+        for j = 1, #page[2], 2 do redis.call('ZREM', started_key, page[2][j]) end
+    until cursor == '0'
+end
 local prefix, now, stamp, workers = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local ntemplate = tonumber(ARGV[5])
 local template = {}
@@ -91,6 +103,7 @@ for i = 7 + ntemplate, #ARGV, 5 do
             redis.call('DEL', key)
             redis.call('LREM', KEYS[5], 0, id)
             redis.call('ZREM', KEYS[2], id)
+            unstart(KEYS[6], id)
         end
         created[#created + 1] = id
         redis.call('HSET', key, 'data', ARGV[i + 1], 'description', 'duejobs ' .. id,
@@ -330,7 +343,7 @@ class Deliverer:
                 args += [p.job_id, self._data(p), p.due_at.timestamp()]
                 args += ["1" if p.front else "0", "1" if p.stuck else "0"]
             keys = [queue.key, SCHEDULED_PREFIX + name, queue.redis_queues_keys, QUEUES_KEY]
-            keys.append(queue.intermediate_queue_key)
+            keys += [queue.intermediate_queue_key, queue.started_job_registry.key]
             q, d, pr, made = self._push(keys=keys, args=args)
             queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
             created.update(i.decode() if isinstance(i, bytes) else i for i in made)

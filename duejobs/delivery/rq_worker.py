@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +29,7 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
 
+from duejobs.delivery._rq_compat import MULTI_EXECUTIONS, create_execution
 from duejobs.delivery.deliverer import Deliverer
 
 log = logging.getLogger("duejobs.delivery")
@@ -39,6 +42,8 @@ _SLOT_WAIT = 1.0
 _REDIS_SPARE = 8
 # How often a plain worker heartbeat, or a look for `rq suspend`, reaches Redis at most.
 _BEAT_EVERY = timedelta(seconds=1)
+# The longest wait between two dequeues that met a Redis timeout (seconds).
+_DEQUEUE_BACKOFF_CAP = 8.0
 
 
 @dataclass(frozen=True)
@@ -152,10 +157,36 @@ class DuejobsWorker(SimpleWorker):
 
     A delivery that came too early is put back into the scheduled registry under its own id,
     once RQ has finished with it (so no other process can push a second job meanwhile).
+
+    **RQ releases.** The same on RQ 2.0 to 3.0 (:mod:`duejobs.delivery._rq_compat` holds what
+    differs). Two of RQ 2.x's worker behaviours are not kept: a Redis that answers a dequeue
+    later than the socket timeout no longer ends the worker (it is waited out, backing off to
+    ``_DEQUEUE_BACKOFF_CAP``), and RQ's "stop job" command is ignored, as RQ 3's
+    SimpleWorker ignores it (a job runs in the worker's own process; RQ 2.x would kill the
+    worker's whole process group). Cancel a schedule to stop its handler at its next check.
     """
 
     _busy = 0  # slots running a job (RQ may set the state before __init__ ends)
     _suspension_checked: datetime | None = None
+    _beat_at: datetime | None = None  # the last plain heartbeat sent
+
+    if not MULTI_EXECUTIONS:
+        # RQ 2.x keeps the one running execution in ``worker.execution``, which its
+        # ``perform_job`` reads and clears: each slot thread keeps its own.
+
+        @property
+        def execution(self) -> Execution | None:
+            return getattr(self._per_thread(), "execution", None)
+
+        @execution.setter
+        def execution(self, execution: Execution | None) -> None:
+            self._per_thread().execution = execution
+
+        def _per_thread(self) -> threading.local:
+            local = self.__dict__.get("_thread_state")
+            if local is None:  # RQ sets the attribute in __init__, in the worker's own thread
+                local = self.__dict__["_thread_state"] = threading.local()
+            return local
 
     def __init__(self, performer: Performer, queues: Sequence[str] = (), **kwargs: Any):
         job_class = type("DeliveryJob", (_DeliveryJob,), {"performer": performer})
@@ -188,9 +219,7 @@ class DuejobsWorker(SimpleWorker):
         more slots free, as many more as are waiting, up to one per free slot, claimed
         together (:meth:`_take_more`); those are handed out first."""
         if self._pool is None:
-            if self._stop_requested:
-                return None
-            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            return self._dequeue(timeout, max_idle_time)
         if self._taken:
             return self._taken.popleft()  # its slot was taken with it
         while not self._slots.acquire(timeout=_SLOT_WAIT):
@@ -202,10 +231,7 @@ class DuejobsWorker(SimpleWorker):
             # (RQ's rule for an idle worker) instead of only setting the flag while this
             # process blocks on Redis for minutes.
             self.set_state(WorkerStatus.IDLE)
-            if self._stop_requested:
-                taken = None
-            else:
-                taken = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            taken = self._dequeue(timeout, max_idle_time)
         except BaseException:
             self._slots.release()
             raise
@@ -214,6 +240,23 @@ class DuejobsWorker(SimpleWorker):
             return None
         self._take_more(taken)
         return taken
+
+    def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> tuple[Job, Queue] | None:
+        """RQ's blocking dequeue, which waits out a Redis that answers too late (paused,
+        overloaded, failing over) instead of ending the worker: RQ 2.x retries a dropped
+        connection but quits on a timeout, so every idle worker would stop at that moment.
+        None once a stop is requested."""
+        wait = 1.0
+        while not self._stop_requested:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except RedisTimeoutError as exc:
+                log.warning(
+                    "Redis did not answer a dequeue in time (%s); retrying in %.0f s", exc, wait
+                )
+                time.sleep(wait)
+                wait = min(wait * 2, _DEQUEUE_BACKOFF_CAP)
+        return None
 
     def _take_more(self, taken: tuple[Job, Queue]) -> None:
         """Take, without waiting, one more job per free slot (never more: a worker does not
@@ -251,7 +294,7 @@ class DuejobsWorker(SimpleWorker):
         pipe = self.connection.pipeline()
         try:
             executions = [
-                (job, Execution.create(job, self.get_heartbeat_ttl(job), pipe, self.name))
+                (job, create_execution(job, self.get_heartbeat_ttl(job), pipe, self.name))
                 for job, _ in jobs
             ]
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
@@ -262,7 +305,8 @@ class DuejobsWorker(SimpleWorker):
         finally:
             pipe.reset()
         for job, execution in executions:
-            self.executions[execution.id] = execution
+            if MULTI_EXECUTIONS:
+                self.executions[execution.id] = execution
             self._started[job.id] = execution
 
     def execute_job(self, job: Job, queue: Queue) -> None:
@@ -280,7 +324,11 @@ class DuejobsWorker(SimpleWorker):
 
     def _run_slot(self, job: Job, queue: Queue, execution: Execution) -> None:
         try:
-            self.perform_job(job, queue, execution)
+            if MULTI_EXECUTIONS:
+                self.perform_job(job, queue, execution)
+            else:
+                self.execution = execution
+                self.perform_job(job, queue)  # type: ignore[call-arg,unused-ignore]
         except BaseException:  # perform_job records failures itself; this is a last resort
             log.exception("slot ended by an error outside the job %s", job.id)
         finally:
@@ -335,6 +383,11 @@ class DuejobsWorker(SimpleWorker):
         log.warning("cold shutdown: ending now; running attempts are rescued when their lease ends")
         os._exit(1)
 
+    def kill_horse(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Nothing to kill: jobs run in this process. (RQ 2.x's version signals the process
+        group of ``horse_pid``, which is 0 here: RQ's "stop job" command would kill the worker
+        and every process in its group.)"""
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         """RQ's heartbeat, sent at most once a second, which must not end the worker when
         Redis restarts.
@@ -346,10 +399,12 @@ class DuejobsWorker(SimpleWorker):
         that meets a dropped connection but quits on a heartbeat that does, so every worker
         between two jobs at that moment would stop: the next dequeue waits for Redis."""
         plain = timeout is None and pipeline is None
-        if plain and self.last_heartbeat and now() - self.last_heartbeat < _BEAT_EVERY:
+        if plain and self._beat_at is not None and now() - self._beat_at < _BEAT_EVERY:
             return
         try:
             super().heartbeat(timeout, pipeline)
+            if plain:
+                self._beat_at = now()
         except (RedisConnectionError, RedisTimeoutError) as exc:
             log.warning("worker heartbeat could not reach Redis (%s); going on", exc)
 

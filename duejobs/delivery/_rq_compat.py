@@ -1,0 +1,33 @@
+"""What differs, for duejobs' worker, between the RQ releases it supports (2.0 to 3.0).
+
+The Redis layout duejobs writes (job hashes, queues, registries) reads the same in all of
+them; what moved is inside RQ's worker:
+
+* RQ 3.0 keeps a worker's running executions in ``worker.executions`` and passes each one to
+  ``perform_job(job, queue, execution)``; RQ 2.x keeps one in ``worker.execution``, which its
+  ``perform_job(job, queue)`` reads and clears. A worker with slots keeps that attribute per
+  thread on 2.x (:data:`MULTI_EXECUTIONS` tells which).
+* ``Execution.create`` records the worker's name only from RQ 2.11.
+
+Each is decided from RQ's own signatures, not its version string, so a patch release that
+backports a change is read right.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from redis.client import Pipeline
+from rq import SimpleWorker
+from rq.executions import Execution
+from rq.job import Job
+
+MULTI_EXECUTIONS = "execution" in inspect.signature(SimpleWorker.perform_job).parameters
+_CREATE_NAMES_WORKER = "worker_name" in inspect.signature(Execution.create).parameters
+
+
+def create_execution(job: Job, ttl: int, pipeline: Pipeline, worker_name: str) -> Execution:
+    """RQ's record of one run of ``job`` by the worker ``worker_name``, written in ``pipeline``."""
+    if _CREATE_NAMES_WORKER:
+        return Execution.create(job, ttl, pipeline, worker_name=worker_name)
+    return Execution.create(job, ttl, pipeline)  # type: ignore[call-arg,unused-ignore]

@@ -1,0 +1,244 @@
+"""What RQ's own API and tools read of duejobs' jobs, on every RQ release duejobs supports
+(2.0 to 3.0: ``make test`` runs this module on RQ 2.0, on the last 2.x and on 3.0).
+
+duejobs writes RQ's job hashes, queues and registries itself (one Lua call per batch) and runs
+them through its own worker class, so nothing but these tests says that ``Job.fetch``,
+``get_status``, the queue and its registries, ``rq info`` and RQ's commands still make sense
+of them. Each test leaves one kind of job duejobs writes — queued, scheduled, at the front,
+started, finished, skipped, put back, promoted — and reads it back as RQ would.
+
+Seen failing against builds broken on purpose, on RQ 2.x:
+
+* the worker's ``kill_horse`` left to RQ 2.x, which signals the process group of horse pid 0
+  (its own) → ``test_rqs_stop_job_command_leaves_a_duejobs_worker_running``;
+* a stale job hash replaced without removing its dead worker's entry from the started
+  registry (RQ 2.x's cleanup then fails the new job) →
+  ``test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry``;
+* the dequeue's Redis timeout left to RQ 2.x, which ends the worker →
+  ``test_a_worker_waits_out_a_redis_that_answers_too_late``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from rq import Queue, Worker
+from rq.command import send_stop_job_command
+from rq.job import Job, JobStatus
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
+from duejobs.delivery._rq_compat import create_execution
+from duejobs.reconcile import Reconciler
+from tests.conftest import Proc, System, push_of, wait_for
+from tests.test_processes import WORKER
+
+
+def _queue(system: System) -> Queue:
+    return Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+
+
+def _job(system: System, schedule_id: uuid.UUID) -> Job:
+    """The RQ job of a schedule's current delivery, as RQ reads it."""
+    stored = system.app.get(schedule_id)
+    assert stored is not None and stored.queue_job_id is not None
+    return Job.fetch(stored.queue_job_id, connection=system.redis, serializer=JSONSerializer)
+
+
+def _started_ids(registry: StartedJobRegistry) -> list[str]:
+    """The job ids in a started registry. (RQ 2.0 lists its raw ``job:execution`` entries.)"""
+    return [entry.split(":")[0] for entry in registry.get_job_ids()]
+
+
+def test_a_due_job_is_queued_as_rq_queues_one(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    job = _job(system, s.id)
+    assert job.get_status() == JobStatus.QUEUED
+    assert _queue(system).get_job_ids() == [job.id] and _queue(system).count == 1
+    assert (job.func_name, job.args, job.kwargs) == (JOB_FUNCTION, [str(s.id), 1, 1, "default"], {})
+    assert (job.origin, job.result_ttl, job.failure_ttl) == ("duejobs", RESULT_TTL, FAILURE_TTL)
+    assert job.enqueued_at is not None and job.created_at is not None
+
+
+def test_a_job_due_later_is_in_rqs_scheduled_registry_at_its_time(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    system.scheduler.run_once()
+    job = _job(system, s.id)
+    assert job.get_status() == JobStatus.SCHEDULED
+    registry = _queue(system).scheduled_job_registry
+    assert registry.get_job_ids() == [job.id] and _queue(system).count == 0
+    at = registry.get_scheduled_time(job)
+    assert abs(at.timestamp() - s.due_at.timestamp()) < 1  # RQ reads whole seconds
+
+
+def test_a_job_pushed_to_the_front_is_first_on_rqs_queue(system: System) -> None:
+    first = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    urgent = system.app.schedule("record", {}, delay=0)
+    push = push_of(urgent)
+    front = type(push)(**{**push.__dict__, "front": True})
+    assert system.scheduler.deliverer.push([front], system.app.now()).queued == 1
+    assert _queue(system).get_job_ids() == [front.job_id, _job(system, first.id).id]
+    urgent_job = Job.fetch(front.job_id, connection=system.redis, serializer=JSONSerializer)
+    assert urgent_job.get_status() == JobStatus.QUEUED
+
+
+def test_a_promoted_job_is_queued_in_rq_and_leaves_the_scheduled_registry(
+    system: System,
+) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    system.scheduler.run_once()
+    assert system.scheduler.deliverer.promote(system.app.now() + timedelta(hours=1)) == 1
+    job = _job(system, s.id)
+    assert job.get_status() == JobStatus.QUEUED
+    assert _queue(system).get_job_ids() == [job.id]
+    assert _queue(system).scheduled_job_registry.count == 0
+
+
+def test_a_running_job_is_started_in_rq_by_its_worker(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    release = f"test:release:{uuid.uuid4().hex}"
+    s = system.app.schedule("hold", {"until": release}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--burst")
+    job = _job(system, s.id)
+    wait_for(lambda: job.get_status() == JobStatus.STARTED, 30, "RQ to see the job started")
+    assert _started_ids(_queue(system).started_job_registry) == [job.id]
+    (rq_worker,) = Worker.all(connection=system.redis)
+    assert rq_worker.get_current_job_id() == job.id and rq_worker.get_state() == "busy"
+    system.redis.set(release, 1)
+    assert worker.popen.wait(timeout=60) == 0, worker.output()
+
+
+def test_a_finished_job_is_in_rqs_finished_registry_with_its_outcome(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    job = _job(system, s.id)
+    assert job.get_status() == JobStatus.FINISHED and job.return_value() == "succeeded"
+    queue = _queue(system)
+    assert queue.finished_job_registry.get_job_ids() == [job.id]
+    assert (queue.count, _started_ids(queue.started_job_registry)) == (0, [])
+
+
+def test_a_skipped_delivery_finishes_in_rq_with_the_reason_it_was_skipped(
+    system: System,
+) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    stale = _job(system, s.id)
+    system.app.reschedule(s.id, delay=timedelta(minutes=5))
+    system.scheduler.deliverer.push([push_of(s)], system.app.now())  # a stray old copy
+    system.work()
+    stale.refresh()
+    assert stale.get_status() == JobStatus.FINISHED and stale.return_value() == "skipped"
+    assert _queue(system).finished_job_registry.get_job_ids() == [stale.id]
+
+
+def test_a_delivery_put_back_is_scheduled_again_in_rq_under_its_own_id(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    system.scheduler.run_once()
+    system.scheduler.deliverer.promote(system.app.now() + timedelta(hours=1))  # forced early
+    system.work()
+    job = _job(system, s.id)
+    assert job.get_status() == JobStatus.SCHEDULED
+    registry = _queue(system).scheduled_job_registry
+    assert registry.get_job_ids() == [job.id] and _queue(system).count == 0
+    assert abs(registry.get_scheduled_time(job).timestamp() - s.due_at.timestamp()) < 1
+
+
+def test_rq_info_counts_duejobs_queues_and_workers(system: System, redis_url: str) -> None:
+    for _ in range(3):
+        system.app.schedule("record", {}, delay=0)
+    system.app.schedule("record", {}, delay=timedelta(minutes=5))
+    system.scheduler.run_once()
+    rq = Path(sys.executable).with_name("rq")
+    shown = subprocess.run(
+        [str(rq), "info", "--url", redis_url, "--only-queues", "duejobs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    counted = re.search(r"^duejobs\s+\|\S*\s+(\d+)", shown, re.MULTILINE)
+    assert counted is not None, shown
+    assert counted[1] == "3", shown  # the queued ones; the scheduled one waits apart
+
+
+def test_rqs_stop_job_command_leaves_a_duejobs_worker_running(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """A job runs in the worker's own process: RQ's "stop job" cannot end it without ending
+    the worker, and is ignored (RQ 3's SimpleWorker does the same)."""
+    release = f"test:release:{uuid.uuid4().hex}"
+    s = system.app.schedule("hold", {"until": release}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--log-level", "debug")
+    job = _job(system, s.id)
+    wait_for(lambda: job.get_status() == JobStatus.STARTED, 30, "the job to start")
+    send_stop_job_command(system.redis, job.id, serializer=JSONSerializer)
+    heard = f"command to stop job {job.id}"
+    wait_for(lambda: heard in worker.output(), 30, "the worker to receive the command")
+    system.redis.set(release, 1)
+    wait_for(lambda: system.status(s.id) == "succeeded", 30, "the job to finish")
+    assert worker.popen.poll() is None, worker.output()
+    assert worker.stop() == 0, worker.output()
+
+
+def test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry(
+    system: System,
+) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    queue, job = _queue(system), _job(system, s.id)
+    # A worker takes the job, starts it as RQ does, and dies before its entry expires.
+    system.redis.lrem(queue.key, 0, job.id)
+    with system.redis.pipeline() as pipe:
+        create_execution(job, 60, pipe, "ghost")
+        job.set_status(JobStatus.STARTED, pipeline=pipe)
+        pipe.hset(job.key, "worker_name", "ghost")
+        pipe.execute()
+    assert Reconciler(system.app).run_once().repushed == 1
+    queue.started_job_registry.cleanup(timestamp=time.time() + 3600)  # the entry has expired
+    assert job.get_status() == JobStatus.QUEUED and queue.get_job_ids() == [job.id]
+    system.work()
+    assert system.status(s.id) == "succeeded"
+
+
+_SHORT_TTL_WORKER = """
+from duejobs.worker import DuejobsWorker, Runtime
+from tests.apps import app
+# A 10 s worker TTL makes RQ's socket timeout 11 s: a Redis that answers later meets it.
+DuejobsWorker(Runtime(app), worker_ttl=10).work(with_scheduler=False, logging_level="WARNING")
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_waits_out_a_redis_that_answers_too_late(
+    system: System, spawn: Callable[..., Proc], redis_url: str
+) -> None:
+    """A Redis that stops answering (paused, overloaded, failing over) for longer than the
+    worker's socket timeout must not end the worker. (The test pauses the whole server.)"""
+    worker = spawn(code=_SHORT_TTL_WORKER)
+    wait_for(lambda: len(Worker.all(connection=system.redis)) == 1, 30, "the worker to start")
+    # Past two socket timeouts: a heartbeat's (let go) and then a dequeue's.
+    system.redis.execute_command("CLIENT", "PAUSE", 25_000, "ALL")
+    with redis.Redis.from_url(redis_url, socket_timeout=60) as patient:
+        patient.ping()  # answered when the pause ends
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    wait_for(lambda: system.status(s.id) == "succeeded", 30, "the worker to run the job")
+    assert "retrying in" in worker.output().lower(), worker.output()
+    assert worker.stop() == 0, worker.output()
