@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from duejobs.app import App
 from duejobs.async_app import AsyncApp
 from duejobs.handlers import RetryPolicy
-from duejobs.models import Event, EventKind, Schedule, ScheduleRequest, Status
+from duejobs.models import Event, EventKind, Page, Schedule, ScheduleRequest, Status
 
 try:
     __version__ = version("duejobs")
@@ -21,6 +21,7 @@ __all__ = [
     "AsyncApp",
     "Event",
     "EventKind",
+    "Page",
     "RetryPolicy",
     "Schedule",
     "ScheduleRequest",

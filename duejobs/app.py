@@ -42,6 +42,7 @@ from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
     InvalidHandlerError,
     InvalidKeyError,
+    InvalidListError,
     InvalidScheduleError,
     InvalidScheduleIdError,
     KeyInUseError,
@@ -54,14 +55,20 @@ from duejobs.errors import (
 from duejobs.handlers import Handler, RetryPolicy
 from duejobs.models import (
     Event,
+    Page,
     Schedule,
     ScheduleRequest,
+    Status,
 )
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_TENANT,
+    check_due_range,
     check_key,
+    check_list_limit,
     check_queue,
+    check_statuses,
     check_tenant,
     check_type,
     payload_encoder,
@@ -83,6 +90,18 @@ def _schedule_id(value: object) -> uuid.UUID:
         return uuid.UUID(str(value))
     except ValueError as exc:
         raise InvalidScheduleIdError(f"schedule id must be a UUID, got {value!r}") from exc
+
+
+def _position(cursor: object) -> store.Position:
+    """Where a list resumes: the cursor a page handed out."""
+    try:
+        if not isinstance(cursor, str):
+            raise TypeError(cursor)
+        return store.Position.decode(cursor)
+    except (TypeError, ValueError):
+        raise InvalidListError(
+            f"after must be a cursor from a page's next_cursor, got {cursor!r}"
+        ) from None
 
 
 def _required_key(value: object) -> str:
@@ -443,6 +462,58 @@ class App(RecurringAPI, QuotaAPI):
         sid = _schedule_id(schedule_id)
         with self._core.transaction(conn) as c:
             return store.history(c, sid, self._tenant)
+
+    def list(
+        self,
+        *,
+        status: Status | str | Iterable[Status | str] | None = None,
+        type: str | None = None,
+        tenant: str | None = None,
+        key: str | None = None,
+        queue: str | None = None,
+        due_from: datetime | None = None,
+        due_before: datetime | None = None,
+        recurring: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+        latest_first: bool = False,
+        conn: Conn | None = None,
+    ) -> Page:
+        """A page of schedules that every filter given keeps, in ``(due_at, id)`` order
+        (``latest_first``: the reverse), starting after the cursor ``after`` (a page's
+        ``next_cursor``).
+
+        Filters: ``status`` (one or several), ``type``, ``key`` (finished schedules too; of
+        the default tenant when the unscoped App names none, as :meth:`get_by_key`),
+        ``queue``, ``due_from`` ≤ due_at < ``due_before``, ``recurring`` (the occurrences of
+        the recurring definition of that name). ``tenant``: a scoped App lists its own tenant
+        only; the unscoped App lists every tenant unless one is named. Each filter is served
+        by an index (migration 0007), so a page costs about its own size on any table.
+        Refused with :class:`~duejobs.errors.InvalidListError` (or the check of the field
+        named): a limit outside 1 to 1000, an unknown status, a naive or reversed range, a cursor
+        this method did not hand out."""
+        owner = self._read_tenant(tenant)
+        if key is not None and owner is None:  # keys are per tenant, as in get_by_key
+            owner = DEFAULT_TENANT
+        kept = store.ListFilter(
+            tenant=owner,
+            statuses=check_statuses(status),
+            type=None if type is None else check_type(type),
+            key=None if key is None else check_key(key),
+            queue=None if queue is None else check_queue(queue),
+            due_from=due_from,
+            due_before=due_before,
+            recurring=None if recurring is None else check_type(recurring),
+        )
+        check_due_range(due_from, due_before)
+        size = check_list_limit(limit)
+        start = None if after is None else _position(after)
+        with self._core.transaction(conn) as c:
+            rows = store.list_schedules(c, kept, start, size + 1, latest_first)
+        more = len(rows) > size
+        page = rows[:size]
+        last = page[-1] if more else None
+        return Page(page, None if last is None else store.Position(last.due_at, last.id).encode())
 
     def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
         """Whether the database clock has reached the schedule's ``run_at``.

@@ -83,6 +83,17 @@ class Scoped:
             return check_queue(queue)
         return handler.queue if handler and handler.queue else self._core.queue
 
+    def _read_tenant(self, tenant: str | None) -> str | None:
+        """The tenant a read is limited to: this App's, else the one named, else none (every
+        tenant, for the unscoped App)."""
+        if self._tenant is None:
+            return None if tenant is None else check_tenant(tenant)
+        if tenant is not None and tenant != self._tenant:
+            raise TenantMismatchError(
+                f"this App is scoped to tenant {self._tenant!r} and cannot read {tenant!r}'s"
+            )
+        return self._tenant
+
     def _write_tenant(self, tenant: str | None) -> str:
         if self._tenant is None:
             return check_tenant(tenant if tenant is not None else DEFAULT_TENANT)

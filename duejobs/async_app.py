@@ -41,7 +41,7 @@ from sqlalchemy.util import greenlet_spawn
 from duejobs import store
 from duejobs.app import App, ScheduleId
 from duejobs.core import POOL_SIZE, Core, make_async_engine
-from duejobs.models import Event, Recurring, Schedule, ScheduleRequest
+from duejobs.models import Event, Page, Recurring, Schedule, ScheduleRequest, Status
 
 __all__ = ["AsyncApp", "AsyncConn"]
 
@@ -264,6 +264,39 @@ class AsyncApp:
     ) -> list[Event]:
         """:meth:`App.history`, awaited."""
         return await self._call(App.history, conn, schedule_id)
+
+    async def list(
+        self,
+        *,
+        status: Status | str | Iterable[Status | str] | None = None,
+        type: str | None = None,
+        tenant: str | None = None,
+        key: str | None = None,
+        queue: str | None = None,
+        due_from: datetime | None = None,
+        due_before: datetime | None = None,
+        recurring: str | None = None,
+        limit: int = 50,
+        after: str | None = None,
+        latest_first: bool = False,
+        conn: AsyncConn | None = None,
+    ) -> Page:
+        """:meth:`App.list`, awaited."""
+        return await self._call(
+            App.list,
+            conn,
+            status=status,
+            type=type,
+            tenant=tenant,
+            key=key,
+            queue=queue,
+            due_from=due_from,
+            due_before=due_before,
+            recurring=recurring,
+            limit=limit,
+            after=after,
+            latest_first=latest_first,
+        )
 
     async def is_past_deadline(
         self, schedule_id: ScheduleId, *, conn: AsyncConn | None = None

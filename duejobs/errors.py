@@ -73,6 +73,10 @@ class InvalidScheduleIdError(InvalidScheduleError):
     """The schedule id is not a UUID."""
 
 
+class InvalidListError(InvalidScheduleError):
+    """A list's filter, limit or cursor was refused (:meth:`duejobs.App.list`)."""
+
+
 class InvalidHandlerError(DuejobsError, ValueError):
     """A handler registration has an invalid option (attempts, backoff, timeout)."""
 

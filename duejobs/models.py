@@ -85,6 +85,16 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class Page:
+    """One page of :meth:`duejobs.App.list`: its schedules, and the cursor that reads the next
+    page (None on the last). A cursor stays valid however the table changes: the next page
+    starts after this one's last ``(due_at, id)``."""
+
+    schedules: list[Schedule]
+    next_cursor: str | None
+
+
+@dataclass(frozen=True)
 class ScheduleRequest:
     """One schedule for :meth:`duejobs.App.schedule_many`: the arguments of
     :meth:`duejobs.App.schedule`, with the same meaning and the same checks."""

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from datetime import datetime
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from duejobs.errors import (
     EmptyTypeError,
     InvalidKeyError,
+    InvalidListError,
     InvalidQueueError,
     InvalidScheduleError,
     InvalidTenantError,
+    NaiveDatetimeError,
     PayloadNotJSONError,
     PayloadTooLargeError,
 )
+from duejobs.models import Status
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 DEFAULT_TENANT = "default"
@@ -170,3 +174,45 @@ def _depth(text: str) -> int:
         elif char in "]}":
             depth -= 1
     return deepest
+
+
+MAX_LIST_LIMIT = 1000
+
+
+def check_list_limit(limit: object) -> int:
+    """A page size: an int from 1 to :data:`MAX_LIST_LIMIT`."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+        raise InvalidListError(f"limit must be an int from 1 to {MAX_LIST_LIMIT}, got {limit!r}")
+    return limit
+
+
+def check_statuses(status: object) -> list[Status] | None:
+    """The statuses a list keeps: one (a :class:`Status` or its name) or several; None: all."""
+    if status is None:
+        return None
+    given = [status] if isinstance(status, str) else status
+    if not isinstance(given, Iterable):
+        raise InvalidListError(f"status must be a status or several, got {status!r}")
+    statuses = []
+    for one in given:
+        try:
+            statuses.append(Status(one))
+        except ValueError:
+            known = ", ".join(s.value for s in Status)
+            raise InvalidListError(f"unknown status {one!r} (one of {known})") from None
+    if not statuses:
+        raise InvalidListError("status must name at least one status when given")
+    return statuses
+
+
+def check_due_range(due_from: datetime | None, due_before: datetime | None) -> None:
+    """A due-time range: aware datetimes (either may be open), ``due_from`` first."""
+    for name, bound in (("due_from", due_from), ("due_before", due_before)):
+        if bound is None:
+            continue
+        if not isinstance(bound, datetime):
+            raise InvalidListError(f"{name} must be a datetime, got {bound!r}")
+        if bound.tzinfo is None or bound.utcoffset() is None:
+            raise NaiveDatetimeError(f"{name} must be timezone-aware, got {bound!r}")
+    if due_from is not None and due_before is not None and due_before <= due_from:
+        raise InvalidListError(f"due_before ({due_before}) must be after due_from ({due_from})")

@@ -1,4 +1,5 @@
-"""Commands on schedules: ``schedule``, ``reschedule``, ``cancel``, ``retry``, ``show``."""
+"""Commands on schedules: ``schedule``, ``reschedule``, ``cancel``, ``retry``, ``show``,
+``list``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import click
 
 from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app, main
-from duejobs.models import Event, Schedule
+from duejobs.models import Event, Schedule, Status
 
 
 def _schedule_dict(s: Schedule) -> dict[str, Any]:
@@ -196,3 +197,75 @@ def show(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
         for e in events:
             detail = " ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
             click.echo(f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {detail}")
+
+
+def _instant(value: str | None, flag: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not an ISO 8601 time: {value!r}", param_hint=flag) from exc
+
+
+@main.command(name="list")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice([s.value for s in Status]),
+    help="Keep this status (repeat for several).",
+)
+@click.option("--type", "job_type", help="Keep this job type.")
+@click.option("--key", help="Keep the schedules of this key, finished ones too.")
+@click.option("--queue", help="Keep this RQ queue.")
+@click.option("--due-from", help="Due at or after this ISO 8601 time.")
+@click.option("--due-before", help="Due before this ISO 8601 time.")
+@click.option("--recurring", help="Keep the occurrences of this recurring definition.")
+@click.option("--tenant", default=None, help="Keep this tenant (default: every tenant).")
+@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option("--after", help="The cursor a previous page printed: the page after it.")
+@click.option("--latest-first", is_flag=True, help="Latest due first.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the page and its cursor.")
+@click.pass_context
+def list_schedules(
+    ctx: click.Context,
+    statuses: tuple[str, ...],
+    job_type: str | None,
+    key: str | None,
+    queue: str | None,
+    due_from: str | None,
+    due_before: str | None,
+    recurring: str | None,
+    tenant: str | None,
+    limit: int,
+    after: str | None,
+    latest_first: bool,
+    as_json: bool,
+) -> None:
+    """List schedules by due time, a page at a time (the last line names the next page)."""
+    with _app(ctx) as app:
+        page = app.list(
+            status=statuses or None,
+            type=job_type,
+            key=key,
+            queue=queue,
+            due_from=_instant(due_from, "--due-from"),
+            due_before=_instant(due_before, "--due-before"),
+            recurring=recurring,
+            tenant=tenant,
+            limit=limit,
+            after=after,
+            latest_first=latest_first,
+        )
+    if as_json:
+        rows = [_schedule_dict(s) for s in page.schedules]
+        click.echo(json.dumps({"schedules": rows, "next": page.next_cursor}, default=str))
+        return
+    for s in page.schedules:
+        key_part = f"  key={s.key}" if s.key else ""
+        click.echo(
+            f"{s.id}  {s.due_at.isoformat()}  {s.status.value:<9}  {s.tenant}  {s.type}{key_part}"
+        )
+    if page.next_cursor:
+        click.echo(f"next page: --after {page.next_cursor}")

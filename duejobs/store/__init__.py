@@ -56,6 +56,7 @@ from duejobs.store.figures import (
     start_lag,
     status_counts,
 )
+from duejobs.store.listing import ListFilter, Position, list_schedules
 from duejobs.store.queries import (
     DEFAULT_QUOTA_TENANT,
     FRAGMENTS,
@@ -128,9 +129,11 @@ __all__ = [
     "Closing",
     "Delivery",
     "Driver",
+    "ListFilter",
     "LiveFigures",
     "NewRow",
     "OverdueRow",
+    "Position",
     "Query",
     "Quota",
     "RunClaim",
@@ -170,6 +173,7 @@ __all__ = [
     "is_missing_table",
     "is_past_run_at",
     "lent",
+    "list_schedules",
     "live_by_key",
     "live_figures",
     "live_quota",

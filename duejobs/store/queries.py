@@ -98,6 +98,27 @@ FRAGMENTS = {
         "statement_timestamp() + CASE WHEN {2} IS NULL THEN CAST(:window AS interval) "
         "ELSE interval '0' END)}}}}"
     ),
+    # One part of a list of schedules: the rows in states {0} (spelled as their partial indexes
+    # spell them, so that one index serves the part), skipped outright when the list keeps
+    # none of the states {1}; read past the cursor with {2} ('>' or '<') in {3} order.
+    "list_part": (
+        "SELECT {{{{schedule_columns}}}} FROM scheduled_jobs "
+        "WHERE {0} AND (CAST(:statuses AS text[]) IS NULL OR CAST(:statuses AS text[]) && {1}) "
+        "AND {{{{list_filter}}}} "
+        "AND (CAST(:after_due AS timestamptz) IS NULL OR (due_at, id) {2} (:after_due, :after_id)) "
+        "ORDER BY due_at {3}, id {3} LIMIT :limit"
+    ),
+    # The filters of a list of schedules; a NULL parameter filters nothing.
+    "list_filter": (
+        "{{tenant_filter}} "
+        "AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses)) "
+        "AND (CAST(:type AS text) IS NULL OR type = :type) "
+        "AND (CAST(:key AS text) IS NULL OR key = :key) "
+        "AND (CAST(:queue AS text) IS NULL OR queue = :queue) "
+        "AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from) "
+        "AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before) "
+        "AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))"
+    ),
     # one count per event kind, named after it (the kinds come from the enum)
     "count_by_kind": ", ".join(
         f"count(*) FILTER (WHERE kind = '{k.value}') AS {k.value}" for k in EventKind

@@ -20,7 +20,7 @@ from duejobs.store.execution import record, run, run_one
 from duejobs.timespec import When, jitter_offset
 
 
-def _schedule(m: Any, created: bool | None = None) -> Schedule:
+def as_schedule(m: Any, created: bool | None = None) -> Schedule:
     return record(Schedule, m, status=Status(m.status), created=created)
 
 
@@ -70,24 +70,24 @@ def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
     while True:
         row = run_one(conn, "insert_schedule", params)
         if row is not None:
-            return _schedule(row, True), True
+            return as_schedule(row, True), True
         # The key is held by a live schedule. Read it with a fresh snapshot: the holder may
         # have committed after this statement began. If it finished meanwhile, insert again.
         existing = run_one(conn, "live_by_key", {"tenant": new.tenant, "key": new.key})
         if existing is not None:
-            return _schedule(existing, False), False
+            return as_schedule(existing, False), False
 
 
 def live_by_key(conn: Connection, tenant: str, key: str) -> Schedule | None:
     """The live schedule holding ``key`` for ``tenant``, if any."""
     row = run_one(conn, "live_by_key", {"tenant": tenant, "key": key})
-    return None if row is None else _schedule(row)
+    return None if row is None else as_schedule(row)
 
 
 def get_schedule(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> Schedule | None:
     """The schedule with that id, if it exists and belongs to ``tenant`` (None: any tenant)."""
     row = run_one(conn, "get_schedule", {"id": schedule_id, "tenant": tenant})
-    return None if row is None else _schedule(row)
+    return None if row is None else as_schedule(row)
 
 
 def reschedule(
@@ -109,7 +109,7 @@ def reschedule(
     )
     if row is None:
         return None, None
-    return _schedule(row), row.old_queue_job_id
+    return as_schedule(row), row.old_queue_job_id
 
 
 def retry(
@@ -118,7 +118,7 @@ def retry(
     """Schedule a failed or cancelled schedule again (version + 1, attempts from zero); None
     when no such row matched (:func:`get_schedule` then tells why)."""
     row = run_one(conn, "retry", {"id": schedule_id, "tenant": tenant, **_when_params(when)})
-    return None if row is None else _schedule(row)
+    return None if row is None else as_schedule(row)
 
 
 def cancel(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> tuple[bool, str | None]:
