@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint docs test-django6 test-rq2 bench mutation clean
+.PHONY: demo test lint docs browser test-django6 test-rq2 bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,16 @@ lint: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet -d site
 
-test: lint docs
+# Debian's Chromium for the dashboard's browser tests, installed when missing and this is a
+# Debian machine run as root; otherwise those tests are skipped, saying so.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+		echo "browser: chromium could not be installed; the browser tests will be skipped"
+
+test: lint docs browser
 	$(BIN)/pytest
 	$(MAKE) test-django6
 	$(MAKE) test-rq2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -338,3 +339,54 @@ def prune(
     with _app(ctx) as app:
         pruner = Pruner(app, config)
         _once_or_every(pruner, every, report)
+
+
+DASHBOARD_PASSWORD_ENV = "DUEJOBS_DASHBOARD_PASSWORD"
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option("--tenant", default=None, help="Show this tenant only (default: every tenant).")
+@click.option(
+    "--user", help=f"HTTP basic auth user; the password comes from ${DASHBOARD_PASSWORD_ENV}."
+)
+@click.option("--actions", is_flag=True, help="Offer cancel, retry and run now (needs --user).")
+@click.option(
+    "--refresh", type=POSITIVE, default=10, show_default=True, help="Overview reload (s)."
+)
+@click.pass_context
+def dashboard(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    tenant: str | None,
+    user: str | None,
+    actions: bool,
+    refresh: int,
+) -> None:
+    """Serve the dashboard: overview, schedules, one schedule and its actions. Refuses a
+    non-loopback --host, and --actions, without authentication."""
+    try:
+        import uvicorn
+
+        from duejobs.dashboard import Access, create_dashboard, is_loopback
+    except ImportError as exc:
+        _fail(
+            DuejobsError(f"the dashboard needs its extra: pip install 'duejobs[dashboard]' ({exc})")
+        )
+    password = os.environ.get(DASHBOARD_PASSWORD_ENV)
+    if (user is None) != (password is None):
+        raise click.UsageError(f"--user and ${DASHBOARD_PASSWORD_ENV} go together")
+    access = Access(user=user, password=password, actions=actions)
+    if actions and not access.authenticates:
+        raise click.UsageError(f"--actions needs --user and ${DASHBOARD_PASSWORD_ENV}")
+    if not is_loopback(host) and not access.authenticates:
+        raise click.UsageError(
+            f"--host {host} is reachable from other machines: set --user and "
+            f"${DASHBOARD_PASSWORD_ENV}, or listen on 127.0.0.1"
+        )
+    with _app(ctx) as app:
+        board = create_dashboard(app.tenant(tenant) if tenant else app, access, refresh=refresh)
+        click.echo(f"dashboard on http://{host}:{port}/ ({'actions' if actions else 'read-only'})")
+        uvicorn.run(board, host=host, port=port, log_level="warning")

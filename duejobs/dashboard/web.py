@@ -1,0 +1,264 @@
+"""The operator's dashboard: an ASGI app (Starlette) to mount or to run with
+``duejobs dashboard``.
+
+Pages: the overview (the figures of ``duejobs stats``: counts by state, lag percentiles over
+the last hour, late and overdue, schedules without a job and jobs without a schedule, per
+tenant and per type, in flight against quotas; it reloads itself every ``refresh`` seconds),
+the schedules (``App.list``'s filters and pages), and one schedule (its row and every event),
+with its actions: cancel, retry, run now.
+
+What it promises:
+
+* **Read-only unless actions are enabled**, and actions only for an authenticated caller:
+  HTTP basic auth (``Access.user``/``password``) or the host application's own check
+  (``Access.authorize``, called with each request). Every form carries a CSRF token bound to
+  the caller (an HMAC under a secret of this process), and a POST without it, or from
+  another origin, is refused.
+* **Every value is HTML-escaped** (Jinja2's autoescape): payloads, keys and errors are user
+  data.
+* **A tenant-scoped App shows its tenant only**: every read and action goes through the
+  App, whose scope the store applies.
+* **Works offline**: one stylesheet shipped in the package, no script from elsewhere, no build
+  step.
+
+What it does not do: serve on a non-loopback address without authentication —
+:func:`is_loopback` is what ``duejobs dashboard`` checks before it starts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any
+from urllib.parse import parse_qs, urlencode
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from duejobs import App, stats
+from duejobs.errors import DuejobsError, InvalidScheduleError
+from duejobs.models import Status
+
+_ACTIONS = ("cancel", "retry", "run-now")
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may use the dashboard. ``user``/``password``: HTTP basic auth for every page;
+    ``authorize``: the host application's own check, given each request (True: allowed);
+    ``actions``: cancel, retry and run now are offered (to an authenticated caller only)."""
+
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    authorize: Callable[[Request], bool] | None = None
+    actions: bool = False
+
+    @property
+    def authenticates(self) -> bool:
+        return self.authorize is not None or (self.user is not None and self.password is not None)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is only reachable from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _basic_user(request: Request) -> tuple[str, str] | None:
+    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    return (user, password) if sep else None
+
+
+class _Dashboard:
+    def __init__(self, app: App, access: Access, refresh: int) -> None:
+        self.app, self.access, self.refresh = app, access, refresh
+        self.secret = secrets.token_bytes(32)
+        self.pages = Environment(
+            loader=PackageLoader("duejobs.dashboard", "templates"),
+            autoescape=select_autoescape(default=True, default_for_string=True),
+        )
+
+    # -- access ----------------------------------------------------------------------------
+
+    def caller(self, request: Request) -> str | None:
+        """The authenticated caller's name ('' for the host's own check), or None."""
+        if self.access.authorize is not None:
+            return "" if self.access.authorize(request) else None
+        given = _basic_user(request)
+        if given is None or self.access.user is None or self.access.password is None:
+            return None
+        user_ok = hmac.compare_digest(given[0].encode(), self.access.user.encode())
+        password_ok = hmac.compare_digest(given[1].encode(), self.access.password.encode())
+        return given[0] if user_ok and password_ok else None
+
+    def csrf(self, caller: str) -> str:
+        return hmac.new(self.secret, b"csrf:" + caller.encode(), hashlib.sha256).hexdigest()
+
+    def refused(self, request: Request) -> Response | None:
+        """The answer to a caller who may not read, or None."""
+        if self.access.authenticates and self.caller(request) is None:
+            return Response(
+                "authentication required",
+                status_code=401,
+                headers={"WWW-Authenticate": 'Basic realm="duejobs"'},
+            )
+        return None
+
+    def render(self, request: Request, template: str, status: int = 200, **values: Any) -> Response:
+        caller = self.caller(request)
+        can_act = self.access.actions and caller is not None
+        html = self.pages.get_template(template).render(
+            scope=self.app.scope,
+            can_act=can_act,
+            csrf=self.csrf(caller) if can_act and caller is not None else "",
+            **values,
+        )
+        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+    # -- pages -----------------------------------------------------------------------------
+
+    def overview(self, request: Request) -> Response:
+        if (no := self.refused(request)) is not None:
+            return no
+        figures = stats.collect(self.app)
+        return self.render(request, "overview.html", figures=figures, refresh=self.refresh)
+
+    def schedules(self, request: Request) -> Response:
+        if (no := self.refused(request)) is not None:
+            return no
+        query = request.query_params
+        filters = {
+            name: query[name] or None
+            for name in ("type", "tenant", "key", "queue", "after")
+            if name in query
+        }
+        statuses = [s for s in query.getlist("status") if s]
+        try:
+            page = self.app.list(status=statuses or None, limit=50, **filters)  # type: ignore[arg-type]
+            error = None
+        except InvalidScheduleError as exc:
+            page, error = None, str(exc)
+        kept = [(k, v) for k, v in query.multi_items() if k != "after" and v]
+        following = (
+            "?" + urlencode([*kept, ("after", page.next_cursor)])
+            if page is not None and page.next_cursor
+            else None
+        )
+        return self.render(
+            request,
+            "schedules.html",
+            status=400 if error else 200,
+            page=page,
+            error=error,
+            query=dict(query),
+            chosen=set(statuses),
+            statuses=[s.value for s in Status],
+            following=following,
+        )
+
+    def schedule(self, request: Request) -> Response:
+        if (no := self.refused(request)) is not None:
+            return no
+        schedule_id = _id(request.path_params["schedule_id"])
+        found = None if schedule_id is None else self.app.get(schedule_id)
+        if found is None:
+            return self.render(request, "missing.html", status=404)
+        return self.render(
+            request,
+            "schedule.html",
+            s=found,
+            events=self.app.history(found.id),
+            done=request.query_params.get("done"),
+            failed=request.query_params.get("failed"),
+        )
+
+    async def act(self, request: Request) -> Response:
+        """POST /schedules/{id}/{cancel|retry|run-now}: allowed only with actions enabled, an
+        authenticated caller, the caller's CSRF token and no other origin."""
+        caller = self.caller(request)
+        if not self.access.actions or caller is None:
+            return Response("actions are not enabled for this caller", status_code=403)
+        origin = request.headers.get("origin")
+        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+            return Response("cross-origin request refused", status_code=403)
+        form = parse_qs((await request.body()).decode("utf-8", "replace"))
+        token = (form.get("csrf") or [""])[0]
+        if not hmac.compare_digest(token, self.csrf(caller)):
+            return Response("missing or wrong CSRF token", status_code=403)
+        action, schedule_id = request.path_params["action"], _id(request.path_params["schedule_id"])
+        if action not in _ACTIONS or schedule_id is None:
+            return Response("no such action", status_code=404)
+        outcome = await run_in_threadpool(self._apply, action, schedule_id)
+        return RedirectResponse(f"/schedules/{schedule_id}?{urlencode(outcome)}", status_code=303)
+
+    def _apply(self, action: str, schedule_id: uuid.UUID) -> dict[str, str]:
+        try:
+            if action == "cancel":
+                if not self.app.cancel(schedule_id):
+                    return {"failed": "not cancelled: it was not scheduled or running"}
+            elif action == "retry":
+                self.app.retry(schedule_id)
+            else:
+                self.app.run_now(schedule_id)
+        except DuejobsError as exc:
+            return {"failed": str(exc)}
+        return {"done": action}
+
+    def stylesheet(self, request: Request) -> Response:
+        css = files("duejobs.dashboard").joinpath("dashboard.css").read_text(encoding="utf-8")
+        return Response(css, media_type="text/css", headers=_HEADERS)
+
+
+# No script runs on these pages; frames, plugins and foreign resources are refused outright.
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+def _id(text: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
+
+
+def create_dashboard(app: App, access: Access | None = None, *, refresh: int = 10) -> Starlette:
+    """The dashboard of ``app`` (a tenant-scoped App: of that tenant only), as an ASGI app.
+    ``refresh``: seconds between the overview's reloads."""
+    board = _Dashboard(app, access or Access(), refresh)
+    return Starlette(
+        routes=[
+            Route("/", board.overview),
+            Route("/schedules", board.schedules),
+            Route("/schedules/{schedule_id}", board.schedule),
+            Route("/schedules/{schedule_id}/{action}", board.act, methods=["POST"]),
+            Route("/dashboard.css", board.stylesheet),
+        ]
+    )

@@ -1,0 +1,255 @@
+"""The dashboard (``duejobs.dashboard``, ``duejobs dashboard``): its pages over real
+PostgreSQL and Redis, its security rules, and the operator's flows in a real browser (Debian's
+Chromium driven by Playwright; skipped, saying why, where Chromium is not installed).
+
+Seen failing against builds broken on purpose: autoescape off →
+``test_every_value_from_a_user_is_html_escaped``; the CSRF check dropped →
+``test_an_action_needs_the_callers_csrf_token_and_its_origin``; actions served without
+authentication → ``test_a_read_only_dashboard_offers_no_action_and_refuses_one``; the
+dashboard reading and acting through an unscoped App whatever App it was given →
+``test_a_tenant_dashboard_reads_and_acts_on_its_tenant_only``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from starlette.requests import Request
+from starlette.testclient import TestClient
+
+from duejobs import App, Status
+from duejobs.dashboard import Access, create_dashboard, is_loopback
+from tests.conftest import Proc, wait_for
+
+MARKUP = '<script>alert("x")</script><b>bold</b>'
+
+
+def _auth(user: str = "ops", password: str = "s3cret") -> dict[str, str]:
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+@pytest.fixture
+def operator(app: App) -> Iterator[TestClient]:
+    """A dashboard with actions, and a client that signs in."""
+    board = create_dashboard(app, Access(user="ops", password="s3cret", actions=True))
+    with TestClient(board, headers=_auth()) as client:
+        yield client
+
+
+def _csrf(page: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert found is not None, page
+    return found[1]
+
+
+def test_the_overview_shows_the_figures_by_state(app: App, operator: TestClient) -> None:
+    for _ in range(3):
+        app.schedule("record", {}, delay=60)
+    page = operator.get("/")
+    assert page.status_code == 200
+    assert re.search(r'id="count-scheduled">3<', page.text), page.text
+    assert "schedules without a job" in page.text and "lag p50" in page.text
+
+
+def test_the_schedules_page_filters_and_pages(app: App, operator: TestClient) -> None:
+    made = [app.schedule("record", {}, delay=60 + i) for i in range(60)]
+    other = app.schedule("other", {}, delay=30)
+    first = operator.get("/schedules", params={"type": "record"})
+    assert first.status_code == 200 and str(other.id) not in first.text
+    following = re.search(r'id="next" href="/schedules(\?[^"]+)"', first.text)
+    assert following is not None
+    second = operator.get("/schedules" + following[1].replace("&amp;", "&"))
+    shown = re.findall(r'href="/schedules/([0-9a-f-]{36})"', first.text + second.text)
+    assert shown == [str(s.id) for s in made]
+    refused = operator.get("/schedules", params={"after": "nonsense"})
+    assert refused.status_code == 400 and "cursor" in refused.text
+
+
+def test_every_value_from_a_user_is_html_escaped(app: App, operator: TestClient) -> None:
+    s = app.schedule("record", {"note": MARKUP}, key=MARKUP, delay=60)
+    for page in (operator.get(f"/schedules/{s.id}"), operator.get("/schedules")):
+        assert page.status_code == 200
+        assert "<script>" not in page.text and "<b>bold" not in page.text
+        assert "&lt;script&gt;" in page.text
+    assert "script-src" not in operator.get("/").headers["content-security-policy"]
+
+
+def test_an_action_needs_the_callers_csrf_token_and_its_origin(
+    app: App, operator: TestClient
+) -> None:
+    s = app.schedule("record", {}, delay=60)
+    token = _csrf(operator.get(f"/schedules/{s.id}").text)
+    url = f"/schedules/{s.id}/cancel"
+    assert operator.post(url, data={}).status_code == 403
+    assert operator.post(url, data={"csrf": "0" * 64}).status_code == 403
+    elsewhere = {"Origin": "https://attacker.example"}
+    assert operator.post(url, data={"csrf": token}, headers=elsewhere).status_code == 403
+    assert app.get(s.id).status is Status.SCHEDULED  # type: ignore[union-attr]
+    done = operator.post(url, data={"csrf": token}, follow_redirects=False)
+    assert done.status_code == 303 and app.get(s.id).status is Status.CANCELLED  # type: ignore[union-attr]
+
+
+def test_pages_need_the_configured_credentials(app: App) -> None:
+    board = create_dashboard(app, Access(user="ops", password="s3cret"))
+    with TestClient(board) as anonymous:
+        refused = anonymous.get("/")
+        assert refused.status_code == 401 and "Basic" in refused.headers["www-authenticate"]
+        assert anonymous.get("/", headers=_auth(password="wrong")).status_code == 401
+        assert anonymous.get("/", headers=_auth()).status_code == 200
+
+
+def test_the_host_applications_own_check_decides(app: App) -> None:
+    def staff_only(request: Request) -> bool:
+        return request.headers.get("x-staff") == "yes"
+
+    board = create_dashboard(app, Access(authorize=staff_only, actions=True))
+    with TestClient(board) as client:
+        assert client.get("/").status_code == 401
+        assert client.get("/", headers={"x-staff": "yes"}).status_code == 200
+
+
+def test_a_read_only_dashboard_offers_no_action_and_refuses_one(app: App) -> None:
+    s = app.schedule("record", {}, delay=60)
+    with TestClient(create_dashboard(app)) as client:
+        page = client.get(f"/schedules/{s.id}")
+        assert page.status_code == 200 and '<form method="post"' not in page.text
+        assert client.post(f"/schedules/{s.id}/cancel", data={"csrf": "x"}).status_code == 403
+    assert app.get(s.id).status is Status.SCHEDULED  # type: ignore[union-attr]
+
+
+def test_a_tenant_dashboard_reads_and_acts_on_its_tenant_only(app: App) -> None:
+    mine = app.schedule("record", {}, delay=60, tenant="acme")
+    theirs = app.schedule("record", {}, delay=60, tenant="globex")
+    board = create_dashboard(
+        app.tenant("acme"), Access(user="ops", password="s3cret", actions=True)
+    )
+    with TestClient(board, headers=_auth()) as client:
+        listed = client.get("/schedules").text
+        assert str(mine.id) in listed and str(theirs.id) not in listed
+        assert client.get(f"/schedules/{theirs.id}").status_code == 404
+        token = _csrf(client.get(f"/schedules/{mine.id}").text)
+        client.post(f"/schedules/{theirs.id}/cancel", data={"csrf": token})
+    assert app.get(theirs.id).status is Status.SCHEDULED  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "says"),
+    [
+        (["--host", "0.0.0.0"], {}, "reachable from other machines"),
+        (["--actions"], {}, "--actions needs --user"),
+        (["--user", "ops"], {}, "go together"),
+    ],
+)
+def test_the_command_refuses_to_serve_unprotected(
+    database_url: str, redis_url: str, args: list[str], env: dict[str, str], says: str
+) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "duejobs", "dashboard", *args],
+        env={
+            **os.environ,
+            "DUEJOBS_DATABASE_URL": database_url,
+            "DUEJOBS_REDIS_URL": redis_url,
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2 and says in run.stderr, run.stderr
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _answers(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make browser)")
+def test_an_operator_finds_cancels_and_retries_a_schedule_in_a_browser(
+    app: App, spawn: Callable[..., Proc], tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    failed = app.schedule("record", {"order": 42}, delay=120)
+    app.schedule("record", {}, delay=60)
+    with app.engine.begin() as conn:  # one schedule has failed its last attempt
+        conn.exec_driver_sql(
+            "UPDATE scheduled_jobs SET status = 'failed', finished_at = now(), attempts = 3, "
+            f"last_error = 'RuntimeError: gateway down' WHERE id = '{failed.id}'"
+        )
+    port = _free_port()
+    server = spawn(
+        "dashboard",
+        "--port",
+        str(port),
+        "--user",
+        "ops",
+        "--actions",
+        extra_env={"DUEJOBS_DASHBOARD_PASSWORD": "s3cret"},
+    )
+    wait_for(lambda: _answers(port), 60, "the dashboard to listen")
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    base = f"http://127.0.0.1:{port}"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_context(
+            http_credentials={"username": "ops", "password": "s3cret"}
+        ).new_page()
+        page.goto(base + "/")
+        assert page.inner_text("#count-scheduled") == "1"
+        page.screenshot(path=shots / "overview.png", full_page=True)
+
+        page.click("text=Schedules")
+        page.check("input[name=status][value=failed]")
+        page.click("#filter")
+        rows = page.locator("#schedules tr.status-failed")
+        assert rows.count() == 1 and page.locator("#schedules tr").count() == 2
+        page.screenshot(path=shots / "schedules-failed.png", full_page=True)
+
+        page.click(f"text={failed.id}")
+        assert page.inner_text("#status") == "failed"
+        assert "gateway down" in page.content()
+        page.screenshot(path=shots / "schedule-failed.png", full_page=True)
+        page.click("#action-retry")
+        assert page.inner_text("#done") == "retry: done"
+        assert page.inner_text("#status") == "scheduled" and page.inner_text("#version") == "2"
+        page.screenshot(path=shots / "schedule-retried.png", full_page=True)
+
+        page.click("#action-cancel")
+        assert page.inner_text("#status") == "cancelled"
+        page.screenshot(path=shots / "schedule-cancelled.png", full_page=True)
+        browser.close()
+    stored = app.get(failed.id)
+    assert stored is not None and stored.status is Status.CANCELLED and stored.version == 3
+    kinds = [e.kind.value for e in app.history(failed.id)]
+    assert kinds[-2:] == ["rescheduled", "cancelled"]
+    assert sorted(p.name for p in shots.iterdir()) == [
+        "overview.png",
+        "schedule-cancelled.png",
+        "schedule-failed.png",
+        "schedule-retried.png",
+        "schedules-failed.png",
+    ]
+    assert server.stop() in (0, -15), server.output()
+    print(f"screenshots: {shots}")
