@@ -33,13 +33,14 @@ from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, migrate, store
+from duejobs import metrics, migrate, store, tracing
 from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
 from duejobs.app_recurring import RecurringAPI
 from duejobs.config import Settings
 from duejobs.core import Conn, Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
+    ConfigurationError,
     InvalidHandlerError,
     InvalidKeyError,
     InvalidListError,
@@ -134,10 +135,16 @@ class App(RecurringAPI, QuotaAPI):
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         queue: str = DEFAULT_QUEUE,
         schema: str | None = None,
+        trace_runs: str = tracing.LINK,
     ) -> None:
         settings = Settings.from_env(database_url, redis_url, schema)
+        if trace_runs not in tracing.TRACE_RUNS:
+            raise ConfigurationError(
+                f"trace_runs must be one of {', '.join(tracing.TRACE_RUNS)}, got {trace_runs!r}"
+            )
         engine = make_engine(settings.database_url, schema=settings.schema)
         self._core = Core(settings, engine, max_payload_bytes, check_queue(queue))
+        self._core.trace_runs = trace_runs
         self._tenant: str | None = None
 
     @classmethod
@@ -251,6 +258,15 @@ class App(RecurringAPI, QuotaAPI):
                 queue,
             )
         )
+        with tracing.span("duejobs.schedule", type=new.job_type, tenant=new.tenant) as span:
+            new.trace_context = tracing.recorded(self._core.trace_runs)
+            schedule = self._insert(new, conn)
+            if span is not None:
+                span.set_attributes(tracing.attributes(schedule_id=str(schedule.id)))
+        return schedule
+
+    def _insert(self, new: store.NewRow, conn: Conn | None) -> Schedule:
+        """Insert one checked schedule, within the tenant's quota of live schedules."""
         with self._core.transaction(conn) as c:
             cap = self._live_quota(c, new.tenant)
             if cap is not None and store.count_live_up_to(c, new.tenant, cap) >= cap:

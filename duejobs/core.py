@@ -112,6 +112,9 @@ class Core:
     max_payload_bytes: int
     queue: str
     handlers: dict[str, Handler] = field(default_factory=dict)
+    # How a run's span relates to the trace of the request that scheduled it
+    # (duejobs.tracing): "link" (the default) or "child".
+    trace_runs: str = "link"
     # tenant → (monotonic time read, its live quota): one query saved per schedule()
     quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     _deliverer: Deliverer | None = None

@@ -70,7 +70,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, recurring, store
+from duejobs import metrics, recurring, store, tracing
 from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
@@ -166,8 +166,14 @@ class Scheduler:
 
     def run_once(self) -> PassResult:
         """One pass: ``concurrency`` claim loops drain what is due, then promotion."""
-        with metrics.PASS_SECONDS.time():
+        with metrics.PASS_SECONDS.time(), tracing.span("duejobs.scheduler.pass") as span:
             result = self._pass()
+            if span is not None:
+                span.set_attributes(
+                    tracing.attributes(
+                        claimed=result.claimed, queued=result.queued, deferred=result.deferred
+                    )
+                )
         metrics.PUSHED.labels("queue").inc(result.queued)
         metrics.PUSHED.labels("scheduled").inc(result.deferred)
         metrics.PUSHED.labels("already_present").inc(result.already_present)

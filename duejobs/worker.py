@@ -88,7 +88,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from duejobs import metrics, store
+from duejobs import metrics, store, tracing
 from duejobs.batches import GroupCommit
 from duejobs.config import check_count, check_duration
 from duejobs.context import Context
@@ -241,7 +241,9 @@ class Runtime:
         once)."""
         put_back_at: datetime | None = None
         job_type = ""
-        claim = self._claim(Delivery(schedule_id, tenant, version, attempt))
+        where = {"schedule_id": str(schedule_id), "version": version, "attempt": attempt}
+        with tracing.span("duejobs.claim", tenant=tenant, **where):
+            claim = self._claim(Delivery(schedule_id, tenant, version, attempt))
         if claim is None:
             # Someone holds the row (an open application transaction): try again shortly,
             # under the same id, without using an attempt.
@@ -249,7 +251,15 @@ class Runtime:
             outcome, put_back_at = Outcome.DEFERRED, _AT_ONCE
         else:
             job_type = claim.type
-            outcome = self._run(claim, schedule_id, version, attempt, tenant)
+            lag = None
+            if claim.db_now is not None and claim.due_at is not None:
+                lag = round((claim.db_now - claim.due_at).total_seconds() * 1000)
+            with tracing.attempt(
+                job_type, claim.trace_context, tenant=tenant, lag_ms=lag, **where
+            ) as span:
+                outcome = self._run(claim, schedule_id, version, attempt, tenant)
+                if span is not None:
+                    span.set_attribute("duejobs.outcome", outcome.value)
             if outcome is Outcome.DEFERRED:
                 put_back_at = claim.due_at
         metrics.DELIVERIES.labels(
@@ -316,7 +326,11 @@ class Runtime:
             schedule_id, version, attempt, give_up, lambda: self._overrun(ctx, handler, where)
         )
         try:
-            with self._given_up(watched), self._heartbeat.watching(watched):
+            with (
+                self._given_up(watched),
+                self._heartbeat.watching(watched),
+                tracing.span("duejobs.handler"),
+            ):
                 self._invoke(handler, ctx, claim.payload)
         except ScheduleChangedError as exc:
             log.info("changed while running: %s", exc.reason, extra=where)
@@ -471,8 +485,12 @@ class Runtime:
         application's cancel, say) is waited for in rounds of ``claim_lock_timeout``, up to
         the lease, so a finished handler's outcome is kept."""
         closing = Closing(ctx.schedule_id, ctx.version, ctx.attempt, outcome, error, retry_in)
+        with tracing.span("duejobs.outcome", outcome=outcome.value):
+            return self._record(ctx, closing, conn)
+
+    def _record(self, ctx: Context, closing: Closing, conn: Connection | None) -> Outcome:
         if conn is None and self._closings.submit(closing):
-            return _CLOSED[outcome]
+            return _CLOSED[closing.outcome]
         give_up = time.monotonic() + self.config.lease.total_seconds()
         while True:
             try:

@@ -23,7 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
 from starlette.requests import Request
+from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from duejobs import App, Status
@@ -142,12 +144,65 @@ def test_a_tenant_dashboard_reads_and_acts_on_its_tenant_only(app: App) -> None:
     assert app.get(theirs.id).status is Status.SCHEDULED  # type: ignore[union-attr]
 
 
+def test_a_host_check_must_answer_plainly(app: App) -> None:
+    async def staff_only(request: Request) -> bool:
+        return True
+
+    with pytest.raises(TypeError, match="plain function"):
+        Access(authorize=staff_only)
+    answers: list[object] = [False, None, object(), ""]
+    board = create_dashboard(app, Access(authorize=lambda request: answers[0], actions=True))
+    with TestClient(board) as client:
+        while answers:
+            assert client.get("/").status_code == 401, answers[0]
+            answers.pop(0)
+
+
+def test_each_caller_the_host_names_gets_a_token_of_its_own(app: App) -> None:
+    s = app.schedule("record", {}, delay=60)
+    access = Access(authorize=lambda request: request.headers.get("x-user", False), actions=True)
+    with TestClient(create_dashboard(app, access)) as client:
+        alice = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "alice"}).text)
+        bob = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "bob"}).text)
+        assert alice != bob
+        stolen = client.post(
+            f"/schedules/{s.id}/cancel", data={"csrf": alice}, headers={"x-user": "bob"}
+        )
+        assert stolen.status_code == 403
+
+
+def test_only_the_dashboards_own_messages_are_shown(app: App, operator: TestClient) -> None:
+    s = app.schedule("record", {}, delay=60)
+    forged = operator.get(f"/schedules/{s.id}", params={"failed": "call +1 555 0100", "sig": "0"})
+    assert "555 0100" not in forged.text
+    token = _csrf(operator.get(f"/schedules/{s.id}").text)
+    operator.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
+    again = operator.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
+    assert "not cancelled: it was not scheduled or running" in again.text
+
+
+def test_a_loopback_dashboard_answers_only_its_own_names(app: App) -> None:
+    board = create_dashboard(app, allowed_hosts=["127.0.0.1", "localhost"])
+    with TestClient(board, base_url="http://127.0.0.1:8080") as client:
+        assert client.get("/").status_code == 200
+        assert client.get("/", headers={"host": "rebound.example"}).status_code == 400
+
+
+def test_links_follow_the_path_the_dashboard_is_mounted_at(app: App) -> None:
+    s = app.schedule("record", {}, delay=60)
+    host = Starlette(routes=[Mount("/jobs", create_dashboard(app))])
+    with TestClient(host) as client:
+        page = client.get("/jobs/schedules").text
+        assert f'href="/jobs/schedules/{s.id}"' in page and 'href="/jobs/dashboard.css"' in page
+
+
 @pytest.mark.parametrize(
     ("args", "env", "says"),
     [
         (["--host", "0.0.0.0"], {}, "reachable from other machines"),
         (["--actions"], {}, "--actions needs --user"),
         (["--user", "ops"], {}, "go together"),
+        (["--user", "ops", "--actions"], {"DUEJOBS_DASHBOARD_PASSWORD": ""}, "non-empty"),
     ],
 )
 def test_the_command_refuses_to_serve_unprotected(

@@ -353,8 +353,10 @@ DASHBOARD_PASSWORD_ENV = "DUEJOBS_DASHBOARD_PASSWORD"
 )
 @click.option("--actions", is_flag=True, help="Offer cancel, retry and run now (needs --user).")
 @click.option(
-    "--refresh", type=POSITIVE, default=10, show_default=True, help="Overview reload (s)."
+    "--refresh", type=click.IntRange(1, 3600), default=10, show_default=True, help="Seconds."
 )
+@click.option("--ssl-certfile", help="Serve HTTPS with this certificate (PEM).")
+@click.option("--ssl-keyfile", help="The certificate's private key (PEM).")
 @click.pass_context
 def dashboard(
     ctx: click.Context,
@@ -364,6 +366,8 @@ def dashboard(
     user: str | None,
     actions: bool,
     refresh: int,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
 ) -> None:
     """Serve the dashboard: overview, schedules, one schedule and its actions. Refuses a
     non-loopback --host, and --actions, without authentication."""
@@ -375,9 +379,13 @@ def dashboard(
         _fail(
             DuejobsError(f"the dashboard needs its extra: pip install 'duejobs[dashboard]' ({exc})")
         )
-    password = os.environ.get(DASHBOARD_PASSWORD_ENV)
+    password = os.environ.get(DASHBOARD_PASSWORD_ENV) or None
     if (user is None) != (password is None):
-        raise click.UsageError(f"--user and ${DASHBOARD_PASSWORD_ENV} go together")
+        raise click.UsageError(f"--user and a non-empty ${DASHBOARD_PASSWORD_ENV} go together")
+    if user is not None and not user.strip():
+        raise click.UsageError("--user must not be empty")
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        raise click.UsageError("--ssl-certfile and --ssl-keyfile go together")
     access = Access(user=user, password=password, actions=actions)
     if actions and not access.authenticates:
         raise click.UsageError(f"--actions needs --user and ${DASHBOARD_PASSWORD_ENV}")
@@ -386,7 +394,23 @@ def dashboard(
             f"--host {host} is reachable from other machines: set --user and "
             f"${DASHBOARD_PASSWORD_ENV}, or listen on 127.0.0.1"
         )
+    # A loopback dashboard answers only its own names: a web page that rebinds its name to
+    # 127.0.0.1 gets no answer.
+    hosts = ["127.0.0.1", "localhost", "[::1]", "::1"] if is_loopback(host) else None
+    scheme = "https" if ssl_certfile else "http"
     with _app(ctx) as app:
-        board = create_dashboard(app.tenant(tenant) if tenant else app, access, refresh=refresh)
-        click.echo(f"dashboard on http://{host}:{port}/ ({'actions' if actions else 'read-only'})")
-        uvicorn.run(board, host=host, port=port, log_level="warning")
+        scoped = app.tenant(tenant) if tenant else app
+        board = create_dashboard(scoped, access, refresh=refresh, allowed_hosts=hosts)
+        click.echo(
+            f"dashboard on {scheme}://{host}:{port}/ ({'actions' if actions else 'read-only'})"
+        )
+        if scheme == "http" and not is_loopback(host):
+            click.echo("warning: plain HTTP off loopback: serve it behind TLS", err=True)
+        uvicorn.run(
+            board,
+            host=host,
+            port=port,
+            log_level="warning",
+            ssl_certfile=ssl_certfile,
+            ssl_keyfile=ssl_keyfile,
+        )

@@ -31,10 +31,11 @@ import base64
 import binascii
 import hashlib
 import hmac
+import inspect
 import ipaddress
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any
@@ -43,12 +44,14 @@ from urllib.parse import parse_qs, urlencode
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from duejobs import App, stats
-from duejobs.errors import DuejobsError, InvalidScheduleError
+from duejobs.errors import DatabaseUnavailableError, DuejobsError, InvalidScheduleError
 from duejobs.models import Status
 
 _ACTIONS = ("cancel", "retry", "run-now")
@@ -56,18 +59,24 @@ _ACTIONS = ("cancel", "retry", "run-now")
 
 @dataclass(frozen=True)
 class Access:
-    """Who may use the dashboard. ``user``/``password``: HTTP basic auth for every page;
-    ``authorize``: the host application's own check, given each request (True: allowed);
-    ``actions``: cancel, retry and run now are offered (to an authenticated caller only)."""
+    """Who may use the dashboard. ``user``/``password``: HTTP basic auth for every page
+    (both non-empty); ``authorize``: the host application's own check, a plain function given
+    each request, answering the caller's name (its own CSRF token), True (allowed, one token
+    for all), or anything else to refuse; ``actions``: cancel, retry and run now are offered
+    (to an authenticated caller only)."""
 
     user: str | None = None
     password: str | None = field(default=None, repr=False)
-    authorize: Callable[[Request], bool] | None = None
+    authorize: Callable[[Request], bool | str] | None = None
     actions: bool = False
+
+    def __post_init__(self) -> None:
+        if self.authorize is not None and inspect.iscoroutinefunction(self.authorize):
+            raise TypeError("Access.authorize must be a plain function (it runs in a thread)")
 
     @property
     def authenticates(self) -> bool:
-        return self.authorize is not None or (self.user is not None and self.password is not None)
+        return self.authorize is not None or (bool(self.user) and bool(self.password))
 
 
 def is_loopback(host: str) -> bool:
@@ -103,18 +112,36 @@ class _Dashboard:
     # -- access ----------------------------------------------------------------------------
 
     def caller(self, request: Request) -> str | None:
-        """The authenticated caller's name ('' for the host's own check), or None."""
+        """The authenticated caller's name, or None. The host's check answers True (one
+        identity for everyone it lets in) or the caller's own name (a CSRF token each);
+        anything else — False, None, an awaitable — refuses."""
         if self.access.authorize is not None:
-            return "" if self.access.authorize(request) else None
+            answer = self.access.authorize(request)
+            if answer is True:
+                return ""
+            if isinstance(answer, str) and answer:
+                return "user:" + answer
+            return None
         given = _basic_user(request)
-        if given is None or self.access.user is None or self.access.password is None:
+        if given is None or not self.access.user or not self.access.password:
             return None
         user_ok = hmac.compare_digest(given[0].encode(), self.access.user.encode())
         password_ok = hmac.compare_digest(given[1].encode(), self.access.password.encode())
         return given[0] if user_ok and password_ok else None
 
     def csrf(self, caller: str) -> str:
-        return hmac.new(self.secret, b"csrf:" + caller.encode(), hashlib.sha256).hexdigest()
+        return self._sign("csrf:" + caller)
+
+    def _sign(self, text: str) -> str:
+        return hmac.new(self.secret, text.encode(), hashlib.sha256).hexdigest()
+
+    def _signed(self, request: Request, name: str) -> str | None:
+        """A message this dashboard put in the redirect after an action (None for any
+        other text: a link cannot make the page say something)."""
+        text, sig = request.query_params.get(name), request.query_params.get("sig", "")
+        if text is None or not hmac.compare_digest(sig.encode(), self._sign(text).encode()):
+            return None
+        return text
 
     def refused(self, request: Request) -> Response | None:
         """The answer to a caller who may not read, or None."""
@@ -130,6 +157,7 @@ class _Dashboard:
         caller = self.caller(request)
         can_act = self.access.actions and caller is not None
         html = self.pages.get_template(template).render(
+            root=request.scope.get("root_path", ""),
             scope=self.app.scope,
             can_act=can_act,
             csrf=self.csrf(caller) if can_act and caller is not None else "",
@@ -190,14 +218,14 @@ class _Dashboard:
             "schedule.html",
             s=found,
             events=self.app.history(found.id),
-            done=request.query_params.get("done"),
-            failed=request.query_params.get("failed"),
+            done=self._signed(request, "done"),
+            failed=self._signed(request, "failed"),
         )
 
     async def act(self, request: Request) -> Response:
         """POST /schedules/{id}/{cancel|retry|run-now}: allowed only with actions enabled, an
         authenticated caller, the caller's CSRF token and no other origin."""
-        caller = self.caller(request)
+        caller = await run_in_threadpool(self.caller, request)
         if not self.access.actions or caller is None:
             return Response("actions are not enabled for this caller", status_code=403)
         origin = request.headers.get("origin")
@@ -205,13 +233,16 @@ class _Dashboard:
             return Response("cross-origin request refused", status_code=403)
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         token = (form.get("csrf") or [""])[0]
-        if not hmac.compare_digest(token, self.csrf(caller)):
+        if not hmac.compare_digest(token.encode(), self.csrf(caller).encode()):
             return Response("missing or wrong CSRF token", status_code=403)
         action, schedule_id = request.path_params["action"], _id(request.path_params["schedule_id"])
         if action not in _ACTIONS or schedule_id is None:
             return Response("no such action", status_code=404)
         outcome = await run_in_threadpool(self._apply, action, schedule_id)
-        return RedirectResponse(f"/schedules/{schedule_id}?{urlencode(outcome)}", status_code=303)
+        ((name, text),) = outcome.items()
+        message = urlencode({name: text, "sig": self._sign(text)})
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}/schedules/{schedule_id}?{message}", status_code=303)
 
     def _apply(self, action: str, schedule_id: uuid.UUID) -> dict[str, str]:
         try:
@@ -222,6 +253,8 @@ class _Dashboard:
                 self.app.retry(schedule_id)
             else:
                 self.app.run_now(schedule_id)
+        except DatabaseUnavailableError:
+            return {"failed": "the database is unavailable; nothing was changed"}
         except DuejobsError as exc:
             return {"failed": str(exc)}
         return {"done": action}
@@ -249,16 +282,28 @@ def _id(text: str) -> uuid.UUID | None:
         return None
 
 
-def create_dashboard(app: App, access: Access | None = None, *, refresh: int = 10) -> Starlette:
+def create_dashboard(
+    app: App,
+    access: Access | None = None,
+    *,
+    refresh: int = 10,
+    allowed_hosts: Sequence[str] | None = None,
+) -> Starlette:
     """The dashboard of ``app`` (a tenant-scoped App: of that tenant only), as an ASGI app.
-    ``refresh``: seconds between the overview's reloads."""
+    ``refresh``: seconds between the overview's reloads. ``allowed_hosts``: the only Host
+    headers answered (``duejobs dashboard`` passes the address it serves, which keeps a web
+    page that rebinds its own name to 127.0.0.1 from reading a loopback dashboard)."""
     board = _Dashboard(app, access or Access(), refresh)
+    middleware = []
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))
     return Starlette(
+        middleware=middleware,
         routes=[
             Route("/", board.overview),
             Route("/schedules", board.schedules),
             Route("/schedules/{schedule_id}", board.schedule),
             Route("/schedules/{schedule_id}/{action}", board.act, methods=["POST"]),
             Route("/dashboard.css", board.stylesheet),
-        ]
+        ],
     )

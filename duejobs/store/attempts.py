@@ -52,6 +52,7 @@ class RunClaim:
     run_at: datetime | None = None
     due_at: datetime | None = None
     db_now: datetime | None = None
+    trace_context: str | None = None  # the scheduling caller's (duejobs.tracing)
 
 
 def claim_runs(

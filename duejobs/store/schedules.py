@@ -47,6 +47,8 @@ class NewRow:
     expires_after: timedelta | None = None
     max_attempts: int | None = None
     queue: str = "duejobs"
+    # "<link|child> <traceparent>" of the caller (duejobs.tracing); None when tracing is off.
+    trace_context: str | None = None
 
 
 def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
@@ -65,6 +67,7 @@ def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
         "key": new.key,
         "payload": new.payload_json,
         "queue": new.queue,
+        "trace_context": new.trace_context,
         **_when_params(new.when),
     }
     while True:

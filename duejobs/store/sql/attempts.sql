@@ -25,7 +25,8 @@ WITH req AS (
         updated_at = statement_timestamp()
     FROM ready
     WHERE s.id = ready.id
-    RETURNING s.id, s.tenant, s.version, s.attempts, s.type, s.payload, s.run_at, s.due_at
+    RETURNING s.id, s.tenant, s.version, s.attempts, s.type, s.payload, s.run_at, s.due_at,
+              s.trace_context
 ), attempt AS (
     INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, status, worker)
     SELECT id, tenant, version, attempts, 'running', :worker FROM upd
@@ -37,7 +38,8 @@ WITH req AS (
                'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
     FROM upd
 )
-SELECT id, type, payload, run_at, due_at, statement_timestamp() AS db_now FROM upd
+SELECT id, type, payload, run_at, due_at, statement_timestamp() AS db_now, trace_context
+FROM upd
 
 -- name: claim_verdict
 -- Why a delivery claim_runs left unclaimed cannot run now, waiting for a row lock held

@@ -5,11 +5,11 @@
 WITH new AS (
     INSERT INTO scheduled_jobs
         (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
-         max_attempts, timezone, local_run_at, queue)
+         max_attempts, timezone, local_run_at, queue, trace_context)
     VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {{run_at}},
             {{run_at}} + CAST(:jitter_offset AS interval), :jitter_offset,
             CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
-            :local_run_at, :queue)
+            :local_run_at, :queue, :trace_context)
     ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {{live}} DO NOTHING
     RETURNING {{schedule_columns}}
 ), event AS (
