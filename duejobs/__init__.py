@@ -9,7 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from duejobs.app import App
 from duejobs.async_app import AsyncApp
 from duejobs.handlers import RetryPolicy
-from duejobs.models import Event, EventKind, Page, Schedule, ScheduleRequest, Status
+from duejobs.models import Attempt, Event, EventKind, Page, Schedule, ScheduleRequest, Status
 
 try:
     __version__ = version("duejobs")
@@ -19,6 +19,7 @@ except PackageNotFoundError:  # a source tree that was never installed
 __all__ = [
     "App",
     "AsyncApp",
+    "Attempt",
     "Event",
     "EventKind",
     "Page",

@@ -22,6 +22,7 @@ is still waiting there (best effort; the worker's check is the guarantee).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
 import logging
@@ -55,6 +56,7 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler, RetryPolicy
 from duejobs.models import (
+    Attempt,
     Event,
     Page,
     Schedule,
@@ -530,6 +532,15 @@ class App(RecurringAPI, QuotaAPI):
         page = rows[:size]
         last = page[-1] if more else None
         return Page(page, None if last is None else store.Position(last.due_at, last.id).encode())
+
+    def attempts(
+        self, schedule_id: ScheduleId, *, conn: Conn | None = None
+    ) -> builtins.list[Attempt]:
+        """The schedule's attempts (every version's), oldest first: who ran each, how it
+        ended, its error."""
+        sid = _schedule_id(schedule_id)
+        with self._core.transaction(conn) as c:
+            return store.attempts(c, sid, self._tenant)
 
     def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
         """Whether the database clock has reached the schedule's ``run_at``.

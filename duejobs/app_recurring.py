@@ -3,7 +3,7 @@ resume, delete; occurrences are materialized by the scheduler (:mod:`duejobs.rec
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection
@@ -22,9 +22,10 @@ from duejobs.models import (
     RecurringSpec,
     RecurringStatus,
 )
-from duejobs.recurring import Rule, check_cron, plan
+from duejobs.recurring import Rule, check_cron, occurrences, plan
 from duejobs.timespec import as_delay, zone
 from duejobs.validation import (
+    check_list_limit,
     check_text,
     check_type,
     encode_payload,
@@ -148,6 +149,23 @@ class RecurringAPI(Scoped):
         """The recurring schedule ``name`` (of this App's tenant, or ``tenant``)."""
         with self._core.transaction(None) as c:
             return store.get_recurring(c, self._write_tenant(tenant), name)
+
+    def list_recurring(self, *, tenant: str | None = None, limit: int = 500) -> list[Recurring]:
+        """The recurring schedules of this App's tenant (the unscoped App: of ``tenant``, else
+        of every tenant), by tenant and name, up to ``limit``."""
+        owner = self._read_tenant(tenant)
+        with self._core.transaction(None) as c:
+            return store.list_recurring(c, owner, check_list_limit(limit))
+
+    def next_occurrences(self, definition: Recurring, count: int = 3) -> list[datetime]:
+        """When an active definition's next ``count`` occurrences are due (UTC), by its rule
+        as the scheduler reads it; none for a paused or quarantined one."""
+        if definition.status is not RecurringStatus.ACTIVE or definition.next_run_at is None:
+            return []
+        rule = Rule.of(definition)
+        start = definition.next_run_at - timedelta(microseconds=1)
+        found, _next = occurrences(rule, start, start + timedelta(days=366), count)
+        return [o.run_at for o in found]
 
     def update_recurring(
         self, name: str, *, tenant: str | None = None, **changes: Any

@@ -29,6 +29,7 @@ AsyncApp's own. ``await aclose()`` (or ``async with``) closes it.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
@@ -41,7 +42,7 @@ from sqlalchemy.util import greenlet_spawn
 from duejobs import store
 from duejobs.app import App, ScheduleId
 from duejobs.core import POOL_SIZE, Core, make_async_engine
-from duejobs.models import Event, Page, Recurring, Schedule, ScheduleRequest, Status
+from duejobs.models import Attempt, Event, Page, Recurring, Schedule, ScheduleRequest, Status
 
 __all__ = ["AsyncApp", "AsyncConn"]
 
@@ -297,6 +298,12 @@ class AsyncApp:
             after=after,
             latest_first=latest_first,
         )
+
+    async def attempts(
+        self, schedule_id: ScheduleId, *, conn: AsyncConn | None = None
+    ) -> builtins.list[Attempt]:
+        """:meth:`App.attempts`, awaited."""
+        return await self._call(App.attempts, conn, schedule_id)
 
     async def is_past_deadline(
         self, schedule_id: ScheduleId, *, conn: AsyncConn | None = None

@@ -123,6 +123,22 @@ class Event:
     detail: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a schedule's handler: its version and number, the worker that ran it, how it
+    ended (``running`` while it runs; ``stale`` when the schedule moved under it), when, and
+    when the next one was due after a failure."""
+
+    version: int
+    attempt: int
+    status: str
+    worker: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    next_attempt_at: datetime | None
+    error: str | None
+
+
 class DstGap(enum.StrEnum):
     """A local time that does not exist (spring forward)."""
 

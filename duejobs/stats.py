@@ -135,6 +135,15 @@ def collect(
     )
 
 
+def lag_over_time(
+    app: HasCore, *, since: timedelta = timedelta(hours=1), step: timedelta = timedelta(minutes=1)
+) -> list[store.LagPoint]:
+    """The start lag (p50, p99) per ``step`` over the last ``since``: of one tenant when
+    ``app`` is a tenant-scoped App."""
+    with app.core.engine.connect() as conn:
+        return store.lag_series(conn, since, step, getattr(app, "scope", None))
+
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 

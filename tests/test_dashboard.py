@@ -30,7 +30,7 @@ from starlette.testclient import TestClient
 
 from duejobs import App, Status
 from duejobs.dashboard import Access, create_dashboard, is_loopback
-from tests.conftest import Proc, wait_for
+from tests.conftest import Proc, System, wait_for
 
 MARKUP = '<script>alert("x")</script><b>bold</b>'
 
@@ -308,3 +308,51 @@ def test_an_operator_finds_cancels_and_retries_a_schedule_in_a_browser(
     ]
     assert server.stop() in (0, -15), server.output()
     print(f"screenshots: {shots}")
+
+
+def test_a_schedule_page_shows_each_attempt_with_its_worker_and_error(system: System) -> None:
+    s = system.app.schedule("flaky", {"fail_times": 1}, delay=0)
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    attempts = system.app.attempts(s.id)
+    assert [(a.attempt, a.status) for a in attempts] == [(1, "failed"), (2, "succeeded")]
+    assert attempts[0].error is not None and "transient failure on attempt 1" in attempts[0].error
+    assert attempts[0].next_attempt_at is not None and attempts[0].worker
+    with TestClient(create_dashboard(system.app)) as client:
+        page = client.get(f"/schedules/{s.id}").text
+    assert 'class="attempt-failed"' in page and 'class="attempt-succeeded"' in page
+    assert "transient failure on attempt 1" in page
+    assert system.app.tenant("other").attempts(s.id) == []
+
+
+def test_the_overview_charts_the_start_lag_of_the_last_hour(system: System) -> None:
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(3)]
+    system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
+    with TestClient(create_dashboard(system.app)) as client:
+        page = client.get("/").text
+    p50 = re.search(r'<polyline points="([^"]*)" class="p50"/>', page)
+    assert p50 is not None and re.fullmatch(r"[\d.]+,[\d.]+( [\d.]+,[\d.]+)*", p50[1]), page
+    assert "3 starts" in page
+    with TestClient(create_dashboard(system.app.tenant("other"))) as client:
+        assert "0 starts" in client.get("/").text
+
+
+def test_recurring_definitions_show_their_next_occurrences_and_pause_and_resume(
+    app: App, operator: TestClient
+) -> None:
+    app.recurring("digest", cron="0 9 * * *", type="record", timezone="America/Sao_Paulo")
+    app.set_quota("acme", max_live=5)
+    page = operator.get("/recurring").text
+    upcoming = re.findall(r"(\d{4}-\d\d-\d\dT12:00\+00:00)<br>", page)
+    assert len(upcoming) == 3, page  # 09:00 in São Paulo is 12:00 UTC
+    assert "<td>acme</td>" in page and "<td>5</td>" in page
+    token = _csrf(page)
+    form = {"csrf": token, "tenant": "default", "name": "digest", "action": "pause"}
+    paused = operator.post("/recurring", data=form)
+    assert "pause digest: done" in paused.text
+    definition = app.get_recurring("digest")
+    assert definition is not None and definition.status.value == "paused"
+    assert "Resume" in paused.text and "12:00+00:00<br>" not in paused.text
+    operator.post("/recurring", data={**form, "action": "resume"})
+    resumed = app.get_recurring("digest")
+    assert resumed is not None and resumed.status.value == "active"
+    assert operator.post("/recurring", data={**form, "csrf": "0"}).status_code == 403

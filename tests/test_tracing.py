@@ -10,6 +10,7 @@ link whatever its mode → ``test_a_run_is_the_child_of_the_request_when_its_app
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -21,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.util._once import Once
 from sqlalchemy import text
 
-from duejobs import App
+from duejobs import App, AsyncApp
 from duejobs.errors import ConfigurationError
 from tests.conftest import System
 
@@ -134,3 +135,20 @@ def test_tracing_off_keeps_no_context_and_makes_no_span(system: System) -> None:
 def test_an_unknown_trace_mode_is_refused(database_url: str) -> None:
     with pytest.raises(ConfigurationError, match="trace_runs"):
         App(database_url, trace_runs="sideways")
+
+
+def test_an_async_app_keeps_the_awaiting_requests_context(
+    system: System, exported: InMemorySpanExporter
+) -> None:
+    async def scheduled() -> tuple[object, int]:
+        async with AsyncApp(system.app) as async_app:
+            with trace.get_tracer("api").start_as_current_span("POST /orders") as request:
+                s = await async_app.schedule("record", {}, delay=60)
+        return s.id, request.get_span_context().trace_id
+
+    schedule_id, trace_id = asyncio.run(scheduled())
+    with system.app.engine.connect() as conn:
+        kept = conn.execute(
+            text("SELECT trace_context FROM scheduled_jobs WHERE id = :id"), {"id": schedule_id}
+        ).scalar_one()
+    assert kept is not None and kept.startswith("link 00-") and f"{trace_id:032x}" in kept

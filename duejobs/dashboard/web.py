@@ -37,6 +37,7 @@ import secrets
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from importlib.resources import files
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -50,7 +51,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from duejobs import App, stats
+from duejobs import App, stats, store
 from duejobs.errors import DatabaseUnavailableError, DuejobsError, InvalidScheduleError
 from duejobs.models import Status
 
@@ -171,7 +172,10 @@ class _Dashboard:
         if (no := self.refused(request)) is not None:
             return no
         figures = stats.collect(self.app)
-        return self.render(request, "overview.html", figures=figures, refresh=self.refresh)
+        chart = _LagChart.of(stats.lag_over_time(self.app), figures.at, figures.since)
+        return self.render(
+            request, "overview.html", figures=figures, chart=chart, refresh=self.refresh
+        )
 
     def schedules(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
@@ -218,13 +222,14 @@ class _Dashboard:
             "schedule.html",
             s=found,
             events=self.app.history(found.id),
+            attempts=self.app.attempts(found.id),
             done=self._signed(request, "done"),
             failed=self._signed(request, "failed"),
         )
 
-    async def act(self, request: Request) -> Response:
-        """POST /schedules/{id}/{cancel|retry|run-now}: allowed only with actions enabled, an
-        authenticated caller, the caller's CSRF token and no other origin."""
+    async def _form(self, request: Request) -> dict[str, str] | Response:
+        """The fields of an action's form — allowed only with actions enabled, an
+        authenticated caller, the caller's CSRF token and no other origin — or the refusal."""
         caller = await run_in_threadpool(self.caller, request)
         if not self.access.actions or caller is None:
             return Response("actions are not enabled for this caller", status_code=403)
@@ -232,17 +237,28 @@ class _Dashboard:
         if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
             return Response("cross-origin request refused", status_code=403)
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        token = (form.get("csrf") or [""])[0]
-        if not hmac.compare_digest(token.encode(), self.csrf(caller).encode()):
+        fields = {name: values[0] for name, values in form.items()}
+        if not hmac.compare_digest(fields.get("csrf", "").encode(), self.csrf(caller).encode()):
             return Response("missing or wrong CSRF token", status_code=403)
+        return fields
+
+    def _after(self, request: Request, path: str, outcome: dict[str, str]) -> Response:
+        """Back to ``path`` (GET), saying what the action came to in a signed message."""
+        ((name, text),) = outcome.items()
+        message = urlencode({name: text, "sig": self._sign(text)})
+        root = request.scope.get("root_path", "")
+        return RedirectResponse(f"{root}{path}?{message}", status_code=303)
+
+    async def act(self, request: Request) -> Response:
+        """POST /schedules/{id}/{cancel|retry|run-now}."""
+        fields = await self._form(request)
+        if isinstance(fields, Response):
+            return fields
         action, schedule_id = request.path_params["action"], _id(request.path_params["schedule_id"])
         if action not in _ACTIONS or schedule_id is None:
             return Response("no such action", status_code=404)
         outcome = await run_in_threadpool(self._apply, action, schedule_id)
-        ((name, text),) = outcome.items()
-        message = urlencode({name: text, "sig": self._sign(text)})
-        root = request.scope.get("root_path", "")
-        return RedirectResponse(f"{root}/schedules/{schedule_id}?{message}", status_code=303)
+        return self._after(request, f"/schedules/{schedule_id}", outcome)
 
     def _apply(self, action: str, schedule_id: uuid.UUID) -> dict[str, str]:
         try:
@@ -259,9 +275,76 @@ class _Dashboard:
             return {"failed": str(exc)}
         return {"done": action}
 
+    def recurring(self, request: Request) -> Response:
+        if (no := self.refused(request)) is not None:
+            return no
+        definitions = self.app.list_recurring()
+        return self.render(
+            request,
+            "recurring.html",
+            definitions=[(d, self.app.next_occurrences(d)) for d in definitions],
+            quotas=self.app.quotas() if self.app.scope is None else [],  # its caps: overview
+            done=self._signed(request, "done"),
+            failed=self._signed(request, "failed"),
+        )
+
+    async def act_recurring(self, request: Request) -> Response:
+        """POST /recurring: pause or resume the definition named in the form."""
+        fields = await self._form(request)
+        if isinstance(fields, Response):
+            return fields
+        action, name = fields.get("action"), fields.get("name", "")
+        if action not in ("pause", "resume"):
+            return Response("no such action", status_code=404)
+        outcome = await run_in_threadpool(
+            self._apply_recurring, action, name, fields.get("tenant") or None
+        )
+        return self._after(request, "/recurring", outcome)
+
+    def _apply_recurring(self, action: str, name: str, tenant: str | None) -> dict[str, str]:
+        try:
+            if action == "pause":
+                self.app.pause_recurring(name, tenant=tenant)
+            else:
+                self.app.resume_recurring(name, tenant=tenant)
+        except DatabaseUnavailableError:
+            return {"failed": "the database is unavailable; nothing was changed"}
+        except DuejobsError as exc:
+            return {"failed": str(exc)}
+        return {"done": f"{action} {name}"}
+
     def stylesheet(self, request: Request) -> Response:
         css = files("duejobs.dashboard").joinpath("dashboard.css").read_text(encoding="utf-8")
         return Response(css, media_type="text/css", headers=_HEADERS)
+
+
+@dataclass(frozen=True)
+class _LagChart:
+    """The start lag over the last hour as two SVG polylines (p50, p99): drawn by the browser
+    from the page's markup, no script."""
+
+    p50: str
+    p99: str
+    top_ms: float
+    starts: int
+    width: int = 720
+    height: int = 160
+
+    @classmethod
+    def of(cls, points: list[store.LagPoint], now: datetime, span: timedelta) -> _LagChart:
+        top = max([p.p99_ms for p in points] + [1.0])
+        start = now - span
+
+        def line(value: Callable[[store.LagPoint], float]) -> str:
+            return " ".join(
+                f"{(p.at - start) / span * cls.width:.1f},"
+                f"{cls.height - value(p) / top * cls.height:.1f}"
+                for p in points
+            )
+
+        return cls(
+            line(lambda p: p.p50_ms), line(lambda p: p.p99_ms), top, sum(p.starts for p in points)
+        )
 
 
 # No script runs on these pages; frames, plugins and foreign resources are refused outright.
@@ -304,6 +387,8 @@ def create_dashboard(
             Route("/schedules", board.schedules),
             Route("/schedules/{schedule_id}", board.schedule),
             Route("/schedules/{schedule_id}/{action}", board.act, methods=["POST"]),
+            Route("/recurring", board.recurring),
+            Route("/recurring", board.act_recurring, methods=["POST"]),
             Route("/dashboard.css", board.stylesheet),
         ],
     )

@@ -48,9 +48,11 @@ from duejobs.store.execution import (
 )
 from duejobs.store.figures import (
     Activity,
+    LagPoint,
     LiveFigures,
     ScheduleOutcome,
     activity,
+    lag_series,
     live_figures,
     outcomes,
     start_lag,
@@ -91,6 +93,7 @@ from duejobs.store.recurring import (
     due_recurring,
     get_recurring,
     insert_occurrences,
+    list_recurring,
     quarantine_recurring,
     save_recurring,
     set_recurring_status,
@@ -105,6 +108,7 @@ from duejobs.store.results import (
 from duejobs.store.retention import prune_finished
 from duejobs.store.schedules import (
     NewRow,
+    attempts,
     cancel,
     get_schedule,
     history,
@@ -129,6 +133,7 @@ __all__ = [
     "Closing",
     "Delivery",
     "Driver",
+    "LagPoint",
     "ListFilter",
     "LiveFigures",
     "NewRow",
@@ -146,6 +151,7 @@ __all__ = [
     "add_error",
     "advance_recurring",
     "advisory_lock",
+    "attempts",
     "bookkeeping_session",
     "bounded_locks",
     "cancel",
@@ -172,7 +178,9 @@ __all__ = [
     "insert_schedules",
     "is_missing_table",
     "is_past_run_at",
+    "lag_series",
     "lent",
+    "list_recurring",
     "list_schedules",
     "live_by_key",
     "live_figures",

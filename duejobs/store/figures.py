@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import Connection
 
@@ -86,6 +86,27 @@ def activity(conn: Connection, since: timedelta, tenant: str | None = None) -> l
             )
         )
     return result
+
+
+@dataclass(frozen=True)
+class LagPoint:
+    """The start lag of one time bucket: its start, how many starts, p50 and p99 (ms)."""
+
+    at: datetime
+    starts: int
+    p50_ms: float
+    p99_ms: float
+
+
+def lag_series(
+    conn: Connection, since: timedelta, step: timedelta, tenant: str | None = None
+) -> list[LagPoint]:
+    """The start lag over the last ``since``, one point per ``step`` that had starts."""
+    params = {"since": since, "step": step.total_seconds(), "tenant": tenant}
+    return [
+        LagPoint(r.bucket.astimezone(UTC), int(r.starts), float(r.lag[0]), float(r.lag[1]))
+        for r in run(conn, "lag_series", params)
+    ]
 
 
 def status_counts(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[str, int]:

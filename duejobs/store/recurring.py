@@ -36,6 +36,11 @@ def _recurring(m: Any) -> Recurring:
     )
 
 
+def list_recurring(conn: Connection, tenant: str | None, limit: int) -> list[Recurring]:
+    """The recurring schedules of ``tenant`` (None: every tenant's), by tenant and name."""
+    return [_recurring(r) for r in run(conn, "list_recurring", {"tenant": tenant, "limit": limit})]
+
+
 def get_recurring(
     conn: Connection, tenant: str | None, name: str, *, lock: bool = False
 ) -> Recurring | None:

@@ -11,6 +11,7 @@ from sqlalchemy import Connection
 
 from duejobs.ids import new_id
 from duejobs.models import (
+    Attempt,
     Event,
     EventKind,
     Schedule,
@@ -145,6 +146,13 @@ def history(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> lis
             detail=r.detail,
         )
         for r in rows
+    ]
+
+
+def attempts(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> list[Attempt]:
+    """The schedule's attempts, oldest first (empty when not visible to ``tenant``)."""
+    return [
+        record(Attempt, r) for r in run(conn, "attempts", {"id": schedule_id, "tenant": tenant})
     ]
 
 

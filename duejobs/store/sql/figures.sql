@@ -40,6 +40,18 @@ FROM scheduled_job_events
 WHERE at >= statement_timestamp() - CAST(:since AS interval) AND {{tenant_filter}}
 GROUP BY GROUPING SETS ((), (tenant), (detail->>'type'))
 
+-- name: lag_series
+-- The start lag of the last SINCE in buckets of STEP: p50 and p99 of each bucket's starts
+-- (only that window of the history is read, as for activity).
+SELECT to_timestamp(floor(extract(epoch FROM at) / :step) * :step) AS bucket,
+       count(*) AS starts,
+       percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
+           (ORDER BY CAST(detail->>'lag_ms' AS double precision)) AS lag
+FROM scheduled_job_events
+WHERE kind = 'started' AND at >= statement_timestamp() - CAST(:since AS interval)
+  AND {{tenant_filter}}
+GROUP BY 1 ORDER BY 1
+
 -- name: status_counts
 SELECT status, count(*) AS n FROM scheduled_jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status

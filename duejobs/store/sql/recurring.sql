@@ -3,6 +3,11 @@
 -- name: get_recurring
 SELECT {{recurring_columns}} FROM recurring_schedules WHERE tenant = :tenant AND name = :name
 
+-- name: list_recurring
+-- Every definition of one tenant (or of all), by tenant and name; a page of them at most.
+SELECT {{recurring_columns}} FROM recurring_schedules
+WHERE {{tenant_filter}} ORDER BY tenant, name LIMIT :limit
+
 -- name: get_recurring_locked
 -- The same, locked to the end of the transaction: read, merge and write as one change.
 SELECT {{recurring_columns}} FROM recurring_schedules

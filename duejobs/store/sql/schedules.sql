@@ -120,6 +120,13 @@ SELECT {{schedule_columns}} FROM upd
 SELECT id, schedule_id, kind, version, at, detail FROM scheduled_job_events
 WHERE schedule_id = :id AND {{tenant_filter}} ORDER BY id
 
+-- name: attempts
+-- A schedule's attempts, every version's, in the order they started.
+SELECT version, attempt, status, worker, started_at, finished_at, next_attempt_at, error
+FROM scheduled_job_attempts
+WHERE schedule_id = :id AND {{tenant_filter}}
+ORDER BY version, attempt
+
 -- name: is_past_run_at
 SELECT run_at <= statement_timestamp() AS past FROM scheduled_jobs
 WHERE id = :id AND {{tenant_filter}}

@@ -1,0 +1,86 @@
+"""The dashboard's pages on a big table: each page's server time, p50 and p95.
+
+DASH_ROWS (1,000,000) schedules over 100 tenants and 5 types — most finished (1 in 20,000
+failed), a third waiting (half of those pushed), 1 in 1,000 running — then each page is
+requested DASH_REQUESTS (20) times through the ASGI app in this process (the time includes
+rendering; no network). Target: p95 <= 200 ms for every page.
+
+    python -m bench.dashboard_pages
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import psycopg
+from starlette.testclient import TestClient
+
+from bench.common import percentile, scratch_database
+from duejobs import App
+from duejobs.dashboard import create_dashboard
+
+ROWS = int(os.environ.get("DASH_ROWS", "1000000"))
+REQUESTS = int(os.environ.get("DASH_REQUESTS", "20"))
+TARGET_MS = 200.0
+
+
+def fill(url: str) -> str:
+    """The rows; the id of one failed schedule."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO scheduled_jobs (id, tenant, type, key, payload, run_at, due_at, status, "
+            "queue, finished_at, queue_job_id, lease_expires_at) "
+            "SELECT gen_random_uuid(), 't' || (g % 100), 'type' || (g % 5), "
+            "       CASE WHEN g % 10 = 0 THEN 'k' || g END, '{\"n\": 1}', t, t, s, 'duejobs', "
+            "       CASE WHEN s IN ('succeeded', 'failed') THEN t END, "
+            "       CASE WHEN s = 'scheduled' AND g % 6 = 0 THEN 'job' || g END, "
+            "       CASE WHEN s = 'running' THEN now() + interval '1 minute' END "
+            "FROM (SELECT g, now() - interval '20 days' + g * interval '3s' AS t, "
+            "      CASE WHEN g % 20000 = 0 THEN 'failed' WHEN g % 1000 = 1 THEN 'running' "
+            "           WHEN g % 3 = 0 THEN 'scheduled' ELSE 'succeeded' END AS s "
+            "      FROM generate_series(1, %s) g) AS rows",
+            (ROWS,),
+        )
+        conn.execute("ANALYZE scheduled_jobs")
+        row = conn.execute("SELECT id FROM scheduled_jobs WHERE status = 'failed' LIMIT 1")
+        return str(row.fetchone()[0])  # type: ignore[index]
+
+
+def main() -> None:
+    with scratch_database() as (url, redis_url):
+        failed = fill(url)
+        app = App(url, redis_url)
+        pages = {
+            "overview": "/",
+            "schedules": "/schedules",
+            "schedules, failed": "/schedules?status=failed",
+            "schedules, one tenant": "/schedules?tenant=t7",
+            "schedules, tenant and type": "/schedules?tenant=t7&type=type3",
+            "schedules, a key": "/schedules?tenant=t0&key=k500",
+            "one schedule": f"/schedules/{failed}",
+        }
+        with TestClient(create_dashboard(app)) as client:
+            first = client.get("/schedules")
+            following = first.text.split('id="next" href="')[1].split('"')[0].replace("&amp;", "&")
+            pages["schedules, next page"] = following
+            print(f"{ROWS:,} schedules, {REQUESTS} requests per page (ms)")
+            for name, path in pages.items():
+                times = []
+                for _ in range(REQUESTS):
+                    started = time.perf_counter()
+                    answer = client.get(path)
+                    times.append((time.perf_counter() - started) * 1000)
+                    assert answer.status_code == 200, (path, answer.status_code)
+                p95 = percentile(times, 0.95)
+                verdict = "ok  " if p95 <= TARGET_MS else "MISS"
+                print(
+                    f"{verdict} {name:<28} p50 {statistics.median(times):7.1f}  "
+                    f"p95 {p95:7.1f}  target {TARGET_MS:.0f}"
+                )
+        app.close()
+
+
+if __name__ == "__main__":
+    main()
