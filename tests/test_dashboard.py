@@ -356,3 +356,23 @@ def test_recurring_definitions_show_their_next_occurrences_and_pause_and_resume(
     resumed = app.get_recurring("digest")
     assert resumed is not None and resumed.status.value == "active"
     assert operator.post("/recurring", data={**form, "csrf": "0"}).status_code == 403
+
+
+def test_the_overview_reads_its_figures_at_most_once_per_refresh(app: App) -> None:
+    for _ in range(3):
+        app.schedule("record", {}, delay=60)
+    count = re.compile(r'id="count-scheduled">(\d+)<')
+
+    def shown(client: TestClient) -> int:
+        found = count.search(client.get("/").text)
+        assert found is not None
+        return int(found[1])
+
+    with TestClient(create_dashboard(app, refresh=3600)) as client:
+        assert shown(client) == 3
+        app.schedule("record", {}, delay=60)
+        assert shown(client) == 3  # read less than a refresh ago: not read again
+    with TestClient(create_dashboard(app, refresh=1)) as client:
+        assert shown(client) == 4
+        app.schedule("record", {}, delay=60)
+        wait_for(lambda: shown(client) == 5, 30, "the figures to be read again")

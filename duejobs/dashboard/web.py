@@ -34,6 +34,8 @@ import hmac
 import inspect
 import ipaddress
 import secrets
+import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -105,6 +107,7 @@ class _Dashboard:
     def __init__(self, app: App, access: Access, refresh: int) -> None:
         self.app, self.access, self.refresh = app, access, refresh
         self.secret = secrets.token_bytes(32)
+        self.figures = _Figures(app, refresh)
         self.pages = Environment(
             loader=PackageLoader("duejobs.dashboard", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -171,10 +174,14 @@ class _Dashboard:
     def overview(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
             return no
-        figures = stats.collect(self.app)
-        chart = _LagChart.of(stats.lag_over_time(self.app), figures.at, figures.since)
+        figures, chart, age = self.figures.read()
         return self.render(
-            request, "overview.html", figures=figures, chart=chart, refresh=self.refresh
+            request,
+            "overview.html",
+            figures=figures,
+            chart=chart,
+            refresh=self.refresh,
+            stale=age if age > 3 * self.refresh else None,
         )
 
     def schedules(self, request: Request) -> Response:
@@ -316,6 +323,44 @@ class _Dashboard:
     def stylesheet(self, request: Request) -> Response:
         css = files("duejobs.dashboard").joinpath("dashboard.css").read_text(encoding="utf-8")
         return Response(css, media_type="text/css", headers=_HEADERS)
+
+
+class _Figures:
+    """The overview's figures, read at most once per ``refresh`` seconds whoever asks: they
+    count every live schedule, which on a big table takes longer than a page should. A page
+    asking for figures older than that gets them at once (they say when they were read) while
+    one thread reads them again; only the very first page waits."""
+
+    def __init__(self, app: App, refresh: int) -> None:
+        self._app, self._refresh = app, refresh
+        self._lock = threading.Lock()
+        self._current: tuple[stats.Stats, _LagChart] | None = None
+        self._read_at = 0.0
+        self._reading = False
+
+    def read(self) -> tuple[stats.Stats, _LagChart, float]:
+        """The figures, their chart, and how many seconds ago they were read."""
+        with self._lock:
+            current, stale = self._current, time.monotonic() - self._read_at >= self._refresh
+            start = current is not None and stale and not self._reading
+            if start:
+                self._reading = True
+        if current is None:
+            return (*self._read(), 0.0)
+        if start:
+            threading.Thread(target=self._read, name="duejobs-dashboard", daemon=True).start()
+        return (*current, time.monotonic() - self._read_at)
+
+    def _read(self) -> tuple[stats.Stats, _LagChart]:
+        try:
+            figures = stats.collect(self._app)
+            chart = _LagChart.of(stats.lag_over_time(self._app), figures.at, figures.since)
+            with self._lock:
+                self._current, self._read_at = (figures, chart), time.monotonic()
+            return figures, chart
+        finally:
+            with self._lock:
+                self._reading = False
 
 
 @dataclass(frozen=True)
