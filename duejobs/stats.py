@@ -28,7 +28,8 @@ from typing import Any
 
 from duejobs import store
 from duejobs.core import HasCore
-from duejobs.delivery import STUCK_AFTER, job_tenant, job_tenant_part
+from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part
+from duejobs.models import Schedule
 from duejobs.reconcile import orphan_jobs
 
 
@@ -133,6 +134,17 @@ def collect(
         quotas=quotas,
         tenant_caps=tenant_caps,
     )
+
+
+def queue_job(app: HasCore, schedule: Schedule) -> JobState | None:
+    """The queue job of a schedule's current delivery as Redis holds it (None: not pushed):
+    a job the reconciler would push again shows ``live`` False."""
+    if schedule.queue_job_id is None:
+        return None
+    with app.core.engine.connect() as conn:
+        now = store.database_now(conn)
+    stuck = now - schedule.due_at > STUCK_AFTER
+    return app.core.deliverer().job_state(schedule.queue_job_id, schedule.due_at, stuck)
 
 
 def lag_over_time(

@@ -376,3 +376,22 @@ def test_the_overview_reads_its_figures_at_most_once_per_refresh(app: App) -> No
         assert shown(client) == 4
         app.schedule("record", {}, delay=60)
         wait_for(lambda: shown(client) == 5, 30, "the figures to be read again")
+
+
+def test_a_schedule_page_shows_its_queue_job_as_redis_holds_it(system: System) -> None:
+    s = system.app.schedule("record", {}, delay=0)
+    cell = re.compile(r'id="queue-job">(.*?)</td>', re.S)
+    with TestClient(create_dashboard(system.app)) as client:
+
+        def job_cell() -> str:
+            found = cell.search(client.get(f"/schedules/{s.id}").text)
+            assert found is not None
+            return " ".join(found[1].split())
+
+        assert job_cell() == "not pushed yet"
+        system.scheduler.run_once()
+        assert job_cell().endswith("RQ status queued on duejobs; a worker can take it")
+        pushed = system.app.get(s.id)
+        assert pushed is not None and pushed.queue_job_id is not None
+        system.redis.lrem(system.scheduler.deliverer.queue.key, 0, pushed.queue_job_id)
+        assert job_cell().endswith("lost: the reconciler pushes it again")

@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -54,8 +55,14 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from duejobs import App, stats, store
-from duejobs.errors import DatabaseUnavailableError, DuejobsError, InvalidScheduleError
-from duejobs.models import Status
+from duejobs.delivery import JobState
+from duejobs.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    DuejobsError,
+    InvalidScheduleError,
+)
+from duejobs.models import Schedule, Status
 
 _ACTIONS = ("cancel", "retry", "run-now")
 
@@ -230,9 +237,19 @@ class _Dashboard:
             s=found,
             events=self.app.history(found.id),
             attempts=self.app.attempts(found.id),
+            job=self._job(found),
             done=self._signed(request, "done"),
             failed=self._signed(request, "failed"),
         )
+
+    def _job(self, schedule: Schedule) -> JobState | str | None:
+        """The schedule's queue job in Redis, or why it cannot be read."""
+        try:
+            return stats.queue_job(self.app, schedule)
+        except RedisError:
+            return "Redis did not answer"
+        except ConfigurationError:
+            return "no Redis configured"
 
     async def _form(self, request: Request) -> dict[str, str] | Response:
         """The fields of an action's form — allowed only with actions enabled, an

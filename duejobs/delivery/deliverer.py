@@ -206,6 +206,17 @@ def parse_job_id(queue_job_id: str) -> tuple[uuid.UUID, int, int] | None:
 
 
 @dataclass(frozen=True)
+class JobState:
+    """A queue job as Redis holds it: RQ's status (None: no job hash), its queue, the worker
+    that started it, and whether a worker can still take it."""
+
+    status: str | None
+    origin: str | None
+    worker: str | None
+    live: bool
+
+
+@dataclass(frozen=True)
 class Push:
     """One delivery to push: which (schedule, version, attempt), and from when."""
 
@@ -376,6 +387,13 @@ class Deliverer:
         for job, due_at, stuck in jobs:
             args += [job, due_at.timestamp(), "1" if stuck else "0"]
         return [bool(ok) for ok in self._live(keys=[], args=args)]
+
+    def job_state(self, queue_job_id: str, due_at: datetime, stuck: bool) -> JobState:
+        """One job as Redis holds it, and whether a worker can still take it (:meth:`live`)."""
+        fields = self.redis.hmget(self._prefix + queue_job_id, "status", "origin", "worker_name")
+        status, origin, worker = (v.decode() if isinstance(v, bytes) else v for v in fields)
+        (live,) = self.live([(queue_job_id, due_at, stuck)])
+        return JobState(status, origin, worker or None, live)
 
     def depth(self) -> tuple[int, int]:
         """(jobs waiting on the queues, jobs in their scheduled registries), all queues."""
