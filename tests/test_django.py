@@ -9,7 +9,10 @@ engine instead of Django's connection →
 ORM write outside the fence →
 ``test_an_orm_write_in_a_fence_is_undone_when_the_schedule_was_cancelled_meanwhile``; the return
 value not saved → ``test_a_task_enqueued_through_django_tasks_runs_and_returns_its_value``;
-errors not recorded → ``test_a_failing_task_fails_after_its_attempts_with_each_traceback``.
+errors not recorded → ``test_a_failing_task_fails_after_its_attempts_with_each_traceback``;
+the dashboard's views open to any signed-in user, or left to Django's CSRF check (which
+refuses the dashboard's own forms) →
+``test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only``.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def project(database_url: str, redis_url: str) -> Iterator[dict[str, str]]:
     }
     os.environ.update(env)
     django.setup()
-    call_command("migrate", "shop", verbosity=0)
+    call_command("migrate", verbosity=0)
     yield {**os.environ, **env, "PYTHONPATH": str(ROOT)}
     connection.close()
 
@@ -272,3 +275,32 @@ def test_management_commands_run_the_cli_with_the_settings(shop: Shop) -> None:
     assert migrated.returncode == 0, migrated.stderr
     reconciled = shop.manage("duejobs_reconcile", "--json")
     assert reconciled.returncode == 0 and reconciled.stdout.startswith("{"), reconciled.stderr
+
+
+def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Shop) -> None:
+    import re
+
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    s = shop.django_app.schedule("shop.charge", {"order_id": 1}, delay=timedelta(hours=1))
+    name = uuid.uuid4().hex[:12]
+    clerk = User.objects.create_user(f"clerk-{name}", password="x")
+    staff = User.objects.create_user(f"staff-{name}", password="x", is_staff=True)
+    browser = Client(enforce_csrf_checks=True)  # Django's CSRF check on: the views opt out
+    assert browser.get("/jobs/").status_code == 302  # to the login page
+    browser.force_login(clerk)
+    assert browser.get("/jobs/schedules").status_code == 302
+    browser.force_login(staff)
+    listed = browser.get("/jobs/schedules")
+    assert listed.status_code == 200
+    assert f'href="/jobs/schedules/{s.id}"'.encode() in listed.content
+    page = browser.get(f"/jobs/schedules/{s.id}").content.decode()
+    token = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert token is not None
+    cancel, form = f"/jobs/schedules/{s.id}/cancel", "application/x-www-form-urlencoded"
+    assert browser.post(cancel, "csrf=0", content_type=form).status_code == 403
+    done = browser.post(cancel, f"csrf={token[1]}", content_type=form)
+    assert done.status_code == 303 and done["Location"].startswith(f"/jobs/schedules/{s.id}?")
+    assert shop.app.get(s.id).status is Status.CANCELLED  # type: ignore[union-attr]
+    assert browser.get("/jobs/dashboard.css").status_code == 200

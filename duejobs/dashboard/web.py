@@ -110,7 +110,11 @@ def _basic_user(request: Request) -> tuple[str, str] | None:
     return (user, password) if sep else None
 
 
-class _Dashboard:
+class Pages:
+    """The dashboard's pages, each a method taking a Starlette request: routed by
+    :func:`create_dashboard`, or by a host framework's own URLs (Django's, in
+    ``duejobs.contrib.django.dashboard``)."""
+
     def __init__(self, app: App, access: Access, refresh: int) -> None:
         self.app, self.access, self.refresh = app, access, refresh
         self.secret = secrets.token_bytes(32)
@@ -438,7 +442,7 @@ def create_dashboard(
     ``refresh``: seconds between the overview's reloads. ``allowed_hosts``: the only Host
     headers answered (``duejobs dashboard`` passes the address it serves, which keeps a web
     page that rebinds its own name to 127.0.0.1 from reading a loopback dashboard)."""
-    board = _Dashboard(app, access or Access(), refresh)
+    board = Pages(app, access or Access(), refresh)
     middleware = []
     if allowed_hosts is not None:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))

@@ -11,7 +11,20 @@ _db = conninfo_to_dict(libpq_url(os.environ["DUEJOBS_TEST_DATABASE_URL"]))
 
 SECRET_KEY = "tests-only"
 USE_TZ = True
-INSTALLED_APPS = ["duejobs.contrib.django", "tests.django_project.shop"]
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "duejobs.contrib.django",
+    "tests.django_project.shop",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
+ROOT_URLCONF = "tests.django_project.urls"
+ALLOWED_HOSTS = ["testserver"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",

@@ -1,0 +1,134 @@
+"""The dashboard in a Django project's own URLs, behind Django's own sign-in.
+
+Setup (``django.contrib.auth`` with its sessions and middleware, and the extra
+``duejobs[dashboard]``)::
+
+    # urls.py
+    from django.urls import include, path
+    from duejobs.contrib.django.dashboard import dashboard_urls
+
+    urlpatterns = [path("jobs/", include(dashboard_urls(actions=True)))]
+
+Who may see it: a signed-in user that ``allow`` accepts — by default an active staff user;
+anyone else is sent to ``settings.LOGIN_URL``. ``actions`` offers cancel, retry, run now,
+pause and resume. The pages are the same as ``duejobs dashboard``'s (:mod:`duejobs.dashboard`),
+routed by Django: each view runs the page in the request's own thread, so its reads and writes
+go through the project's App on Django's connection, as a view's would. The forms carry the
+dashboard's own CSRF token, bound to the user; Django's CSRF middleware is not asked to check
+them (the views are ``csrf_exempt``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+from django.views.decorators.csrf import csrf_exempt
+from starlette.requests import Request
+from starlette.responses import Response
+
+from duejobs.contrib.django import get_app
+from duejobs.dashboard import Access, Pages
+
+_USER = "duejobs.user"  # the scope key the views put the signed-in user's name under
+
+
+def _staff(user: Any) -> bool:
+    return bool(user.is_active and user.is_staff)
+
+
+def dashboard_urls(
+    *, actions: bool = False, allow: Callable[[Any], bool] = _staff, refresh: int = 10
+) -> list[URLPattern]:
+    """The dashboard's URL patterns, for ``include()``. ``allow``: which signed-in users may
+    use it (default: active staff)."""
+    built: list[Pages] = []
+
+    def pages() -> Pages:
+        if not built:  # the App is the project's, built from the settings on first use
+            access = Access(
+                authorize=lambda request: request.scope.get(_USER) or False, actions=actions
+            )
+            built.append(Pages(get_app(), access, refresh))
+        return built[0]
+
+    def view(page: str, tail: Callable[..., str]) -> Callable[..., HttpResponse]:
+        def handle(request: HttpRequest, **params: str) -> HttpResponse:
+            user = getattr(request, "user", None)
+            if user is None or not user.is_authenticated or not allow(user):
+                return redirect_to_login(request.get_full_path())
+            board = pages()
+            method = getattr(board, page)
+            if page == "recurring" and request.method == "POST":
+                method = board.act_recurring
+            answer = method(_request(request, tail(**params), params, user.get_username()))
+            if inspect.isawaitable(answer):
+                answer = async_to_sync(_awaited)(answer)
+            return _response(answer)
+
+        exempt: Callable[..., HttpResponse] = csrf_exempt(handle)
+        return exempt
+
+    return [
+        path("", view("overview", lambda: "")),
+        path("schedules", view("schedules", lambda: "schedules")),
+        path(
+            "schedules/<str:schedule_id>",
+            view("schedule", lambda schedule_id: f"schedules/{schedule_id}"),
+        ),
+        path(
+            "schedules/<str:schedule_id>/<str:action>",
+            view("act", lambda schedule_id, action: f"schedules/{schedule_id}/{action}"),
+        ),
+        path("recurring", view("recurring", lambda: "recurring")),
+        path("dashboard.css", view("stylesheet", lambda: "dashboard.css")),
+    ]
+
+
+async def _awaited(answer: Any) -> Response:
+    return await answer  # type: ignore[no-any-return]
+
+
+def _request(request: HttpRequest, tail: str, params: dict[str, str], user: str) -> Request:
+    """The Starlette request a page reads: this one's method, headers, query and body, under
+    the root the URLs were included at (so the pages' links stay inside it)."""
+    full = request.path
+    root = full[: len(full) - len(tail)].rstrip("/") if tail else full.rstrip("/")
+    host, _, port = request.get_host().partition(":")
+    body = request.body
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": request.method,
+        "scheme": request.scheme,
+        "server": (host, int(port) if port else (443 if request.is_secure() else 80)),
+        "path": full,
+        "raw_path": full.encode(),
+        "root_path": root,
+        "query_string": request.META.get("QUERY_STRING", "").encode("latin-1"),
+        "headers": [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in request.headers.items()
+        ],
+        "path_params": params,
+        _USER: user,
+    }
+    return Request(scope, receive)
+
+
+def _response(answer: Response) -> HttpResponse:
+    response = HttpResponse(answer.body, status=answer.status_code)
+    for name, value in answer.headers.items():
+        if name.lower() != "content-length":
+            response[name] = value
+    return response
