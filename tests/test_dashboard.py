@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -291,14 +292,19 @@ def test_an_operator_finds_cancels_and_retries_a_schedule_in_a_browser(
         assert page.inner_text("#status") == "scheduled" and page.inner_text("#version") == "2"
         page.screenshot(path=shots / "schedule-retried.png", full_page=True)
 
+        page.fill("#when", "2h")
+        page.click("#action-reschedule")
+        assert page.inner_text("#done") == "reschedule: done"
+        assert page.inner_text("#status") == "scheduled" and page.inner_text("#version") == "3"
+
         page.click("#action-cancel")
         assert page.inner_text("#status") == "cancelled"
         page.screenshot(path=shots / "schedule-cancelled.png", full_page=True)
         browser.close()
     stored = app.get(failed.id)
-    assert stored is not None and stored.status is Status.CANCELLED and stored.version == 3
+    assert stored is not None and stored.status is Status.CANCELLED and stored.version == 4
     kinds = [e.kind.value for e in app.history(failed.id)]
-    assert kinds[-2:] == ["rescheduled", "cancelled"]
+    assert kinds[-3:] == ["rescheduled", "rescheduled", "cancelled"]
     assert sorted(p.name for p in shots.iterdir()) == [
         "overview.png",
         "schedule-cancelled.png",
@@ -330,7 +336,8 @@ def test_the_overview_charts_the_start_lag_of_the_last_hour(system: System) -> N
     with TestClient(create_dashboard(system.app)) as client:
         page = client.get("/").text
     p50 = re.search(r'<polyline points="([^"]*)" class="p50"/>', page)
-    assert p50 is not None and re.fullmatch(r"[\d.]+,[\d.]+( [\d.]+,[\d.]+)*", p50[1]), page
+    assert p50 is not None and re.fullmatch(r"([\d.]+,[\d.]+ )+", p50[1]), page
+    assert re.search(r'<circle cx="[\d.]+" cy="[\d.]+" r="2.5" class="p99"/>', page)
     assert "3 starts" in page
     with TestClient(create_dashboard(system.app.tenant("other"))) as client:
         assert "0 starts" in client.get("/").text
@@ -395,3 +402,22 @@ def test_a_schedule_page_shows_its_queue_job_as_redis_holds_it(system: System) -
         assert pushed is not None and pushed.queue_job_id is not None
         system.redis.lrem(system.scheduler.deliverer.queue.key, 0, pushed.queue_job_id)
         assert job_cell().endswith("lost: the reconciler pushes it again")
+
+
+def test_a_reschedule_from_the_page_takes_a_delay_or_a_time_and_says_what_is_wrong(
+    app: App, operator: TestClient
+) -> None:
+    s = app.schedule("record", {}, delay=60)
+    token = _csrf(operator.get(f"/schedules/{s.id}").text)
+    url = f"/schedules/{s.id}/reschedule"
+    moved = operator.post(url, data={"csrf": token, "when": "2h"})
+    assert "reschedule: done" in moved.text
+    later = app.get(s.id)
+    assert later is not None and later.version == 2
+    assert later.run_at - app.now() > timedelta(hours=1, minutes=59)
+    at = operator.post(url, data={"csrf": token, "when": "2030-01-02T09:00:00-03:00"})
+    assert "reschedule: done" in at.text
+    assert app.get(s.id).run_at.isoformat() == "2030-01-02T12:00:00+00:00"  # type: ignore[union-attr]
+    refused = operator.post(url, data={"csrf": token, "when": "next tuesday"})
+    assert 'id="failed"' in refused.text and "next tuesday" in refused.text
+    assert app.get(s.id).version == 3  # type: ignore[union-attr]

@@ -351,7 +351,9 @@ DASHBOARD_PASSWORD_ENV = "DUEJOBS_DASHBOARD_PASSWORD"
 @click.option(
     "--user", help=f"HTTP basic auth user; the password comes from ${DASHBOARD_PASSWORD_ENV}."
 )
-@click.option("--actions", is_flag=True, help="Offer cancel, retry and run now (needs --user).")
+@click.option(
+    "--actions", is_flag=True, help="Offer cancel, reschedule, retry, run now (needs --user)."
+)
 @click.option(
     "--refresh", type=click.IntRange(1, 3600), default=10, show_default=True, help="Seconds."
 )

@@ -5,7 +5,7 @@ Pages: the overview (the figures of ``duejobs stats``: counts by state, lag perc
 the last hour, late and overdue, schedules without a job and jobs without a schedule, per
 tenant and per type, in flight against quotas; it reloads itself every ``refresh`` seconds),
 the schedules (``App.list``'s filters and pages), and one schedule (its row and every event),
-with its actions: cancel, retry, run now.
+with its actions: cancel, reschedule, retry, run now (and pause or resume a recurring one).
 
 What it promises:
 
@@ -63,8 +63,9 @@ from duejobs.errors import (
     InvalidScheduleError,
 )
 from duejobs.models import Schedule, Status
+from duejobs.timespec import parse_duration
 
-_ACTIONS = ("cancel", "retry", "run-now")
+_ACTIONS = ("cancel", "retry", "run-now", "reschedule")
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,8 @@ class Access:
     """Who may use the dashboard. ``user``/``password``: HTTP basic auth for every page
     (both non-empty); ``authorize``: the host application's own check, a plain function given
     each request, answering the caller's name (its own CSRF token), True (allowed, one token
-    for all), or anything else to refuse; ``actions``: cancel, retry and run now are offered
-    (to an authenticated caller only)."""
+    for all), or anything else to refuse; ``actions``: cancel, reschedule, retry, run now,
+    pause and resume are offered (to an authenticated caller only)."""
 
     user: str | None = None
     password: str | None = field(default=None, repr=False)
@@ -285,12 +286,15 @@ class Pages:
         action, schedule_id = request.path_params["action"], _id(request.path_params["schedule_id"])
         if action not in _ACTIONS or schedule_id is None:
             return Response("no such action", status_code=404)
-        outcome = await run_in_threadpool(self._apply, action, schedule_id)
+        when = fields.get("when", "").strip()
+        outcome = await run_in_threadpool(self._apply, action, schedule_id, when)
         return self._after(request, f"/schedules/{schedule_id}", outcome)
 
-    def _apply(self, action: str, schedule_id: uuid.UUID) -> dict[str, str]:
+    def _apply(self, action: str, schedule_id: uuid.UUID, when: str = "") -> dict[str, str]:
         try:
-            if action == "cancel":
+            if action == "reschedule":
+                self.app.reschedule(schedule_id, **_when(when))
+            elif action == "cancel":
                 if not self.app.cancel(schedule_id):
                     return {"failed": "not cancelled: it was not scheduled or running"}
             elif action == "retry":
@@ -346,6 +350,17 @@ class Pages:
         return Response(css, media_type="text/css", headers=_HEADERS)
 
 
+def _when(text: str) -> dict[str, Any]:
+    """A reschedule's new time as the form gives it: a delay from now (``30m``, ``1h30m``)
+    or an ISO 8601 time with its offset."""
+    if not text:
+        raise InvalidScheduleError("give the new time: a delay such as 30m, or an ISO 8601 time")
+    try:
+        return {"run_at": datetime.fromisoformat(text)}
+    except ValueError:
+        return {"delay": parse_duration(text, "the new time")}
+
+
 class _Figures:
     """The overview's figures, read at most once per ``refresh`` seconds whoever asks: they
     count every live schedule, which on a big table takes longer than a page should. A page
@@ -386,11 +401,11 @@ class _Figures:
 
 @dataclass(frozen=True)
 class _LagChart:
-    """The start lag over the last hour as two SVG polylines (p50, p99): drawn by the browser
-    from the page's markup, no script."""
+    """The start lag over the last hour as SVG (p50 and p99 lines, a dot per minute): drawn
+    by the browser from the page's markup, no script."""
 
-    p50: str
-    p99: str
+    p50: list[tuple[float, float]]
+    p99: list[tuple[float, float]]
     top_ms: float
     starts: int
     width: int = 720
@@ -401,12 +416,14 @@ class _LagChart:
         top = max([p.p99_ms for p in points] + [1.0])
         start = now - span
 
-        def line(value: Callable[[store.LagPoint], float]) -> str:
-            return " ".join(
-                f"{(p.at - start) / span * cls.width:.1f},"
-                f"{cls.height - value(p) / top * cls.height:.1f}"
+        def line(value: Callable[[store.LagPoint], float]) -> list[tuple[float, float]]:
+            return [
+                (
+                    round((p.at - start) / span * cls.width, 1),
+                    round(cls.height - 4 - value(p) / top * (cls.height - 8), 1),  # 4 px margin
+                )
                 for p in points
-            )
+            ]
 
         return cls(
             line(lambda p: p.p50_ms), line(lambda p: p.p99_ms), top, sum(p.starts for p in points)

@@ -10,12 +10,12 @@ Setup (``django.contrib.auth`` with its sessions and middleware, and the extra
     urlpatterns = [path("jobs/", include(dashboard_urls(actions=True)))]
 
 Who may see it: a signed-in user that ``allow`` accepts — by default an active staff user;
-anyone else is sent to ``settings.LOGIN_URL``. ``actions`` offers cancel, retry, run now,
-pause and resume. The pages are the same as ``duejobs dashboard``'s (:mod:`duejobs.dashboard`),
-routed by Django: each view runs the page in the request's own thread, so its reads and writes
-go through the project's App on Django's connection, as a view's would. The forms carry the
-dashboard's own CSRF token, bound to the user; Django's CSRF middleware is not asked to check
-them (the views are ``csrf_exempt``).
+anyone else is sent to ``settings.LOGIN_URL``. ``actions`` offers cancel, reschedule, retry,
+run now, pause and resume. The pages are those of ``duejobs dashboard``
+(:mod:`duejobs.dashboard`), routed by Django: each view runs its page in the request's own
+thread, so its reads and writes go through the project's App on Django's connection, as a
+view's would. The forms carry the dashboard's own CSRF token, bound to the user; Django's
+CSRF middleware is not asked to check them (the views are ``csrf_exempt``).
 """
 
 from __future__ import annotations
