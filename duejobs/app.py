@@ -101,7 +101,7 @@ def _position(cursor: object) -> store.Position:
         if not isinstance(cursor, str):
             raise TypeError(cursor)
         return store.Position.decode(cursor)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InvalidListError(
             f"after must be a cursor from a page's next_cursor, got {cursor!r}"
         ) from None

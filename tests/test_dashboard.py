@@ -421,3 +421,16 @@ def test_a_reschedule_from_the_page_takes_a_delay_or_a_time_and_says_what_is_wro
     refused = operator.post(url, data={"csrf": token, "when": "next tuesday"})
     assert 'id="failed"' in refused.text and "next tuesday" in refused.text
     assert app.get(s.id).version == 3  # type: ignore[union-attr]
+
+
+def test_processes_that_share_a_secret_accept_each_others_forms(app: App) -> None:
+    s = app.schedule("record", {}, delay=60)
+    access = Access(user="ops", password="s3cret", actions=True)
+    first = create_dashboard(app, access, secret=b"k" * 32)
+    second = create_dashboard(app, access, secret=b"k" * 32)
+    with TestClient(first, headers=_auth()) as one, TestClient(second, headers=_auth()) as two:
+        token = _csrf(one.get(f"/schedules/{s.id}").text)
+        done = two.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
+        assert "cancel: done" in done.text
+    with TestClient(create_dashboard(app, access), headers=_auth()) as other:
+        assert other.post(f"/schedules/{s.id}/cancel", data={"csrf": token}).status_code == 403

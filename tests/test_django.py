@@ -304,3 +304,4 @@ def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Sh
     assert done.status_code == 303 and done["Location"].startswith(f"/jobs/schedules/{s.id}?")
     assert shop.app.get(s.id).status is Status.CANCELLED  # type: ignore[union-attr]
     assert browser.get("/jobs/dashboard.css").status_code == 200
+    assert browser.get("/jobs/schedules", HTTP_HOST="[::1]:8000").status_code == 200

@@ -151,6 +151,7 @@ def test_a_scoped_app_lists_only_its_own_tenant_and_refuses_another(app: App) ->
         ),
         ({"after": "not-a-cursor"}, InvalidListError, "cursor"),
         ({"after": "12.zz"}, InvalidListError, "cursor"),
+        ({"after": "9" * 20 + "." + "0" * 32}, InvalidListError, "cursor"),
     ],
 )
 def test_a_bad_list_request_is_refused_naming_the_problem(

@@ -37,7 +37,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from importlib.resources import files
@@ -66,6 +66,8 @@ from duejobs.models import Schedule, Status
 from duejobs.timespec import parse_duration
 
 _ACTIONS = ("cancel", "retry", "run-now", "reschedule")
+# How an async page runs a blocking call (the App's): Starlette's thread pool by default.
+Offload = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -116,9 +118,19 @@ class Pages:
     :func:`create_dashboard`, or by a host framework's own URLs (Django's, in
     ``duejobs.contrib.django.dashboard``)."""
 
-    def __init__(self, app: App, access: Access, refresh: int) -> None:
-        self.app, self.access, self.refresh = app, access, refresh
-        self.secret = secrets.token_bytes(32)
+    def __init__(
+        self,
+        app: App,
+        access: Access,
+        refresh: int,
+        *,
+        secret: bytes | None = None,
+        offload: Offload = run_in_threadpool,
+    ) -> None:
+        self.app, self.access, self.refresh, self._offload = app, access, refresh, offload
+        # Signs the CSRF tokens and the messages after actions: processes serving one
+        # dashboard behind a balancer must share it, or a form fails on another process.
+        self.secret = secret if secret is not None else secrets.token_bytes(32)
         self.figures = _Figures(app, refresh)
         self.pages = Environment(
             loader=PackageLoader("duejobs.dashboard", "templates"),
@@ -259,7 +271,7 @@ class Pages:
     async def _form(self, request: Request) -> dict[str, str] | Response:
         """The fields of an action's form — allowed only with actions enabled, an
         authenticated caller, the caller's CSRF token and no other origin — or the refusal."""
-        caller = await run_in_threadpool(self.caller, request)
+        caller = await self._offload(self.caller, request)
         if not self.access.actions or caller is None:
             return Response("actions are not enabled for this caller", status_code=403)
         origin = request.headers.get("origin")
@@ -287,7 +299,7 @@ class Pages:
         if action not in _ACTIONS or schedule_id is None:
             return Response("no such action", status_code=404)
         when = fields.get("when", "").strip()
-        outcome = await run_in_threadpool(self._apply, action, schedule_id, when)
+        outcome = await self._offload(self._apply, action, schedule_id, when)
         return self._after(request, f"/schedules/{schedule_id}", outcome)
 
     def _apply(self, action: str, schedule_id: uuid.UUID, when: str = "") -> dict[str, str]:
@@ -328,7 +340,7 @@ class Pages:
         action, name = fields.get("action"), fields.get("name", "")
         if action not in ("pause", "resume"):
             return Response("no such action", status_code=404)
-        outcome = await run_in_threadpool(
+        outcome = await self._offload(
             self._apply_recurring, action, name, fields.get("tenant") or None
         )
         return self._after(request, "/recurring", outcome)
@@ -454,12 +466,15 @@ def create_dashboard(
     *,
     refresh: int = 10,
     allowed_hosts: Sequence[str] | None = None,
+    secret: bytes | None = None,
 ) -> Starlette:
     """The dashboard of ``app`` (a tenant-scoped App: of that tenant only), as an ASGI app.
     ``refresh``: seconds between the overview's reloads. ``allowed_hosts``: the only Host
     headers answered (``duejobs dashboard`` passes the address it serves, which keeps a web
-    page that rebinds its own name to 127.0.0.1 from reading a loopback dashboard)."""
-    board = Pages(app, access or Access(), refresh)
+    page that rebinds its own name to 127.0.0.1 from reading a loopback dashboard).
+    ``secret``: the key of its CSRF tokens, to share between processes serving it (default:
+    one of this process's own)."""
+    board = Pages(app, access or Access(), refresh, secret=secret)
     middleware = []
     if allowed_hosts is not None:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts)))

@@ -24,7 +24,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
 ]
 ROOT_URLCONF = "tests.django_project.urls"
-ALLOWED_HOSTS = ["testserver"]
+ALLOWED_HOSTS = ["testserver", "[::1]"]
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",

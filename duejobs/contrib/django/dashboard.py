@@ -24,10 +24,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
+from django.utils.crypto import salted_hmac
 from django.views.decorators.csrf import csrf_exempt
 from starlette.requests import Request
 from starlette.responses import Response
@@ -54,7 +55,11 @@ def dashboard_urls(
             access = Access(
                 authorize=lambda request: request.scope.get(_USER) or False, actions=actions
             )
-            built.append(Pages(get_app(), access, refresh))
+            # One key for every process of the project (a form may post to another worker);
+            # actions run in the request's thread, on its Django connection.
+            secret = salted_hmac("duejobs.dashboard", "csrf").digest()
+            offload = _in_request_thread
+            built.append(Pages(get_app(), access, refresh, secret=secret, offload=offload))
         return built[0]
 
     def view(page: str, tail: Callable[..., str]) -> Callable[..., HttpResponse]:
@@ -90,6 +95,10 @@ def dashboard_urls(
     ]
 
 
+async def _in_request_thread(func: Callable[..., Any], *args: Any) -> Any:
+    return await sync_to_async(func, thread_sensitive=True)(*args)
+
+
 async def _awaited(answer: Any) -> Response:
     return await answer  # type: ignore[no-any-return]
 
@@ -99,7 +108,6 @@ def _request(request: HttpRequest, tail: str, params: dict[str, str], user: str)
     the root the URLs were included at (so the pages' links stay inside it)."""
     full = request.path
     root = full[: len(full) - len(tail)].rstrip("/") if tail else full.rstrip("/")
-    host, _, port = request.get_host().partition(":")
     body = request.body
 
     async def receive() -> dict[str, Any]:
@@ -111,15 +119,19 @@ def _request(request: HttpRequest, tail: str, params: dict[str, str], user: str)
         "http_version": "1.1",
         "method": request.method,
         "scheme": request.scheme,
-        "server": (host, int(port) if port else (443 if request.is_secure() else 80)),
+        "server": (request.META.get("SERVER_NAME", ""), int(request.get_port())),
         "path": full,
         "raw_path": full.encode(),
         "root_path": root,
         "query_string": request.META.get("QUERY_STRING", "").encode("latin-1"),
+        # Host as Django reads it (a proxy's X-Forwarded-Host when the settings trust it), so
+        # the pages' same-origin check compares what the browser saw.
         "headers": [
             (name.lower().encode("latin-1"), value.encode("latin-1"))
             for name, value in request.headers.items()
-        ],
+            if name.lower() != "host"
+        ]
+        + [(b"host", request.get_host().encode("latin-1"))],
         "path_params": params,
         _USER: user,
     }
