@@ -14,7 +14,12 @@ inside). Attributes: ``duejobs.schedule_id``, ``.version``, ``.attempt``, ``.ten
 What it promises: no span, and no trace context kept, when OpenTelemetry is not installed or
 no SDK tracer provider is configured — the check is one ``isinstance`` per call. What it does
 not: record ``schedule_many``'s or a recurring occurrence's context (neither has a caller's
-request to come from), or carry baggage.
+request to come from), or carry baggage. A handler given up past its timeout is closed from
+a thread of its own, whose ``duejobs.outcome`` span starts a trace of its own; and a worker
+that then ends itself (``EXIT_WEDGED``) does not flush the spans its exporter still holds.
+``duejobs.handler`` is marked as an error when a handler ends by ``ctx.ensure_current()``
+(the schedule moved under it) — the attempt's own ``duejobs.outcome`` attribute says how it
+ended.
 """
 
 from __future__ import annotations
