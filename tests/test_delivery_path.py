@@ -32,7 +32,7 @@ from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
 from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
 from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
-from tests.conftest import System, job_id, push_of
+from tests.conftest import System, job_id, push_of, sample
 
 
 def _kinds(system: System, schedule_id: uuid.UUID) -> list[str]:
@@ -247,9 +247,12 @@ def test_stale_version_delivery_is_skipped_and_recorded(system: System) -> None:
     moved = system.app.reschedule(s.id, delay=0)
     stale = push_of(s)
     system.scheduler.deliverer.push([stale], system.app.now() + timedelta(hours=1))
+    counted = {"tenant": "default", "type": "record", "outcome": "skipped"}
+    before = sample("duejobs_deliveries_total", **counted)
     outcome = system.runtime.handle(s.id, 1, 1, "default")
     assert outcome is Outcome.SKIPPED
     assert _skips(system, s.id) == ["superseded"]
+    assert sample("duejobs_deliveries_total", **counted) == before + 1  # counted under its type
     assert moved.version == 2 and system.status(s.id) == "scheduled"
 
 
@@ -378,7 +381,8 @@ def test_handler_timeout_counts_as_a_failed_attempt(system: System) -> None:
     assert stored.last_error is not None and "timeout" in stored.last_error
 
 
-def test_lease_is_renewed_while_a_long_handler_runs(system: System) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_lease_is_renewed_while_a_long_handler_runs(system: System, version: int) -> None:
     leases = []
 
     def long_running(ctx, payload):  # type: ignore[no-untyped-def]
@@ -396,6 +400,8 @@ def test_lease_is_renewed_while_a_long_handler_runs(system: System) -> None:
 
     system.app.handler("long")(long_running)
     s = system.app.schedule("long", {}, delay=0)
+    if version == 2:  # its version and its attempt differ: the renewal must match both
+        system.app.reschedule(s.id, delay=0)
     system.scheduler.run_once()
     system.work()
     assert system.status(s.id) == "succeeded"
