@@ -20,6 +20,7 @@ from duejobs.errors import (
     ScheduleNotLiveError,
     VersionConflictError,
 )
+from tests.conftest import wait_for
 
 
 def test_relative_delay_is_added_to_the_database_clock(app: App) -> None:
@@ -343,10 +344,22 @@ def test_unscoped_app_defaults_to_the_default_tenant_and_sees_all(app: App) -> N
 def test_dropped_database_connection_is_replaced_transparently(app: App) -> None:
     app.schedule("x", {}, delay=60)  # the pool now holds an idle connection
     with psycopg.connect(libpq_url(app.settings.database_url), autocommit=True) as admin:
-        killed = admin.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        ).fetchone()
-    assert killed is not None and killed[0] >= 1
+        pids = [
+            row[0]
+            for row in admin.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ]
+        assert pids
+        admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
+
+        def gone() -> bool:  # termination is a signal: the backends end a moment later
+            left = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]
+            ).fetchone()
+            return left is not None and left[0] == 0
+
+        wait_for(gone, 30, "the terminated backends to end")
     s = app.schedule("x", {}, delay=60)
     assert app.get(s.id) is not None
