@@ -282,6 +282,7 @@ class Deliverer:
         self.redis = connection
         self.queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
         self._queues: dict[str, tuple[Queue, list[Any]]] = {}
+        self._push_keys: dict[str, list[str]] = {}
         self._prefix = Job.redis_job_namespace_prefix
         self._push = connection.register_script(_PUSH)
         self._live = connection.register_script(_LIVE)
@@ -299,6 +300,19 @@ class Deliverer:
             queue = Queue(name, connection=self.redis, serializer=JSONSerializer)
             self._queues[name] = (queue, self._constant_fields(queue))
         return self._queues[name]
+
+    def _keys_of(self, name: str, queue: Queue) -> list[str]:
+        """The keys a push to queue ``name`` touches, spelled once per queue."""
+        if name not in self._push_keys:
+            self._push_keys[name] = [
+                queue.key,
+                SCHEDULED_PREFIX + name,
+                queue.redis_queues_keys,
+                QUEUES_KEY,
+                queue.intermediate_queue_key,
+                queue.started_job_registry.key,
+            ]
+        return self._push_keys[name]
 
     @staticmethod
     def _constant_fields(queue: Queue) -> list[Any]:
@@ -353,9 +367,7 @@ class Deliverer:
             for p in batch:
                 args += [p.job_id, self._data(p), p.due_at.timestamp()]
                 args += ["1" if p.front else "0", "1" if p.stuck else "0"]
-            keys = [queue.key, SCHEDULED_PREFIX + name, queue.redis_queues_keys, QUEUES_KEY]
-            keys += [queue.intermediate_queue_key, queue.started_job_registry.key]
-            q, d, pr, made = self._push(keys=keys, args=args)
+            q, d, pr, made = self._push(keys=self._keys_of(name, queue), args=args)
             queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
             created.update(i.decode() if isinstance(i, bytes) else i for i in made)
         return PushResult(queued, deferred, present, frozenset(created))
