@@ -17,8 +17,9 @@ previous one ended, and the service says how long from what the pass returned.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
+import queue
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -37,19 +38,49 @@ def backoff(interval: timedelta, cap: timedelta, failures: int) -> float:
     return min(cap.total_seconds(), doubled)
 
 
+class StopRequest:
+    """A request to stop that a signal handler may make, and a wait that it ends.
+
+    A ``threading.Event`` cannot be set from a signal handler: Python runs the handler in the
+    main thread between two bytecodes, possibly while that thread is inside the event's own
+    ``wait()`` holding the lock ``set()`` takes, and the process then hangs on SIGTERM for good.
+    Making the request here takes no lock: a flag, and a token put on a ``SimpleQueue``, whose
+    ``put()`` is reentrant by contract and wakes a ``get()`` under way."""
+
+    def __init__(self) -> None:
+        self._asked = False
+        self._wakeup: queue.SimpleQueue[None] = queue.SimpleQueue()
+
+    def set(self) -> None:
+        self._asked = True
+        self._wakeup.put(None)
+
+    def is_set(self) -> bool:
+        return self._asked
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to ``seconds``, less if the request comes; whether it has come."""
+        if not self._asked and seconds > 0:
+            with contextlib.suppress(queue.Empty):
+                self._wakeup.get(timeout=seconds)
+                self._wakeup.put(None)  # the request stays made for any other waiter
+        return self._asked
+
+
 class Loop:
-    """A service's loop: its name, logger and failure counter, and the event that stops it."""
+    """A service's loop: its name, logger and failure counter, and the request that stops it
+    (safe to make from a signal handler)."""
 
     def __init__(self, name: str, log: logging.Logger, failed: Counter) -> None:
         self.name, self.log, self.failed = name, log, failed
-        self._stopping = threading.Event()
+        self._stopping = StopRequest()
 
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
     def stop(self) -> None:
-        """End the loop at its next wait; a pass under way finishes."""
+        """End the loop at its next wait; a pass under way finishes. Safe in a signal handler."""
         self._stopping.set()
 
     def wait(self, seconds: float) -> None:

@@ -36,11 +36,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
+
+from duejobs.service import StopRequest
 
 log = logging.getLogger("duejobs.supervisor")
 
@@ -84,7 +85,7 @@ class Supervisor:
         self._burst = burst  # workers that end cleanly are done, not restarted
         self._children: dict[int, _Child] = {}
         self._stops = 0
-        self._stopping = threading.Event()
+        self._stopping = StopRequest()  # set by the signal handler
 
     def _launch(self, index: int, starts: int = 1, pause: float = 0.0) -> None:
         command = [sys.executable, "-m", "duejobs", *self._args(index, starts)]

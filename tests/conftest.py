@@ -233,7 +233,17 @@ class Proc:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.popen.poll() is None:
             self.popen.send_signal(sig)
-        return self.popen.wait(timeout=timeout)
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack, logged
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=10)
+            self.popen.kill()
+            raise AssertionError(
+                f"{self.popen.args} still running {timeout:g} s after signal {sig}:\n"
+                + self.output()
+            ) from None
 
     def output(self) -> str:
         return self.log.read_text()
@@ -251,6 +261,7 @@ def spawn(
             "DUEJOBS_DATABASE_URL": database_url,
             "DUEJOBS_REDIS_URL": redis_url,
             "PYTHONPATH": str(ROOT),
+            "PYTHONFAULTHANDLER": "1",  # a process stuck at its stop shows where (see Proc.stop)
             **(extra_env or {}),
         }
         proc = Proc(list(args), env, tmp_path / f"proc-{len(procs)}.log", code)

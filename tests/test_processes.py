@@ -26,7 +26,7 @@ from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DatabaseUnavailableError
 from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig
-from tests.conftest import Proc, sample, wait_for
+from tests.conftest import ROOT, Proc, sample, wait_for
 
 FAILED = "duejobs_scheduler_failed_passes_total"
 
@@ -159,6 +159,48 @@ def test_cold_shutdown_leaves_a_running_row_with_a_lease_to_rescue(
     assert lease is True  # the reconciler rescues it once the lease expires
     assert _count(app, "SELECT count(*) FROM test_effects") == 0
     assert procs[0].stop() == 0
+
+
+# A service loop asked to stop by SIGTERM over and over, the signal landing at a random instant:
+# between passes (pause 0: the loop spins through its wait) or during a long wait.
+_STOPPED_BY_SIGTERM = """
+import logging, os, random, signal, threading
+from datetime import timedelta
+from prometheus_client import Counter
+from duejobs.service import Loop
+
+failed = Counter("signal_test_failed_passes", "")
+for round in range(1000):
+    loop = Loop("signal-test", logging.getLogger("signal-test"), failed)
+    signal.signal(signal.SIGTERM, lambda *_: loop.stop())
+    pause = timedelta(0) if round % 2 else timedelta(minutes=2)
+    timer = threading.Timer(random.uniform(0, 0.002), os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    loop.run_forever(lambda: None, lambda _: pause, pause, pause)
+    timer.join()
+print("stopped 1000 times")
+"""
+
+
+def test_a_service_stops_on_sigterm_whatever_instant_the_signal_lands(tmp_path: Path) -> None:
+    """The CLI's services stop from a signal handler, which Python runs in the main thread
+    between two bytecodes: a stop that took a lock the loop's own wait holds hung the process
+    for good (a scheduler that never exited on SIGTERM)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STOPPED_BY_SIGTERM],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = child.communicate(timeout=60)  # a missed wake-up alone waits two minutes
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail("a SIGTERM left the loop running (hung in its stop, or its wait not ended)")
+    assert child.returncode == 0 and "stopped 1000 times" in out, out
 
 
 @contextlib.contextmanager
