@@ -34,10 +34,10 @@ from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, migrate, store, tracing
+from duejobs import metrics, migrate, replica, store, tracing
 from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
 from duejobs.app_recurring import RecurringAPI
-from duejobs.config import Settings
+from duejobs.config import Settings, check_duration
 from duejobs.core import Conn, Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
@@ -63,6 +63,7 @@ from duejobs.models import (
     ScheduleRequest,
     Status,
 )
+from duejobs.replica import Freshness
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -138,15 +139,19 @@ class App(RecurringAPI, QuotaAPI):
         queue: str = DEFAULT_QUEUE,
         schema: str | None = None,
         trace_runs: str = tracing.LINK,
+        read_database_url: str | None = None,
+        read_max_lag: timedelta = replica.DEFAULT_MAX_LAG,
     ) -> None:
-        settings = Settings.from_env(database_url, redis_url, schema)
+        settings = Settings.from_env(database_url, redis_url, schema, read_database_url)
         if trace_runs not in tracing.TRACE_RUNS:
             raise ConfigurationError(
                 f"trace_runs must be one of {', '.join(tracing.TRACE_RUNS)}, got {trace_runs!r}"
             )
+        check_duration("read_max_lag", read_max_lag)
         engine = make_engine(settings.database_url, schema=settings.schema)
         self._core = Core(settings, engine, max_payload_bytes, check_queue(queue))
         self._core.trace_runs = trace_runs
+        self._core.read_max_lag = read_max_lag
         self._tenant: str | None = None
 
     @classmethod
@@ -526,12 +531,24 @@ class App(RecurringAPI, QuotaAPI):
         check_due_range(due_from, due_before)
         size = check_list_limit(limit)
         start = None if after is None else _position(after)
-        with self._core.transaction(conn) as c:
+        with self._reading(conn) as (c, fresh):
             rows = store.list_schedules(c, kept, start, size + 1, latest_first)
         more = len(rows) > size
         page = rows[:size]
         last = page[-1] if more else None
-        return Page(page, None if last is None else store.Position(last.due_at, last.id).encode())
+        cursor = None if last is None else store.Position(last.due_at, last.id).encode()
+        return Page(page, cursor, fresh)
+
+    @contextlib.contextmanager
+    def _reading(self, conn: Conn | None) -> Iterator[tuple[Connection, Freshness]]:
+        """An operator's read: on the caller's connection (as current as it is), else where
+        :meth:`Core.reading` sends it (the read replica, when there is one)."""
+        if conn is not None:
+            with self._core.transaction(conn) as c:
+                yield c, replica.CURRENT
+        else:
+            with self._core.reading() as read:
+                yield read
 
     def attempts(
         self, schedule_id: ScheduleId, *, conn: Conn | None = None

@@ -154,7 +154,7 @@ class RecurringAPI(Scoped):
         """The recurring schedules of this App's tenant (the unscoped App: of ``tenant``, else
         of every tenant), by tenant and name, up to ``limit``."""
         owner = self._read_tenant(tenant)
-        with self._core.transaction(None) as c:
+        with self._core.reading() as (c, _):  # the read replica's, when there is one
             return store.list_recurring(c, owner, check_list_limit(limit))
 
     def next_occurrences(self, definition: Recurring, count: int = 3) -> list[datetime]:

@@ -83,16 +83,20 @@ class AsyncApp:
 
     def __init__(self, app: App, *, pool_size: int = POOL_SIZE) -> None:
         shared = app.core
-        self._engine: AsyncEngine = make_async_engine(
-            shared.settings.database_url, pool_size, shared.settings.schema
-        )
+        where = shared.settings
+        self._engine: AsyncEngine = make_async_engine(where.database_url, pool_size, where.schema)
+        self._read_engine: AsyncEngine | None = None
+        if where.read_database_url is not None:  # the operators' reads go there
+            self._read_engine = make_async_engine(where.read_database_url, pool_size, where.schema)
         self._core = Core(
-            shared.settings,
+            where,
             self._engine.sync_engine,
             shared.max_payload_bytes,
             shared.queue,
             handlers=shared.handlers,
             quotas=shared.quotas,
+            read_engine=None if self._read_engine is None else self._read_engine.sync_engine,
+            read_max_lag=shared.read_max_lag,
         )
         self._app = app
         self._tenant = app.scope
@@ -101,6 +105,7 @@ class AsyncApp:
     def _scoped(cls, parent: AsyncApp, app: App) -> AsyncApp:
         scoped = cls.__new__(cls)
         scoped._engine, scoped._core = parent._engine, parent._core
+        scoped._read_engine = parent._read_engine
         scoped._app, scoped._tenant = app, app.scope
         return scoped
 
@@ -121,6 +126,8 @@ class AsyncApp:
     async def aclose(self) -> None:
         """Close the async engine's pooled connections and the Redis client."""
         await self._engine.dispose()
+        if self._read_engine is not None:
+            await self._read_engine.dispose()
         if self._core._deliverer is not None:
             self._core._deliverer.redis.close()
 

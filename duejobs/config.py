@@ -1,8 +1,10 @@
 """Where duejobs finds PostgreSQL and Redis.
 
-``DUEJOBS_DATABASE_URL`` and ``DUEJOBS_REDIS_URL`` name them. A library :class:`~duejobs.App`
-never invents a database: without a URL it raises :class:`ConfigurationError`. Only the CLI
-and the test suite fall back to the embedded servers (:mod:`duejobs.embedded`), and say so.
+``DUEJOBS_DATABASE_URL`` and ``DUEJOBS_REDIS_URL`` name them; ``DUEJOBS_READ_DATABASE_URL``
+optionally names a streaming replica for the operators' reads (:mod:`duejobs.replica`). A
+library :class:`~duejobs.App` never invents a database: without a URL it raises
+:class:`ConfigurationError`. Only the CLI and the test suite fall back to the embedded servers
+(:mod:`duejobs.embedded`), and say so.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from sqlalchemy.engine import make_url
 from duejobs.errors import ConfigurationError
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
+READ_DATABASE_ENV = "DUEJOBS_READ_DATABASE_URL"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
 SCHEMA_ENV = "DUEJOBS_SCHEMA"
 DEFAULT_SCHEMA = "public"
@@ -117,11 +120,13 @@ def check_redis_url(url: str) -> str:
 @dataclass(frozen=True)
 class Settings:
     """The two URLs duejobs needs. Writing schedules needs only the database; the scheduler,
-    the workers and the reconciler need Redis too (:meth:`require_redis`)."""
+    the workers and the reconciler need Redis too (:meth:`require_redis`). A third, optional,
+    names a replica that serves the operators' reads (:mod:`duejobs.replica`)."""
 
     database_url: str
     redis_url: str | None
     schema: str = DEFAULT_SCHEMA  # where duejobs' tables live (DUEJOBS_SCHEMA)
+    read_database_url: str | None = None  # a streaming replica of database_url
 
     @classmethod
     def from_env(
@@ -129,6 +134,7 @@ class Settings:
         database_url: str | None = None,
         redis_url: str | None = None,
         schema: str | None = None,
+        read_database_url: str | None = None,
     ) -> Settings:
         """Explicit arguments first, then the environment; no database URL is a clear error."""
         db = database_url or os.environ.get(DATABASE_ENV)
@@ -143,7 +149,13 @@ class Settings:
         if schema is None:
             schema = os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
         where = check_schema(schema)
-        return cls(database_url=sqlalchemy_url(db), redis_url=redis, schema=where)
+        read = read_database_url or os.environ.get(READ_DATABASE_ENV)
+        return cls(
+            database_url=sqlalchemy_url(db),
+            redis_url=redis,
+            schema=where,
+            read_database_url=sqlalchemy_url(read) if read else None,
+        )
 
     def require_redis(self) -> str:
         """The Redis URL, or :class:`ConfigurationError` naming the variable."""

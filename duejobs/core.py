@@ -19,6 +19,7 @@ import select
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol, TypeAlias
 
 from redis import Redis
@@ -32,7 +33,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from duejobs import store
+from duejobs import replica, store
 from duejobs.config import DEFAULT_SCHEMA, Settings
 from duejobs.delivery import Deliverer
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
@@ -117,8 +118,16 @@ class Core:
     trace_runs: str = "link"
     # tenant → (monotonic time read, its live quota): one query saved per schedule()
     quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
+    # The replica the operators' reads go to (duejobs.replica), and how far behind it may be.
+    read_engine: Engine | None = None
+    read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
     _deliverer: Deliverer | None = None
     _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
+
+    def __post_init__(self) -> None:
+        if self.read_engine is None and self.settings.read_database_url is not None:
+            url, schema = self.settings.read_database_url, self.settings.schema
+            self.read_engine = make_engine(url, schema=schema)
 
     @property
     def core(self) -> Core:
@@ -156,16 +165,19 @@ class Core:
     def close(self) -> None:
         """Close pooled database and Redis connections."""
         self.engine.dispose()
+        if self.read_engine is not None:
+            self.read_engine.dispose()
         if self._deliverer is not None:
             self._deliverer.redis.close()
 
     @contextlib.contextmanager
-    def database(self) -> Iterator[None]:
-        """Database errors as duejobs' own: an outage, a schema never migrated."""
+    def database(self, which: str = "PostgreSQL") -> Iterator[None]:
+        """Database errors as duejobs' own: an outage (of ``which``), a schema never
+        migrated."""
         try:
             yield
         except (OperationalError, InterfaceError) as exc:
-            raise DatabaseUnavailableError(f"PostgreSQL is unavailable: {exc.orig}") from exc
+            raise DatabaseUnavailableError(f"{which} is unavailable: {exc.orig}") from exc
         except ProgrammingError as exc:
             if store.is_missing_table(exc.orig):
                 raise SchemaMissingError(
@@ -175,9 +187,23 @@ class Core:
         except DBAPIError as exc:
             if exc.connection_invalidated:
                 raise DatabaseUnavailableError(
-                    f"PostgreSQL dropped the connection: {exc.orig}"
+                    f"{which} dropped the connection: {exc.orig}"
                 ) from exc
             raise
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[tuple[Connection, replica.Freshness]]:
+        """A connection for an operator's read (figures, lists), and how current it is: on
+        the read replica when there is one (see :mod:`duejobs.replica`), else the primary."""
+        if self.read_engine is None:
+            with self.transaction() as conn:
+                yield conn, replica.CURRENT
+            return
+        with self.database(), self.engine.connect() as primary:
+            lsn = store.wal_position(primary)
+        with self.database("the read replica"), self.read_engine.connect() as conn:
+            position = store.replay_position(conn, lsn)
+            yield conn, replica.freshness(position, self.read_max_lag)
 
     @contextlib.contextmanager
     def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:

@@ -23,7 +23,9 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
   ``duejobs_in_flight{tenant}`` (pushed to Redis or running, what an in-flight quota caps),
   ``duejobs_late{tenant}``, ``duejobs_overdue{tenant}``, ``duejobs_oldest_overdue_seconds``,
   ``duejobs_schedules_without_job``, ``duejobs_jobs_without_schedule``,
-  ``duejobs_redis_jobs{where}``.
+  ``duejobs_redis_jobs{where}``;
+* any reader of the figures from a read replica: ``duejobs_read_replica_lag_seconds``
+  (:mod:`duejobs.replica`).
 
 Label values are bounded: a tenant label keeps its name for the first ``MAX_TENANT_LABELS``
 (500) tenants a process sees and reads ``other`` after that; a type label is a type this

@@ -85,6 +85,41 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class Freshness:
+    """How current one read is: where it was served, and how far behind the primary it
+    may be (:mod:`duejobs.replica`)."""
+
+    source: str  # "primary" or "replica"
+    lag: timedelta | None  # zero when current; None when unknown
+    max_lag: timedelta = timedelta(0)  # a lag over this is stale
+
+    @property
+    def stale(self) -> bool:
+        return self.lag is None or self.lag > self.max_lag
+
+    def warning(self) -> str | None:
+        """What to tell a reader of a stale figure (None when it is not)."""
+        if not self.stale:
+            return None
+        behind = "an unknown time" if self.lag is None else f"{self.lag.total_seconds():.1f} s"
+        return (
+            f"read from a replica that is behind the primary by {behind} "
+            f"(bound {self.max_lag.total_seconds():g} s): these figures may be out of date"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "source": self.source,
+            "lag_seconds": None if self.lag is None else self.lag.total_seconds(),
+            "stale": self.stale,
+        }
+
+
+# A read on the primary (or the caller's connection): current.
+CURRENT = Freshness("primary", timedelta(0))
+
+
+@dataclass(frozen=True)
 class Page:
     """One page of :meth:`duejobs.App.list`: its schedules, and the cursor that reads the next
     page (None on the last). A cursor stays valid however the table changes: the next page
@@ -92,6 +127,8 @@ class Page:
 
     schedules: list[Schedule]
     next_cursor: str | None
+    # How current the page is: read from the replica, it may be behind (duejobs.replica).
+    freshness: Freshness = CURRENT
 
 
 @dataclass(frozen=True)

@@ -38,11 +38,14 @@ Knobs (:class:`ReconcileConfig`, checked when built): ``window`` (15 min, as the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+
+from sqlalchemy import Connection
 
 from duejobs import metrics, store
 from duejobs.config import check_count, check_duration
@@ -86,17 +89,21 @@ class ReconcileResult:
         return self.repushed + self.rescued + self.failed + self.orphans_removed
 
 
-def orphan_jobs(app: HasCore, chunk: int = 1000) -> Iterator[str]:
+def orphan_jobs(
+    app: HasCore, chunk: int = 1000, *, reading: Connection | None = None
+) -> Iterator[str]:
     """Waiting queue jobs of duejobs whose schedule is gone, finished, or at another version.
 
     Only what the database says for certain: a row that is ``scheduled`` at the job's version
     may be in the middle of a push by a scheduler, so its job is never called an orphan.
     The scan follows the queue while workers take from it: a job it misses is found next time.
+    The rows are read on the primary, or on ``reading`` (a figure's count, from the replica:
+    removal always asks the primary).
     """
     core = app.core
     for ids in core.deliverer().waiting_job_ids(chunk):
         ours = {job: parsed for job in ids if (parsed := parse_job_id(job)) is not None}
-        with core.engine.connect() as conn:
+        with contextlib.nullcontext(reading) if reading else core.engine.connect() as conn:
             states = store.schedule_states(conn, [p[0] for p in ours.values()])
         for job, (schedule_id, version, _attempt) in ours.items():
             state = states.get(schedule_id)

@@ -29,7 +29,7 @@ from typing import Any
 from duejobs import store
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part
-from duejobs.models import Schedule
+from duejobs.models import CURRENT, Freshness, Schedule
 from duejobs.reconcile import orphan_jobs
 
 
@@ -50,6 +50,8 @@ class Stats:
     # The caps that apply to each tenant listed (its own, else the default's), as the
     # scheduler and the App read them.
     tenant_caps: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    # How current the figures are: from the read replica, they may be behind.
+    freshness: Freshness = CURRENT
 
     def caps(self, tenant: str) -> tuple[int | None, int | None]:
         """A tenant's effective (max_live, max_inflight): its own, else the default's."""
@@ -89,6 +91,7 @@ class Stats:
             ],
             "quotas": [asdict(q) for q in self.quotas],
             "activity": [asdict(a) for a in self.activity],
+            "freshness": self.freshness.as_dict(),
         }
 
 
@@ -102,7 +105,7 @@ def collect(
     """Read every figure once: of one tenant when ``app`` is a tenant-scoped App."""
     scope: str | None = getattr(app, "scope", None)
     core = app.core
-    with core.engine.connect() as conn:
+    with core.reading() as (conn, fresh):
         now = store.database_now(conn)
         live = store.live_figures(conn, late_after, scope)
         recent = store.activity(conn, since, scope)
@@ -114,13 +117,13 @@ def collect(
         ]
         listed = {f.tenant for f in live if f.tenant} | {a.tenant for a in recent if a.tenant}
         tenant_caps = store.effective_caps(conn, sorted(listed))
-    deliverer = core.deliverer()
-    pushed = [(r.queue_job_id, r.due_at, r.stuck) for r in overdue if r.queue_job_id]
-    alive = deliverer.live(pushed) if pushed else []
-    queued, deferred = deliverer.depth() if scope is None else (None, None)
-    orphans = orphan_jobs(core)
+        deliverer = core.deliverer()
+        pushed = [(r.queue_job_id, r.due_at, r.stuck) for r in overdue if r.queue_job_id]
+        alive = deliverer.live(pushed) if pushed else []
+        queued, deferred = deliverer.depth() if scope is None else (None, None)
+        orphans = list(orphan_jobs(core, reading=conn))
     if scope is not None:
-        orphans = (job for job in orphans if job_tenant(job) == job_tenant_part(scope))
+        orphans = [job for job in orphans if job_tenant(job) == job_tenant_part(scope)]
     return Stats(
         at=now,
         since=since,
@@ -130,9 +133,10 @@ def collect(
         queued=queued,
         deferred=deferred,
         schedules_without_job=(len(overdue) - len(pushed)) + alive.count(False),
-        jobs_without_schedule=sum(1 for _ in orphans),
+        jobs_without_schedule=len(orphans),
         quotas=quotas,
         tenant_caps=tenant_caps,
+        freshness=fresh,
     )
 
 
@@ -152,7 +156,7 @@ def lag_over_time(
 ) -> list[store.LagPoint]:
     """The start lag (p50, p99) per ``step`` over the last ``since``: of one tenant when
     ``app`` is a tenant-scoped App."""
-    with app.core.engine.connect() as conn:
+    with app.core.reading() as (conn, _):
         return store.lag_series(conn, since, step, getattr(app, "scope", None))
 
 
@@ -182,8 +186,10 @@ def render(stats: Stats) -> str:
     """A readable table of the figures."""
     overall, recent = stats.overall, stats.recent
     minutes = stats.since.total_seconds() / 60
+    warning = stats.freshness.warning()
     lines = [
         f"duejobs at {stats.at:%Y-%m-%d %H:%M:%S} UTC (history: last {minutes:g} min)",
+        *([] if warning is None else [f"  WARNING: {warning}"]),
         "",
         f"  scheduled {overall.scheduled:>9}   running {overall.running:>6}   "
         f"queued in Redis {_count(stats.queued):>7}   "

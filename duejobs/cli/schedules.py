@@ -258,9 +258,13 @@ def list_schedules(
             after=after,
             latest_first=latest_first,
         )
+    warning = page.freshness.warning()
+    if warning is not None:
+        click.echo(f"warning: {warning}", err=True)
     if as_json:
         rows = [_schedule_dict(s) for s in page.schedules]
-        click.echo(json.dumps({"schedules": rows, "next": page.next_cursor}, default=str))
+        listed = {"schedules": rows, "next": page.next_cursor}
+        click.echo(json.dumps({**listed, "freshness": page.freshness.as_dict()}, default=str))
         return
     for s in page.schedules:
         key_part = f"  key={s.key}" if s.key else ""

@@ -50,13 +50,16 @@ from duejobs.store.figures import (
     Activity,
     LagPoint,
     LiveFigures,
+    ReplayPosition,
     ScheduleOutcome,
     activity,
     lag_series,
     live_figures,
     outcomes,
+    replay_position,
     start_lag,
     status_counts,
+    wal_position,
 )
 from duejobs.store.listing import ListFilter, Position, list_schedules
 from duejobs.store.queries import (
@@ -141,6 +144,7 @@ __all__ = [
     "Position",
     "Query",
     "Quota",
+    "ReplayPosition",
     "RunClaim",
     "ScheduleOutcome",
     "SkipReason",
@@ -195,6 +199,7 @@ __all__ = [
     "record_effect",
     "record_repushed",
     "record_stale",
+    "replay_position",
     "reschedule",
     "rescue_expired",
     "retry",
@@ -207,6 +212,7 @@ __all__ = [
     "start_lag",
     "status_counts",
     "use_schema",
+    "wal_position",
     "walk_tenants",
     "window_page",
 ]

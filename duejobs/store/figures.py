@@ -142,3 +142,27 @@ def start_lag(conn: Connection, ids: Sequence[uuid.UUID]) -> tuple[float | None,
     row = run_one(conn, "start_lag", {"ids": list(ids)})
     lag = row.lag if row else None
     return (lag[0], lag[1]) if lag else (None, None)
+
+
+@dataclass(frozen=True)
+class ReplayPosition:
+    """How far a read replica has replayed the primary's log (see :func:`replay_position`)."""
+
+    in_recovery: bool  # False: the server is a primary, not a replica
+    caught_up: bool  # it has replayed the primary's log up to the position asked about
+    behind: timedelta | None  # since the commit of the last transaction it replayed
+
+
+def wal_position(conn: Connection) -> str:
+    """The primary's write-ahead log position now (an LSN, as text)."""
+    row = run_one(conn, "wal_position")
+    assert row is not None
+    return str(row.lsn)
+
+
+def replay_position(conn: Connection, lsn: str) -> ReplayPosition:
+    """On a replica: whether it has replayed up to ``lsn``, and how old its last replayed
+    commit is."""
+    row = run_one(conn, "replay_position", {"lsn": lsn})
+    assert row is not None
+    return ReplayPosition(bool(row.in_recovery), bool(row.caught_up), row.behind)

@@ -8,9 +8,10 @@ Setup::
 
 Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` whose
 connection duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3);
-``DATABASE_URL`` (default: built from that alias's settings); ``SCHEMA`` (of duejobs'
-tables, default ``public``); ``QUEUE`` (the RQ queue,
-default ``duejobs``); ``MAX_PAYLOAD_BYTES``. An unknown key or a database that is not
+``DATABASE_URL`` (default: built from that alias's settings); ``READ_DATABASE_URL`` (a
+streaming replica for the operators' reads, :mod:`duejobs.replica`); ``SCHEMA`` (of duejobs'
+tables, default ``public``); ``QUEUE`` (the RQ queue, default ``duejobs``);
+``MAX_PAYLOAD_BYTES``. An unknown key or a database that is not
 PostgreSQL on psycopg 3 is :class:`~django.core.exceptions.ImproperlyConfigured`.
 
 Promises:
@@ -57,7 +58,10 @@ from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue
 __all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]
 
 F = TypeVar("F", bound=Callable[..., Any])
-_KEYS = {"REDIS_URL", "DATABASE", "DATABASE_URL", "SCHEMA", "QUEUE", "MAX_PAYLOAD_BYTES"}
+_KEYS = {
+    *("REDIS_URL", "DATABASE", "DATABASE_URL", "READ_DATABASE_URL", "SCHEMA", "QUEUE"),
+    "MAX_PAYLOAD_BYTES",
+}
 
 
 def _config() -> dict[str, Any]:
@@ -130,7 +134,9 @@ class DjangoApp(App):
     def __init__(self) -> None:
         database_url, redis_url, alias = settings_urls()
         config = _config()
-        resolved = Settings.from_env(database_url, redis_url, config.get("SCHEMA"))
+        resolved = Settings.from_env(
+            database_url, redis_url, config.get("SCHEMA"), config.get("READ_DATABASE_URL")
+        )
         core = _DjangoCore(
             resolved,
             make_engine(resolved.database_url, schema=resolved.schema),

@@ -71,3 +71,15 @@ FROM scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))
 SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
            (ORDER BY CAST(detail->>'lag_ms' AS double precision)) AS lag
 FROM scheduled_job_events WHERE kind = 'started' AND schedule_id = ANY(CAST(:ids AS uuid[]))
+
+-- name: wal_position
+-- Where the primary's write-ahead log ends now: a replica that has replayed this far has
+-- every transaction committed before this statement.
+SELECT CAST(pg_current_wal_lsn() AS text) AS lsn
+
+-- name: replay_position
+-- How far a replica has replayed: whether it has reached :lsn (read from the primary just
+-- before), and how long ago the last transaction it replayed was committed.
+SELECT pg_is_in_recovery() AS in_recovery,
+       COALESCE(pg_last_wal_replay_lsn() >= CAST(:lsn AS pg_lsn), false) AS caught_up,
+       statement_timestamp() - pg_last_xact_replay_timestamp() AS behind

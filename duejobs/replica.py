@@ -1,0 +1,63 @@
+"""Reads off the primary: the operators' figures and lists from a streaming replica.
+
+With ``DUEJOBS_READ_DATABASE_URL`` (or ``App(read_database_url=...)``) naming a streaming
+replica of the primary, these read there: ``duejobs stats`` and :func:`duejobs.stats.collect`
+(so the reconciler's gauges, ``--stats-every``), the start lag over time, :meth:`App.list
+<duejobs.App.list>` and ``duejobs list``, the list of recurring definitions, and the
+dashboard's overview and lists. Every decision stays on the primary: the claim and the push,
+a worker's revalidation and outcome, cancel, reschedule, retry, the reconciler's rescue,
+re-push and orphan removal. So do ``App.get``, ``history`` and ``attempts``: a caller reads
+there what it has just written (the dashboard's page of one schedule, shown again after an
+action, is one of them), and they cost a few index lookups.
+
+**How current a read is.** Before reading, the primary's log position is read (one statement,
+no table), then the replica says whether it has replayed that far. If it has, the read is
+*current*: it sees every transaction committed before it began. If not, its ``lag`` is the age
+of the last transaction the replica replayed — an upper bound: everything committed up to
+that transaction is seen, anything later may not be. A read whose lag is over ``max_lag``
+(``App(read_max_lag=)``, default 10 s), or unknown (a replica that has replayed nothing since
+it started), is **stale** and says so instead of passing for current: ``Stats.freshness`` and
+``Page.freshness`` tell it, ``duejobs stats`` and ``duejobs list`` print a warning, the
+dashboard shows a banner.
+
+Metric: ``duejobs_read_replica_lag_seconds``, set at each read from the replica (0 when
+current; +Inf when unknown).
+
+What it does not do: fall back to the primary when the replica is stale or down (the
+operators' reads would land on the primary when it is busiest; a replica that does not answer
+raises :class:`~duejobs.errors.DatabaseUnavailableError` naming it); spread reads over several
+replicas (put a pooler or a DNS name in front); notice a read URL that names some other
+primary rather than a replica (a server that is not in recovery is taken as current).
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+from prometheus_client import Gauge
+
+from duejobs import store
+from duejobs.models import CURRENT, Freshness
+
+__all__ = ["CURRENT", "DEFAULT_MAX_LAG", "REPLICA_LAG", "Freshness", "freshness"]
+
+DEFAULT_MAX_LAG = timedelta(seconds=10)
+
+REPLICA_LAG = Gauge(
+    "duejobs_read_replica_lag_seconds",
+    "How far behind the primary the read replica's last read was (0: current).",
+)
+
+
+def freshness(position: store.ReplayPosition, max_lag: timedelta) -> Freshness:
+    """A replica's read, as current as :func:`store.replay_position` says (see the module
+    docstring); the lag is exported."""
+    if position.caught_up or not position.in_recovery:
+        lag: timedelta | None = timedelta(0)
+    elif position.behind is None:
+        lag = None
+    else:
+        lag = max(position.behind, timedelta(0))
+    REPLICA_LAG.set(math.inf if lag is None else lag.total_seconds())
+    return Freshness("replica", lag, max_lag)
