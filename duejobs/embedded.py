@@ -10,7 +10,9 @@ What it promises:
   reuses it; the last live user stops it when it exits.
 * **No orphans.** Users are recorded as (pid, process start time). A user that was killed
   with SIGKILL is pruned by the next process that takes the lock, which then owns the server
-  and stops it when done; a server that no longer answers is replaced.
+  and stops it when done; a server whose process has died is replaced. One whose process
+  runs but answers late (paused, busy) is waited for up to ``_ANSWER_GRACE`` — never stopped
+  under the processes using it — then refused with an error naming it.
 
 What it does not promise: production use (no passwords, no durability tuning), Windows, or
 survival of a server when its last user is killed with nothing else started after it (the
@@ -46,6 +48,8 @@ from duejobs.errors import ConfigurationError
 DEFAULT_DATA_DIR = Path(".duejobs")
 EMBEDDED_DATABASE = "duejobs"
 _START_TIMEOUT = 30.0
+# How long a newcomer waits for a running server that answers late before giving up on it.
+_ANSWER_GRACE = 30.0
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,7 @@ class EmbeddedServer(abc.ABC):
         with self._locked():
             endpoint, users = self._read_state()
             users = self._live(users)
-            reused = endpoint is not None and self._responds(endpoint)
+            reused = endpoint is not None and self._answers(endpoint)
             if not reused:
                 if endpoint is not None:
                     self._terminate(endpoint)
@@ -154,6 +158,27 @@ class EmbeddedServer(abc.ABC):
         self._owner_pid = os.getpid()
         atexit.register(self.release)
         return endpoint.url, reused
+
+    def _answers(self, endpoint: Endpoint) -> bool:
+        """Whether the server at ``endpoint`` answers: False once its process is gone, after
+        waiting for one that runs but answers late (it serves other processes)."""
+        import psutil
+
+        deadline = time.monotonic() + _ANSWER_GRACE
+        while not self._responds(endpoint):
+            try:
+                if psutil.Process(endpoint.pid).status() == psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.NoSuchProcess:
+                return False
+            if time.monotonic() > deadline:
+                raise ConfigurationError(
+                    f"the embedded {self.label} (pid {endpoint.pid}) runs but has not answered "
+                    f"for {_ANSWER_GRACE:g} s; stop it, or use another data folder than "
+                    f"{self.folder.parent}"
+                )
+            time.sleep(0.2)
+        return True
 
     def release(self) -> None:
         """Leave the lease; stop the server when no live user remains."""

@@ -117,3 +117,21 @@ def test_a_server_that_died_is_replaced(tmp_path: Path) -> None:
         second.stop()
         first.stop()
     assert _wait_gone(pids)
+
+
+def test_a_server_that_is_slow_to_answer_is_waited_for_not_replaced(tmp_path: Path) -> None:
+    """A paused or busy server still serves the processes that started it: a newcomer that
+    took a late answer for a dead server stopped it under them."""
+    first = start_embedded(tmp_path)
+    redis_pid = _server_pids(tmp_path)[1]
+    with redis.Redis.from_url(first.redis_url) as client:
+        client.execute_command("CLIENT", "PAUSE", 5_000, "ALL")
+    second = start_embedded(tmp_path)
+    try:
+        assert second.reused and second.redis_url == first.redis_url
+        assert _running(redis_pid)
+    finally:
+        pids = _server_pids(tmp_path)
+        second.stop()
+        first.stop()
+    assert _wait_gone(pids)

@@ -234,7 +234,13 @@ def test_each_filter_is_served_by_an_index_at_a_million_rows(app: App) -> None:
 
         now = datetime.fromisoformat("2026-01-01T00:00:00+00:00")
         live = {"scheduled_jobs_claim_idx", "scheduled_jobs_due_idx", "scheduled_jobs_lease_idx"}
-        tenant_live = {"scheduled_jobs_claim_tenant_idx", "scheduled_jobs_pushed_idx"}
+        # The unpushed rows of one tenant: by the tenant's claim index, or (PostgreSQL 18 on
+        # some samples of ANALYZE, this tenant holding 1% of the rows) by walking the claim
+        # index in due order and keeping the tenant's, which reads about limit / 1% entries.
+        tenant_live = {
+            ("scheduled_jobs_claim_tenant_idx", "scheduled_jobs_claim_idx"),
+            "scheduled_jobs_pushed_idx",
+        }
         plans = {
             "nothing": (plan(), {*live, "scheduled_jobs_list_finished_idx"}),
             "tenant": (
@@ -266,4 +272,5 @@ def test_each_filter_is_served_by_an_index_at_a_million_rows(app: App) -> None:
     for name, (shown, indexes) in plans.items():
         assert "Seq Scan on scheduled_jobs" not in shown, (name, shown)
         for index in indexes:
-            assert index in shown, (name, index, shown)
+            either = index if isinstance(index, tuple) else (index,)
+            assert any(one in shown for one in either), (name, index, shown)
