@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, TypeVar
 
@@ -128,7 +128,13 @@ class _Placement(NamedTuple):
 
 
 class App(RecurringAPI, QuotaAPI):
-    """The entry point: ``App()`` reads the URLs from the environment."""
+    """The entry point: ``App()`` reads the URLs from the environment.
+
+    Beyond the two URLs: ``schema`` (of duejobs' tables), ``queue`` (the default RQ queue),
+    ``max_payload_bytes``, ``trace_runs`` (:mod:`duejobs.tracing`); ``read_database_url`` and
+    ``read_max_lag``, a replica for the operators' reads (:mod:`duejobs.replica`);
+    ``redis_nodes``, queue → Redis URL for queues that live on a Redis of their own
+    (``DUEJOBS_REDIS_NODES``; every other queue lives on ``redis_url``)."""
 
     def __init__(
         self,
@@ -141,8 +147,11 @@ class App(RecurringAPI, QuotaAPI):
         trace_runs: str = tracing.LINK,
         read_database_url: str | None = None,
         read_max_lag: timedelta = replica.DEFAULT_MAX_LAG,
+        redis_nodes: Mapping[str, str] | None = None,
     ) -> None:
-        settings = Settings.from_env(database_url, redis_url, schema, read_database_url)
+        settings = Settings.from_env(
+            database_url, redis_url, schema, read_database_url, redis_nodes
+        )
         if trace_runs not in tracing.TRACE_RUNS:
             raise ConfigurationError(
                 f"trace_runs must be one of {', '.join(tracing.TRACE_RUNS)}, got {trace_runs!r}"

@@ -129,7 +129,7 @@ class AsyncApp:
         if self._read_engine is not None:
             await self._read_engine.dispose()
         if self._core._deliverer is not None:
-            self._core._deliverer.redis.close()
+            self._core._deliverer.close()
 
     async def __aenter__(self) -> AsyncApp:
         return self

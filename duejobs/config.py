@@ -1,7 +1,8 @@
 """Where duejobs finds PostgreSQL and Redis.
 
 ``DUEJOBS_DATABASE_URL`` and ``DUEJOBS_REDIS_URL`` name them; ``DUEJOBS_READ_DATABASE_URL``
-optionally names a streaming replica for the operators' reads (:mod:`duejobs.replica`). A
+optionally names a streaming replica for the operators' reads (:mod:`duejobs.replica`), and
+``DUEJOBS_REDIS_NODES`` other Redis servers for some queues (:func:`parse_redis_nodes`). A
 library :class:`~duejobs.App` never invents a database: without a URL it raises
 :class:`ConfigurationError`. Only the CLI and the test suite fall back to the embedded servers
 (:mod:`duejobs.embedded`), and say so.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -21,6 +23,7 @@ from duejobs.errors import ConfigurationError
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 READ_DATABASE_ENV = "DUEJOBS_READ_DATABASE_URL"
+REDIS_NODES_ENV = "DUEJOBS_REDIS_NODES"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
 SCHEMA_ENV = "DUEJOBS_SCHEMA"
 DEFAULT_SCHEMA = "public"
@@ -117,6 +120,39 @@ def check_redis_url(url: str) -> str:
     return url
 
 
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+
+
+def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """Queues that live on a Redis of their own, as (queue, URL) pairs: from a mapping, or from
+    ``DUEJOBS_REDIS_NODES``'s text, ``queue=url`` pairs separated by commas or spaces
+    (``emails=redis://r2:6379/0, reports=redis://r3:6379/0``). Every other queue lives on
+    ``DUEJOBS_REDIS_URL``. A malformed pair, a bad URL or a queue named twice is refused."""
+    if not spec:
+        return ()
+    if isinstance(spec, str):
+        pairs = []
+        for item in re.split(r"[,\s]+", spec.strip()):
+            queue, sep, url = item.partition("=")
+            if not sep:
+                shown = redacted(item) if "://" in item else item
+                raise ConfigurationError(
+                    f"{REDIS_NODES_ENV}: expected queue=url pairs, got {shown!r}"
+                )
+            pairs.append((queue, url))
+    else:
+        pairs = list(spec.items())
+    seen: set[str] = set()
+    for queue, url in pairs:
+        if not isinstance(queue, str) or not _QUEUE_NAME.fullmatch(queue):
+            raise ConfigurationError(f"redis nodes: not a queue name: {queue!r}")
+        if queue in seen:
+            raise ConfigurationError(f"redis nodes: queue {queue!r} is given twice")
+        seen.add(queue)
+        check_redis_url(url)
+    return tuple(pairs)
+
+
 @dataclass(frozen=True)
 class Settings:
     """The two URLs duejobs needs. Writing schedules needs only the database; the scheduler,
@@ -127,6 +163,7 @@ class Settings:
     redis_url: str | None
     schema: str = DEFAULT_SCHEMA  # where duejobs' tables live (DUEJOBS_SCHEMA)
     read_database_url: str | None = None  # a streaming replica of database_url
+    redis_nodes: tuple[tuple[str, str], ...] = ()  # (queue, URL): queues on another Redis
 
     @classmethod
     def from_env(
@@ -135,6 +172,7 @@ class Settings:
         redis_url: str | None = None,
         schema: str | None = None,
         read_database_url: str | None = None,
+        redis_nodes: Mapping[str, str] | None = None,
     ) -> Settings:
         """Explicit arguments first, then the environment; no database URL is a clear error."""
         db = database_url or os.environ.get(DATABASE_ENV)
@@ -155,6 +193,9 @@ class Settings:
             redis_url=redis,
             schema=where,
             read_database_url=sqlalchemy_url(read) if read else None,
+            redis_nodes=parse_redis_nodes(
+                redis_nodes if redis_nodes is not None else os.environ.get(REDIS_NODES_ENV)
+            ),
         )
 
     def require_redis(self) -> str:
@@ -164,3 +205,7 @@ class Settings:
                 f"{REDIS_ENV} is not set: pass App(redis_url=...) or set the variable"
             )
         return self.redis_url
+
+    def redis_url_for(self, queue: str) -> str:
+        """The URL of the Redis that ``queue`` lives on."""
+        return dict(self.redis_nodes).get(queue) or self.require_redis()

@@ -139,11 +139,12 @@ class Core:
         worker's slots asks first)."""
         with _DELIVERER_LOCK:
             if self._deliverer is None:
-                redis = Redis.from_url(
-                    self.settings.require_redis(),
-                    max_connections=max(_REDIS_POOL, self._redis_connections),
-                )
-                self._deliverer = Deliverer(redis, self.queue)
+                size = max(_REDIS_POOL, self._redis_connections)
+                default = self.settings.require_redis()
+                urls = {default, *(url for _, url in self.settings.redis_nodes)}
+                clients = {url: Redis.from_url(url, max_connections=size) for url in urls}
+                nodes = {queue: clients[url] for queue, url in self.settings.redis_nodes}
+                self._deliverer = Deliverer(clients[default], self.queue, nodes)
         return self._deliverer
 
     def ensure_pool(self, connections: int) -> None:
@@ -168,7 +169,7 @@ class Core:
         if self.read_engine is not None:
             self.read_engine.dispose()
         if self._deliverer is not None:
-            self._deliverer.redis.close()
+            self._deliverer.close()
 
     @contextlib.contextmanager
     def database(self, which: str = "PostgreSQL") -> Iterator[None]:

@@ -118,7 +118,7 @@ def collect(
         listed = {f.tenant for f in live if f.tenant} | {a.tenant for a in recent if a.tenant}
         tenant_caps = store.effective_caps(conn, sorted(listed))
         deliverer = core.deliverer()
-        pushed = [(r.queue_job_id, r.due_at, r.stuck) for r in overdue if r.queue_job_id]
+        pushed = [(r.queue_job_id, r.due_at, r.stuck, r.queue) for r in overdue if r.queue_job_id]
         alive = deliverer.live(pushed) if pushed else []
         queued, deferred = deliverer.depth() if scope is None else (None, None)
         orphans = list(orphan_jobs(core, reading=conn))
@@ -148,7 +148,8 @@ def queue_job(app: HasCore, schedule: Schedule) -> JobState | None:
     with app.core.engine.connect() as conn:
         now = store.database_now(conn)
     stuck = now - schedule.due_at > STUCK_AFTER
-    return app.core.deliverer().job_state(schedule.queue_job_id, schedule.due_at, stuck)
+    deliverer = app.core.deliverer()
+    return deliverer.job_state(schedule.queue_job_id, schedule.due_at, stuck, schedule.queue)
 
 
 def lag_over_time(

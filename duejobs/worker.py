@@ -90,7 +90,7 @@ from sqlalchemy.exc import DBAPIError
 
 from duejobs import metrics, store, tracing
 from duejobs.batches import GroupCommit
-from duejobs.config import check_count, check_duration
+from duejobs.config import check_count, check_duration, redacted
 from duejobs.context import Context
 from duejobs.core import HasCore
 from duejobs.delivery import EXIT_WEDGED, STUCK_AFTER, Delivered, Deliverer, DuejobsWorker
@@ -220,9 +220,16 @@ class Runtime:
         with self._wedged_lock:
             return self._wedged
 
-    @property
-    def redis_url(self) -> str:
-        return self.core.settings.require_redis()
+    def redis_url_for(self, queues: Sequence[str]) -> str:
+        """The Redis node ``queues`` live on: a worker serves the queues of one node (RQ's
+        dequeue waits on their lists in one call), so queues on several are refused."""
+        homes = {queue: self.core.settings.redis_url_for(queue) for queue in queues}
+        if len(set(homes.values())) > 1:
+            where = ", ".join(f"{queue} on {redacted(url)}" for queue, url in homes.items())
+            raise ConfigurationError(
+                f"a worker serves queues of one Redis node; these live on several: {where}"
+            )
+        return next(iter(homes.values()))
 
     @property
     def default_queue(self) -> str:

@@ -30,8 +30,13 @@ What it promises:
 * **One round trip per batch**, not per job; **JSON only** — a job carries ids and the
   version, never the payload, and a Redis writer cannot get code executed by unpickling.
 
+* **Queues on several nodes.** ``DUEJOBS_REDIS_NODES`` puts queues on Redis servers of their
+  own; every operation goes to the node of the job's queue, and one node that fails holds up
+  no other (see :class:`Deliverer`).
+
 What it does not do: decide anything. Whether a job runs is the database's call (the
-worker re-reads the row). Redis Cluster is not supported (job keys are not declared keys).
+worker re-reads the row). Redis Cluster is not supported (the scripts touch job hashes that
+are not declared keys, and RQ's commands span several keys): map queues to standalone nodes.
 """
 
 from duejobs.delivery.deliverer import (

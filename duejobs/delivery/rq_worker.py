@@ -58,8 +58,9 @@ class Delivered:
 class Performer(Protocol):
     """What runs deliveries for a :class:`DuejobsWorker` (the worker's ``Runtime``)."""
 
-    @property
-    def redis_url(self) -> str: ...
+    def redis_url_for(self, queues: Sequence[str]) -> str:
+        """The Redis node the queues live on (refused when they live on several)."""
+        ...
 
     @property
     def default_queue(self) -> str: ...
@@ -193,9 +194,12 @@ class DuejobsWorker(SimpleWorker):
         slots = performer.concurrency
         # One Redis connection per slot at most, the main loop's, RQ's pubsub and a few more
         # (redis-py's default pool of 100 would fail slots past that).
-        connection = Redis.from_url(performer.redis_url, max_connections=slots + _REDIS_SPARE)
+        names = list(queues) or [performer.default_queue]
+        connection = Redis.from_url(
+            performer.redis_url_for(names), max_connections=slots + _REDIS_SPARE
+        )
         super().__init__(
-            list(queues) or [performer.default_queue],
+            names,
             connection=connection,
             serializer=JSONSerializer,
             job_class=job_class,
@@ -243,17 +247,16 @@ class DuejobsWorker(SimpleWorker):
 
     def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> tuple[Job, Queue] | None:
         """RQ's blocking dequeue, which waits out a Redis that answers too late (paused,
-        overloaded, failing over) instead of ending the worker: RQ 2.x retries a dropped
-        connection but quits on a timeout, so every idle worker would stop at that moment.
-        None once a stop is requested."""
+        overloaded, failing over) or not at all (restarting) instead of ending the worker:
+        RQ retries a dropped connection inside its wait but quits on a timeout, or on a
+        refused connection when it marks the worker idle first, so every idle worker would
+        stop at that moment. None once a stop is requested."""
         wait = 1.0
         while not self._stop_requested:
             try:
                 return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-            except RedisTimeoutError as exc:
-                log.warning(
-                    "Redis did not answer a dequeue in time (%s); retrying in %.0f s", exc, wait
-                )
+            except (RedisTimeoutError, RedisConnectionError) as exc:
+                log.warning("Redis did not answer a dequeue (%s); retrying in %.0f s", exc, wait)
                 time.sleep(wait)
                 wait = min(wait * 2, _DEQUEUE_BACKOFF_CAP)
         return None
@@ -311,7 +314,15 @@ class DuejobsWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         if self._pool is None:
-            super().execute_job(job, queue)
+            try:
+                super().execute_job(job, queue)
+            except RedisError as exc:  # RQ would end the worker: the next dequeue waits
+                log.warning(
+                    "Redis failed while RQ closed job %s (%s); its outcome is in the database, "
+                    "the worker goes on",
+                    job.id,
+                    exc,
+                )
             return
         with self._busy_lock:
             self._busy += 1

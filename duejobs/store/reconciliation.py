@@ -79,6 +79,7 @@ class OverdueRow:
     queue_job_id: str | None  # None: not pushed yet
     due_at: datetime
     stuck: bool  # overdue by more than the ``stuck_after`` asked for
+    queue: str | None  # its RQ queue (None: the App's default)
 
 
 def overdue_rows(
@@ -86,4 +87,4 @@ def overdue_rows(
 ) -> list[OverdueRow]:
     """``scheduled`` rows already due, oldest first (at most ``limit``; one tenant's)."""
     rows = run(conn, "overdue_rows", {"limit": limit, "stuck": stuck_after, "tenant": tenant})
-    return [OverdueRow(r.queue_job_id, r.due_at.astimezone(UTC), r.stuck) for r in rows]
+    return [OverdueRow(r.queue_job_id, r.due_at.astimezone(UTC), r.stuck, r.queue) for r in rows]

