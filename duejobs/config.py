@@ -19,7 +19,7 @@ from datetime import timedelta
 from redis.connection import parse_url
 from sqlalchemy.engine import make_url
 
-from duejobs.errors import ConfigurationError
+from duejobs.errors import ConfigurationError, DuejobsError
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 READ_DATABASE_ENV = "DUEJOBS_READ_DATABASE_URL"
@@ -120,32 +120,46 @@ def check_redis_url(url: str) -> str:
     return url
 
 
-_QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+def _shown(text: str) -> str:
+    """A piece of configuration as an error may show it: never what could be a password
+    (anything before an ``@``, a URL's credentials)."""
+    if "://" in text:
+        return redacted(text)
+    if "@" in text:
+        return "…@" + text.rsplit("@", 1)[1]
+    return text
 
 
 def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     """Queues that live on a Redis of their own, as (queue, URL) pairs: from a mapping, or from
     ``DUEJOBS_REDIS_NODES``'s text, ``queue=url`` pairs separated by commas or spaces
-    (``emails=redis://r2:6379/0, reports=redis://r3:6379/0``). Every other queue lives on
-    ``DUEJOBS_REDIS_URL``. A malformed pair, a bad URL or a queue named twice is refused."""
+    (``emails=redis://r2:6379/0, reports=redis://r3:6379/0``; percent-encode a comma or a
+    space in a password). Every other queue lives on ``DUEJOBS_REDIS_URL``. A malformed pair,
+    a queue name RQ would refuse, a bad URL or a queue named twice is refused, the error
+    showing no password."""
+    from duejobs.validation import check_queue  # validation's errors are the App's own
+
     if not spec:
         return ()
     if isinstance(spec, str):
         pairs = []
         for item in re.split(r"[,\s]+", spec.strip()):
             queue, sep, url = item.partition("=")
-            if not sep:
-                shown = redacted(item) if "://" in item else item
+            if not sep or "://" in queue or "@" in queue:
                 raise ConfigurationError(
-                    f"{REDIS_NODES_ENV}: expected queue=url pairs, got {shown!r}"
+                    f"{REDIS_NODES_ENV}: expected queue=url pairs, got {_shown(item)!r}"
                 )
             pairs.append((queue, url))
     else:
         pairs = list(spec.items())
     seen: set[str] = set()
     for queue, url in pairs:
-        if not isinstance(queue, str) or not _QUEUE_NAME.fullmatch(queue):
-            raise ConfigurationError(f"redis nodes: not a queue name: {queue!r}")
+        try:
+            check_queue(queue)
+        except DuejobsError:
+            raise ConfigurationError(
+                f"redis nodes: not a queue name: {_shown(str(queue))!r}"
+            ) from None
         if queue in seen:
             raise ConfigurationError(f"redis nodes: queue {queue!r} is given twice")
         seen.add(queue)

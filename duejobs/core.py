@@ -23,6 +23,8 @@ from datetime import timedelta
 from typing import Any, Protocol, TypeAlias
 
 from redis import Redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import (
     DBAPIError,
@@ -100,6 +102,11 @@ def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any)
 
 
 _DELIVERER_LOCK = threading.Lock()
+# Seconds a call to Redis may take before it is tried once more and then fails: a server that
+# hangs (paused, partitioned) fails a pass after about twice this, instead of holding it, and
+# its neighbours' work, for good (redis-py alone retries ten times). A dropped connection is
+# still replaced by the one retry.
+REDIS_TIMEOUT = 10.0
 # redis-py's own default pool size, kept as the least the deliverer gets.
 _REDIS_POOL = 100
 
@@ -142,7 +149,16 @@ class Core:
                 size = max(_REDIS_POOL, self._redis_connections)
                 default = self.settings.require_redis()
                 urls = {default, *(url for _, url in self.settings.redis_nodes)}
-                clients = {url: Redis.from_url(url, max_connections=size) for url in urls}
+                clients = {
+                    url: Redis.from_url(
+                        url,
+                        max_connections=size,
+                        socket_timeout=REDIS_TIMEOUT,
+                        socket_connect_timeout=REDIS_TIMEOUT,
+                        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 1),
+                    )
+                    for url in urls
+                }
                 nodes = {queue: clients[url] for queue, url in self.settings.redis_nodes}
                 self._deliverer = Deliverer(clients[default], self.queue, nodes)
         return self._deliverer
@@ -203,8 +219,7 @@ class Core:
         with self.database(), self.engine.connect() as primary:
             lsn = store.wal_position(primary)
         with self.database("the read replica"), self.read_engine.connect() as conn:
-            position = store.replay_position(conn, lsn)
-            yield conn, replica.freshness(position, self.read_max_lag)
+            yield conn, replica.measure(conn, lsn, self.read_max_lag)
 
     @contextlib.contextmanager
     def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:

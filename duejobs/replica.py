@@ -11,7 +11,8 @@ there what it has just written (the dashboard's page of one schedule, shown agai
 action, is one of them), and they cost a few index lookups.
 
 **How current a read is.** Before reading, the primary's log position is read (one statement,
-no table), then the replica says whether it has replayed that far. If it has, the read is
+no table; records not yet written included), then the replica says whether it has replayed
+that far, given half a second (``CATCH_UP_WAIT``) to get there. If it has, the read is
 *current*: it sees every transaction committed before it began. If not, its ``lag`` is the age
 of the last transaction the replica replayed — an upper bound: everything committed up to
 that transaction is seen, anything later may not be. A read whose lag is over ``max_lag``
@@ -33,21 +34,37 @@ primary rather than a replica (a server that is not in recovery is taken as curr
 from __future__ import annotations
 
 import math
+import time
 from datetime import timedelta
 
 from prometheus_client import Gauge
+from sqlalchemy import Connection
 
 from duejobs import store
 from duejobs.models import CURRENT, Freshness
 
-__all__ = ["CURRENT", "DEFAULT_MAX_LAG", "REPLICA_LAG", "Freshness", "freshness"]
+__all__ = ["CURRENT", "DEFAULT_MAX_LAG", "REPLICA_LAG", "Freshness", "freshness", "measure"]
 
 DEFAULT_MAX_LAG = timedelta(seconds=10)
+# How long a read waits for a replica that has not yet replayed the primary's position.
+CATCH_UP_WAIT = 0.5
 
 REPLICA_LAG = Gauge(
     "duejobs_read_replica_lag_seconds",
     "How far behind the primary the read replica's last read was (0: current).",
 )
+
+
+def measure(conn: Connection, lsn: str, max_lag: timedelta) -> Freshness:
+    """How current a read on the replica ``conn`` is, against the primary's position
+    ``lsn``: a replica a moment behind (the last records not yet streamed or replayed) is
+    given ``CATCH_UP_WAIT`` to reach it, so a healthy one reads as current."""
+    deadline = time.monotonic() + CATCH_UP_WAIT
+    position = store.replay_position(conn, lsn)
+    while position.in_recovery and not position.caught_up and time.monotonic() < deadline:
+        time.sleep(0.02)
+        position = store.replay_position(conn, lsn)
+    return freshness(position, max_lag)
 
 
 def freshness(position: store.ReplayPosition, max_lag: timedelta) -> Freshness:

@@ -95,11 +95,14 @@ class Loop:
         report: Callable[[R], None] | None = None,
     ) -> None:
         """Pass after pass until :meth:`stop`: after a pass, ``report`` its result and wait
-        ``pause(result)``; after a failure, wait :func:`backoff` of the failures in a row."""
+        ``pause(result)``; after a failure (of the pass or of its report), wait
+        :func:`backoff` of the failures in a row."""
         failures = 0
         while not self.stopping:
             try:
                 result = run_once()
+                if report is not None:  # its figures may read Redis and PostgreSQL too
+                    report(result)
             except Exception as exc:  # an outage, or a bug one row's data set off: go on
                 self.failed.inc()
                 failures += 1
@@ -117,6 +120,4 @@ class Loop:
             if failures:
                 self.log.info("%s recovered after %d failed passes", self.name, failures)
             failures = 0
-            if report is not None:
-                report(result)
             self.wait(pause(result).total_seconds())

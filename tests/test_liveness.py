@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from redis.exceptions import RedisError
 from sqlalchemy import Connection, text
 
 from duejobs import App, Status, recurring, stats, store
@@ -337,6 +338,29 @@ def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
     assert calls["n"] >= 2
     if loop == "scheduler":
         assert sample("duejobs_scheduler_failed_passes_total") == failed_before + 1
+
+
+def test_a_report_that_fails_does_not_stop_the_loop(system: System) -> None:
+    """The reconciler's report refreshes the gauges, which read PostgreSQL and Redis: an
+    outage meeting it there ended the loop (the report ran outside the pass's guard)."""
+    reports = {"n": 0}
+
+    def report(result: object) -> None:
+        reports["n"] += 1
+        if reports["n"] == 1:
+            raise RedisError("the gauges met Redis gone")
+
+    reconciler = Reconciler(system.app)
+    failed_before = sample("duejobs_reconciler_failed_passes_total")
+    thread = threading.Thread(target=reconciler.run, args=(timedelta(milliseconds=20), report))
+    thread.start()
+    try:
+        wait_for(lambda: reports["n"] >= 3, 10, "reports after the failed one")
+    finally:
+        reconciler.stop()
+        thread.join(10)
+    assert not thread.is_alive()
+    assert sample("duejobs_reconciler_failed_passes_total") == failed_before + 1
 
 
 def test_a_schedule_due_long_ago_is_pushed_again_after_redis_loses_it(system: System) -> None:

@@ -6,7 +6,9 @@ Seen failing against code broken on purpose: every push on the default node (``_
 answering the default whatever the queue) →
 ``test_each_queue_is_pushed_promoted_and_counted_on_its_own_node``; a push that stops at the
 first node that fails (``_each`` raising at once) →
-``test_a_node_killed_midway_loses_nothing_and_holds_up_no_other_node`` (queue c waits for b).
+``test_a_node_killed_midway_loses_nothing_and_holds_up_no_other_node`` (queue c waits for b);
+the deliverer's clients without their timeouts (redis-py waits on a paused server) →
+``test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from duejobs import App, stats
+from duejobs import App, core, stats
 from duejobs.config import parse_redis_nodes
 from duejobs.delivery import DuejobsWorker
 from duejobs.embedded import EmbeddedRedis
@@ -150,6 +152,35 @@ def test_each_queue_is_pushed_promoted_and_counted_on_its_own_node(
     assert figures.schedules_without_job == 0 and figures.jobs_without_schedule == 0
 
 
+def test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other(
+    app: App, database_url: str, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused node (as one that is partitioned away) is given up after its clients'
+    timeout and one retry, well before it answers again; the others' jobs are pushed."""
+    monkeypatch.setattr(core, "REDIS_TIMEOUT", 0.3)
+    spread = register(
+        App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url, "c": nodes[2].url})
+    )
+    try:
+        on_a = spread.schedule("record", {}, delay=0, queue="a")
+        on_c = spread.schedule("record", {}, delay=0, queue="c")
+        with nodes[2].client() as client:
+            client.execute_command("CLIENT", "PAUSE", 5_000, "ALL")
+        started = time.monotonic()
+        passed = Scheduler(spread).run_once()
+        assert time.monotonic() - started < 4.0, "the pass waited for the paused node"
+        assert passed.queued == 1
+        with nodes[0].client() as client:
+            assert client.lrange("rq:queue:a", 0, -1) == [spread.get(on_a.id).queue_job_id.encode()]  # type: ignore[union-attr]
+        wait_for(nodes[2].answers, 10, "node c to answer again")
+        assert Reconciler(spread).run_once().repushed == 1  # its job, pushed again
+        with nodes[2].client() as client:
+            assert client.llen("rq:queue:c") == 1
+        assert spread.get(on_c.id) is not None
+    finally:
+        spread.close()
+
+
 def test_a_worker_serves_the_queues_of_one_node_only(spread: App) -> None:
     runtime = Runtime(spread, WorkerConfig())
     try:
@@ -217,10 +248,18 @@ def test_a_node_table_that_cannot_work_is_refused(spec: str, named: str) -> None
         parse_redis_nodes(spec)
 
 
-def test_a_password_in_a_node_url_never_reaches_a_refusal() -> None:
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "redis://:s3cret@host:6379/0",  # the queue forgotten
+        "redis://:s3cret@host:6379/0?ssl_cert_reqs=none",  # ... with an = further on
+        "a=redis://:s3,cret@host:6379/0",  # a comma in the password, not percent-encoded
+    ],
+)
+def test_a_password_in_a_node_url_never_reaches_a_refusal(spec: str) -> None:
     with pytest.raises(ConfigurationError) as refused:
-        parse_redis_nodes("redis://:s3cret@host:6379/0")
-    assert "s3cret" not in str(refused.value)
+        parse_redis_nodes(spec)
+    assert "s3" not in str(refused.value) and "cret" not in str(refused.value)
 
 
 WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]

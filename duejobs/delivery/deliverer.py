@@ -317,11 +317,14 @@ class Deliverer:
     schedule is routed to — each queue on its Redis node (``nodes``: queue → client; every
     other queue on ``connection``).
 
-    With several nodes, one that fails does not stop the others: a push, a promotion or a
-    scan of waiting jobs goes on with the nodes that answer, logs the one that did not and
-    counts it in ``duejobs_redis_node_errors_total{node}``, and raises only when every node it
-    needed failed. A job that could not be pushed is found missing by the reconciler, which
-    pushes it again once its node answers."""
+    With several nodes, one that fails does not stop the others: a push, a promotion, a
+    check of jobs, a count or a scan of waiting jobs goes on with the nodes that answer, logs
+    the one that did not and counts it in ``duejobs_redis_node_errors_total{node}``, and
+    raises only when every node it needed failed (a job on a failed node counts as not
+    live: no worker can take it). A job that could not be pushed is found missing by the
+    reconciler, which pushes it again once its node answers. A node that refuses connections
+    fails at once; one that hangs, after twice the clients' socket timeout (``REDIS_TIMEOUT``
+    of :mod:`duejobs.core`, 10 s, and one retry) — until then it delays the pass it is in."""
 
     def __init__(
         self,
@@ -494,12 +497,14 @@ class Deliverer:
         """Whether Redis can still hand each job — (id, due at, overdue past ``STUCK_AFTER``
         [, its queue]) — to a worker, by the same test a push makes (one round trip per
         node; a job without a queue is looked for on the default queue's node)."""
-        answers: list[bool] = [False] * len(jobs)
+        answers: list[bool] = [False] * len(jobs)  # a node that fails hands out nothing
         by_node: dict[int, tuple[_Node, list[int]]] = {}
         for i, job in enumerate(jobs):
             node = self._node(job[3] if len(job) > 3 else None)
             by_node.setdefault(id(node), (node, []))[1].append(i)
-        for node, indexes in by_node.values():
+
+        def check_on(node: _Node) -> None:
+            indexes = by_node[id(node)][1]
             args: list[Any] = [
                 self._prefix,
                 Queue.redis_queue_namespace_prefix,
@@ -511,6 +516,8 @@ class Deliverer:
                 args += [job_id, due_at.timestamp(), "1" if stuck else "0"]
             for i, ok in zip(indexes, node.live(keys=[], args=args), strict=True):
                 answers[i] = bool(ok)
+
+        self._each([node for node, _ in by_node.values()], check_on)
         return answers
 
     def job_state(
@@ -526,28 +533,33 @@ class Deliverer:
     def depth(self) -> tuple[int, int]:
         """(jobs waiting on the queues, jobs in their scheduled registries), all queues of
         every node."""
-        waiting = scheduled = 0
-        for node in self._nodes:
+
+        def count_on(node: _Node) -> tuple[int, int]:
             names = self._queues_on(node)
             with node.redis.pipeline(transaction=False) as pipe:
                 for name in names:
                     pipe.llen(self._routed(name)[0].key)
                     pipe.zcard(SCHEDULED_PREFIX + name)
                 counts = pipe.execute()
-            waiting, scheduled = waiting + sum(counts[0::2]), scheduled + sum(counts[1::2])
-        return waiting, scheduled
+            return sum(counts[0::2]), sum(counts[1::2])
+
+        counted = self._each(self._nodes, count_on)  # a node that fails counts for nothing
+        return sum(c[0] for c in counted), sum(c[1] for c in counted)
 
     def waiting_job_ids(self, chunk: int = 1000) -> Iterator[list[str]]:
         """The ids of jobs waiting on the queues or in their scheduled registries, in chunks,
-        node by node (a node that fails is skipped while another answers)."""
+        node by node (a node that fails is skipped, logged and counted; the error is raised
+        when every node failed)."""
+        failures: list[RedisError] = []
         for node in self._nodes:
             try:
                 yield from self._waiting_on(node, chunk)
             except RedisError as exc:
-                if len(self._nodes) == 1:
-                    raise
+                failures.append(exc)
                 NODE_ERRORS.labels(node.label).inc()
                 log.warning("Redis node %s failed (%s); its waiting jobs skipped", node.label, exc)
+        if len(failures) == len(self._nodes):
+            raise failures[0]
 
     def _waiting_on(self, node: _Node, chunk: int) -> Iterator[list[str]]:
         for name in self._queues_on(node):
@@ -577,8 +589,8 @@ class Deliverer:
 
     def remove(self, queue_job_id: str, queue: str | None = None) -> bool:
         """Delete a job that is still waiting (queued or scheduled), from whichever queue it
-        is on — on ``queue``'s node, or on each node in turn until one had it; a started one
-        is left to the worker's own check. True when something was removed."""
+        is on — on ``queue``'s node, or, without one, on every node; a started one is left to
+        the worker's own check. True when something was removed."""
         args = [
             self._prefix + queue_job_id,
             queue_job_id,

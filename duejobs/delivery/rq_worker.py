@@ -18,8 +18,8 @@ from types import FrameType
 from typing import Any, ClassVar, Protocol
 
 from redis import Redis
+from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.executions import Execution
@@ -256,6 +256,8 @@ class DuejobsWorker(SimpleWorker):
             try:
                 return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
             except (RedisTimeoutError, RedisConnectionError) as exc:
+                if isinstance(exc, AuthenticationError | AuthorizationError):
+                    raise  # a wrong password or ACL does not mend by waiting
                 log.warning("Redis did not answer a dequeue (%s); retrying in %.0f s", exc, wait)
                 time.sleep(wait)
                 wait = min(wait * 2, _DEQUEUE_BACKOFF_CAP)
@@ -318,8 +320,9 @@ class DuejobsWorker(SimpleWorker):
                 super().execute_job(job, queue)
             except RedisError as exc:  # RQ would end the worker: the next dequeue waits
                 log.warning(
-                    "Redis failed while RQ closed job %s (%s); its outcome is in the database, "
-                    "the worker goes on",
+                    "Redis failed around job %s (%s); the database holds what became of it "
+                    "(a job that did not start is pushed again by the reconciler); the worker "
+                    "goes on",
                     job.id,
                     exc,
                 )

@@ -73,9 +73,10 @@ SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
 FROM scheduled_job_events WHERE kind = 'started' AND schedule_id = ANY(CAST(:ids AS uuid[]))
 
 -- name: wal_position
--- Where the primary's write-ahead log ends now: a replica that has replayed this far has
--- every transaction committed before this statement.
-SELECT CAST(pg_current_wal_lsn() AS text) AS lsn
+-- Where the primary's write-ahead log ends now, records not yet written included (an
+-- asynchronous commit is visible before it is written): a replica that has replayed this
+-- far has every transaction committed before this statement.
+SELECT CAST(pg_current_wal_insert_lsn() AS text) AS lsn
 
 -- name: replay_position
 -- How far a replica has replayed: whether it has reached :lsn (read from the primary just
