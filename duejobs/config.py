@@ -167,6 +167,14 @@ def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, 
     return tuple(pairs)
 
 
+def same_redis(url: str) -> tuple[tuple[str, str], ...]:
+    """What identifies the Redis server and database a URL names, whatever its spelling
+    (``redis://h`` and ``redis://h:6379/0`` are one node)."""
+    parsed: dict[str, object] = {"host": "localhost", "port": 6379, "db": 0}
+    parsed.update(parse_url(url))  # type: ignore[no-untyped-call]
+    return tuple(sorted((k, str(v)) for k, v in parsed.items()))
+
+
 @dataclass(frozen=True)
 class Settings:
     """The two URLs duejobs needs. Writing schedules needs only the database; the scheduler,

@@ -36,7 +36,7 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from duejobs import replica, store
-from duejobs.config import DEFAULT_SCHEMA, Settings
+from duejobs.config import DEFAULT_SCHEMA, Settings, same_redis
 from duejobs.delivery import Deliverer
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.handlers import Handler
@@ -148,19 +148,18 @@ class Core:
             if self._deliverer is None:
                 size = max(_REDIS_POOL, self._redis_connections)
                 default = self.settings.require_redis()
-                urls = {default, *(url for _, url in self.settings.redis_nodes)}
-                clients = {
-                    url: Redis.from_url(
-                        url,
-                        max_connections=size,
-                        socket_timeout=REDIS_TIMEOUT,
-                        socket_connect_timeout=REDIS_TIMEOUT,
-                        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 1),
-                    )
-                    for url in urls
-                }
-                nodes = {queue: clients[url] for queue, url in self.settings.redis_nodes}
-                self._deliverer = Deliverer(clients[default], self.queue, nodes)
+                clients: dict[tuple[tuple[str, str], ...], Redis] = {}
+                for url in (default, *(url for _, url in self.settings.redis_nodes)):
+                    if same_redis(url) not in clients:  # one client per server, however spelt
+                        clients[same_redis(url)] = Redis.from_url(
+                            url,
+                            max_connections=size,
+                            socket_timeout=REDIS_TIMEOUT,
+                            socket_connect_timeout=REDIS_TIMEOUT,
+                            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 1),
+                        )
+                nodes = {q: clients[same_redis(url)] for q, url in self.settings.redis_nodes}
+                self._deliverer = Deliverer(clients[same_redis(default)], self.queue, nodes)
         return self._deliverer
 
     def ensure_pool(self, connections: int) -> None:

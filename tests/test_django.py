@@ -34,6 +34,7 @@ from django.db import connection, transaction
 from django.test.utils import override_settings
 
 from duejobs import App, Status
+from duejobs.errors import ConfigurationError
 from duejobs.scheduler import Scheduler
 from tests.conftest import ROOT
 
@@ -119,6 +120,27 @@ def test_the_settings_build_one_app_on_the_databases_entry(shop: Shop) -> None:
         pytest.raises(ImproperlyConfigured, match="'other', not in DATABASES"),
     ):
         settings_urls()
+
+
+def test_the_settings_name_redis_nodes_and_the_replicas_lag_bound(shop: Shop) -> None:
+    from django.conf import settings
+
+    from duejobs.contrib.django import DjangoApp
+
+    nodes = {"b": "redis://127.0.0.1:1/0"}
+    lag = timedelta(seconds=3)
+    with override_settings(DUEJOBS={**settings.DUEJOBS, "REDIS_NODES": nodes, "READ_MAX_LAG": lag}):
+        built = DjangoApp()
+        try:
+            assert built.core.settings.redis_nodes == (("b", "redis://127.0.0.1:1/0"),)
+            assert built.core.read_max_lag == lag
+        finally:
+            built.close()
+    with (
+        override_settings(DUEJOBS={**settings.DUEJOBS, "READ_MAX_LAG": 3}),
+        pytest.raises(ConfigurationError, match="READ_MAX_LAG"),
+    ):
+        DjangoApp()
 
 
 def test_handlers_in_the_installed_apps_jobs_modules_are_registered(shop: Shop) -> None:

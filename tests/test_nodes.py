@@ -181,6 +181,18 @@ def test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other(
         spread.close()
 
 
+def test_a_server_named_twice_is_one_node(database_url: str, nodes: list[Node], app: App) -> None:
+    """The default node spelt differently in the node table: one node, counted once."""
+    short = nodes[0].url.removesuffix("/0")
+    twice = register(App(database_url, nodes[0].url, redis_nodes={"b": short}))
+    try:
+        twice.schedule("record", {}, delay=0, queue="b")
+        Scheduler(twice).run_once()
+        assert stats.collect(twice).queued == 1
+    finally:
+        twice.close()
+
+
 def test_a_worker_serves_the_queues_of_one_node_only(spread: App) -> None:
     runtime = Runtime(spread, WorkerConfig())
     try:

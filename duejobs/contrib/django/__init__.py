@@ -8,11 +8,13 @@ Setup::
 
 Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` whose
 connection duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3);
-``DATABASE_URL`` (default: built from that alias's settings); ``READ_DATABASE_URL`` (a
-streaming replica for the operators' reads, :mod:`duejobs.replica`); ``SCHEMA`` (of duejobs'
-tables, default ``public``); ``QUEUE`` (the RQ queue, default ``duejobs``);
-``MAX_PAYLOAD_BYTES``. An unknown key or a database that is not
-PostgreSQL on psycopg 3 is :class:`~django.core.exceptions.ImproperlyConfigured`.
+``DATABASE_URL`` (default: built from that alias's settings); ``READ_DATABASE_URL`` and
+``READ_MAX_LAG`` (a streaming replica for the operators' reads and the lag, a ``timedelta``,
+past which they say they are stale: :mod:`duejobs.replica`); ``REDIS_NODES`` (queue → Redis
+URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default
+``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``. An
+unknown key or a database that is not PostgreSQL on psycopg 3 is
+:class:`~django.core.exceptions.ImproperlyConfigured`.
 
 Promises:
 
@@ -49,18 +51,19 @@ from sqlalchemy import URL, Connection
 
 from duejobs import store
 from duejobs.app import App
-from duejobs.config import Settings
+from duejobs.config import Settings, check_duration
 from duejobs.context import Context
 from duejobs.core import Conn, Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
+from duejobs.replica import DEFAULT_MAX_LAG
 from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue
 
 __all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _KEYS = {
-    *("REDIS_URL", "DATABASE", "DATABASE_URL", "READ_DATABASE_URL", "SCHEMA", "QUEUE"),
-    "MAX_PAYLOAD_BYTES",
+    *("REDIS_URL", "REDIS_NODES", "DATABASE", "DATABASE_URL", "SCHEMA", "QUEUE"),
+    *("READ_DATABASE_URL", "READ_MAX_LAG", "MAX_PAYLOAD_BYTES"),
 }
 
 
@@ -135,13 +138,20 @@ class DjangoApp(App):
         database_url, redis_url, alias = settings_urls()
         config = _config()
         resolved = Settings.from_env(
-            database_url, redis_url, config.get("SCHEMA"), config.get("READ_DATABASE_URL")
+            database_url,
+            redis_url,
+            config.get("SCHEMA"),
+            config.get("READ_DATABASE_URL"),
+            config.get("REDIS_NODES"),
         )
+        read_max_lag = config.get("READ_MAX_LAG", DEFAULT_MAX_LAG)
+        check_duration("DUEJOBS['READ_MAX_LAG']", read_max_lag)
         core = _DjangoCore(
             resolved,
             make_engine(resolved.database_url, schema=resolved.schema),
             int(config.get("MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)),
             check_queue(config.get("QUEUE", DEFAULT_QUEUE)),
+            read_max_lag=read_max_lag,
         )
         core.alias = alias
         self._core = core
