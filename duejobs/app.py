@@ -158,9 +158,10 @@ class App(RecurringAPI, QuotaAPI):
             )
         check_duration("read_max_lag", read_max_lag)
         engine = make_engine(settings.database_url, schema=settings.schema)
-        self._core = Core(settings, engine, max_payload_bytes, check_queue(queue))
+        self._core = Core(
+            settings, engine, max_payload_bytes, check_queue(queue), read_max_lag=read_max_lag
+        )
         self._core.trace_runs = trace_runs
-        self._core.read_max_lag = read_max_lag
         self._tenant: str | None = None
 
     @classmethod

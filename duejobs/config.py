@@ -20,6 +20,7 @@ from redis.connection import parse_url
 from sqlalchemy.engine import make_url
 
 from duejobs.errors import ConfigurationError, DuejobsError
+from duejobs.validation import check_queue
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 READ_DATABASE_ENV = "DUEJOBS_READ_DATABASE_URL"
@@ -137,8 +138,6 @@ def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, 
     space in a password). Every other queue lives on ``DUEJOBS_REDIS_URL``. A malformed pair,
     a queue name RQ would refuse, a bad URL or a queue named twice is refused, the error
     showing no password."""
-    from duejobs.validation import check_queue  # validation's errors are the App's own
-
     if not spec:
         return ()
     if isinstance(spec, str):
@@ -178,8 +177,9 @@ def same_redis(url: str) -> tuple[tuple[str, str], ...]:
 @dataclass(frozen=True)
 class Settings:
     """The two URLs duejobs needs. Writing schedules needs only the database; the scheduler,
-    the workers and the reconciler need Redis too (:meth:`require_redis`). A third, optional,
-    names a replica that serves the operators' reads (:mod:`duejobs.replica`)."""
+    the workers and the reconciler need Redis too (:meth:`require_redis`). Optional: a replica
+    that serves the operators' reads (:mod:`duejobs.replica`), and queues that live on a
+    Redis of their own (:func:`parse_redis_nodes`)."""
 
     database_url: str
     redis_url: str | None

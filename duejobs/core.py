@@ -150,8 +150,9 @@ class Core:
                 default = self.settings.require_redis()
                 clients: dict[tuple[tuple[str, str], ...], Redis] = {}
                 for url in (default, *(url for _, url in self.settings.redis_nodes)):
-                    if same_redis(url) not in clients:  # one client per server, however spelt
-                        clients[same_redis(url)] = Redis.from_url(
+                    server = same_redis(url)
+                    if server not in clients:  # one client per server, however spelt
+                        clients[server] = Redis.from_url(
                             url,
                             max_connections=size,
                             socket_timeout=REDIS_TIMEOUT,

@@ -8,7 +8,9 @@ answering the default whatever the queue) →
 first node that fails (``_each`` raising at once) →
 ``test_a_node_killed_midway_loses_nothing_and_holds_up_no_other_node`` (queue c waits for b);
 the deliverer's clients without their timeouts (redis-py waits on a paused server) →
-``test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other``.
+``test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other``; the count of waiting
+jobs, or the check of pushed ones, raising at the first node down →
+``test_the_figures_go_on_while_a_node_is_down``.
 """
 
 from __future__ import annotations
@@ -191,6 +193,19 @@ def test_a_server_named_twice_is_one_node(database_url: str, nodes: list[Node], 
         assert stats.collect(twice).queued == 1
     finally:
         twice.close()
+
+
+def test_the_figures_go_on_while_a_node_is_down(spread: App, nodes: list[Node]) -> None:
+    """``duejobs stats`` (the dashboard, the reconciler's gauges) during a node's outage:
+    the other nodes are counted, and the jobs on the one that is down, which no worker can
+    take, are schedules without a job."""
+    for queue in QUEUES:
+        spread.schedule("record", {}, delay=0, queue=queue)
+    Scheduler(spread).run_once()
+    nodes[2].kill()
+    figures = stats.collect(spread)
+    assert figures.queued == 2  # a's and b's
+    assert figures.schedules_without_job == 1  # c's
 
 
 def test_a_worker_serves_the_queues_of_one_node_only(spread: App) -> None:

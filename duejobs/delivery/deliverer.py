@@ -463,9 +463,8 @@ class Deliverer:
                 created.update(i.decode() if isinstance(i, bytes) else i for i in made)
             return PushResult(queued, deferred, present, frozenset(created))
 
-        groups = {id(node): by_queue for node, by_queue in by_node.values()}
         results = self._each(
-            [node for node, _ in by_node.values()], lambda node: push_on(node, groups[id(node)])
+            [node for node, _ in by_node.values()], lambda node: push_on(*by_node[id(node)])
         )
         return PushResult(
             sum(r.queued for r in results),
