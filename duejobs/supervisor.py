@@ -51,15 +51,38 @@ _FIRST_PAUSE, _MAX_PAUSE = 1.0, 30.0
 _POLL = 0.2
 
 
-def _end_with_parent(parent: int) -> None:
-    """In the child, before it runs: SIGTERM when the supervisor dies (Linux); and at once if
-    it died before this was asked."""
+def start_supervised(command: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start one worker so that it ends with this process: a stop signal sent to it at any
+    instant of its start ends it, and so does this process's death (Linux), even by SIGKILL.
+
+    Between fork and exec the child runs with this process's Python signal handlers, whose
+    flag dies with the exec: a SIGTERM landing there would be lost and the worker would run on
+    unsupervised. So the stop signals are held back across the fork and given back to the
+    child only once their default action (end the process) is restored."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return subprocess.Popen(
+            command,
+            preexec_fn=functools.partial(_end_with_parent, os.getpid(), held),
+            start_new_session=True,  # a terminal's or a unit's signal reaches it once, from here
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _end_with_parent(parent: int, mask: set[int | signal.Signals]) -> None:
+    """In the child, before it runs: stop signals end it, the supervisor's death sends it
+    SIGTERM (Linux), and so does a death that came before this was asked."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a signal held meanwhile lands now
     if os.getppid() != parent:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -89,11 +112,7 @@ class Supervisor:
 
     def _launch(self, index: int, starts: int = 1, pause: float = 0.0) -> None:
         command = [sys.executable, "-m", "duejobs", *self._args(index, starts)]
-        process = subprocess.Popen(
-            command,
-            preexec_fn=functools.partial(_end_with_parent, os.getpid()),
-            start_new_session=True,  # a terminal's or a unit's signal reaches it once, from here
-        )
+        process = start_supervised(command)
         self._children[index] = _Child(index, process, time.monotonic(), starts, pause)
         log.info("worker %d started (pid %d)", index, process.pid)
         if self._stopping.is_set():  # a stop that came while it was being started

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -75,6 +76,7 @@ from sqlalchemy import text
 from duejobs import App, Status
 from duejobs.delivery._rq_compat import MULTI_EXECUTIONS
 from duejobs.reconcile import Reconciler
+from duejobs.supervisor import start_supervised
 from duejobs.worker import EXIT_WEDGED, DuejobsWorker, Runtime, WorkerConfig
 from tests.conftest import Proc, System, sample, wait_for
 
@@ -540,7 +542,32 @@ def test_workers_do_not_outlive_a_killed_supervisor(
     wait_for(lambda: len(_children(supervisor.popen.pid)) == 2, 30, "two worker processes")
     workers = _children(supervisor.popen.pid)
     os.kill(supervisor.popen.pid, signal.SIGKILL)
-    wait_for(lambda: not any(_running(pid) for pid in workers), 30, "the workers to stop")
+    try:
+        wait_for(lambda: not any(_running(pid) for pid in workers), 30, "the workers to stop")
+    finally:  # a worker left running would take the next tests' jobs
+        for pid in workers:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_worker_whose_supervisor_died_before_it_started_ends_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The death seen before the worker's program runs, with the supervisor's own Python
+    signal handler still in place in the child (its flag dies with the exec): the SIGTERM must
+    end the child, not trip that handler in vain. Seen failing with the handlers left as
+    inherited: the child ran on."""
+    monkeypatch.setattr(os, "getppid", lambda: -1)  # in the child: its parent is gone
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # as the supervisor's
+    try:
+        child = start_supervised([sys.executable, "-c", "import time; time.sleep(60)"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        assert child.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_named_worker_started_again_takes_a_name_of_its_own(
