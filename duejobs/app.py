@@ -64,6 +64,7 @@ from duejobs.models import (
     Status,
 )
 from duejobs.replica import Freshness
+from duejobs.store.partitions import Partitioning
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -177,10 +178,12 @@ class App(RecurringAPI, QuotaAPI):
         """An App that sees and changes only ``name``'s schedules (shares engine, handlers)."""
         return App._scoped(self._core, check_tenant(name))
 
-    def migrate(self) -> tuple[str | None, str | None]:
-        """Create or upgrade the schema; returns (revision before, revision after)."""
+    def migrate(self, *, partitioned: Partitioning | None = None) -> tuple[str | None, str | None]:
+        """Create or upgrade the schema; returns (revision before, revision after). With
+        ``partitioned`` (a :class:`~duejobs.partitions.Partitioning`), on tables still empty,
+        partitioned mode (:mod:`duejobs.partitions`)."""
         with self._core.database():
-            return migrate.upgrade(self.engine)
+            return migrate.upgrade(self.engine, partitioned=partitioned)
 
     def close(self) -> None:
         """Close pooled database and Redis connections."""

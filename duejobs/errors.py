@@ -21,6 +21,11 @@ class SchemaMissingError(ConfigurationError):
     """duejobs' tables do not exist in this database yet: run ``duejobs migrate``."""
 
 
+class PartitioningError(ConfigurationError):
+    """Partitioned mode asked for where it cannot be set up as asked (tables holding rows,
+    settings out of range)."""
+
+
 class InvalidScheduleError(DuejobsError, ValueError):
     """A schedule request was refused before anything was written."""
 

@@ -24,6 +24,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 
 _RANDOM_BITS = 62
 _RANDOM = (1 << _RANDOM_BITS) - 1
@@ -59,3 +60,27 @@ def id_stream() -> Iterator[bytes]:
 def random_share(schedule_id: uuid.UUID) -> float:
     """A number in [0, 1) fixed by the id's random bits."""
     return (schedule_id.int & _RANDOM) / (1 << _RANDOM_BITS)
+
+
+def _millis(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
+def first_id_at(at: datetime) -> uuid.UUID:
+    """The lowest id of the millisecond ``at``: ids drawn from then on sort at or after it
+    (a partition's bound, see :mod:`duejobs.partitions`)."""
+    return uuid.UUID(int=_millis(at) << 80)
+
+
+def stamped(derived: uuid.UUID, at: datetime) -> uuid.UUID:
+    """A deterministic id that still sorts by time: ``derived``'s last 76 bits (its variant
+    and 74 bits of its hash) behind the millisecond ``at`` and version 8 (RFC 9562's custom
+    version). A recurring occurrence's id is derived from its definition and instant, so two
+    schedulers make the same one; stamped with the instant, it lands beside the ids of its
+    time (at the right edge of the primary key, in the partition of its time)."""
+    return uuid.UUID(int=_millis(at) << 80 | 0x8 << 76 | derived.int & (1 << 76) - 1)
+
+
+def time_of(schedule_id: uuid.UUID) -> datetime:
+    """The millisecond an id was stamped with (its creation, for a version 7 id)."""
+    return datetime.fromtimestamp((schedule_id.int >> 80) / 1000, tz=UTC)

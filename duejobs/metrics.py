@@ -84,6 +84,17 @@ PRUNE_FAILED_PASSES = Counter(
     "duejobs_pruner_failed_passes", "Pruner passes that failed (an outage or a bug)."
 )
 PRUNED = Counter("duejobs_pruned", "Finished schedules deleted with their history.")
+PARTITIONS_CREATED = Counter(
+    "duejobs_partitions_created", "Partitions created ahead (partitioned mode)."
+)
+PARTITIONS_READY_AHEAD = Gauge(
+    "duejobs_partitions_ready_ahead_seconds",
+    "How far past now the last partition reaches (partitioned mode): below one period, the "
+    "coming partitions are not being made.",
+)
+PARTITIONS_DROPPED = Counter(
+    "duejobs_partitions_dropped", "Ranges of old schedules dropped whole (partitioned mode)."
+)
 RECURRING_QUARANTINED = Counter(
     "duejobs_recurring_quarantined",
     "Recurring definitions set aside because the scheduler could not evaluate them.",

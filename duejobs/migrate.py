@@ -20,6 +20,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
 from duejobs import store
+from duejobs.store.partitions import Partitioning
 
 VERSION_TABLE = "duejobs_alembic_version"
 # An arbitrary, fixed advisory-lock key shared by every duejobs migrator.
@@ -60,10 +61,14 @@ def current_revision(engine: Engine) -> str | None:
         return context.get_current_revision()
 
 
-def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | None]:
+def upgrade(
+    engine: Engine, revision: str = "head", *, partitioned: Partitioning | None = None
+) -> tuple[str | None, str | None]:
     """Bring the schema to ``revision``; returns (revision before, revision after). Outside
     ``public``, the schema is created first and the revisions run with it first on the
-    ``search_path``."""
+    ``search_path``. With ``partitioned``, the tables are then made partitioned (see
+    :mod:`duejobs.partitions`) unless they are already; in the same transaction, so a
+    refusal (tables that hold rows) leaves the schema as it was."""
     config = alembic_config()
     schema = _schema(engine)
     with engine.begin() as conn:
@@ -74,5 +79,7 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
         config.attributes["connection"] = conn
         config.attributes["version_table_schema"] = _table_schema(schema)
         command.upgrade(config, revision)
+        if partitioned is not None and store.partitioning(conn) is None:
+            store.make_partitioned(conn, partitioned, store.database_now(conn))
         after = MigrationContext.configure(conn, opts=_options(schema)).get_current_revision()
     return before, after

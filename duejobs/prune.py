@@ -1,6 +1,8 @@
 """The pruner: deletes finished schedules and their history once they are old enough.
 
-Each pass (:meth:`Pruner.run_once`) deletes, in batches of ``batch_size`` each committed on its
+Each pass (:meth:`Pruner.run_once`) first drops, in partitioned mode, the ranges of schedules
+that hold nothing live and nothing finished within ``older_than`` (whole partitions, see
+:mod:`duejobs.partitions`), then deletes, in batches of ``batch_size`` each committed on its
 own, the schedules that finished (``succeeded``, ``failed``, ``cancelled``) more than
 ``older_than`` ago, with their events, attempts and effect-ledger rows, until a batch comes
 back short. ``duejobs prune`` runs one pass, or one every ``--every``.
@@ -29,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from duejobs import metrics, store
+from duejobs import metrics, partitions, store
 from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.service import Loop
@@ -59,6 +61,8 @@ class PruneResult:
     deleted: int = 0
     batches: int = 0
     seconds: float = 0.0
+    # Partitioned mode: ranges of old schedules dropped whole before the batches.
+    partitions_dropped: int = 0
 
     @property
     def rate(self) -> float:
@@ -81,6 +85,7 @@ class Pruner:
     def run_once(self) -> PruneResult:
         """Delete batch after batch until one comes back short (or :meth:`stop`)."""
         started, deleted, batches = time.monotonic(), 0, 0
+        dropped = partitions.drop_behind(self.core.engine, self.config.older_than)
         while True:
             with self.core.engine.begin() as conn:
                 n = store.prune_finished(conn, self.config.older_than, self.config.batch_size)
@@ -88,7 +93,7 @@ class Pruner:
             deleted, batches = deleted + n, batches + 1
             if n < self.config.batch_size or self._loop.stopping:
                 break
-        result = PruneResult(deleted, batches, time.monotonic() - started)
+        result = PruneResult(deleted, batches, time.monotonic() - started, len(dropped))
         if deleted:
             log.info("pruned %d finished schedules in %d batches", deleted, batches)
         return result

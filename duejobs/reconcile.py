@@ -21,7 +21,8 @@ makes Redis agree with PostgreSQL again:
 3. **Jobs without a schedule.** Waiting queue jobs whose schedule is missing, finished,
    cancelled, or at another version are removed from Redis.
 
-Then jobs whose time has come are promoted, as the scheduler does.
+Then jobs whose time has come are promoted, as the scheduler does, and in partitioned mode the
+partitions of the coming periods are created if missing (:mod:`duejobs.partitions`).
 
 Safe while schedulers, workers and other reconcilers run: rows are locked with SKIP LOCKED,
 pushes are atomic and idempotent, and a job is only removed when the database says for certain
@@ -47,7 +48,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, store
+from duejobs import metrics, partitions, store
 from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
@@ -83,6 +84,8 @@ class ReconcileResult:
     failed: int = 0
     orphans_removed: int = 0
     promoted: int = 0
+    # Partitioned mode: partitions created ahead.
+    partitions_created: int = 0
 
     @property
     def fixed(self) -> int:
@@ -131,6 +134,7 @@ class Reconciler:
         checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
         promoted = self.deliverer.promote(now)
+        created = partitions.create_ahead(self.core.engine)
         result = ReconcileResult(
             checked=checked,
             repushed=repushed,
@@ -139,6 +143,7 @@ class Reconciler:
             failed=rescued.get(Status.FAILED.value, 0),
             orphans_removed=removed,
             promoted=promoted,
+            partitions_created=len(created),
         )
         for kind in ("repushed", "rescued", "failed", "orphans_removed"):
             metrics.FIXED.labels(kind).inc(getattr(result, kind))

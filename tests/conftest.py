@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,13 +37,17 @@ from duejobs.delivery import Push
 from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.store.partitions import Partitioning
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
 from tests.apps import EFFECTS_TABLE, register
 
 TEST_DATA_DIR = Path(tempfile.gettempdir()) / f"duejobs-tests-{os.getuid()}"
+# DUEJOBS_TEST_PARTITIONED=1: the whole suite on partitioned mode (daily partitions).
+PARTITIONED = os.environ.get("DUEJOBS_TEST_PARTITIONED") == "1"
 _TABLES = (
     "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
     "scheduled_job_results, recurring_schedules, tenant_quotas, test_effects"
+    + (", scheduled_job_keys" if PARTITIONED else "")
 )
 
 
@@ -79,7 +84,8 @@ class Servers:
 
     def describe(self) -> str:
         where = self.embedded.describe() if self.embedded else "configured servers"
-        return f"{where}; test database {self.database}"
+        mode = "partitioned mode" if PARTITIONED else "plain schema"
+        return f"{where}; test database {self.database} ({mode})"
 
     def stop(self) -> None:
         self.drop_database(self.database)
@@ -115,7 +121,7 @@ def servers(pytestconfig: pytest.Config) -> Servers:
 def database_url(servers: Servers) -> str:
     """The session's scratch database, migrated to head."""
     engine = make_engine(sqlalchemy_url(servers.database_url))
-    upgrade(engine)
+    upgrade(engine, partitioned=Partitioning(timedelta(days=1), 2) if PARTITIONED else None)
     with engine.begin() as conn:
         conn.execute(text(EFFECTS_TABLE))
     engine.dispose()
@@ -273,6 +279,26 @@ def spawn(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.popen.pid, signal.SIGKILL)
         proc.popen.wait()
+
+
+def reads_index(plan: str, index: str) -> bool:
+    """Whether an EXPLAIN output reads ``index`` (``scheduled_jobs_claim_idx``): on the table,
+    or in partitioned mode on a partition (``scheduled_jobs_p202612010000_claim_idx``)."""
+    table = next(t for t in ("scheduled_jobs", "scheduled_job_events") if index.startswith(t))
+    suffix = re.escape(index.removeprefix(table))
+    return re.search(rf"\b{table}(?:_p\d{{12}}|_default)?{suffix}\b", plan) is not None
+
+
+def full_scans(plan: str, tables: str = "scheduled_jobs") -> list[str]:
+    """The sequential scans of an EXPLAIN output, on the tables whose names start with
+    ``tables`` (their partitions included), that read a page or more: an empty partition's
+    (costed below one page read) is no scan of the table."""
+    found = []
+    for line in plan.splitlines():
+        cost = re.search(rf"Seq Scan on {tables}\w* .*cost=[\d.]+\.\.([\d.]+) ", line)
+        if cost is not None and float(cost[1]) >= 1.0:
+            found.append(line.strip())
+    return found
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:

@@ -10,20 +10,106 @@ from datetime import datetime, timedelta
 import click
 
 from duejobs.app import UNSET, Unset
-from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, _app, main
+from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, _app, _checked, _fail, main
+from duejobs.errors import DuejobsError
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
+from duejobs.partitions import DEFAULT_AHEAD, DEFAULT_PERIOD, describe
+from duejobs.store.partitions import Partitioning
+from duejobs.timespec import spell_duration
 
 
 @main.command()
+@click.option(
+    "--partitioned",
+    is_flag=True,
+    help="Partitioned mode: schedules and their history split by time, old ranges dropped "
+    "whole (on tables still empty; see `duejobs partitions`).",
+)
+@click.option(
+    "--partition-period",
+    type=DURATION,
+    default=spell_duration(DEFAULT_PERIOD),
+    show_default=True,
+    help="With --partitioned: the time each partition covers (whole hours).",
+)
+@click.option(
+    "--partitions-ahead",
+    type=int,
+    default=DEFAULT_AHEAD,
+    show_default=True,
+    help="With --partitioned: partitions kept ready past the current one.",
+)
 @click.pass_context
-def migrate(ctx: click.Context) -> None:
+def migrate(
+    ctx: click.Context, partitioned: bool, partition_period: timedelta, partitions_ahead: int
+) -> None:
     """Create or upgrade the schema (idempotent, safe to run concurrently)."""
+    settings = (
+        _checked(lambda: Partitioning(partition_period, partitions_ahead)) if partitioned else None
+    )
     with _app(ctx) as app:
-        before, after = app.migrate()
+        try:
+            before, after = app.migrate(partitioned=settings)
+        except DuejobsError as exc:
+            _fail(exc)
         if before == after:
             click.echo(f"schema already at revision {after}")
         else:
             click.echo(f"schema upgraded from {before or 'nothing'} to {after}")
+        mode, _ = describe(app.engine)
+        if mode is not None:
+            click.echo(f"partitioned: periods of {spell_duration(mode.period)}, {mode.ahead} ahead")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def partitions(ctx: click.Context, as_json: bool) -> None:
+    """The partitions of partitioned mode: each range's bounds, its estimated rows, whether a
+    live schedule is in it and when its last one finished."""
+    with _app(ctx) as app:
+        mode, found = describe(app.engine)
+    if mode is None:
+        if as_json:
+            click.echo(json.dumps({"partitioned": False, "partitions": []}))
+        else:
+            click.echo(
+                "plain schema (not partitioned): `duejobs migrate --partitioned` on empty tables"
+            )
+        return
+    rows = [
+        {
+            "name": p.name,
+            "start": p.start.isoformat() if p.start else None,
+            "end": p.end.isoformat() if p.end else None,
+            "rows": p.rows,
+            "live": p.live,
+            "last_finished": p.last_finished.isoformat() if p.last_finished else None,
+        }
+        for p in found
+    ]
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "partitioned": True,
+                    "period_seconds": mode.period.total_seconds(),
+                    "ahead": mode.ahead,
+                    "partitions": rows,
+                }
+            )
+        )
+        return
+    click.echo(f"partitioned: periods of {spell_duration(mode.period)}, {mode.ahead} ahead")
+    for row in rows:
+        span = (
+            f"{row['start']} .. {row['end']}" if row["start"] else "DEFAULT (outside every range)"
+        )
+        finished = row["last_finished"] or "-"
+        click.echo(
+            f"{row['name']:<36} {span:<52} rows~{row['rows']:<10} "
+            f"live={'yes' if row['live'] else 'no':<4} last finished {finished}"
+        )
 
 
 @main.group()

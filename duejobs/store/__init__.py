@@ -62,6 +62,15 @@ from duejobs.store.figures import (
     wal_position,
 )
 from duejobs.store.listing import ListFilter, Position, list_schedules
+from duejobs.store.partitions import (
+    Partition,
+    Partitioning,
+    drop_partition,
+    ensure_ahead,
+    make_partitioned,
+    partitioning,
+    partitions,
+)
 from duejobs.store.queries import (
     DEFAULT_QUOTA_TENANT,
     FRAGMENTS,
@@ -141,6 +150,8 @@ __all__ = [
     "LiveFigures",
     "NewRow",
     "OverdueRow",
+    "Partition",
+    "Partitioning",
     "Position",
     "Query",
     "Quota",
@@ -168,8 +179,10 @@ __all__ = [
     "create_database",
     "database_now",
     "delete_recurring",
+    "drop_partition",
     "due_recurring",
     "effective_caps",
+    "ensure_ahead",
     "expire",
     "extend_leases",
     "finish",
@@ -189,9 +202,12 @@ __all__ = [
     "live_by_key",
     "live_figures",
     "live_quota",
+    "make_partitioned",
     "outcome_of",
     "outcomes",
     "overdue_rows",
+    "partitioning",
+    "partitions",
     "prune_finished",
     "quarantine_recurring",
     "quotas",

@@ -243,6 +243,23 @@ def run_count(conn: Connection, name: str, params: dict[str, Any] | None = None)
         raise _surfaced(conn, driver, name, params, exc) from exc
 
 
+def run_composed(conn: Connection, what: str, statement: pgsql.SQL | pgsql.Composed) -> list[Any]:
+    """Run a statement composed around identifiers (DDL naming a partition: no named
+    statement can hold those); its rows, if any. ``what`` names it in errors."""
+    driver = _driver(conn)
+    try:
+        with driver.cursor(row_factory=namedtuple_row) as cursor:
+            cursor.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+    except psycopg.Error as exc:
+        raise _surfaced(conn, driver, what, None, exc) from exc
+
+
+def schema_of(conn: Connection) -> str:
+    """The schema of duejobs' tables for statements on ``conn``."""
+    return _schema(conn)
+
+
 @contextlib.contextmanager
 def meanwhile(conn: Connection, name: str, params: dict[str, Any]) -> Iterator[None]:
     """Send the statement ``name`` and run the block while PostgreSQL works on it (psycopg's

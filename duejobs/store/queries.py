@@ -213,10 +213,14 @@ TABLES = (
     "scheduled_job_events",
     "scheduled_job_attempts",
     "scheduled_job_effects",
+    "scheduled_job_keys",
     "scheduled_job_results",
     "recurring_schedules",
     "tenant_quotas",
+    "duejobs_partitioning",
 )
+# Of those, the tables only partitioned mode has (duejobs/store/partitions.py).
+PARTITIONED_MODE_TABLES = ("scheduled_job_keys", "duejobs_partitioning")
 _TABLE = re.compile(r"(?<![.\w])(" + "|".join(TABLES) + r")\b")
 _IN_SCHEMA: dict[str, dict[str, Query]] = {}
 

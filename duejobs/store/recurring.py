@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from duejobs.ids import stamped
 from duejobs.models import (
     DstGap,
     DstOverlap,
@@ -115,7 +116,7 @@ def insert_occurrences(
     if not occurrences:
         return 0
     ids = [
-        uuid.uuid5(recurring.id, f"v{recurring.version}:{o.run_at.isoformat()}")
+        stamped(uuid.uuid5(recurring.id, f"v{recurring.version}:{o.run_at.isoformat()}"), o.run_at)
         for o in occurrences
     ]
     row = run_one(

@@ -20,7 +20,9 @@ WITH new AS (
     FROM (SELECT *, COALESCE(run_at, statement_timestamp() + delay) AS at
           FROM duejobs_staging) AS staged
     ORDER BY ord
-    ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {{live}} DO NOTHING
+    -- the key is held by a live schedule (its unique index, or in partitioned mode the
+    -- trigger that keeps scheduled_job_keys, says so: duejobs/store/partitions.py)
+    ON CONFLICT DO NOTHING
     RETURNING id, tenant, version, run_at, due_at, timezone, local_run_at, key
 ), event AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)

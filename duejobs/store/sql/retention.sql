@@ -8,7 +8,15 @@ WITH old AS (
     ORDER BY finished_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
-), events AS (  -- events carry no foreign key (see migration 0003): delete them here
+-- Their history is deleted here: events carry no foreign key (migration 0003), and in
+-- partitioned mode neither do attempts, results and effects (duejobs/store/partitions.py).
+), events AS (
     DELETE FROM scheduled_job_events WHERE schedule_id = ANY(ARRAY(SELECT id FROM old))
+), attempts AS (
+    DELETE FROM scheduled_job_attempts WHERE schedule_id = ANY(ARRAY(SELECT id FROM old))
+), results AS (
+    DELETE FROM scheduled_job_results WHERE schedule_id = ANY(ARRAY(SELECT id FROM old))
+), effects AS (
+    DELETE FROM scheduled_job_effects WHERE schedule_id = ANY(ARRAY(SELECT id FROM old))
 )
 DELETE FROM scheduled_jobs WHERE id = ANY(ARRAY(SELECT id FROM old))

@@ -10,7 +10,9 @@ WITH new AS (
             {{run_at}} + CAST(:jitter_offset AS interval), :jitter_offset,
             CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
             :local_run_at, :queue, :trace_context)
-    ON CONFLICT (tenant, key) WHERE key IS NOT NULL AND {{live}} DO NOTHING
+    -- the key is held by a live schedule (its unique index, or in partitioned mode the
+    -- trigger that keeps scheduled_job_keys, says so: duejobs/store/partitions.py)
+    ON CONFLICT DO NOTHING
     RETURNING {{schedule_columns}}
 ), event AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)

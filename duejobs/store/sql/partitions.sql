@@ -1,0 +1,98 @@
+-- Partitioned mode (see duejobs/store/partitions.py): its settings, the catalog reads that
+-- turn the plain tables into partitioned ones, and what maintenance asks of the catalog.
+-- Table names appear here only where the schema's prefix must apply; the catalog is asked
+-- by parameters.
+
+-- name: partitioning_table
+SELECT to_regclass(format('%I.%I', CAST(:schema AS text), CAST(:name AS text))) IS NOT NULL
+       AS present
+
+-- name: partitioning
+SELECT period, ahead FROM duejobs_partitioning
+
+-- name: create_partitioning
+CREATE TABLE duejobs_partitioning (
+    period  interval NOT NULL CHECK (period >= interval '1 hour'),
+    ahead   integer NOT NULL CHECK (ahead BETWEEN 1 AND 1000)
+)
+
+-- name: set_partitioning
+INSERT INTO duejobs_partitioning (period, ahead) VALUES (:period, :ahead)
+
+-- name: create_keys
+-- The keys of live schedules, one row each (kept by triggers on scheduled_jobs).
+CREATE TABLE scheduled_job_keys (
+    tenant       text NOT NULL,
+    key          text NOT NULL,
+    schedule_id  uuid NOT NULL,
+    PRIMARY KEY (tenant, key)
+)
+
+-- name: any_row_scheduled_jobs
+SELECT EXISTS (SELECT 1 FROM scheduled_jobs) AS present
+
+-- name: any_row_scheduled_job_events
+SELECT EXISTS (SELECT 1 FROM scheduled_job_events) AS present
+
+-- name: any_row_scheduled_job_attempts
+SELECT EXISTS (SELECT 1 FROM scheduled_job_attempts) AS present
+
+-- name: any_row_scheduled_job_results
+SELECT EXISTS (SELECT 1 FROM scheduled_job_results) AS present
+
+-- name: foreign_keys_to
+-- Foreign keys that reference the table :name of :schema, and the tables that hold them.
+SELECT c.conname AS name, owner.relname AS owner
+FROM pg_constraint c
+JOIN pg_class target ON target.oid = c.confrelid
+JOIN pg_namespace n ON n.oid = target.relnamespace
+JOIN pg_class owner ON owner.oid = c.conrelid
+WHERE c.contype = 'f' AND n.nspname = :schema AND target.relname = :name
+
+-- name: table_shape
+-- What a table is made of besides its columns and checks, as PostgreSQL prints it: its
+-- primary and foreign keys, its other indexes, its identity's sequence.
+WITH t AS (
+    SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = :schema AND c.relname = :name
+)
+SELECT 'constraint' AS kind, c.conname AS name, pg_get_constraintdef(c.oid) AS definition
+FROM pg_constraint c, t WHERE c.conrelid = t.oid AND c.contype IN ('p', 'f')
+UNION ALL
+SELECT 'index', i.relname, pg_get_indexdef(i.oid)
+FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid, t
+WHERE x.indrelid = t.oid
+  AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.oid AND c.conrelid = t.oid)
+UNION ALL
+SELECT 'sequence', s.relname, NULL
+FROM pg_depend d JOIN pg_class s ON s.oid = d.objid, t
+WHERE d.refobjid = t.oid AND d.deptype = 'i' AND s.relkind = 'S'
+
+-- name: list_partitions
+-- The partitions of the table :name of :schema: bounds as PostgreSQL prints them, and the
+-- rows the planner estimates (-1 before the first ANALYZE).
+SELECT c.relname AS name, pg_get_expr(c.relpartbound, c.oid) AS bound, c.reltuples AS rows
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+JOIN pg_namespace n ON n.oid = p.relnamespace
+WHERE n.nspname = :schema AND p.relname = :name
+
+-- name: set_lock_timeout
+SELECT set_config('lock_timeout', :timeout, true)
+
+-- name: delete_effects_between
+-- The effect ledger's rows of a range of schedules about to be dropped (the ledger is not
+-- partitioned: its key is unique across every schedule).
+DELETE FROM scheduled_job_effects WHERE schedule_id >= :low AND schedule_id < :high
+
+-- name: partition_indexes
+-- A partition's indexes and the index of its parent each one belongs to.
+SELECT child.relname AS name, parent.relname AS parent
+FROM pg_index x
+JOIN pg_class child ON child.oid = x.indexrelid
+JOIN pg_inherits i ON i.inhrelid = child.oid
+JOIN pg_class parent ON parent.oid = i.inhparent
+JOIN pg_class t ON t.oid = x.indrelid
+JOIN pg_namespace n ON n.oid = t.relnamespace
+WHERE n.nspname = :schema AND t.relname = :name
