@@ -55,7 +55,9 @@ test-django6: $(STAMP)
 	fi
 
 # The other RQ releases duejobs supports (pyproject: rq>=2.0,<3.1; .venv holds 3.0): the whole
-# suite on the oldest, and the tests of what duejobs writes to and reads from RQ on the last 2.x.
+# suite on the oldest — in partitioned mode (duejobs migrate --partitioned), so that both schema
+# modes pass every test —, and the tests of what duejobs writes to and reads from RQ on the
+# last 2.x.
 RQ_TESTS := tests/test_rq_api.py tests/test_delivery_path.py tests/test_concurrency.py \
 	tests/test_liveness.py tests/test_reconcile.py tests/test_processes.py
 .venv-rq%/.installed-stamp: pyproject.toml
@@ -65,7 +67,7 @@ RQ_TESTS := tests/test_rq_api.py tests/test_delivery_path.py tests/test_concurre
 	touch $@
 
 test-rq2: .venv-rq2.0/.installed-stamp .venv-rq2.12/.installed-stamp
-	.venv-rq2.0/bin/python -m pytest -q -p no:cacheprovider
+	DUEJOBS_TEST_PARTITIONED=1 .venv-rq2.0/bin/python -m pytest -q -p no:cacheprovider
 	.venv-rq2.12/bin/python -m pytest -q -p no:cacheprovider $(RQ_TESTS)
 
 bench: $(STAMP)

@@ -18,6 +18,7 @@ from bench import (
     concurrency,
     fairness,
     lag,
+    partitions,
     peer,
     scheduler_throughput,
     worker_throughput,
@@ -37,7 +38,16 @@ def main() -> int:
         f"Python {platform.python_version()})",
         flush=True,
     )
-    modules = (scheduler_throughput, worker_throughput, concurrency, peer, lag, fairness, bulk)
+    modules = (
+        scheduler_throughput,
+        worker_throughput,
+        concurrency,
+        peer,
+        lag,
+        fairness,
+        bulk,
+        partitions,
+    )
     chosen = sys.argv[1:]
     with scratch_database() as (database_url, redis_url):
         for module in modules:

@@ -7,7 +7,8 @@ run's own, while faults are injected in a seeded order: SIGKILL of schedulers, w
 reconcilers (each restarted), a job popped and left behind as a killed worker would between
 Redis and its claim, Redis flushed, Redis restarted (no persistence: every key lost),
 PostgreSQL restarted or crashed, job hashes, queue entries and scheduled-registry members
-deleted, one
+deleted, (in partitioned mode, ``ChaosConfig.partitioned``) the partitions made ahead
+dropped, one
 PostgreSQL connection or every one terminated, a scheduler paused with SIGSTOP. A process
 that exits on its own (an RQ worker that meets Redis gone at a moment RQ does not retry) is
 started again, as its supervisor would, and counted. Then it checks, by the database:
@@ -50,11 +51,13 @@ import redis
 
 import duejobs
 from bench.chaos_app import EFFECTS
+from duejobs import store
 from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DuejobsError
 from duejobs.migrate import upgrade
+from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUE = "rq:queue:duejobs"
@@ -77,6 +80,8 @@ class ChaosConfig:
     recurring: int = 4
     recovery_bound: float = 60.0
     settle_timeout: float = 180.0
+    # Partitioned mode (daily partitions), with one more fault: the coming partitions dropped.
+    partitioned: bool = False
 
 
 @dataclass
@@ -203,11 +208,11 @@ class Servers:
     so that restarting them is real and touches nothing else. Both keep their address across
     a restart: PostgreSQL its socket, Redis its port."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, partitioned: bool = False) -> None:
         self._postgres_dir = folder / "postgres"
         self._holder, self.database_url = self._start_postgres()
         engine = make_engine(sqlalchemy_url(self.database_url))
-        upgrade(engine)
+        upgrade(engine, partitioned=DAILY if partitioned else None)
         engine.dispose()
         self._redis_binary = EmbeddedRedis.binary()
         self._redis_dir = folder / "redis"
@@ -324,6 +329,9 @@ FAULT_KINDS = (
     "redis-flushall",
     "redis-restart",
 )
+# In partitioned mode, besides.
+PARTITION_FAULTS = ("drop-coming-partitions",)
+DAILY = Partitioning(timedelta(days=1), 2)
 
 
 class _Faults:
@@ -331,7 +339,12 @@ class _Faults:
     even a short run meets every kind."""
 
     def __init__(
-        self, cluster: _Cluster, servers: Servers, r: redis.Redis, rng: random.Random
+        self,
+        cluster: _Cluster,
+        servers: Servers,
+        r: redis.Redis,
+        rng: random.Random,
+        partitioned: bool = False,
     ) -> None:
         self.cluster, self.servers, self.redis, self.rng = cluster, servers, r, rng
         self.kinds: dict[str, Callable[[], None]] = {
@@ -351,6 +364,8 @@ class _Faults:
             "pg-terminate-all": lambda: self._terminate(everyone=True),
         }
         assert tuple(sorted(self.kinds)) == FAULT_KINDS
+        if partitioned:
+            self.kinds["drop-coming-partitions"] = self._drop_coming
         self._cycle: list[str] = []
         self.injected: set[str] = set()
 
@@ -362,6 +377,33 @@ class _Faults:
         self.kinds[kind]()
         self.injected.add(kind)
         return kind
+
+    def _drop_coming(self) -> None:
+        """The partitions made ahead dropped (an operator's mistake, a restore without them):
+        new schedules meanwhile land in the default partition, and the reconciler must make
+        them again. Only empty ones: a coming range that holds a schedule is left alone."""
+        engine = make_engine(sqlalchemy_url(self.servers.database_url))
+        try:
+            with engine.connect() as conn:
+                now = store.database_now(conn)
+                coming = [p.start for p in store.partitions(conn) if p.start and p.start > now]
+        finally:
+            engine.dispose()
+        with psycopg.connect(libpq_url(self.servers.database_url)) as conn:
+            conn.execute("SET lock_timeout = '2s'")
+            for start in coming:
+                names = [partition_name(t, start) for t in PARTITIONED]
+                for name in names:
+                    conn.execute(f"LOCK TABLE {name} IN ACCESS EXCLUSIVE MODE")
+                if any(
+                    conn.execute(f"SELECT EXISTS (SELECT 1 FROM {n})").fetchone()[0]  # type: ignore[index]
+                    for n in names
+                ):
+                    conn.rollback()
+                    continue
+                for name in reversed(names):
+                    conn.execute(f"DROP TABLE {name}")
+                conn.commit()
 
     def _popped_and_lost(self) -> None:
         """What a worker killed between taking a job from Redis and claiming its row leaves:
@@ -472,7 +514,7 @@ _VIOLATIONS = {
 def run_chaos(config: ChaosConfig, folder: Path | None = None) -> ChaosReport:
     """One seeded run on servers of its own under ``folder``; see the module docstring."""
     folder = folder or Path(tempfile.mkdtemp(prefix=f"duejobs-chaos-{config.seed}-"))
-    servers = Servers(folder / "servers")
+    servers = Servers(folder / "servers", partitioned=config.partitioned)
     try:
         return _run(config, servers, folder)
     finally:
@@ -497,10 +539,10 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
     report.schedules = len(ids)
     cluster = _Cluster(env, logs, config)
     try:
-        faults = _Faults(cluster, servers, r, rng)
+        faults = _Faults(cluster, servers, r, rng, config.partitioned)
         until = time.monotonic() + config.fault_seconds
         # For the run's time, and at least until every kind was injected once.
-        while time.monotonic() < until or len(faults.injected) < len(FAULT_KINDS):
+        while time.monotonic() < until or len(faults.injected) < len(faults.kinds):
             try:
                 report.faults[faults.inject()] += 1
             except (redis.RedisError, psycopg.Error) as exc:  # the fault hit the injector
@@ -515,6 +557,8 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
         # Rows rescheduled during the faults may be due a little after the last one.
         cutoff = last_fault + timedelta(seconds=10)
         _wait(lambda: _count(pg, _LIVE_DUE, cutoff) == 0, config.settle_timeout)
+        if config.partitioned and not _wait(lambda: _coming_ready(app), config.settle_timeout):
+            report.violations["coming partitions not made again"] = 1
     finally:
         cluster.stop()
         app.close()
@@ -536,6 +580,14 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
     if report.recovery_seconds is None or report.recovery_seconds > config.recovery_bound:
         report.violations["recovery past its bound"] = 1
     return report
+
+
+def _coming_ready(app: duejobs.App) -> bool:
+    """Whether the partitions of today and the two days after exist again."""
+    with app.engine.connect() as conn:
+        now = store.database_now(conn)
+        ends = [p.end for p in store.partitions(conn, details=False) if p.end]
+    return bool(ends) and max(ends) > now + 2 * DAILY.period
 
 
 def _db_now(url: str) -> datetime:

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, migrate, replica, store, tracing
+from duejobs import metrics, migrate, partitions, replica, store, tracing
 from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
 from duejobs.app_recurring import RecurringAPI
 from duejobs.config import Settings, check_duration
@@ -180,10 +180,15 @@ class App(RecurringAPI, QuotaAPI):
 
     def migrate(self, *, partitioned: Partitioning | None = None) -> tuple[str | None, str | None]:
         """Create or upgrade the schema; returns (revision before, revision after). With
-        ``partitioned`` (a :class:`~duejobs.partitions.Partitioning`), on tables still empty,
-        partitioned mode (:mod:`duejobs.partitions`)."""
+        ``partitioned`` (a :class:`~duejobs.partitions.Partitioning`), partitioned mode
+        (:mod:`duejobs.partitions`): made at once on empty tables, and on filled ones by
+        :func:`~duejobs.partitions.convert`, online — which takes as long as copying the
+        tables takes."""
         with self._core.database():
-            return migrate.upgrade(self.engine, partitioned=partitioned)
+            revisions = migrate.upgrade(self.engine, partitioned=partitioned)
+            if partitioned is not None:
+                partitions.convert(self.engine, partitioned)
+            return revisions
 
     def close(self) -> None:
         """Close pooled database and Redis connections."""

@@ -66,9 +66,9 @@ def upgrade(
 ) -> tuple[str | None, str | None]:
     """Bring the schema to ``revision``; returns (revision before, revision after). Outside
     ``public``, the schema is created first and the revisions run with it first on the
-    ``search_path``. With ``partitioned``, the tables are then made partitioned (see
-    :mod:`duejobs.partitions`) unless they are already; in the same transaction, so a
-    refusal (tables that hold rows) leaves the schema as it was."""
+    ``search_path``. With ``partitioned``, tables still empty are then made partitioned (see
+    :mod:`duejobs.partitions`) in the same transaction; filled ones are left to
+    :func:`duejobs.partitions.convert`."""
     config = alembic_config()
     schema = _schema(engine)
     with engine.begin() as conn:
@@ -79,7 +79,9 @@ def upgrade(
         config.attributes["connection"] = conn
         config.attributes["version_table_schema"] = _table_schema(schema)
         command.upgrade(config, revision)
-        if partitioned is not None and store.partitioning(conn) is None:
+        plain = partitioned is not None and store.partitioning(conn) is None
+        if plain and not store.holds_rows(conn):
+            assert partitioned is not None
             store.make_partitioned(conn, partitioned, store.database_now(conn))
         after = MigrationContext.configure(conn, opts=_options(schema)).get_current_revision()
     return before, after

@@ -2,18 +2,20 @@
 whole behind.
 
 Partitioned mode is chosen at ``duejobs migrate --partitioned`` (the layout, and why the
-tables are partitioned by schedule id, are in :mod:`duejobs.store.partitions`). Then:
+tables are partitioned by schedule id, are in :mod:`duejobs.store.partitions`); a plain
+schema already in use is moved by :func:`convert`, online. Then:
 
 - **Ahead.** Each reconciler pass makes sure the partitions of the current period and of
   ``ahead`` more exist (default: periods of 7 days, 2 ahead), so a new schedule always lands in
   a partition of its own time. One missed for long (no reconciler running) costs no insert:
   such rows land in the ``DEFAULT`` partition, where the pruner's deletes reach them.
 - **Behind.** Each pruner pass drops the ranges that hold no live row and nothing that
-  finished within ``older_than`` — the schedules with their events, attempts, results and
-  effect-ledger rows, in one transaction per range — then deletes the rest as in the plain
-  schema, in batches. The check is made again under the partition's lock, so a retry or a late
-  insert racing with the drop either waits and finds no partition (its row goes to the
-  default one), or wins and keeps the range.
+  finished within ``older_than`` — the schedules with their events, attempts and results, in
+  one transaction per range —, deletes their effect-ledger rows in batches (the ledger is not
+  partitioned), then deletes the rest as in the plain schema, in batches. The check is made
+  again under the tables' locks, so a retry or a late insert racing with the drop either
+  waits and finds no partition (its row goes to the default one), or wins and keeps the
+  range.
 
 What it promises: never a dropped live row; never a failed insert for want of a partition;
 each creation or drop waits at most ``LOCK_TIMEOUT`` (2 s) for its parent table's lock —
@@ -32,17 +34,23 @@ each reconciler pass: below one period, the coming partitions are not being made
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
 
 from duejobs import metrics, store
+from duejobs.errors import PartitioningError
+from duejobs.migrate import upgrade
 from duejobs.store.partitions import Partition, Partitioning
 
 log = logging.getLogger("duejobs.partitions")
 
 DEFAULT_PERIOD = timedelta(days=7)
 DEFAULT_AHEAD = 2
+_EFFECTS_BATCH = 10_000
 
 
 def create_ahead(engine: Engine) -> list[str]:
@@ -75,6 +83,12 @@ def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
         with engine.begin() as conn:
             if store.drop_partition(conn, partition, older_than):
                 dropped.append(partition.name)
+    with engine.begin() as conn:
+        kept = [p.start for p in store.partitions(conn, details=False) if p.start is not None]
+    while kept:  # the ledger rows of every range dropped, this pass or an earlier one
+        with engine.begin() as conn:
+            if store.delete_orphan_effects(conn, min(kept), _EFFECTS_BATCH) < _EFFECTS_BATCH:
+                break
     if dropped:
         metrics.PARTITIONS_DROPPED.inc(len(dropped))
         log.info("partitions dropped: %s", ", ".join(dropped))
@@ -94,3 +108,94 @@ def describe(engine: Engine) -> tuple[Partitioning | None, list[Partition]]:
     with engine.begin() as conn:
         settings = store.partitioning(conn)
         return settings, ([] if settings is None else store.partitions(conn))
+
+
+# An arbitrary, fixed advisory-lock key: one conversion at a time per database.
+_CONVERT_LOCK = 0x6475656A6F6270  # "duejobp"
+SWAP_ATTEMPTS = 30
+
+
+def convert(
+    engine: Engine,
+    settings: Partitioning,
+    *,
+    batch_size: int = 10_000,
+    report: Callable[[str], None] = log.info,
+) -> int:
+    """Move a filled plain schema into partitioned mode while it is in use; the rows copied.
+
+    1. The partitioned tables are built empty in a staging schema (``<schema>_partitioning``)
+       by the same migrations, with ranges from the oldest schedule's period on.
+    2. Triggers on the four source tables make every later write the same write there.
+    3. The rows are copied in batches of ``batch_size``, each its own short transaction; a
+       row the triggers wrote already is left alone.
+    4. One short transaction locks the source tables (waiting at most ``LOCK_TIMEOUT``; tried
+       again up to ``SWAP_ATTEMPTS`` times), drops them and moves the staging tables in.
+
+    Application writes go on throughout (each pays for its mirrored write meanwhile); only
+    the last step holds them up, for as long as it takes to move catalog entries. Stopped
+    midway, the source tables are as they were but for the triggers: running it again starts
+    over. One conversion at a time (an advisory lock)."""
+    schema: str = engine.get_execution_options().get(store.SCHEMA_OPTION, "public")
+    staging = store.staging_schema(schema)
+    with engine.connect() as holder:
+        if not store.try_session_lock(holder, _CONVERT_LOCK):
+            raise PartitioningError("another conversion to partitioned mode is running")
+        try:
+            return _convert(engine, schema, staging, settings, batch_size, report)
+        finally:
+            store.session_unlock(holder, _CONVERT_LOCK)
+
+
+def _convert(
+    engine: Engine,
+    schema: str,
+    staging: str,
+    settings: Partitioning,
+    batch_size: int,
+    report: Callable[[str], None],
+) -> int:
+    with engine.begin() as conn:
+        if store.partitioning(conn) is not None:
+            return 0
+        store.unmirror(conn)  # a conversion stopped midway starts over
+        store.drop_schema(conn, staging)
+    staged = engine.execution_options(**{store.SCHEMA_OPTION: staging})
+    upgrade(staged)
+    with staged.begin() as conn:
+        store.use_schema(conn, staging)
+        store.link_recurring(conn, schema)
+        now = store.database_now(conn)
+        store.make_partitioned(conn, settings, now)
+        with engine.connect() as source:
+            oldest = store.oldest_stamped(source)
+        day = settings.start_of(oldest) if oldest is not None else now
+        while day < now:  # the ranges of the rows to come over
+            store.ensure_ahead(conn, settings, day)
+            day += (settings.ahead + 1) * settings.period
+    with engine.begin() as conn:
+        store.mirror(conn, staging)
+    report(f"partitioned tables built in {staging}; source writes mirrored there")
+    copied = 0
+    for table in store.PARTITIONED:
+        after = None
+        while True:
+            with engine.begin() as conn:
+                batch = store.copy_batch(conn, staging, table, after, batch_size)
+            if batch is None:
+                break
+            after, n = batch
+            copied += n
+        report(f"{table}: copied ({copied:,} rows so far)")
+    for attempt in range(1, SWAP_ATTEMPTS + 1):
+        try:
+            with engine.begin() as conn:
+                store.swap(conn, staging)
+            break
+        except OperationalError as exc:
+            if not store.is_lock_timeout(exc) or attempt == SWAP_ATTEMPTS:
+                raise
+            report(f"swap: the tables are busy (attempt {attempt}); trying again")
+            time.sleep(min(attempt, 5))
+    report(f"{schema}: partitioned mode")
+    return copied

@@ -1,6 +1,8 @@
 """A short fault-injection run (the full one is `python -m bench chaos`): every fault kind at
 least once — real restarts of a PostgreSQL and a Redis of the run's own among them — while
 real schedulers, workers and a reconciler run, then every guarantee checked by the database.
+With DUEJOBS_TEST_PARTITIONED=1, on partitioned mode, the coming partitions dropped among the
+faults.
 
 Seen failing against a build whose push trusted a job hash's status (a job popped and lost
 left its schedule stuck: "due but not terminal").
@@ -10,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.chaos import FAULT_KINDS, ChaosConfig, run_chaos
+from bench.chaos import FAULT_KINDS, PARTITION_FAULTS, ChaosConfig, run_chaos
+from tests.conftest import PARTITIONED
 
 
 def test_a_short_fault_injection_run_keeps_every_guarantee(tmp_path: Path) -> None:
@@ -22,9 +25,11 @@ def test_a_short_fault_injection_run_keeps_every_guarantee(tmp_path: Path) -> No
         recurring=2,
         recovery_bound=60,
         settle_timeout=90,
+        partitioned=PARTITIONED,
     )
     report = run_chaos(config, tmp_path)
     summary = "\n".join(report.lines())
     assert report.ok, summary
-    assert set(FAULT_KINDS) <= set(report.faults), summary  # every kind met at least once
+    kinds = {*FAULT_KINDS, *(PARTITION_FAULTS if PARTITIONED else ())}
+    assert kinds <= set(report.faults), summary  # every kind met at least once
     assert report.states.get("succeeded", 0) >= 250, summary

@@ -22,10 +22,10 @@ import pytest
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from duejobs import App, store
+from duejobs import App, ScheduleRequest, store
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at, stamped, time_of
-from duejobs.partitions import create_ahead, drop_behind
+from duejobs.partitions import convert, create_ahead, drop_behind
 from duejobs.prune import PruneConfig, Pruner
 from duejobs.reconcile import Reconciler
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
@@ -176,15 +176,96 @@ def test_migrate_partitioned_partitions_every_growing_table_with_all_its_indexes
     assert parted.migrate(partitioned=DAILY)[0] == parted.migrate()[1]  # idempotent
 
 
-def test_migrate_partitioned_refuses_tables_that_hold_rows_and_changes_nothing(
-    app: App, database_url: str
-) -> None:
-    app.schedule("record", {}, delay=60)
-    with pytest.raises(PartitioningError, match="scheduled_jobs, scheduled_job_events hold rows"):
-        app.migrate(partitioned=DAILY)
+@pytest.fixture
+def plain(database_url: str, redis_url: str) -> Iterator[App]:
+    """An App whose tables, in a schema of their own, are plain."""
+    schema = f"plain_{secrets.token_hex(4)}"
+    app = register(App(database_url=database_url, redis_url=redis_url, schema=schema))
+    app.migrate()
+    yield app
+    with app.engine.begin() as conn:
+        conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        conn.execute(text(f"DROP SCHEMA IF EXISTS {schema}_partitioning CASCADE"))
+    app.close()
+
+
+def _live_keys(app: App) -> set[tuple[str, str, uuid.UUID]]:
     with _tx(app) as conn:
-        assert store.partitioning(conn) is None
-    assert app.schedule("record", {}, delay=60).created
+        return set(
+            conn.execute(
+                text(
+                    "SELECT tenant, key, id FROM scheduled_jobs "
+                    "WHERE key IS NOT NULL AND status IN ('scheduled', 'running')"
+                )
+            ).all()
+        )
+
+
+def test_a_filled_schema_moves_to_partitioned_mode_while_it_is_written(plain: App) -> None:
+    """The rows copied in batches while another thread schedules, reschedules and cancels:
+    afterwards every schedule is there at the version and status its last change left, with
+    every event of its history, and the live keys are those of the live schedules. Seen
+    failing with the mirroring triggers left out (changes made during the copy were lost)."""
+    made = plain.schedule_many(
+        [ScheduleRequest("record", {"n": n}, delay=3600, key=f"k{n}") for n in range(1500)]
+    )
+    expected = {sid: ("scheduled", 1, 1) for sid in made}  # status, version, events
+    done = threading.Event()
+    during: list[int] = []
+
+    def writer() -> None:
+        n = 0
+        while not done.is_set():
+            n += 1
+            s = plain.schedule("record", {}, delay=3600, key=f"w{n}")
+            expected[s.id] = ("scheduled", 1, 1)
+            old = made[n % len(made)]
+            status, version, events = expected[old]
+            if status == "scheduled" and n % 2:
+                plain.reschedule(old, delay=7200)
+                expected[old] = (status, version + 1, events + 1)
+            elif status == "scheduled":
+                plain.cancel(old)
+                expected[old] = ("cancelled", version + 1, events + 1)
+            done.wait(0.005)
+
+    racer = threading.Thread(target=writer)
+    racer.start()
+    try:
+        copied = convert(
+            plain.engine, DAILY, batch_size=100, report=lambda line: during.append(len(expected))
+        )
+    finally:
+        done.set()
+        racer.join(30)
+    assert copied >= 1500
+    assert during[-1] > during[0], "the writer made no change while the rows were copied"
+    with _tx(plain) as conn:
+        assert store.partitioning(conn) == DAILY
+        rows = {
+            r.id: (r.status, r.version, r.events)
+            for r in conn.execute(
+                text(
+                    "SELECT s.id, s.status, s.version, "
+                    "(SELECT count(*) FROM scheduled_job_events e WHERE e.schedule_id = s.id) "
+                    "AS events FROM scheduled_jobs s"
+                )
+            )
+        }
+        held = set(conn.execute(text("SELECT tenant, key, schedule_id FROM scheduled_job_keys")))
+    assert rows == expected
+    assert held == _live_keys(plain)
+    again = plain.schedule("record", {}, delay=60, key="k1")
+    assert not again.created or expected[made[1]][0] == "cancelled"
+
+
+def test_migrate_partitioned_on_a_filled_schema_converts_it(plain: App) -> None:
+    first = plain.schedule("record", {}, delay=60, key="k")
+    plain.migrate(partitioned=DAILY)
+    with _tx(plain) as conn:
+        assert store.partitioning(conn) == DAILY
+    assert plain.get(first.id).key == "k"
+    assert not plain.schedule("record", {}, delay=60, key="k").created
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ from duejobs.timespec import spell_duration
     "--partitioned",
     is_flag=True,
     help="Partitioned mode: schedules and their history split by time, old ranges dropped "
-    "whole (on tables still empty; see `duejobs partitions`).",
+    "whole (see `duejobs partitions`). Filled tables are moved online: copied in batches "
+    "while in use, then swapped in a moment.",
 )
 @click.option(
     "--partition-period",

@@ -388,3 +388,18 @@ def create_database(url: str, database: str) -> None:
 def is_missing_table(exc: BaseException | None) -> bool:
     """Whether a driver error says a table does not exist (the schema was never migrated)."""
     return isinstance(exc, psycopg.errors.UndefinedTable)
+
+
+def try_session_lock(conn: Connection, key: int) -> bool:
+    """Take PostgreSQL's advisory lock ``key`` for the session, if no one holds it."""
+    return bool(run(conn, "try_session_lock", {"key": key})[0].locked)
+
+
+def session_unlock(conn: Connection, key: int) -> None:
+    """Give back a session's advisory lock ``key``."""
+    run(conn, "session_unlock", {"key": key})
+
+
+def is_lock_timeout(exc: BaseException | None) -> bool:
+    """Whether a driver error says a lock was not granted within ``lock_timeout``."""
+    return isinstance(getattr(exc, "orig", exc), psycopg.errors.LockNotAvailable)

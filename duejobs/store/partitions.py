@@ -63,6 +63,7 @@ _ANY_ROW = {
 }
 _LIVE_KEY_INDEX = "scheduled_jobs_live_key_idx"
 _SETTINGS = "duejobs_partitioning"
+_EVENTS = "scheduled_job_events"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BOUNDS = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
 # Creating or dropping a partition locks its parent for a moment; waiting longer than this
@@ -140,14 +141,7 @@ def make_partitioned(conn: Connection, settings: Partitioning, now: datetime) ->
             f"partitioned mode is chosen on empty tables; {', '.join(filled)} hold rows"
         )
     for table in PARTITIONED:
-        for fk in run(conn, "foreign_keys_to", {"schema": schema_of(conn), "name": table}):
-            run_composed(
-                conn,
-                "drop_foreign_key",
-                pgsql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
-                    _ident(conn, fk.owner), pgsql.Identifier(fk.name)
-                ),
-            )
+        _drop_foreign_keys_to(conn, table)
     for table, column in PARTITIONED.items():
         _partition_table(conn, table, column)
     run(conn, "create_keys")
@@ -229,6 +223,9 @@ BEGIN
         RETURN NEW;
     END IF;
     SELECT schedule_id INTO holder FROM {keys} WHERE tenant = NEW.tenant AND key = NEW.key;
+    IF holder = NEW.id THEN
+        RETURN NEW;  -- its own key (a copy of the row written again)
+    END IF;
     IF NOT EXISTS (
         SELECT 1 FROM {jobs} WHERE id = holder AND status IN ('scheduled', 'running')
     ) THEN  -- a key left by a row that was never written: it is free
@@ -344,27 +341,18 @@ def _partition_figures(conn: Connection, name: str) -> Any:
 
 def drop_partition(conn: Connection, partition: Partition, older_than: timedelta) -> bool:
     """Drop one range of schedules with their history, if it still holds no live row and
-    nothing that finished within ``older_than``: the range's ``scheduled_jobs`` partition is
-    locked first (a retry or a late insert waits for it, or wins and is seen here), then
-    checked again, then its effects deleted and every table's partition dropped. False when
-    the check no longer holds."""
+    nothing that finished within ``older_than``. The four tables are locked first, in the
+    order every statement takes them (so this waits instead of deadlocking), then the range
+    is checked again (a retry racing with the drop either waited, or won and is seen here),
+    then each table's partition dropped. False when the check no longer holds. The range's
+    effect-ledger rows are left to :func:`delete_orphan_effects`, in batches: deleting them
+    here would hold the locks as long as that takes."""
     assert partition.start is not None, "the default partition is never dropped"
-    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
-    run_composed(
-        conn,
-        "lock_partition",
-        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(_ident(conn, partition.name)),
-    )
+    _on_each(conn, "lock_parent", "LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE")
     figures = _partition_figures(conn, partition.name)
     horizon = database_now(conn) - older_than
     if figures.live or (figures.last_finished is not None and figures.last_finished >= horizon):
         return False
-    assert partition.end is not None
-    run_count(
-        conn,
-        "delete_effects_between",
-        {"low": first_id_at(partition.start), "high": first_id_at(partition.end)},
-    )
     for table in reversed(PARTITIONED):
         run_composed(
             conn,
@@ -372,3 +360,216 @@ def drop_partition(conn: Connection, partition: Partition, older_than: timedelta
             pgsql.SQL("DROP TABLE {}").format(_ident(conn, partition_name(table, partition.start))),
         )
     return True
+
+
+def delete_orphan_effects(conn: Connection, below: datetime, limit: int) -> int:
+    """Delete up to ``limit`` effect-ledger rows of schedules made before ``below`` (the
+    oldest range kept) that no longer exist: those of ranges dropped. How many."""
+    return run_count(conn, "delete_orphan_effects", {"below": first_id_at(below), "limit": limit})
+
+
+# -- moving a filled plain schema into partitioned mode, online ---------------------------
+
+
+def staging_schema(schema: str) -> str:
+    """Where the partitioned tables are built beside a filled plain schema."""
+    return f"{schema}_partitioning"
+
+
+def link_recurring(conn: Connection, source: str) -> None:
+    """In the staging schema (``conn``'s, still empty): the occurrences' foreign key pointed
+    at the source schema's recurring definitions, which stay where they are."""
+    run_composed(
+        conn,
+        "link_recurring",
+        pgsql.SQL(
+            "ALTER TABLE {jobs} DROP CONSTRAINT scheduled_jobs_recurring_id_fkey, "
+            "ADD CONSTRAINT scheduled_jobs_recurring_id_fkey FOREIGN KEY (recurring_id) "
+            "REFERENCES {recurring} (id) ON DELETE SET NULL"
+        ).format(
+            jobs=_ident(conn, "scheduled_jobs"),
+            recurring=pgsql.Identifier(source, "recurring_schedules"),
+        ),
+    )
+
+
+def oldest_stamped(conn: Connection) -> datetime | None:
+    """When the oldest schedule with a time-stamped id was made (ids of another kind, such as
+    the occurrences of earlier releases, go to the default partition)."""
+    row = run_one(conn, "oldest_stamped_id")
+    return None if row is None else time_of(row.id)
+
+
+def _columns(conn: Connection, table: str) -> list[str]:
+    return [r.name for r in run(conn, "table_columns", {"schema": schema_of(conn), "name": table})]
+
+
+def _key_columns(conn: Connection, table: str) -> list[str]:
+    return [
+        r.name for r in run(conn, "primary_key_columns", {"schema": schema_of(conn), "name": table})
+    ]
+
+
+def mirror(conn: Connection, staging: str) -> None:
+    """Make every later write to the source tables (``conn``'s schema) write the same to
+    their staging copies, in the same transaction: an insert or update as an upsert by
+    primary key, a delete as a delete. Waits at most :data:`LOCK_TIMEOUT` for each table."""
+    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    for table in PARTITIONED:
+        columns = _columns(conn, table)
+        keys = _key_columns(conn, table)
+        rest = [c for c in columns if c not in keys]
+        function = pgsql.Identifier(staging, f"duejobs_mirror_{table}")
+        target = pgsql.Identifier(staging, table)
+        body = pgsql.SQL(
+            """
+CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM {target} WHERE ({keys}) = ({old_keys});
+        RETURN NULL;
+    END IF;
+    INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE VALUES ({new_columns})
+    ON CONFLICT ({keys}) DO UPDATE SET ({rest}) = ROW({excluded});
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER duejobs_mirror AFTER INSERT OR UPDATE OR DELETE ON {source}
+    FOR EACH ROW EXECUTE FUNCTION {function}();
+"""
+        ).format(
+            function=function,
+            target=target,
+            source=_ident(conn, table),
+            keys=pgsql.SQL(", ").join(map(pgsql.Identifier, keys)),
+            old_keys=pgsql.SQL(", ").join(pgsql.SQL("OLD.") + pgsql.Identifier(k) for k in keys),
+            columns=pgsql.SQL(", ").join(map(pgsql.Identifier, columns)),
+            new_columns=pgsql.SQL(", ").join(
+                pgsql.SQL("NEW.") + pgsql.Identifier(c) for c in columns
+            ),
+            rest=pgsql.SQL(", ").join(map(pgsql.Identifier, rest)),
+            excluded=pgsql.SQL(", ").join(
+                pgsql.SQL("EXCLUDED.") + pgsql.Identifier(c) for c in rest
+            ),
+        )
+        run_composed(conn, "mirror", body)
+
+
+def drop_schema(conn: Connection, schema: str) -> None:
+    """Drop ``schema`` and everything in it, if it exists (a staging schema)."""
+    run_composed(
+        conn,
+        "drop_schema",
+        pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)),
+    )
+
+
+def _on_each(conn: Connection, what: str, template: str) -> None:
+    """Run ``template`` on each table to partition of ``conn``'s schema (``{}``), waiting at
+    most :data:`LOCK_TIMEOUT` for each table's lock."""
+    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    for table in PARTITIONED:
+        run_composed(conn, what, pgsql.SQL(template).format(_ident(conn, table)))
+
+
+def _drop_foreign_keys_to(conn: Connection, table: str) -> None:
+    for fk in run(conn, "foreign_keys_to", {"schema": schema_of(conn), "name": table}):
+        run_composed(
+            conn,
+            "drop_foreign_key",
+            pgsql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
+                _ident(conn, fk.owner), pgsql.Identifier(fk.name)
+            ),
+        )
+
+
+def unmirror(conn: Connection) -> None:
+    """Remove the mirroring triggers from the source tables (``conn``'s schema), if any."""
+    _on_each(conn, "unmirror", "DROP TRIGGER IF EXISTS duejobs_mirror ON {}")
+
+
+def copy_batch(
+    conn: Connection, staging: str, table: str, after: tuple[Any, ...] | None, limit: int
+) -> tuple[tuple[Any, ...], int] | None:
+    """Copy the next ``limit`` rows of ``table`` (by primary key, after ``after``) into its
+    staging copy, leaving alone a row the mirror wrote already (it is newer); the last key
+    read and how many rows were read, or None once there are no more. Each row is locked
+    ``FOR KEY SHARE`` while it is copied, so a delete of it (which the mirror carries over)
+    waits for the copy."""
+    keys = _key_columns(conn, table)
+    columns = pgsql.SQL(", ").join(map(pgsql.Identifier, _columns(conn, table)))
+    key_list = pgsql.SQL(", ").join(map(pgsql.Identifier, keys))
+    after_sql: pgsql.SQL | pgsql.Composed = pgsql.SQL("true")
+    if after is not None:
+        after_sql = pgsql.SQL("({}) > ({})").format(
+            key_list, pgsql.SQL(", ").join(map(pgsql.Literal, after))
+        )
+    statement = pgsql.SQL(
+        """
+WITH batch AS (
+    SELECT {columns} FROM {source} WHERE {after} ORDER BY {keys} LIMIT {limit} FOR KEY SHARE
+), copied AS (
+    INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE
+    SELECT {columns} FROM batch ON CONFLICT DO NOTHING
+)
+SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys} DESC LIMIT 1
+"""
+    ).format(
+        columns=columns,
+        source=_ident(conn, table),
+        target=pgsql.Identifier(staging, table),
+        after=after_sql,
+        keys=key_list,
+        limit=pgsql.Literal(limit),
+    )
+    rows = run_composed(conn, "copy_batch", statement)
+    if not rows:
+        return None
+    *last, n = rows[0]
+    return tuple(last), int(n)
+
+
+def swap(conn: Connection, staging: str) -> None:
+    """Put the staging tables in the source tables' place (``conn``'s schema), in one short
+    transaction: lock the source tables (waiting at most :data:`LOCK_TIMEOUT`), carry the
+    events' identity on, drop the source tables, move the staging ones — partitions, keys,
+    settings and the key triggers' function included — and drop the staging schema."""
+    schema = schema_of(conn)
+    _on_each(conn, "lock_source", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+    run(conn, "carry_identity", {"source": schema, "staging": staging, "name": _EVENTS})
+    _drop_foreign_keys_to(conn, "scheduled_jobs")  # the effect ledger's, gone with its table
+    for table in reversed(PARTITIONED):
+        run_composed(conn, "drop_source", pgsql.SQL("DROP TABLE {}").format(_ident(conn, table)))
+    moved = [*PARTITIONED, "scheduled_job_keys", _SETTINGS]
+    for row in run(conn, "partition_tables", {"schema": staging, "names": list(PARTITIONED)}):
+        moved.append(row.name)
+    for name in moved:
+        run_composed(
+            conn,
+            "move_table",
+            pgsql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                pgsql.Identifier(staging, name), pgsql.Identifier(schema)
+            ),
+        )
+    run_composed(
+        conn,
+        "move_function",
+        pgsql.SQL("ALTER FUNCTION {}() SET SCHEMA {}").format(
+            pgsql.Identifier(staging, "duejobs_keep_live_key"), pgsql.Identifier(schema)
+        ),
+    )
+    run_composed(  # its body names the tables: now those of this schema
+        conn,
+        "key_function",
+        pgsql.SQL(
+            _key_triggers(schema)
+            .as_string(None)
+            .split("CREATE TRIGGER", 1)[0]
+            .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+        ),
+    )
+    run_composed(
+        conn,
+        "drop_staging",
+        pgsql.SQL("DROP SCHEMA {} CASCADE").format(pgsql.Identifier(staging)),
+    )

@@ -81,10 +81,15 @@ WHERE n.nspname = :schema AND p.relname = :name
 -- name: set_lock_timeout
 SELECT set_config('lock_timeout', :timeout, true)
 
--- name: delete_effects_between
--- The effect ledger's rows of a range of schedules about to be dropped (the ledger is not
--- partitioned: its key is unique across every schedule).
-DELETE FROM scheduled_job_effects WHERE schedule_id >= :low AND schedule_id < :high
+-- name: delete_orphan_effects
+-- Effect-ledger rows of schedules made before :below that are gone (their range dropped;
+-- the ledger is not partitioned: its key is unique across every schedule), a batch at a time.
+DELETE FROM scheduled_job_effects WHERE ctid = ANY(ARRAY(
+    SELECT e.ctid FROM scheduled_job_effects e
+    WHERE e.schedule_id < :below
+      AND NOT EXISTS (SELECT 1 FROM scheduled_jobs j WHERE j.id = e.schedule_id)
+    LIMIT :limit
+))
 
 -- name: partition_indexes
 -- A partition's indexes and the index of its parent each one belongs to.
@@ -96,3 +101,50 @@ JOIN pg_class parent ON parent.oid = i.inhparent
 JOIN pg_class t ON t.oid = x.indrelid
 JOIN pg_namespace n ON n.oid = t.relnamespace
 WHERE n.nspname = :schema AND t.relname = :name
+
+-- name: oldest_stamped_id
+-- The lowest id stamped with a time (version 7 or 8), read along the primary key.
+SELECT id FROM scheduled_jobs WHERE substr(CAST(id AS text), 15, 1) IN ('7', '8')
+ORDER BY id LIMIT 1
+
+-- name: table_columns
+-- A table's columns in order (dropped ones left out).
+SELECT a.attname AS name
+FROM pg_attribute a
+JOIN pg_class c ON c.oid = a.attrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = :schema AND c.relname = :name AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+
+-- name: primary_key_columns
+-- A table's primary key columns in the key's order.
+SELECT a.attname AS name
+FROM pg_constraint k
+JOIN pg_class c ON c.oid = k.conrelid
+JOIN pg_namespace n ON n.oid = c.relnamespace
+JOIN LATERAL unnest(k.conkey) WITH ORDINALITY AS u(attnum, ord) ON true
+JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = u.attnum
+WHERE n.nspname = :schema AND c.relname = :name AND k.contype = 'p'
+ORDER BY u.ord
+
+-- name: partition_tables
+-- Every partition of the tables :names of :schema.
+SELECT c.relname AS name
+FROM pg_inherits i
+JOIN pg_class c ON c.oid = i.inhrelid
+JOIN pg_class p ON p.oid = i.inhparent
+JOIN pg_namespace n ON n.oid = p.relnamespace
+WHERE n.nspname = :schema AND p.relname = ANY(CAST(:names AS text[])) AND c.relkind = 'r'
+
+-- name: carry_identity
+-- The staging events' identity goes on from where the source's is.
+SELECT setval(pg_get_serial_sequence(format('%I.%I', CAST(:staging AS text),
+                                            CAST(:name AS text)), 'id'),
+              nextval(pg_get_serial_sequence(format('%I.%I', CAST(:source AS text),
+                                                    CAST(:name AS text)), 'id')))
+
+-- name: try_session_lock
+SELECT pg_try_advisory_lock(:key) AS locked
+
+-- name: session_unlock
+SELECT pg_advisory_unlock(:key)

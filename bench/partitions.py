@@ -1,0 +1,205 @@
+"""Partitioned mode beside the plain schema: the same data, the same operations, one run.
+
+Two schemas of one scratch database, ``plain`` and ``parted`` (partitioned mode with its
+defaults: partitions of PART_PERIOD_DAYS (7) days, two ahead), each filled with PART_ROWS
+(2,000,000) finished schedules made over the last PART_DAYS (30) days — each with two events
+and an attempt, as a delivered schedule leaves — plus PART_DUE (20,000) schedules due now.
+Then, on each:
+
+* claim — the scheduler's passes until every due row is claimed and pushed (batches of 1,000);
+  the partitioned schema's rows/s beside the plain one's. Target: >= 0.8x.
+* retention — the schedules that finished more than ``PART_DAYS - 10`` days ago removed by
+  ``duejobs prune``: in partitioned mode the ranges wholly older dropped, the rest deleted in
+  batches, as in the plain schema; the rows that finished before then, per second of the
+  pass. Target: >= 10x.
+* bulk insert — ``schedule_many`` of PART_BULK (100,000) new schedules into the filled
+  tables; rows/s beside the plain schema's. Target: >= 0.8x.
+
+The size is what this machine fills in the bench's time budget; PART_ROWS=10000000 runs the
+same at ten million (about ten times as long).
+
+    python -m bench.partitions
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime, timedelta
+
+import redis
+from sqlalchemy import text
+
+from bench.common import Figure
+from duejobs import App, ScheduleRequest, store
+from duejobs.partitions import DEFAULT_AHEAD, create_ahead
+from duejobs.prune import PruneConfig, Pruner
+from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.store.partitions import Partitioning
+
+ROWS = int(os.environ.get("PART_ROWS", "2000000"))
+DAYS = int(os.environ.get("PART_DAYS", "30"))
+DUE = int(os.environ.get("PART_DUE", "20000"))
+BULK = int(os.environ.get("PART_BULK", "100000"))
+PERIOD = timedelta(days=int(os.environ.get("PART_PERIOD_DAYS", "7")))
+MODE = Partitioning(PERIOD, DEFAULT_AHEAD)
+
+# Rows made at instant t get a version 7 id of t, as duejobs' own: 48 bits of milliseconds,
+# the version, then bits of a hash.
+_FILL = """
+INSERT INTO {schema}.scheduled_jobs (id, tenant, type, payload, run_at, due_at, status,
+    finished_at, created_at, attempts, version, queue_job_id)
+SELECT CAST(lpad(to_hex(CAST(extract(epoch FROM t) * 1000 AS bigint)), 12, '0') || '7'
+            || substr(md5(g::text || :salt), 1, 19) AS uuid),
+       't' || (g % 10), 'remind', '{{"user": 1}}', t, t, :status,
+       CASE WHEN :status = 'succeeded' THEN t + interval '1 minute' END, t, :attempts, 1,
+       CASE WHEN :status = 'succeeded' THEN 'done' END
+FROM (SELECT g, CAST(:start AS timestamptz) + g * CAST(:step AS interval) AS t
+      FROM generate_series(1, :n) g) AS rows
+"""
+_HISTORY = """
+INSERT INTO {schema}.scheduled_job_events (schedule_id, tenant, kind, version, at)
+SELECT id, tenant, k, 1, created_at FROM {schema}.scheduled_jobs,
+       unnest(ARRAY['created', 'succeeded']) AS k WHERE status = 'succeeded';
+INSERT INTO {schema}.scheduled_job_attempts (schedule_id, tenant, version, attempt, status)
+SELECT id, tenant, 1, 1, 'succeeded' FROM {schema}.scheduled_jobs WHERE status = 'succeeded';
+ANALYZE {schema}.scheduled_jobs, {schema}.scheduled_job_events, {schema}.scheduled_job_attempts
+"""
+
+
+def _app(database_url: str, redis_url: str, schema: str, partitioned: bool) -> App:
+    app = App(database_url=database_url, redis_url=redis_url, schema=schema)
+    app.migrate(partitioned=MODE if partitioned else None)
+    return app
+
+
+def _fill(app: App, schema: str, partitioned: bool) -> None:
+    with app.engine.begin() as conn:
+        now = store.database_now(conn)
+        start = now - timedelta(days=DAYS)
+        if partitioned:  # the ranges the history falls in, as the reconciler made them
+            day = start
+            while day < now:
+                store.ensure_ahead(conn, MODE, day)
+                day += (MODE.ahead + 1) * MODE.period
+        step = timedelta(days=DAYS) / ROWS
+        fill = text(_FILL.format(schema=schema))
+        conn.execute(
+            fill,
+            {
+                "salt": "h",
+                "status": "succeeded",
+                "attempts": 1,
+                "start": start,
+                "step": step,
+                "n": ROWS,
+            },
+        )
+        conn.execute(
+            fill,
+            {
+                "salt": "d",
+                "status": "scheduled",
+                "attempts": 0,
+                "start": now - timedelta(minutes=10),
+                "step": timedelta(milliseconds=10),
+                "n": DUE,
+            },
+        )
+        for statement in _HISTORY.format(schema=schema).split(";"):
+            conn.execute(text(statement))
+
+
+def _claim_rate(app: App) -> float:
+    scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
+    started, pushed = time.perf_counter(), 0
+    while pushed < DUE:
+        done = scheduler.run_once().claimed
+        assert done, "the scheduler stopped pushing before every due row"
+        pushed += done
+    return pushed / (time.perf_counter() - started)
+
+
+def _retention_rate(app: App, schema: str) -> tuple[float, int]:
+    older_than = timedelta(days=DAYS - 10)
+    with app.engine.connect() as conn:
+        doomed = conn.execute(
+            text(
+                f"SELECT count(*) FROM {schema}.scheduled_jobs WHERE status = 'succeeded' "
+                "AND finished_at < now() - CAST(:age AS interval)"
+            ),
+            {"age": older_than},
+        ).scalar_one()
+    started = time.perf_counter()
+    result = Pruner(app, PruneConfig(older_than=older_than, batch_size=1000)).run_once()
+    elapsed = time.perf_counter() - started
+    return doomed / elapsed, result.partitions_dropped
+
+
+def _bulk_rate(app: App) -> float:
+    start = datetime.now(UTC) + timedelta(days=1)
+    requests = [
+        ScheduleRequest(
+            "remind", {"user": i}, run_at=start + timedelta(seconds=i % 86_400), tenant=f"t{i % 10}"
+        )
+        for i in range(BULK)
+    ]
+    started = time.perf_counter()
+    app.schedule_many(requests)
+    return BULK / (time.perf_counter() - started)
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    flush = redis.Redis.from_url(redis_url)
+    rates: dict[str, dict[str, float]] = {}
+    dropped = 0
+    for schema, partitioned in (("plain", False), ("parted", True)):
+        app = _app(database_url, redis_url, schema, partitioned)
+        try:
+            _fill(app, schema, partitioned)
+            flush.flushdb()
+            claim = _claim_rate(app)
+            retention, n = _retention_rate(app, schema)
+            dropped = max(dropped, n)
+            create_ahead(app.engine)
+            rates[schema] = {"claim": claim, "retention": retention, "bulk": _bulk_rate(app)}
+        finally:
+            with app.engine.begin() as conn:
+                conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+            app.close()
+            flush.flushdb()
+    plain, parted = rates["plain"], rates["parted"]
+    return [
+        Figure(
+            f"partitioned: claim {DUE:,} due among {ROWS:,} (plain beside)",
+            parted["claim"],
+            plain["claim"],
+            "rows/s",
+            ">= 0.8x the plain schema",
+            parted["claim"] >= 0.8 * plain["claim"],
+        ),
+        Figure(
+            f"partitioned: retention, {dropped} ranges dropped (prune beside)",
+            parted["retention"],
+            plain["retention"],
+            "rows/s",
+            ">= 10x batched deletes",
+            parted["retention"] >= 10 * plain["retention"],
+        ),
+        Figure(
+            f"partitioned: schedule_many of {BULK:,} (plain beside)",
+            parted["bulk"],
+            plain["bulk"],
+            "rows/s",
+            ">= 0.8x the plain schema",
+            parted["bulk"] >= 0.8 * plain["bulk"],
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (url, redis_url):
+        for figure in run(url, redis_url):
+            print(figure.line(), flush=True)
