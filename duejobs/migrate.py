@@ -79,9 +79,7 @@ def upgrade(
         config.attributes["connection"] = conn
         config.attributes["version_table_schema"] = _table_schema(schema)
         command.upgrade(config, revision)
-        plain = partitioned is not None and store.partitioning(conn) is None
-        if plain and not store.holds_rows(conn):
-            assert partitioned is not None
+        if partitioned is not None and store.partitioning(conn) is None:
             store.make_partitioned(conn, partitioned, store.database_now(conn))
         after = MigrationContext.configure(conn, opts=_options(schema)).get_current_revision()
     return before, after

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from duejobs import metrics, store
 from duejobs.errors import PartitioningError
@@ -54,45 +54,74 @@ _EFFECTS_BATCH = 10_000
 
 
 def create_ahead(engine: Engine) -> list[str]:
-    """Create the partitions missing from the current period to ``ahead`` periods on; their
-    names. Nothing in the plain schema."""
+    """Create the partitions missing from the current period to ``ahead`` periods on, each
+    period in a transaction of its own; their names. Nothing in the plain schema. A period
+    that cannot be created (its locks not granted in time) does not stop the others; the
+    first such error is raised once they are done, so the pass counts as failed."""
     with engine.begin() as conn:
         settings = store.partitioning(conn)
         if settings is None:
             return []
         now = store.database_now(conn)
-        created = store.ensure_ahead(conn, settings, now)
+        missing = store.missing_ranges(conn, settings, now)
+    created: list[str] = []
+    failed: Exception | None = None
+    for start in missing:
+        try:
+            with engine.begin() as conn:
+                created.append(store.create_range(conn, settings, start))
+        except SQLAlchemyError as exc:
+            log.warning("partition of %s not created: %s", start.isoformat(), exc)
+            failed = failed or exc
+    with engine.begin() as conn:
         ends = [p.end for p in store.partitions(conn, details=False) if p.end is not None]
     metrics.PARTITIONS_READY_AHEAD.set((max(ends) - now).total_seconds() if ends else 0.0)
     if created:
         metrics.PARTITIONS_CREATED.inc(len(created))
         log.info("partitions created: %s", ", ".join(created))
+    if failed is not None:
+        raise failed
     return created
 
 
 def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
-    """Drop each range that holds no live row and nothing finished within ``older_than``;
-    the names of those dropped. Nothing in the plain schema."""
+    """Drop each range that holds no live row and nothing finished within ``older_than``,
+    then delete the effect-ledger rows of the ranges dropped (and of any dropped before, below
+    the oldest range kept) in batches; the names of those dropped. A range whose locks are
+    not granted in time is left for the next pass, and the others go on. Nothing in the
+    plain schema."""
     with engine.begin() as conn:
         if store.partitioning(conn) is None:
             return []
         horizon = store.database_now(conn) - older_than
         candidates = [p for p in store.partitions(conn) if _may_drop(p, horizon)]
-    dropped = []
+    dropped: list[Partition] = []
     for partition in candidates:
-        with engine.begin() as conn:
-            if store.drop_partition(conn, partition, older_than):
-                dropped.append(partition.name)
+        try:
+            with engine.begin() as conn:
+                if store.drop_partition(conn, partition, older_than):
+                    dropped.append(partition)
+        except OperationalError as exc:
+            if not store.is_lock_conflict(exc):
+                raise
+            log.warning("%s not dropped this pass: its tables are busy", partition.name)
     with engine.begin() as conn:
         kept = [p.start for p in store.partitions(conn, details=False) if p.start is not None]
-    while kept:  # the ledger rows of every range dropped, this pass or an earlier one
-        with engine.begin() as conn:
-            if store.delete_orphan_effects(conn, min(kept), _EFFECTS_BATCH) < _EFFECTS_BATCH:
+    spans: list[tuple[datetime | None, datetime]] = [
+        (p.start, p.end) for p in dropped if p.start and p.end
+    ]
+    if kept:
+        spans.append((None, min(kept)))
+    for low, high in spans:
+        while True:
+            with engine.begin() as conn:
+                n = store.delete_orphan_effects(conn, low, high, _EFFECTS_BATCH)
+            if n < _EFFECTS_BATCH:
                 break
     if dropped:
         metrics.PARTITIONS_DROPPED.inc(len(dropped))
-        log.info("partitions dropped: %s", ", ".join(dropped))
-    return dropped
+        log.info("partitions dropped: %s", ", ".join(p.name for p in dropped))
+    return [p.name for p in dropped]
 
 
 def _may_drop(partition: Partition, horizon: datetime) -> bool:
@@ -164,18 +193,35 @@ def _convert(
     upgrade(staged)
     with staged.begin() as conn:
         store.use_schema(conn, staging)
-        store.link_recurring(conn, schema)
         now = store.database_now(conn)
         store.make_partitioned(conn, settings, now)
-        with engine.connect() as source:
-            oldest = store.oldest_stamped(source)
-        day = settings.start_of(oldest) if oldest is not None else now
-        while day < now:  # the ranges of the rows to come over
-            store.ensure_ahead(conn, settings, day)
-            day += (settings.ahead + 1) * settings.period
+        store.link_recurring(conn, schema)
+        have = {p.start for p in store.partitions(conn, details=False)}
+    with engine.connect() as source:
+        oldest = store.oldest_stamped(source)
+    start = settings.start_of(oldest or now)
+    while start < now:  # the ranges of the rows to come over, each in a transaction
+        if start not in have:
+            with staged.begin() as conn:
+                store.create_range(conn, settings, start)
+        start += settings.period
     with engine.begin() as conn:
         store.mirror(conn, staging)
     report(f"partitioned tables built in {staging}; source writes mirrored there")
+    try:
+        copied = _copy(engine, staging, batch_size, report)
+        _swap(engine, staging, report)
+    except BaseException:
+        # The source tables stay as they were; the writes stop paying for a mirror.
+        with engine.begin() as conn:
+            store.unmirror(conn)
+            store.drop_schema(conn, staging)
+        raise
+    report(f"{schema}: partitioned mode")
+    return copied
+
+
+def _copy(engine: Engine, staging: str, batch_size: int, report: Callable[[str], None]) -> int:
     copied = 0
     for table in store.PARTITIONED:
         after = None
@@ -187,15 +233,17 @@ def _convert(
             after, n = batch
             copied += n
         report(f"{table}: copied ({copied:,} rows so far)")
+    return copied
+
+
+def _swap(engine: Engine, staging: str, report: Callable[[str], None]) -> None:
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         try:
             with engine.begin() as conn:
                 store.swap(conn, staging)
-            break
+            return
         except OperationalError as exc:
-            if not store.is_lock_timeout(exc) or attempt == SWAP_ATTEMPTS:
+            if not store.is_lock_conflict(exc) or attempt == SWAP_ATTEMPTS:
                 raise
             report(f"swap: the tables are busy (attempt {attempt}); trying again")
             time.sleep(min(attempt, 5))
-    report(f"{schema}: partitioned mode")
-    return copied

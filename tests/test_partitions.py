@@ -400,6 +400,50 @@ def test_the_reconciler_makes_the_coming_partitions(parted: App) -> None:
         assert last in {p.start for p in store.partitions(conn)}
 
 
+def test_a_coming_range_is_made_even_when_the_default_partition_holds_rows_of_it(
+    parted: App,
+) -> None:
+    """Schedules made while their period had no partition (no reconciler ran for longer than
+    the partitions ahead) wait in the default partition; making the period's partition moves
+    them in, key and history with them. Seen failing without the move: PostgreSQL refused the
+    new range, and every pass after it."""
+    last = DAILY.start_of(_now(parted)) + 2 * DAILY.period
+    with _tx(parted) as conn:
+        for table in reversed(PARTITIONED):
+            conn.execute(text(f"DROP TABLE {partition_name(table, last)}"))
+        stray = _insert(conn, last + timedelta(hours=1), status="scheduled", key="stray")
+    assert _partition_of(parted, stray) == "scheduled_jobs_default"
+    assert create_ahead(parted.engine) == [partition_name("scheduled_jobs", last)]
+    assert _partition_of(parted, stray) == partition_name("scheduled_jobs", last)
+    assert [_rows(parted, t, [stray]) for t in PARTITIONED] == [1, 1, 1, 1]
+    assert (stray, False) == (
+        (again := parted.schedule("record", {}, delay=60, key="stray")).id,
+        again.created,
+    )
+
+
+def test_a_range_whose_tables_are_busy_is_left_for_the_next_pass_and_the_rest_is_pruned(
+    parted: App,
+) -> None:
+    """Seen failing with the lock timeout raised out of the pass: nothing was pruned."""
+    start = _past_partitions(parted, 12)
+    long_ago = _now(parted) - timedelta(days=9)
+    with _tx(parted) as conn:
+        old = [_insert(conn, start + timedelta(hours=h), finished=long_ago) for h in (1, 2)]
+    with _tx(parted) as reader:
+        reader.execute(text("SELECT count(*) FROM scheduled_job_results"))  # holds its lock
+        result = Pruner(parted, PruneConfig(older_than=timedelta(days=7))).run_once()
+    assert result.partitions_dropped == 0
+    assert result.deleted == 2 and _rows(parted, "scheduled_jobs", old) == 0
+
+
+def test_a_schema_too_long_for_its_staging_schema_is_refused_before_anything_is_touched() -> None:
+    """A 63-byte schema's staging name would be cut back to the schema's own."""
+    assert store.staging_schema("s" * 50) == "s" * 50 + "_partitioning"
+    with pytest.raises(PartitioningError, match="too long to be moved to partitioned mode"):
+        store.staging_schema("s" * 51)
+
+
 def test_partition_maintenance_does_nothing_on_the_plain_schema(app: App) -> None:
     assert create_ahead(app.engine) == []
     assert drop_behind(app.engine, timedelta(0)) == []

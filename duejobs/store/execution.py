@@ -400,6 +400,10 @@ def session_unlock(conn: Connection, key: int) -> None:
     run(conn, "session_unlock", {"key": key})
 
 
-def is_lock_timeout(exc: BaseException | None) -> bool:
-    """Whether a driver error says a lock was not granted within ``lock_timeout``."""
-    return isinstance(getattr(exc, "orig", exc), psycopg.errors.LockNotAvailable)
+def is_lock_conflict(exc: BaseException | None) -> bool:
+    """Whether a driver error says a lock was not granted: not within ``lock_timeout``, or
+    not at all (a deadlock, this transaction chosen to end it)."""
+    return isinstance(
+        getattr(exc, "orig", exc),
+        psycopg.errors.LockNotAvailable | psycopg.errors.DeadlockDetected,
+    )

@@ -63,6 +63,7 @@ _ANY_ROW = {
 }
 _LIVE_KEY_INDEX = "scheduled_jobs_live_key_idx"
 _SETTINGS = "duejobs_partitioning"
+_NAME_BYTES = 63  # PostgreSQL's identifiers
 _EVENTS = "scheduled_job_events"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BOUNDS = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
@@ -130,16 +131,16 @@ def holds_rows(conn: Connection) -> list[str]:
     return [t for t, query in _ANY_ROW.items() if run(conn, query)[0].present]
 
 
-def make_partitioned(conn: Connection, settings: Partitioning, now: datetime) -> None:
-    """Turn the empty plain tables into partitioned ones (``duejobs migrate --partitioned``,
-    inside the migration's transaction): same columns, constraints, primary keys and
-    indexes; the live-key index replaced by ``scheduled_job_keys`` and its triggers; the
-    foreign keys between them dropped; then the default partitions and the first ones."""
-    filled = holds_rows(conn)
-    if filled:
-        raise PartitioningError(
-            f"partitioned mode is chosen on empty tables; {', '.join(filled)} hold rows"
-        )
+def make_partitioned(conn: Connection, settings: Partitioning, now: datetime) -> bool:
+    """Turn the plain tables, if empty, into partitioned ones (``duejobs migrate
+    --partitioned``, inside the migration's transaction): same columns, constraints, primary
+    keys and indexes; the live-key index replaced by ``scheduled_job_keys`` and its
+    triggers; the foreign keys between them dropped; then the default partitions and the
+    first ones. False, changing nothing, when they hold rows (see ``convert``)."""
+    # Locked first: a row being written now would otherwise be dropped with its table.
+    _on_each(conn, "lock_plain", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+    if holds_rows(conn):
+        return False
     for table in PARTITIONED:
         _drop_foreign_keys_to(conn, table)
     for table, column in PARTITIONED.items():
@@ -151,6 +152,7 @@ def make_partitioned(conn: Connection, settings: Partitioning, now: datetime) ->
     for table in PARTITIONED:
         _create(conn, table, f"{table}_default", pgsql.SQL("DEFAULT"))
     ensure_ahead(conn, settings, now)
+    return True
 
 
 def _partition_table(conn: Connection, table: str, column: str) -> None:
@@ -200,8 +202,9 @@ def _partition_table(conn: Connection, table: str, column: str) -> None:
 def _key_triggers(schema: str) -> pgsql.Composed:
     """The triggers that keep ``scheduled_job_keys`` equal to the keys of live schedules.
 
-    Each check of who holds a key is a statement of its own, so it sees a holder that
-    committed while this one waited on the key's row."""
+    A held key's row is locked before its holder is looked at, and the look is a statement of
+    its own (a snapshot taken after the lock): a holder that finished, or one that took the
+    key, while this one waited is seen as it committed. A key freed meanwhile is tried again."""
     text = """
 CREATE FUNCTION {keep}() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -217,21 +220,26 @@ BEGIN
     IF NEW.key IS NULL OR NEW.status NOT IN ('scheduled', 'running') THEN
         RETURN NEW;
     END IF;
-    INSERT INTO {keys} (tenant, key, schedule_id) VALUES (NEW.tenant, NEW.key, NEW.id)
-    ON CONFLICT (tenant, key) DO NOTHING;
-    IF FOUND THEN
-        RETURN NEW;
-    END IF;
-    SELECT schedule_id INTO holder FROM {keys} WHERE tenant = NEW.tenant AND key = NEW.key;
-    IF holder = NEW.id THEN
-        RETURN NEW;  -- its own key (a copy of the row written again)
-    END IF;
-    IF NOT EXISTS (
-        SELECT 1 FROM {jobs} WHERE id = holder AND status IN ('scheduled', 'running')
-    ) THEN  -- a key left by a row that was never written: it is free
-        UPDATE {keys} SET schedule_id = NEW.id WHERE tenant = NEW.tenant AND key = NEW.key;
-        RETURN NEW;
-    END IF;
+    LOOP
+        INSERT INTO {keys} (tenant, key, schedule_id) VALUES (NEW.tenant, NEW.key, NEW.id)
+        ON CONFLICT (tenant, key) DO NOTHING;
+        IF FOUND THEN
+            RETURN NEW;
+        END IF;
+        -- Held: lock the key's row, so that whoever holds it is settled until this commits.
+        SELECT schedule_id INTO holder FROM {keys}
+        WHERE tenant = NEW.tenant AND key = NEW.key FOR UPDATE;
+        IF FOUND THEN
+            EXIT WHEN holder <> NEW.id AND EXISTS (
+                SELECT 1 FROM {jobs} WHERE id = holder AND status IN ('scheduled', 'running')
+            );
+            -- Its own key (its row written again), or one left by a row no longer live (a
+            -- copy that lost to a newer write): it is this row's.
+            UPDATE {keys} SET schedule_id = NEW.id WHERE tenant = NEW.tenant AND key = NEW.key;
+            RETURN NEW;
+        END IF;
+        -- Freed since the insert looked: try again.
+    END LOOP;
     IF TG_OP = 'INSERT' THEN
         RETURN NULL;  -- as ON CONFLICT DO NOTHING over the plain schema's unique index
     END IF;
@@ -292,23 +300,68 @@ def _periods(settings: Partitioning, first: datetime, last: datetime) -> Iterato
         start += settings.period
 
 
-def ensure_ahead(conn: Connection, settings: Partitioning, now: datetime) -> list[str]:
-    """Create the partitions of the current period and of ``ahead`` more that are missing;
-    their names (those of ``scheduled_jobs``). Waits at most :data:`LOCK_TIMEOUT` for each
-    parent's lock (a pass that cannot get it fails, to be tried again)."""
+def missing_ranges(conn: Connection, settings: Partitioning, now: datetime) -> list[datetime]:
+    """The first instants of the periods, from the current one to ``ahead`` more, that have
+    no partition yet."""
     have = {p.start for p in partitions(conn, details=False)}
     wanted = _periods(settings, now, now + settings.ahead * settings.period)
-    missing = [start for start in wanted if start not in have]
-    if missing:
-        run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
-    for start in missing:
-        end = start + settings.period
-        for table in PARTITIONED:
-            bounds = pgsql.SQL("FOR VALUES FROM ({}) TO ({})").format(
-                pgsql.Literal(str(first_id_at(start))), pgsql.Literal(str(first_id_at(end)))
+    return [start for start in wanted if start not in have]
+
+
+def create_range(conn: Connection, settings: Partitioning, start: datetime) -> str:
+    """Create the partitions of the period starting at ``start``, one per table; the name of
+    ``scheduled_jobs``'. Rows the default partitions hold for that period (made while it had
+    no partition) are moved in, the four tables locked meanwhile, in the order every statement
+    takes them: PostgreSQL refuses a new range while the default partition holds a row of it.
+    Waits at most :data:`LOCK_TIMEOUT` for each lock."""
+    low, high = first_id_at(start), first_id_at(start + settings.period)
+    bounds = pgsql.SQL("FOR VALUES FROM ({}) TO ({})").format(
+        pgsql.Literal(str(low)), pgsql.Literal(str(high))
+    )
+    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    strays = run(conn, "default_holds", {"low": low, "high": high})[0].present
+    if strays:
+        _on_each(conn, "lock_parent", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+    for table, column in PARTITIONED.items():
+        if strays:
+            _move_out_of_default(conn, table, column, low, high)
+        _create(conn, table, partition_name(table, start), bounds)
+        if strays:
+            run_composed(
+                conn,
+                "move_back",
+                pgsql.SQL(
+                    "INSERT INTO {} OVERRIDING SYSTEM VALUE SELECT * FROM duejobs_moving; "
+                    "DROP TABLE duejobs_moving"
+                ).format(_ident(conn, table)),
             )
-            _create(conn, table, partition_name(table, start), bounds)
-    return [partition_name("scheduled_jobs", start) for start in missing]
+    return partition_name("scheduled_jobs", start)
+
+
+def _move_out_of_default(
+    conn: Connection, table: str, column: str, low: uuid.UUID, high: uuid.UUID
+) -> None:
+    run_composed(
+        conn,
+        "move_out_of_default",
+        pgsql.SQL(
+            "CREATE TEMPORARY TABLE duejobs_moving (LIKE {table}) ON COMMIT DROP; "
+            "WITH moved AS (DELETE FROM {default} WHERE {column} >= {low} AND {column} < {high} "
+            "RETURNING *) INSERT INTO duejobs_moving SELECT * FROM moved"
+        ).format(
+            table=_ident(conn, table),
+            default=_ident(conn, f"{table}_default"),
+            column=pgsql.Identifier(column),
+            low=pgsql.Literal(str(low)),
+            high=pgsql.Literal(str(high)),
+        ),
+    )
+
+
+def ensure_ahead(conn: Connection, settings: Partitioning, now: datetime) -> list[str]:
+    """Create, in this transaction, the partitions from the current period to ``ahead``
+    more that are missing; their names (those of ``scheduled_jobs``)."""
+    return [create_range(conn, settings, start) for start in missing_ranges(conn, settings, now)]
 
 
 def partitions(conn: Connection, *, details: bool = True) -> list[Partition]:
@@ -362,23 +415,38 @@ def drop_partition(conn: Connection, partition: Partition, older_than: timedelta
     return True
 
 
-def delete_orphan_effects(conn: Connection, below: datetime, limit: int) -> int:
-    """Delete up to ``limit`` effect-ledger rows of schedules made before ``below`` (the
-    oldest range kept) that no longer exist: those of ranges dropped. How many."""
-    return run_count(conn, "delete_orphan_effects", {"below": first_id_at(below), "limit": limit})
+def delete_orphan_effects(
+    conn: Connection, low: datetime | None, high: datetime, limit: int
+) -> int:
+    """Delete up to ``limit`` effect-ledger rows of schedules made from ``low`` (None: any
+    time) to ``high`` that no longer exist: those of ranges dropped. How many."""
+    params = {
+        "low": first_id_at(low) if low is not None else uuid.UUID(int=0),
+        "high": first_id_at(high),
+        "limit": limit,
+    }
+    return run_count(conn, "delete_orphan_effects", params)
 
 
 # -- moving a filled plain schema into partitioned mode, online ---------------------------
 
 
 def staging_schema(schema: str) -> str:
-    """Where the partitioned tables are built beside a filled plain schema."""
-    return f"{schema}_partitioning"
+    """Where the partitioned tables are built beside a filled plain schema: the schema's
+    name and a suffix, which must fit PostgreSQL's 63 bytes (a longer name would be cut to
+    another schema's — the source's own, for a 63-byte one)."""
+    staging = f"{schema}_partitioning"
+    if len(staging.encode()) > _NAME_BYTES:
+        raise PartitioningError(
+            f"schema {schema!r} is too long to be moved to partitioned mode online: at most "
+            f"{_NAME_BYTES - len('_partitioning')} bytes"
+        )
+    return staging
 
 
 def link_recurring(conn: Connection, source: str) -> None:
-    """In the staging schema (``conn``'s, still empty): the occurrences' foreign key pointed
-    at the source schema's recurring definitions, which stay where they are."""
+    """In the staging schema (``conn``'s, its tables still empty): the occurrences' foreign
+    key pointed at the source schema's recurring definitions, which stay where they are."""
     run_composed(
         conn,
         "link_recurring",
@@ -535,7 +603,25 @@ def swap(conn: Connection, staging: str) -> None:
     events' identity on, drop the source tables, move the staging ones — partitions, keys,
     settings and the key triggers' function included — and drop the staging schema."""
     schema = schema_of(conn)
+    # In the order statements take them: the recurring definitions (the materializer locks one,
+    # then writes its occurrences), the four tables, then the effect ledger (written after its
+    # schedule's row is locked). The first and the last lose a foreign key here.
+    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    run_composed(
+        conn,
+        "lock_recurring",
+        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            _ident(conn, "recurring_schedules")
+        ),
+    )
     _on_each(conn, "lock_source", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+    run_composed(
+        conn,
+        "lock_effects",
+        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            _ident(conn, "scheduled_job_effects")
+        ),
+    )
     run(conn, "carry_identity", {"source": schema, "staging": staging, "name": _EVENTS})
     _drop_foreign_keys_to(conn, "scheduled_jobs")  # the effect ledger's, gone with its table
     for table in reversed(PARTITIONED):

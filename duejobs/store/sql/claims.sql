@@ -69,7 +69,11 @@ WITH plan AS (
     UPDATE scheduled_jobs s
     SET queue_job_id = {{job_id(s)}},
         enqueued_at = statement_timestamp(), updated_at = statement_timestamp()
-    WHERE s.id = ANY(ARRAY(SELECT id FROM due))  -- primary-key lookups, never a join
+    -- One primary-key lookup per claimed row (a nested loop over at most a batch), which in
+    -- partitioned mode reads only that row's partition: `id = ANY(array)` would look every
+    -- id up in every partition.
+    FROM unnest(ARRAY(SELECT id FROM due)) AS d(id)
+    WHERE s.id = d.id
     RETURNING s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
               s.queue_job_id, s.queue
 ), event AS (

@@ -82,11 +82,12 @@ WHERE n.nspname = :schema AND p.relname = :name
 SELECT set_config('lock_timeout', :timeout, true)
 
 -- name: delete_orphan_effects
--- Effect-ledger rows of schedules made before :below that are gone (their range dropped;
--- the ledger is not partitioned: its key is unique across every schedule), a batch at a time.
+-- Effect-ledger rows of schedules with ids in [:low, :high) that are gone (their range
+-- dropped; the ledger is not partitioned: its key is unique across every schedule), a batch
+-- at a time.
 DELETE FROM scheduled_job_effects WHERE ctid = ANY(ARRAY(
     SELECT e.ctid FROM scheduled_job_effects e
-    WHERE e.schedule_id < :below
+    WHERE e.schedule_id >= :low AND e.schedule_id < :high
       AND NOT EXISTS (SELECT 1 FROM scheduled_jobs j WHERE j.id = e.schedule_id)
     LIMIT :limit
 ))
@@ -148,3 +149,14 @@ SELECT pg_try_advisory_lock(:key) AS locked
 
 -- name: session_unlock
 SELECT pg_advisory_unlock(:key)
+
+-- name: default_holds
+-- Whether a default partition holds a row of the id range [:low, :high), which no other
+-- partition covers (so only the default ones are read).
+SELECT EXISTS (SELECT 1 FROM scheduled_jobs WHERE id >= :low AND id < :high)
+    OR EXISTS (SELECT 1 FROM scheduled_job_events
+               WHERE schedule_id >= :low AND schedule_id < :high)
+    OR EXISTS (SELECT 1 FROM scheduled_job_attempts
+               WHERE schedule_id >= :low AND schedule_id < :high)
+    OR EXISTS (SELECT 1 FROM scheduled_job_results
+               WHERE schedule_id >= :low AND schedule_id < :high) AS present
