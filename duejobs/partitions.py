@@ -23,8 +23,8 @@ taking it holds up statements on that table for as long as the catalog change ta
 milliseconds), and a pass that cannot get it fails, to be tried again next pass (counted in
 ``duejobs_reconciler_failed_passes_total`` / ``duejobs_pruner_failed_passes_total``).
 
-What it does not do: move rows out of the default partition (`duejobs partitions` shows how
-many are there), or change the period of partitions already made.
+Rows that waited in the default partition for a period without a partition are moved into it
+when it is made. What it does not do: change the period of partitions already made.
 
 Metrics: ``duejobs_partitions_created_total``, ``duejobs_partitions_dropped_total``, and
 ``duejobs_partitions_ready_ahead_seconds`` (how far past now the last partition reaches, set by
@@ -63,18 +63,21 @@ def create_ahead(engine: Engine) -> list[str]:
         if settings is None:
             return []
         now = store.database_now(conn)
-        missing = store.missing_ranges(conn, settings, now)
+        listed = store.partitions(conn, details=False)
+    have = {p.start for p in listed}
+    ends = [p.end for p in listed if p.end is not None]
     created: list[str] = []
     failed: Exception | None = None
-    for start in missing:
+    for start in settings.coming(now):
+        if start in have:
+            continue
         try:
             with engine.begin() as conn:
                 created.append(store.create_range(conn, settings, start))
+            ends.append(start + settings.period)
         except SQLAlchemyError as exc:
             log.warning("partition of %s not created: %s", start.isoformat(), exc)
             failed = failed or exc
-    with engine.begin() as conn:
-        ends = [p.end for p in store.partitions(conn, details=False) if p.end is not None]
     metrics.PARTITIONS_READY_AHEAD.set((max(ends) - now).total_seconds() if ends else 0.0)
     if created:
         metrics.PARTITIONS_CREATED.inc(len(created))
@@ -94,7 +97,7 @@ def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
         if store.partitioning(conn) is None:
             return []
         horizon = store.database_now(conn) - older_than
-        candidates = [p for p in store.partitions(conn) if _may_drop(p, horizon)]
+        candidates = [p for p in store.partitions(conn) if p.droppable_by(horizon)]
     dropped: list[Partition] = []
     for partition in candidates:
         try:
@@ -122,14 +125,6 @@ def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
         metrics.PARTITIONS_DROPPED.inc(len(dropped))
         log.info("partitions dropped: %s", ", ".join(p.name for p in dropped))
     return [p.name for p in dropped]
-
-
-def _may_drop(partition: Partition, horizon: datetime) -> bool:
-    """Whether a range looks droppable (checked again under its lock): made before the
-    horizon, no live row, nothing finished since."""
-    if partition.end is None or partition.live or partition.end > horizon:
-        return False
-    return partition.last_finished is None or partition.last_finished < horizon
 
 
 def describe(engine: Engine) -> tuple[Partitioning | None, list[Partition]]:
@@ -199,12 +194,10 @@ def _convert(
         have = {p.start for p in store.partitions(conn, details=False)}
     with engine.connect() as source:
         oldest = store.oldest_stamped(source)
-    start = settings.start_of(oldest or now)
-    while start < now:  # the ranges of the rows to come over, each in a transaction
+    for start in settings.periods(oldest or now, now):  # the rows' ranges, one transaction each
         if start not in have:
             with staged.begin() as conn:
                 store.create_range(conn, settings, start)
-        start += settings.period
     with engine.begin() as conn:
         store.mirror(conn, staging)
     report(f"partitioned tables built in {staging}; source writes mirrored there")

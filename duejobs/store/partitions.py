@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -94,6 +94,18 @@ class Partitioning:
         epoch, so a day starts at midnight UTC)."""
         return _EPOCH + (at - _EPOCH) // self.period * self.period
 
+    def periods(self, first: datetime, last: datetime) -> Iterator[datetime]:
+        """The first instants of the periods from the one holding ``first`` to the one
+        holding ``last``."""
+        start = self.start_of(first)
+        while start <= last:
+            yield start
+            start += self.period
+
+    def coming(self, now: datetime) -> list[datetime]:
+        """The periods kept ready: the current one and ``ahead`` more."""
+        return list(self.periods(now, now + self.ahead * self.period))
+
 
 @dataclass(frozen=True)
 class Partition:
@@ -107,6 +119,13 @@ class Partition:
     rows: int
     live: bool
     last_finished: datetime | None
+
+    def droppable_by(self, horizon: datetime) -> bool:
+        """Whether the range may be dropped: a range (not the default partition) made
+        before ``horizon``, with no live row and nothing finished since."""
+        if self.end is None or self.live or self.end > horizon:
+            return False
+        return self.last_finished is None or self.last_finished < horizon
 
 
 def partition_name(table: str, start: datetime) -> str:
@@ -293,21 +312,6 @@ def _create(conn: Connection, table: str, name: str, bounds: pgsql.Composable) -
             )
 
 
-def _periods(settings: Partitioning, first: datetime, last: datetime) -> Iterator[datetime]:
-    start = settings.start_of(first)
-    while start <= last:
-        yield start
-        start += settings.period
-
-
-def missing_ranges(conn: Connection, settings: Partitioning, now: datetime) -> list[datetime]:
-    """The first instants of the periods, from the current one to ``ahead`` more, that have
-    no partition yet."""
-    have = {p.start for p in partitions(conn, details=False)}
-    wanted = _periods(settings, now, now + settings.ahead * settings.period)
-    return [start for start in wanted if start not in have]
-
-
 def create_range(conn: Connection, settings: Partitioning, start: datetime) -> str:
     """Create the partitions of the period starting at ``start``, one per table; the name of
     ``scheduled_jobs``'. Rows the default partitions hold for that period (made while it had
@@ -361,7 +365,8 @@ def _move_out_of_default(
 def ensure_ahead(conn: Connection, settings: Partitioning, now: datetime) -> list[str]:
     """Create, in this transaction, the partitions from the current period to ``ahead``
     more that are missing; their names (those of ``scheduled_jobs``)."""
-    return [create_range(conn, settings, start) for start in missing_ranges(conn, settings, now)]
+    have = {p.start for p in partitions(conn, details=False)}
+    return [create_range(conn, settings, s) for s in settings.coming(now) if s not in have]
 
 
 def partitions(conn: Connection, *, details: bool = True) -> list[Partition]:
@@ -403,8 +408,8 @@ def drop_partition(conn: Connection, partition: Partition, older_than: timedelta
     assert partition.start is not None, "the default partition is never dropped"
     _on_each(conn, "lock_parent", "LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE")
     figures = _partition_figures(conn, partition.name)
-    horizon = database_now(conn) - older_than
-    if figures.live or (figures.last_finished is not None and figures.last_finished >= horizon):
+    now = replace(partition, live=figures.live, last_finished=figures.last_finished)
+    if not now.droppable_by(database_now(conn) - older_than):
         return False
     for table in reversed(PARTITIONED):
         run_composed(
