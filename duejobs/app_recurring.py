@@ -18,6 +18,7 @@ from duejobs.models import (
     DstGap,
     DstOverlap,
     Misfire,
+    QueueJob,
     Recurring,
     RecurringSpec,
     RecurringStatus,
@@ -132,7 +133,7 @@ class RecurringAPI(Scoped):
     @staticmethod
     def _save_recurring(
         c: Connection, spec: RecurringSpec, existed: bool
-    ) -> tuple[Recurring, list[str]]:
+    ) -> tuple[Recurring, list[QueueJob]]:
         """Write ``spec`` (the caller holds the definition's lock); the stored definition and
         the queue jobs of the occurrences it superseded."""
         rule = Rule(spec.cron, spec.timezone, spec.dst_gap, spec.dst_overlap)
@@ -213,7 +214,7 @@ class RecurringAPI(Scoped):
             current = store.get_recurring(c, self._write_tenant(tenant), name, lock=True)
             if current is None:
                 raise ScheduleNotFoundError(f"no recurring schedule {name!r}")
-            jobs: list[str] = []
+            jobs: list[QueueJob] = []
             restart = None
             if status is RecurringStatus.PAUSED:
                 jobs = store.cancel_occurrences(c, current.id, "recurring schedule paused")

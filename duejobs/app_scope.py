@@ -16,6 +16,7 @@ from duejobs.errors import (
     TenantMismatchError,
 )
 from duejobs.handlers import Handler
+from duejobs.models import QueueJob
 from duejobs.validation import (
     DEFAULT_TENANT,
     check_queue,
@@ -63,19 +64,20 @@ class Scoped:
         """The registration for ``job_type`` (no copy: the worker asks once per job)."""
         return self._core.handler_for(job_type)
 
-    def _discard_queue_job(self, queue_job_id: str | None) -> None:
-        """Remove a superseded delivery that is still waiting in Redis.
+    def _discard_queue_job(self, job: QueueJob | None) -> None:
+        """Remove a superseded delivery that is still waiting in Redis, on its queue's node.
 
         Best effort by design: the worker re-reads the row and skips a stale delivery, so a
         Redis error here is logged, not raised — the database change already committed. With
-        ``conn=`` nothing is removed, since the caller may still roll back.
+        ``conn=`` nothing is removed, since the caller may still roll back. A job left on a
+        node its queue has moved away from is the reconciler's orphan removal's to find.
         """
-        if queue_job_id is None or not self.settings.redis_url:
+        if job is None or not self.settings.redis_url:
             return
         try:
-            self.deliverer().remove(queue_job_id)
+            self.deliverer().remove(job.id, job.queue)
         except RedisError as exc:
-            log.warning("could not remove stale queue job %s: %s", queue_job_id, exc)
+            log.warning("could not remove stale queue job %s: %s", job.id, exc)
 
     def _route(self, handler: Handler | None, queue: str | None) -> str:
         """The queue a schedule goes to: the one asked for, else its type's, else the App's."""

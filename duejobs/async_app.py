@@ -42,7 +42,16 @@ from sqlalchemy.util import greenlet_spawn
 from duejobs import store
 from duejobs.app import App, ScheduleId
 from duejobs.core import POOL_SIZE, Core, make_async_engine
-from duejobs.models import Attempt, Event, Page, Recurring, Schedule, ScheduleRequest, Status
+from duejobs.models import (
+    Attempt,
+    Event,
+    Page,
+    QueueJob,
+    Recurring,
+    Schedule,
+    ScheduleRequest,
+    Status,
+)
 
 __all__ = ["AsyncApp", "AsyncConn"]
 
@@ -58,11 +67,11 @@ class _Bridged(App):
     """The App run inside the bridge: superseded queue jobs are noted, not removed, so that
     their removal (a Redis call) leaves the event loop."""
 
-    superseded: list[str]
+    superseded: list[QueueJob]
 
-    def _discard_queue_job(self, queue_job_id: str | None) -> None:
-        if queue_job_id is not None:
-            self.superseded.append(queue_job_id)
+    def _discard_queue_job(self, job: QueueJob | None) -> None:
+        if job is not None:
+            self.superseded.append(job)
 
 
 def _awaited(

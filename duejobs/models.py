@@ -207,6 +207,15 @@ class Misfire(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class QueueJob:
+    """A schedule's job in RQ: its id, and the queue it was pushed to — so the Redis node a
+    superseded one is removed from, without asking every node."""
+
+    id: str
+    queue: str
+
+
+@dataclass(frozen=True)
 class Delivery:
     """One delivery of a schedule: which (schedule, version, attempt), from when, on which
     RQ queue, under which job id. The store's claim and window pages return them, the

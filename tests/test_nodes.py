@@ -30,6 +30,7 @@ from sqlalchemy import text
 from duejobs import App, core, stats
 from duejobs.config import parse_redis_nodes
 from duejobs.delivery import DuejobsWorker
+from duejobs.delivery.deliverer import NODE_ERRORS
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import ConfigurationError
 from duejobs.reconcile import Reconciler
@@ -245,6 +246,28 @@ def test_cancel_removes_the_waiting_job_from_its_queues_node(
         assert client.llen("rq:queue:c") == 1
         spread.cancel(s.id)
         assert client.llen("rq:queue:c") == 0
+
+
+def test_cancel_reschedule_and_a_paused_recurring_touch_only_their_queues_node(
+    spread: App, nodes: list[Node]
+) -> None:
+    """With node b down, removing superseded jobs of queues a and c (cancel, reschedule, a
+    recurring definition paused) reaches only their own nodes: no call to b, no error
+    counted for it, no wait on it."""
+    on_a = spread.schedule("record", {}, delay=0, queue="a")
+    on_c = spread.schedule("record", {}, delay=0, queue="c")
+    spread.recurring("every-minute", cron="* * * * *", type="record", queue="c")
+    Scheduler(spread).run_once()
+    nodes[1].kill()
+    down = f"127.0.0.1:{nodes[1].port}/0"
+    before = NODE_ERRORS.labels(down)._value.get()  # type: ignore[attr-defined]
+    spread.cancel(on_a.id)
+    spread.reschedule(on_c.id, delay=timedelta(hours=1))
+    spread.pause_recurring("every-minute")
+    assert NODE_ERRORS.labels(down)._value.get() == before  # type: ignore[attr-defined]
+    with nodes[0].client() as a, nodes[2].client() as c:
+        assert a.llen("rq:queue:a") == 0
+        assert c.llen("rq:queue:c") + c.zcard("rq:scheduled:c") == 0
 
 
 def test_a_queue_moved_to_another_node_loses_nothing_and_runs_nothing_twice(

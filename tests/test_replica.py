@@ -7,7 +7,11 @@ Seen failing against code broken on purpose: ``Core.reading`` on the primary eve
 replica → ``test_stats_and_lists_read_the_replica_and_a_replica_behind_says_so`` (five
 schedules counted, not three); the freshness taken as current whatever the replica has
 replayed → the same test (no warning) and ``test_the_dashboard_says_when_its_replica_is_behind``;
-the claim on the read engine → ``test_decisions_stay_on_the_primary_while_the_replica_is_behind``.
+the claim on the read engine → ``test_decisions_stay_on_the_primary_while_the_replica_is_behind``;
+the read taken without waiting for the primary's position (``measure`` reading the replay
+position once) →
+``test_a_read_waits_for_a_replica_a_moment_behind_and_sees_the_write_just_made`` (no
+schedule listed).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import os
 import pwd
 import shutil
+import threading
 import uuid
 import warnings
 from collections.abc import Iterator
@@ -27,7 +32,7 @@ import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from duejobs import App, AsyncApp, stats, store
+from duejobs import App, AsyncApp, replica, stats, store
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.models import CURRENT, Freshness, Page
@@ -171,6 +176,26 @@ def test_decisions_stay_on_the_primary_while_the_replica_is_behind(
     cancelled = app.get(doomed.id)
     assert cancelled is not None and cancelled.status.value == "cancelled"
     assert app.list().schedules == []  # the replica has seen none of it yet
+
+
+def test_a_read_waits_for_a_replica_a_moment_behind_and_sees_the_write_just_made(
+    pair: Pair, replicated: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list made right after a write, while the replica has not replayed it yet, waits
+    for the replica to reach the primary's position (given up to ``CATCH_UP_WAIT``) and
+    then sees the write, as current. The replay is paused and resumed a moment after the
+    read began; the wait is widened so that a busy machine does not outrun it."""
+    monkeypatch.setattr(replica, "CATCH_UP_WAIT", 20.0)
+    pair.on_replica("SELECT pg_wal_replay_pause()")
+    made = replicated.schedule("replicated", {}, delay=timedelta(hours=1))
+    resume = threading.Timer(0.5, pair.on_replica, ("SELECT pg_wal_replay_resume()",))
+    resume.start()
+    try:
+        page = replicated.list()
+    finally:
+        resume.join()
+    assert [s.id for s in page.schedules] == [made.id]
+    assert page.freshness == Freshness("replica", timedelta(0), timedelta(seconds=0.25))
 
 
 def test_the_async_api_lists_from_the_replica_too(pair: Pair, replicated: App) -> None:

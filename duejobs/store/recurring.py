@@ -17,6 +17,7 @@ from duejobs.models import (
     DstOverlap,
     Misfire,
     Occurrence,
+    QueueJob,
     Recurring,
     RecurringSpec,
     RecurringStatus,
@@ -95,10 +96,10 @@ def delete_recurring(conn: Connection, recurring_id: uuid.UUID) -> None:
     run(conn, "delete_recurring", {"id": recurring_id})
 
 
-def cancel_occurrences(conn: Connection, recurring_id: uuid.UUID, reason: str) -> list[str]:
+def cancel_occurrences(conn: Connection, recurring_id: uuid.UUID, reason: str) -> list[QueueJob]:
     """Cancel the occurrences still waiting to run; returns the queue jobs to discard."""
     rows = run(conn, "cancel_occurrences", {"rid": recurring_id, "reason": reason})
-    return [r.queue_job_id for r in rows]
+    return [QueueJob(r.queue_job_id, r.queue) for r in rows]
 
 
 def due_recurring(conn: Connection, window: timedelta, limit: int) -> list[Recurring]:

@@ -14,6 +14,7 @@ from duejobs.models import (
     Attempt,
     Event,
     EventKind,
+    QueueJob,
     Schedule,
     Status,
 )
@@ -100,11 +101,11 @@ def reschedule(
     tenant: str | None,
     when: When,
     expected_version: int | None,
-) -> tuple[Schedule | None, str | None]:
+) -> tuple[Schedule | None, QueueJob | None]:
     """Move a live schedule to a new time under version + 1.
 
-    Returns (schedule, queue job id of the superseded version) or (None, None) when no live
-    row matched; :func:`get_schedule` then tells why.
+    Returns (schedule, queue job of the superseded version if it was pushed) or (None, None)
+    when no live row matched; :func:`get_schedule` then tells why.
     """
     row = run_one(
         conn,
@@ -113,7 +114,9 @@ def reschedule(
     )
     if row is None:
         return None, None
-    return as_schedule(row), row.old_queue_job_id
+    schedule = as_schedule(row)
+    old = row.old_queue_job_id
+    return schedule, None if old is None else QueueJob(old, schedule.queue)
 
 
 def retry(
@@ -125,12 +128,14 @@ def retry(
     return None if row is None else as_schedule(row)
 
 
-def cancel(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> tuple[bool, str | None]:
-    """Cancel a live schedule (version + 1); returns (cancelled, its queue job id if pushed)."""
+def cancel(
+    conn: Connection, schedule_id: uuid.UUID, tenant: str | None
+) -> tuple[bool, QueueJob | None]:
+    """Cancel a live schedule (version + 1); returns (cancelled, its queue job if pushed)."""
     row = run_one(conn, "cancel", {"id": schedule_id, "tenant": tenant})
     if row is None:
         return False, None
-    return True, row.queue_job_id
+    return True, None if row.queue_job_id is None else QueueJob(row.queue_job_id, row.queue)
 
 
 def history(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> list[Event]:

@@ -70,13 +70,13 @@ WITH upd AS (
     SET status = 'cancelled', version = version + 1,
         finished_at = statement_timestamp(), updated_at = statement_timestamp()
     WHERE recurring_id = :rid AND status = 'scheduled'
-    RETURNING id, tenant, version, queue_job_id
+    RETURNING id, tenant, version, queue, queue_job_id
 ), event AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'cancelled', version, jsonb_build_object('reason', CAST(:reason AS text))
     FROM upd
 )
-SELECT queue_job_id FROM upd WHERE queue_job_id IS NOT NULL
+SELECT queue_job_id, queue FROM upd WHERE queue_job_id IS NOT NULL
 
 -- name: due_recurring
 SELECT {{recurring_columns}} FROM recurring_schedules

@@ -74,12 +74,12 @@ WITH cur AS (
         updated_at = statement_timestamp(), finished_at = statement_timestamp()
     FROM cur
     WHERE s.id = :id AND s.id = cur.id
-    RETURNING s.id, s.tenant, s.version, cur.queue_job_id
+    RETURNING s.id, s.tenant, s.version, s.queue, cur.queue_job_id
 ), event AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version)
     SELECT id, tenant, 'cancelled', version FROM upd
 )
-SELECT queue_job_id FROM upd
+SELECT queue_job_id, queue FROM upd
 
 -- name: retry
 -- A failed or cancelled schedule scheduled again as version + 1: attempts from zero, due at
