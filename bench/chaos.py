@@ -1,4 +1,5 @@
-"""Fault injection: `python -m bench chaos [SEED ...]` (CHAOS_SCHEDULES, CHAOS_SECONDS).
+"""Fault injection: `python -m bench chaos [SEED ...]` (CHAOS_SCHEDULES, CHAOS_SECONDS,
+CHAOS_NODES).
 
 A seeded plan of schedules — one-offs due now and over the run, retried ones, slow ones,
 recurring definitions, reschedules and cancels made while it runs — is served by real
@@ -9,7 +10,11 @@ Redis and its claim, Redis flushed, Redis restarted (no persistence: every key l
 PostgreSQL restarted or crashed, job hashes, queue entries and scheduled-registry members
 deleted, (in partitioned mode, ``ChaosConfig.partitioned``) the partitions made ahead
 dropped, one
-PostgreSQL connection or every one terminated, a scheduler paused with SIGSTOP. A process
+PostgreSQL connection or every one terminated, a scheduler paused with SIGSTOP. With several
+Redis nodes (``ChaosConfig.nodes``: queue ``duejobs`` on the first, ``chaos-1``, ``chaos-2``,
+... each on one more, through ``DUEJOBS_REDIS_NODES``; the schedules spread over them, each
+worker serving one), every Redis fault lands on one node, and one more is injected: a node
+killed and started again, empty, a few seconds later (``node-down``). A process
 that exits on its own (an RQ worker that meets Redis gone at a moment RQ does not retry) is
 started again, as its supervisor would, and counted. Then it checks, by the database:
 
@@ -60,8 +65,7 @@ from duejobs.migrate import upgrade
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
 
 ROOT = Path(__file__).resolve().parent.parent
-QUEUE = "rq:queue:duejobs"
-REGISTRY = "rq:scheduled:duejobs"
+DEFAULT_QUEUE = "duejobs"
 LEASE = "6s"  # workers' lease, so that rescues fit a short run
 
 
@@ -82,6 +86,13 @@ class ChaosConfig:
     settle_timeout: float = 180.0
     # Partitioned mode (daily partitions), with one more fault: the coming partitions dropped.
     partitioned: bool = False
+    # Redis nodes, a queue on each; with more than one, one more fault: a node down a while.
+    nodes: int = 1
+
+    @property
+    def queues(self) -> list[str]:
+        """The run's queues, the i-th on the i-th node."""
+        return [DEFAULT_QUEUE, *(f"chaos-{i}" for i in range(1, self.nodes))]
 
 
 @dataclass
@@ -145,6 +156,7 @@ class _Cluster:
             ],
             "reconciler": ["reconcile", "--every", "1s", "--log-level", "warning"],
         }
+        self.queues = config.queues
         counts = {"scheduler": config.schedulers, "worker": config.workers, "reconciler": 1}
         self.procs: dict[str, list[subprocess.Popen[bytes]]] = {
             kind: [self._start(kind, i) for i in range(n)] for kind, n in counts.items()
@@ -152,8 +164,11 @@ class _Cluster:
 
     def _start(self, kind: str, index: int) -> subprocess.Popen[bytes]:
         out = open(self.logs / f"{kind}-{index}.log", "ab")  # noqa: SIM115 - the child keeps it
+        command = self.commands[kind]
+        if kind == "worker":  # a worker serves the queues of one node: worker i, queue i % n
+            command = [*command, "--queue", self.queues[index % len(self.queues)]]
         return subprocess.Popen(
-            [sys.executable, "-m", "duejobs", *self.commands[kind]],
+            [sys.executable, "-m", "duejobs", *command],
             env=self.env,
             cwd=ROOT,
             stdout=out,
@@ -204,11 +219,11 @@ class _Cluster:
 
 
 class Servers:
-    """A PostgreSQL and a Redis of the run's own (the embedded ones, in a folder of its own),
-    so that restarting them is real and touches nothing else. Both keep their address across
-    a restart: PostgreSQL its socket, Redis its port."""
+    """A PostgreSQL and ``nodes`` Redis servers of the run's own (the embedded ones, in a
+    folder of its own), so that restarting them is real and touches nothing else. Each keeps
+    its address across a restart: PostgreSQL its socket, a Redis its port."""
 
-    def __init__(self, folder: Path, *, partitioned: bool = False) -> None:
+    def __init__(self, folder: Path, *, partitioned: bool = False, nodes: int = 1) -> None:
         self._postgres_dir = folder / "postgres"
         self._holder, self.database_url = self._start_postgres()
         engine = make_engine(sqlalchemy_url(self.database_url))
@@ -217,36 +232,65 @@ class Servers:
         self._redis_binary = EmbeddedRedis.binary()
         self._redis_dir = folder / "redis"
         self._redis_dir.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self._port = int(sock.getsockname()[1])
-        self.redis_url = f"redis://127.0.0.1:{self._port}/0"
-        self._redis = self._start_redis()
+        self._ports = [_free_port() for _ in range(nodes)]
+        self.redis_urls = [f"redis://127.0.0.1:{port}/0" for port in self._ports]
+        self.redis_url = self.redis_urls[0]
+        self._redis = [self._start_redis(i) for i in range(nodes)]
+        self._down: dict[int, threading.Timer] = {}  # nodes killed a while, their restarts
+        self._lock = threading.Lock()
 
-    def _start_redis(self) -> subprocess.Popen[bytes]:
-        args = [self._redis_binary, "--port", str(self._port), "--bind", "127.0.0.1"]
-        args += ["--save", "", "--appendonly", "no", "--dir", str(self._redis_dir)]
+    def _start_redis(self, node: int) -> subprocess.Popen[bytes]:
+        port = str(self._ports[node])
+        args = [self._redis_binary, "--port", port, "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self._redis_dir), "--dbfilename", port]
         proc = subprocess.Popen(
             args,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(port=self._port)
+        client = redis.Redis(port=self._ports[node])
         _wait(lambda: _answers(client), 20)
         return proc
 
-    def stop_redis(self) -> None:
-        """Kill Redis (no persistence: every key is lost); :meth:`start_redis` brings it back
-        on the same port."""
-        self._redis.kill()
-        self._redis.wait(15)
+    def up(self) -> list[int]:
+        """The nodes not taken down by :meth:`take_down` (a restart's short gap aside)."""
+        with self._lock:
+            return [i for i in range(len(self._redis)) if i not in self._down]
 
-    def start_redis(self) -> None:
-        self._redis = self._start_redis()
+    def restart_redis(self, node: int = 0) -> None:
+        """Kill a Redis (no persistence: every key is lost) and start it again on its port
+        (not one that is down a while: its own restart is under way)."""
+        with self._lock:
+            if node in self._down:
+                return
+            self._kill_redis(node)
+            self._redis[node] = self._start_redis(node)
 
-    def restart_redis(self) -> None:
-        self.stop_redis()
-        self.start_redis()
+    def take_down(self, node: int, seconds: float) -> None:
+        """Kill a Redis and start it again, empty, ``seconds`` later."""
+
+        def back() -> None:
+            with self._lock:
+                self._redis[node] = self._start_redis(node)
+                del self._down[node]
+
+        with self._lock:
+            if node in self._down:
+                return
+            self._kill_redis(node)
+            self._down[node] = threading.Timer(seconds, back)
+            self._down[node].start()
+
+    def wait_back(self) -> None:
+        """Until every node taken down is up again."""
+        with self._lock:
+            restarts = list(self._down.values())
+        for restart in restarts:
+            restart.join()
+
+    def _kill_redis(self, node: int) -> None:
+        self._redis[node].kill()
+        self._redis[node].wait(15)
 
     def _start_postgres(self) -> tuple[subprocess.Popen[str], str]:
         """A process holding the embedded server's lease; the server stops with it."""
@@ -283,8 +327,9 @@ class Servers:
         self.restart_postgres()
 
     def stop(self) -> None:
-        self._redis.kill()
-        self._redis.wait(15)
+        self.wait_back()
+        for node in range(len(self._redis)):
+            self._kill_redis(node)
         self._stop_postgres()
 
 
@@ -296,6 +341,12 @@ url, _ = EmbeddedPostgres(Path(sys.argv[1])).start()
 print(url, flush=True)
 sys.stdin.readline()
 """
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -331,6 +382,8 @@ FAULT_KINDS = (
 )
 # In partitioned mode, besides.
 PARTITION_FAULTS = ("drop-coming-partitions",)
+# With several Redis nodes, besides.
+NODE_FAULTS = ("node-down",)
 DAILY = Partitioning(timedelta(days=1), 2)
 
 
@@ -342,11 +395,12 @@ class _Faults:
         self,
         cluster: _Cluster,
         servers: Servers,
-        r: redis.Redis,
         rng: random.Random,
-        partitioned: bool = False,
+        config: ChaosConfig,
     ) -> None:
-        self.cluster, self.servers, self.redis, self.rng = cluster, servers, r, rng
+        self.cluster, self.servers, self.rng = cluster, servers, rng
+        self.clients = [redis.Redis.from_url(url) for url in servers.redis_urls]
+        self.queues = config.queues
         self.kinds: dict[str, Callable[[], None]] = {
             "kill-worker": lambda: cluster.kill("worker", rng),
             "kill-scheduler": lambda: cluster.kill("scheduler", rng),
@@ -354,7 +408,7 @@ class _Faults:
             "pause-scheduler": lambda: cluster.pause("scheduler", rng, rng.uniform(1, 5)),
             "popped-and-lost": self._popped_and_lost,
             "redis-flushall": self._flushall,
-            "redis-restart": servers.restart_redis,
+            "redis-restart": lambda: servers.restart_redis(self._node()),
             "postgres-restart": servers.restart_postgres,
             "postgres-crash": servers.crash_postgres,
             "delete-job-hashes": self._delete_hashes,
@@ -364,8 +418,10 @@ class _Faults:
             "pg-terminate-all": lambda: self._terminate(everyone=True),
         }
         assert tuple(sorted(self.kinds)) == FAULT_KINDS
-        if partitioned:
+        if config.partitioned:
             self.kinds["drop-coming-partitions"] = self._drop_coming
+        if config.nodes > 1:
+            self.kinds["node-down"] = self._node_down
         self._cycle: list[str] = []
         self.injected: set[str] = set()
 
@@ -405,34 +461,54 @@ class _Faults:
                     conn.execute(f"DROP TABLE {name}")
                 conn.commit()
 
+    def _node(self) -> int:
+        """A node a Redis fault lands on: one that is up (the first when none is)."""
+        return self.rng.choice(self.servers.up() or [0])
+
+    def _on_node(self) -> tuple[redis.Redis, str]:
+        """A node's client and its queue's name, for a fault on its keys."""
+        node = self._node()
+        return self.clients[node], self.queues[node]
+
+    def _node_down(self) -> None:
+        """A node killed and started again, empty, a few seconds later: meanwhile its
+        queue's jobs cannot be pushed or taken; the others' go on."""
+        self.servers.take_down(self._node(), self.rng.uniform(2, 6))
+
     def _popped_and_lost(self) -> None:
         """What a worker killed between taking a job from Redis and claiming its row leaves:
         the id gone from the queue, its hash ``queued`` — or ``started`` by a dead worker."""
-        job = self.redis.lpop(QUEUE)
+        client, queue = self._on_node()
+        job = client.lpop("rq:queue:" + queue)
         if isinstance(job, bytes) and self.rng.random() < 0.5:
-            self.redis.hset(
+            client.hset(
                 "rq:job:" + job.decode(),
                 mapping={"status": "started", "worker_name": "chaos-ghost"},
             )
 
     def _flushall(self) -> None:
-        self.redis.flushall()
+        self._on_node()[0].flushall()
 
     def _sample(self, ids: list[Any], most: int = 5) -> list[Any]:
         return self.rng.sample(ids, min(most, len(ids)))
 
     def _delete_hashes(self) -> None:
-        keys = list(itertools.islice(self.redis.scan_iter("rq:job:dj-*", count=500), 500))
+        client = self._on_node()[0]
+        keys = list(itertools.islice(client.scan_iter("rq:job:dj-*", count=500), 500))
         for key in self._sample(keys):
-            self.redis.delete(key)
+            client.delete(key)
 
     def _delete_entries(self) -> None:
-        for job in self._sample(self.redis.lrange(QUEUE, 0, 500)):
-            self.redis.lrem(QUEUE, 0, job)
+        client, queue = self._on_node()
+        key = "rq:queue:" + queue
+        for job in self._sample(client.lrange(key, 0, 500)):
+            client.lrem(key, 0, job)
 
     def _delete_members(self) -> None:
-        for job in self._sample(self.redis.zrange(REGISTRY, 0, 500)):
-            self.redis.zrem(REGISTRY, job)
+        client, queue = self._on_node()
+        key = "rq:scheduled:" + queue
+        for job in self._sample(client.zrange(key, 0, 500)):
+            client.zrem(key, job)
 
     def _terminate(self, everyone: bool) -> None:
         with psycopg.connect(self.servers.database_url, autocommit=True) as admin:
@@ -461,14 +537,23 @@ def _plan(app: duejobs.App, rng: random.Random, config: ChaosConfig) -> list[obj
             job_type, payload = "chaos-slow", {"seconds": round(rng.uniform(0.2, 1.0), 2)}
         else:
             job_type = "chaos"
+        tenant = rng.choice(tenants)
+        queue = rng.choice(config.queues) if config.nodes > 1 else None
         requests.append(
             duejobs.ScheduleRequest(
-                job_type, payload, delay=timedelta(seconds=delay), tenant=rng.choice(tenants)
+                job_type, payload, delay=timedelta(seconds=delay), tenant=tenant, queue=queue
             )
         )
     ids: list[object] = list(app.schedule_many(requests))
+    queues = config.queues
     for i in range(config.recurring):
-        app.recurring(f"chaos-{i}", cron="* * * * *", type="chaos", tenant=tenants[i % 3])
+        app.recurring(
+            f"chaos-{i}",
+            cron="* * * * *",
+            type="chaos",
+            tenant=tenants[i % 3],
+            queue=queues[i % len(queues)],
+        )
     return ids
 
 
@@ -514,7 +599,11 @@ _VIOLATIONS = {
 def run_chaos(config: ChaosConfig, folder: Path | None = None) -> ChaosReport:
     """One seeded run on servers of its own under ``folder``; see the module docstring."""
     folder = folder or Path(tempfile.mkdtemp(prefix=f"duejobs-chaos-{config.seed}-"))
-    servers = Servers(folder / "servers", partitioned=config.partitioned)
+    if config.workers < config.nodes:
+        raise ValueError(
+            f"{config.nodes} nodes need at least as many workers, not {config.workers}"
+        )
+    servers = Servers(folder / "servers", partitioned=config.partitioned, nodes=config.nodes)
     try:
         return _run(config, servers, folder)
     finally:
@@ -525,21 +614,22 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
     pg, redis_url = libpq_url(servers.database_url), servers.redis_url
     rng = random.Random(config.seed)
     report = ChaosReport(config.seed)
-    r = redis.Redis.from_url(redis_url)
     with psycopg.connect(pg, autocommit=True) as admin:
         admin.execute(EFFECTS)
-    app = duejobs.App(database_url=servers.database_url, redis_url=redis_url)
+    homes = dict(zip(config.queues[1:], servers.redis_urls[1:], strict=True))
+    app = duejobs.App(database_url=servers.database_url, redis_url=redis_url, redis_nodes=homes)
     env = {
         **os.environ,
         "DUEJOBS_DATABASE_URL": servers.database_url,
         "DUEJOBS_REDIS_URL": redis_url,
+        "DUEJOBS_REDIS_NODES": ",".join(f"{q}={url}" for q, url in homes.items()),
         "PYTHONPATH": str(ROOT),
     }
     ids = _plan(app, rng, config)
     report.schedules = len(ids)
     cluster = _Cluster(env, logs, config)
     try:
-        faults = _Faults(cluster, servers, r, rng, config.partitioned)
+        faults = _Faults(cluster, servers, rng, config)
         until = time.monotonic() + config.fault_seconds
         # For the run's time, and at least until every kind was injected once.
         while time.monotonic() < until or len(faults.injected) < len(faults.kinds):
@@ -552,6 +642,7 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
             time.sleep(rng.uniform(*config.fault_gap))
             for kind in cluster.revive():
                 report.exits[kind] += 1
+        servers.wait_back()  # a node taken down is back before the recovery is timed
         last_fault = _db_now(pg)
         report.recovery_seconds = _settle(pg, last_fault, config, report, cluster)
         # Rows rescheduled during the faults may be due a little after the last one.
@@ -648,9 +739,16 @@ def _settle(
 def main(seeds: list[str]) -> int:
     schedules = int(os.environ.get("CHAOS_SCHEDULES", str(ChaosConfig.schedules)))
     seconds = float(os.environ.get("CHAOS_SECONDS", "60"))
+    nodes = int(os.environ.get("CHAOS_NODES", "1"))
     reports = []
     for seed in [int(s) for s in seeds] or [1, 2, 3]:
-        config = ChaosConfig(seed=seed, schedules=schedules, fault_seconds=seconds)
+        config = ChaosConfig(
+            seed=seed,
+            schedules=schedules,
+            fault_seconds=seconds,
+            nodes=nodes,
+            workers=max(ChaosConfig.workers, nodes),
+        )
         report = run_chaos(config)
         print("\n".join(report.lines()), flush=True)
         reports.append(report)

@@ -18,18 +18,22 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from rq import SimpleWorker
 from sqlalchemy import text
 
 from duejobs import App, core, stats
 from duejobs.config import parse_redis_nodes
-from duejobs.delivery import DuejobsWorker
+from duejobs.delivery import DuejobsWorker, rq_worker
 from duejobs.delivery.deliverer import NODE_ERRORS
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import ConfigurationError
@@ -246,6 +250,56 @@ def test_cancel_removes_the_waiting_job_from_its_queues_node(
         assert client.llen("rq:queue:c") == 1
         spread.cancel(s.id)
         assert client.llen("rq:queue:c") == 0
+
+
+def test_a_worker_whose_node_was_down_long_polls_it_at_most_every_two_seconds(
+    spread: App, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's node down a long while: the worker tries it again at least every
+    ``_DEQUEUE_BACKOFF_CAP`` (2 s), not RQ's own backoff to a minute, so the node's jobs run
+    within seconds of its return. Its waits are recorded and cut short here, so a long
+    outage takes a moment. Seen failing with RQ's cap (waits of 4, 8, ... 60 s)."""
+    slept: list[float] = []
+    real_sleep = time.sleep
+
+    class Clock:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(time, name)
+
+        def sleep(self, seconds: float) -> None:
+            slept.append(seconds)
+            real_sleep(0.01)
+
+    rq_dequeue = sys.modules[SimpleWorker.dequeue_job_and_maintain_ttl.__module__]
+    monkeypatch.setattr(rq_dequeue, "time", Clock())
+    monkeypatch.setattr(rq_worker, "time", Clock())
+    failures: list[BaseException] = []
+
+    def outage() -> None:
+        try:
+            with nodes[1].client() as client:
+                wait_for(lambda: client.scard("rq:workers") == 1, 30, "the worker to start")
+            nodes[1].kill()
+            wait_for(lambda: len(slept) >= 8, 60, "the worker to wait out the outage")
+            nodes[1].start()
+            spread.schedule("record", {}, delay=0, queue="b")
+            Scheduler(spread).run_once()
+            wait_for(lambda: _succeeded(spread, "b") == 1, 60, "b's job to run")
+        except BaseException as exc:
+            failures.append(exc)
+
+    helper = threading.Thread(target=outage)
+    runtime = Runtime(spread, WorkerConfig(heartbeat=timedelta(milliseconds=200)))
+    try:
+        helper.start()
+        DuejobsWorker(runtime, ["b"]).work(  # it ends once idle 5 s after the job
+            with_scheduler=False, logging_level="ERROR", max_idle_time=5
+        )
+    finally:
+        helper.join(60)
+        runtime.close()
+    assert not failures, failures
+    assert max(slept) <= 2.0, slept
 
 
 def test_cancel_reschedule_and_a_paused_recurring_touch_only_their_queues_node(

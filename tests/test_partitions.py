@@ -268,6 +268,49 @@ def test_migrate_partitioned_on_a_filled_schema_converts_it(plain: App) -> None:
     assert not plain.schedule("record", {}, delay=60, key="k").created
 
 
+def test_a_role_granted_the_tables_keeps_its_rights_after_the_conversion(plain: App) -> None:
+    """An application role granted the tables (not their owner) goes on scheduling, with
+    keys, and cancelling once they are partitioned: the grants on each table are carried
+    over, and the new keys table gets those of ``scheduled_jobs``, which its triggers write
+    it for. Seen failing without the grants carried over (permission denied)."""
+    schema = plain.engine.get_execution_options()["duejobs_schema"]
+    role = f"duejobs_app_{secrets.token_hex(4)}"
+    tables = ", ".join(f"{schema}.{t}" for t in PARTITIONED)
+
+    def rights() -> set[tuple[str, str]]:
+        with plain.engine.connect() as conn:
+            return {
+                (t, p)
+                for t in PARTITIONED
+                for p in ("SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE")
+                if conn.execute(
+                    text("SELECT has_table_privilege(:r, :t, :p)"),
+                    {"r": role, "t": f"{schema}.{t}", "p": p},
+                ).scalar_one()
+            }
+
+    with plain.engine.begin() as conn:
+        conn.execute(text(f"CREATE ROLE {role} NOLOGIN"))
+        conn.execute(text(f"GRANT USAGE ON SCHEMA {schema} TO {role}"))
+        conn.execute(text(f"GRANT SELECT, INSERT, UPDATE, DELETE ON {tables} TO {role}"))
+        conn.execute(
+            text(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {schema} TO {role}")
+        )
+    try:
+        before = rights()
+        convert(plain.engine, DAILY)
+        assert rights() == before
+        with plain.engine.begin() as conn:
+            conn.execute(text(f"SET LOCAL ROLE {role}"))
+            made = plain.schedule("record", {}, delay=60, key="granted", conn=conn)
+            assert not plain.schedule("record", {}, delay=60, key="granted", conn=conn).created
+            assert plain.cancel(made.id, conn=conn)
+    finally:
+        with plain.engine.begin() as conn:
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+
+
 @pytest.mark.parametrize(
     ("period", "ahead", "refusal"),
     [

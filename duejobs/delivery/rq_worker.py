@@ -42,8 +42,9 @@ _SLOT_WAIT = 1.0
 _REDIS_SPARE = 8
 # How often a plain worker heartbeat, or a look for `rq suspend`, reaches Redis at most.
 _BEAT_EVERY = timedelta(seconds=1)
-# The longest wait between two dequeues that met a Redis timeout (seconds).
-_DEQUEUE_BACKOFF_CAP = 8.0
+# The longest wait between two tries of a Redis that does not answer a dequeue (seconds): a
+# node back from an outage, however long, is served again within it.
+_DEQUEUE_BACKOFF_CAP = 2.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class DuejobsWorker(SimpleWorker):
     worker's whole process group). Cancel a schedule to stop its handler at its next check.
     """
 
+    max_connection_wait_time = _DEQUEUE_BACKOFF_CAP  # RQ's own, inside its dequeue: 60 s
     _busy = 0  # slots running a job (RQ may set the state before __init__ ends)
     _suspension_checked: datetime | None = None
     _beat_at: datetime | None = None  # the last plain heartbeat sent

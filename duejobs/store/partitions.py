@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -628,6 +628,7 @@ def swap(conn: Connection, staging: str) -> None:
         ),
     )
     run(conn, "carry_identity", {"source": schema, "staging": staging, "name": _EVENTS})
+    rights = run(conn, "table_rights", {"schema": schema, "names": list(PARTITIONED)})
     _drop_foreign_keys_to(conn, "scheduled_jobs")  # the effect ledger's, gone with its table
     for table in reversed(PARTITIONED):
         run_composed(conn, "drop_source", pgsql.SQL("DROP TABLE {}").format(_ident(conn, table)))
@@ -664,3 +665,39 @@ def swap(conn: Connection, staging: str) -> None:
         "drop_staging",
         pgsql.SQL("DROP SCHEMA {} CASCADE").format(pgsql.Identifier(staging)),
     )
+    _carry_rights(conn, rights, moved)
+
+
+def _carry_rights(conn: Connection, rights: Sequence[Any], moved: Sequence[str]) -> None:
+    """Give the new tables their sources' owner and grants: an application that runs as a
+    role granted the tables, not owning them, goes on working. The keys table gets the
+    grants of ``scheduled_jobs`` (its triggers write it with the writer's rights), the
+    settings and the partitions the owner only (reads and writes go through the parents).
+    An owner the converting role cannot give tables to fails the swap, which changes
+    nothing."""
+    owners = {r.name: r.owner for r in rights}
+    grants = {name: [r for r in rights if r.name == name and r.privilege] for name in owners}
+    grants["scheduled_job_keys"] = grants["scheduled_jobs"]
+    for name in moved:
+        owner = owners.get(name, owners["scheduled_jobs"])
+        run_composed(
+            conn,
+            "carry_owner",
+            pgsql.SQL("ALTER TABLE {} OWNER TO {}").format(
+                _ident(conn, name), pgsql.Identifier(owner)
+            ),
+        )
+        for grant in grants.get(name, []):
+            grantee = (
+                pgsql.SQL("PUBLIC") if grant.grantee is None else pgsql.Identifier(grant.grantee)
+            )
+            run_composed(
+                conn,
+                "carry_grant",
+                pgsql.SQL("GRANT {} ON {} TO {}{}").format(
+                    pgsql.SQL(grant.privilege),  # one of PostgreSQL's own privilege names
+                    _ident(conn, name),
+                    grantee,
+                    pgsql.SQL(" WITH GRANT OPTION" if grant.grantable else ""),
+                ),
+            )

@@ -144,6 +144,17 @@ SELECT setval(pg_get_serial_sequence(format('%I.%I', CAST(:staging AS text),
               nextval(pg_get_serial_sequence(format('%I.%I', CAST(:source AS text),
                                                     CAST(:name AS text)), 'id')))
 
+-- name: table_rights
+-- Who owns each table :names of :schema, and the privileges granted on it to roles other
+-- than its owner (grantee NULL: PUBLIC).
+SELECT c.relname AS name, pg_get_userbyid(c.relowner) AS owner,
+       CASE WHEN a.grantee <> 0 THEN pg_get_userbyid(a.grantee) END AS grantee,
+       a.privilege_type AS privilege, a.is_grantable AS grantable
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN LATERAL aclexplode(c.relacl) a ON a.grantee <> c.relowner
+WHERE n.nspname = :schema AND c.relname = ANY(:names)
+
 -- name: try_session_lock
 SELECT pg_try_advisory_lock(:key) AS locked
 
