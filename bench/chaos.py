@@ -249,7 +249,9 @@ class Servers:
             stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self._ports[node])
-        _wait(lambda: _answers(client), 20)
+        if not _wait(lambda: _answers(client), 20):
+            proc.kill()
+            raise RuntimeError(f"Redis on port {port} did not answer 20 s after its start")
         return proc
 
     def up(self) -> list[int]:
@@ -267,15 +269,18 @@ class Servers:
             self._redis[node] = self._start_redis(node)
 
     def take_down(self, node: int, seconds: float) -> None:
-        """Kill a Redis and start it again, empty, ``seconds`` later."""
+        """Kill a Redis and start it again, empty, ``seconds`` later; one node at a time (the
+        others stay up, for the faults on their keys)."""
 
         def back() -> None:
             with self._lock:
-                self._redis[node] = self._start_redis(node)
-                del self._down[node]
+                try:
+                    self._redis[node] = self._start_redis(node)
+                finally:
+                    del self._down[node]
 
         with self._lock:
-            if node in self._down:
+            if self._down:
                 return
             self._kill_redis(node)
             self._down[node] = threading.Timer(seconds, back)
@@ -462,8 +467,9 @@ class _Faults:
                 conn.commit()
 
     def _node(self) -> int:
-        """A node a Redis fault lands on: one that is up (the first when none is)."""
-        return self.rng.choice(self.servers.up() or [0])
+        """A node a Redis fault lands on: one that is up (one node at most is down)."""
+        up = self.servers.up()
+        return up[0] if len(up) == 1 else self.rng.choice(up)
 
     def _on_node(self) -> tuple[redis.Redis, str]:
         """A node's client and its queue's name, for a fault on its keys."""

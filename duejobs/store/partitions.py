@@ -153,13 +153,14 @@ def holds_rows(conn: Connection) -> list[str]:
 def make_partitioned(conn: Connection, settings: Partitioning, now: datetime) -> bool:
     """Turn the plain tables, if empty, into partitioned ones (``duejobs migrate
     --partitioned``, inside the migration's transaction): same columns, constraints, primary
-    keys and indexes; the live-key index replaced by ``scheduled_job_keys`` and its
+    keys, indexes, owners and grants; the live-key index replaced by ``scheduled_job_keys`` and its
     triggers; the foreign keys between them dropped; then the default partitions and the
     first ones. False, changing nothing, when they hold rows (see ``convert``)."""
     # Locked first: a row being written now would otherwise be dropped with its table.
     _on_each(conn, "lock_plain", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
     if holds_rows(conn):
         return False
+    rights = _table_rights(conn)
     for table in PARTITIONED:
         _drop_foreign_keys_to(conn, table)
     for table, column in PARTITIONED.items():
@@ -171,6 +172,7 @@ def make_partitioned(conn: Connection, settings: Partitioning, now: datetime) ->
     for table in PARTITIONED:
         _create(conn, table, f"{table}_default", pgsql.SQL("DEFAULT"))
     ensure_ahead(conn, settings, now)
+    _carry_rights(conn, rights)
     return True
 
 
@@ -628,7 +630,7 @@ def swap(conn: Connection, staging: str) -> None:
         ),
     )
     run(conn, "carry_identity", {"source": schema, "staging": staging, "name": _EVENTS})
-    rights = run(conn, "table_rights", {"schema": schema, "names": list(PARTITIONED)})
+    rights = _table_rights(conn)
     _drop_foreign_keys_to(conn, "scheduled_jobs")  # the effect ledger's, gone with its table
     for table in reversed(PARTITIONED):
         run_composed(conn, "drop_source", pgsql.SQL("DROP TABLE {}").format(_ident(conn, table)))
@@ -665,39 +667,61 @@ def swap(conn: Connection, staging: str) -> None:
         "drop_staging",
         pgsql.SQL("DROP SCHEMA {} CASCADE").format(pgsql.Identifier(staging)),
     )
-    _carry_rights(conn, rights, moved)
+    _carry_rights(conn, rights)
 
 
-def _carry_rights(conn: Connection, rights: Sequence[Any], moved: Sequence[str]) -> None:
-    """Give the new tables their sources' owner and grants: an application that runs as a
-    role granted the tables, not owning them, goes on working. The keys table gets the
-    grants of ``scheduled_jobs`` (its triggers write it with the writer's rights), the
-    settings and the partitions the owner only (reads and writes go through the parents).
-    An owner the converting role cannot give tables to fails the swap, which changes
-    nothing."""
-    owners = {r.name: r.owner for r in rights}
-    grants = {name: [r for r in rights if r.name == name and r.privilege] for name in owners}
-    grants["scheduled_job_keys"] = grants["scheduled_jobs"]
-    for name in moved:
-        owner = owners.get(name, owners["scheduled_jobs"])
-        run_composed(
-            conn,
-            "carry_owner",
-            pgsql.SQL("ALTER TABLE {} OWNER TO {}").format(
-                _ident(conn, name), pgsql.Identifier(owner)
-            ),
-        )
-        for grant in grants.get(name, []):
-            grantee = (
-                pgsql.SQL("PUBLIC") if grant.grantee is None else pgsql.Identifier(grant.grantee)
-            )
+def _table_rights(conn: Connection) -> list[Any]:
+    """The owners of the four tables and the grants on them (and their columns) to others,
+    read before the tables are replaced (see :func:`_carry_rights`)."""
+    return run(conn, "table_rights", {"schema": schema_of(conn), "names": list(PARTITIONED)})
+
+
+def _carry_rights(conn: Connection, rights: Sequence[Any]) -> None:
+    """Give the partitioned tables their plain forerunners' owners and grants (``rights``,
+    from :func:`_table_rights`): an application running as a role granted the tables, not
+    owning them, goes on working. Each partition takes its parent's owner (a partition is
+    dropped by its owner); the keys table the owner and table grants of ``scheduled_jobs``
+    (its triggers write it with the writer's rights); the settings, which maintenance reads,
+    that owner and SELECT for whoever may select ``scheduled_jobs``. An owner that is the
+    role running this is left as is; one it cannot give tables to fails the statement, and
+    with it the migration or the swap, which then change nothing."""
+    owners = {r.name: r for r in rights}
+    grants: dict[str, list[Any]] = {name: [] for name in owners}
+    for r in rights:
+        if r.privilege is not None:
+            grants[r.name].append(r)
+    jobs = grants["scheduled_jobs"]
+    grants["scheduled_job_keys"] = [g for g in jobs if g.column_name is None]
+    grants[_SETTINGS] = [g for g in jobs if g.column_name is None and g.privilege == "SELECT"]
+    partitions = run(
+        conn, "partition_tables", {"schema": schema_of(conn), "names": list(PARTITIONED)}
+    )
+    tables = [*PARTITIONED, "scheduled_job_keys", _SETTINGS, *(row.name for row in partitions)]
+    parents = sorted(PARTITIONED, key=len, reverse=True)
+    for name in tables:
+        parent = next((t for t in parents if name == t or name.startswith(f"{t}_")), None)
+        owner = owners[parent or "scheduled_jobs"]
+        if not owner.mine:
             run_composed(
                 conn,
-                "carry_grant",
-                pgsql.SQL("GRANT {} ON {} TO {}{}").format(
-                    pgsql.SQL(grant.privilege),  # one of PostgreSQL's own privilege names
-                    _ident(conn, name),
-                    grantee,
-                    pgsql.SQL(" WITH GRANT OPTION" if grant.grantable else ""),
+                "carry_owner",
+                pgsql.SQL("ALTER TABLE {} OWNER TO {}").format(
+                    _ident(conn, name), pgsql.Identifier(owner.owner)
                 ),
             )
+        for grant in grants.get(name, []):
+            run_composed(conn, "carry_grant", _grant(conn, name, grant))
+
+
+def _grant(conn: Connection, table: str, grant: Any) -> pgsql.Composed:
+    """The GRANT that gives ``table`` (or its column) what ``grant`` gave its forerunner."""
+    column: pgsql.Composable = pgsql.SQL("")
+    if grant.column_name is not None:
+        column = pgsql.SQL(" ({})").format(pgsql.Identifier(grant.column_name))
+    return pgsql.SQL("GRANT {}{} ON {} TO {}{}").format(
+        pgsql.SQL(grant.privilege),  # one of PostgreSQL's own privilege names, from its catalog
+        column,
+        _ident(conn, table),
+        pgsql.SQL("PUBLIC") if grant.grantee is None else pgsql.Identifier(grant.grantee),
+        pgsql.SQL(" WITH GRANT OPTION" if grant.grantable else ""),
+    )

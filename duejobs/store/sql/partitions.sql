@@ -145,15 +145,28 @@ SELECT setval(pg_get_serial_sequence(format('%I.%I', CAST(:staging AS text),
                                                     CAST(:name AS text)), 'id')))
 
 -- name: table_rights
--- Who owns each table :names of :schema, and the privileges granted on it to roles other
--- than its owner (grantee NULL: PUBLIC).
-SELECT c.relname AS name, pg_get_userbyid(c.relowner) AS owner,
-       CASE WHEN a.grantee <> 0 THEN pg_get_userbyid(a.grantee) END AS grantee,
-       a.privilege_type AS privilege, a.is_grantable AS grantable
-FROM pg_class c
-JOIN pg_namespace n ON n.oid = c.relnamespace
-LEFT JOIN LATERAL aclexplode(c.relacl) a ON a.grantee <> c.relowner
-WHERE n.nspname = :schema AND c.relname = ANY(:names)
+-- Who owns each table :names of :schema (mine: the role running this), and the privileges
+-- granted on it, or on one of its columns, to roles other than its owner (grantee NULL:
+-- PUBLIC; column_name NULL: the whole table).
+WITH t AS (
+    SELECT c.oid, c.relname, c.relowner, c.relacl
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = :schema AND c.relname = ANY(CAST(:names AS text[]))
+), granted AS (
+    SELECT t.oid, CAST(NULL AS text) AS column_name, a.grantee, a.privilege_type,
+           a.is_grantable
+    FROM t, aclexplode(t.relacl) a
+    UNION ALL
+    SELECT t.oid, CAST(att.attname AS text), a.grantee, a.privilege_type, a.is_grantable
+    FROM t JOIN pg_attribute att ON att.attrelid = t.oid AND att.attnum > 0
+                                AND NOT att.attisdropped,
+         aclexplode(att.attacl) a
+)
+SELECT t.relname AS name, pg_get_userbyid(t.relowner) AS owner,
+       pg_get_userbyid(t.relowner) = current_user AS mine, g.column_name,
+       CASE WHEN g.grantee <> 0 THEN pg_get_userbyid(g.grantee) END AS grantee,
+       g.privilege_type AS privilege, g.is_grantable AS grantable
+FROM t LEFT JOIN granted g ON g.oid = t.oid AND g.grantee <> t.relowner
 
 -- name: try_session_lock
 SELECT pg_try_advisory_lock(:key) AS locked
