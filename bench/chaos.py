@@ -259,9 +259,19 @@ class Servers:
         with self._lock:
             return [i for i in range(len(self._redis)) if i not in self._down]
 
+    def stop_redis(self, node: int = 0) -> None:
+        """Kill a Redis (no persistence: every key is lost); :meth:`start_redis` brings it
+        back on the same port."""
+        with self._lock:
+            self._kill_redis(node)
+
+    def start_redis(self, node: int = 0) -> None:
+        with self._lock:
+            self._redis[node] = self._start_redis(node)
+
     def restart_redis(self, node: int = 0) -> None:
-        """Kill a Redis (no persistence: every key is lost) and start it again on its port
-        (not one that is down a while: its own restart is under way)."""
+        """:meth:`stop_redis` then :meth:`start_redis` (not for a node that is down a while:
+        its own restart is under way)."""
         with self._lock:
             if node in self._down:
                 return
