@@ -4,13 +4,14 @@ one at a time or in slots (see :class:`DuejobsWorker`)."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,15 +19,17 @@ from types import FrameType
 from typing import Any, ClassVar, Protocol
 
 from redis import Redis
+from redis.client import Pipeline
 from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.executions import Execution
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.timeouts import BaseDeathPenalty
-from rq.utils import now
+from rq.utils import as_text, get_version, now
 from rq.worker import WorkerStatus
 
 from duejobs.delivery._rq_compat import MULTI_EXECUTIONS, create_execution
@@ -123,6 +126,51 @@ class _NoDeathPenalty(BaseDeathPenalty):
         pass
 
 
+class _SharedPipeline:
+    """One pipeline that several ``with connection.pipeline() as p: ...; p.execute()``
+    blocks of RQ's write into: their ``execute`` and the end of their block do nothing, and
+    its owner executes it once."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self._pipe = pipe
+
+    def __enter__(self) -> _SharedPipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
+
+
+class _WorkerRedis(Redis):
+    """The worker's Redis client. Within :meth:`sharing`, every pipeline the calling thread
+    asks for is one shared pipeline (other threads get their own as usual): RQ's per-job
+    steps written for several jobs at once, with no change to RQ's code."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shared = threading.local()
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        shared = getattr(self._shared, "pipe", None)
+        if shared is not None:
+            return shared
+        return super().pipeline(transaction, shard_hint)
+
+    @contextlib.contextmanager
+    def sharing(self, pipe: Pipeline) -> Iterator[None]:
+        self._shared.pipe = _SharedPipeline(pipe)
+        try:
+            yield
+        finally:
+            self._shared.pipe = None
+
+
 class DuejobsWorker(SimpleWorker):
     """An RQ SimpleWorker (no fork per job: pooled database connections serve every job)
     with the JSON serializer.
@@ -197,7 +245,7 @@ class DuejobsWorker(SimpleWorker):
         # One Redis connection per slot at most, the main loop's, RQ's pubsub and a few more
         # (redis-py's default pool of 100 would fail slots past that).
         names = list(queues) or [performer.default_queue]
-        connection = Redis.from_url(
+        connection = _WorkerRedis.from_url(
             performer.redis_url_for(names), max_connections=slots + _REDIS_SPARE
         )
         super().__init__(
@@ -208,6 +256,8 @@ class DuejobsWorker(SimpleWorker):
             **kwargs,
         )
         self._performer = performer
+        assert isinstance(connection, _WorkerRedis)  # from_url is typed as a plain Redis
+        self._client = connection
         if slots > 1:
             self.death_penalty_class = _NoDeathPenalty
         self._slots = threading.BoundedSemaphore(slots)
@@ -217,6 +267,7 @@ class DuejobsWorker(SimpleWorker):
         self._busy_lock = threading.Condition()
         self._taken: collections.deque[tuple[Job, Queue]] = collections.deque()
         self._started: dict[str, Execution] = {}  # executions of jobs taken together
+        self._prepared: dict[str, bool] = {}  # those of them RQ's preparation was run for
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -268,25 +319,18 @@ class DuejobsWorker(SimpleWorker):
     def _take_more(self, taken: tuple[Job, Queue]) -> None:
         """Take, without waiting, one more job per free slot (never more: a worker does not
         hoard jobs another could run), and have all of them claimed in one statement."""
-        jobs = [taken]
+        free = 0
         while self._slots.acquire(blocking=False):
-            try:
-                more = self.queue_class.dequeue_any(
-                    self._ordered_queues,
-                    None,
-                    connection=self.connection,
-                    job_class=self.job_class,
-                    serializer=self.serializer,
-                    death_penalty_class=self.death_penalty_class,
-                )
-            except RedisError as exc:  # the job taken already runs; the next dequeue waits
-                log.warning("could not take more jobs at once (%s)", exc)
-                more = None
-            if more is None:
-                self._slots.release()
-                break
-            jobs.append(more)
-        self._taken.extend(jobs[1:])
+            free += 1
+        try:
+            more = self._pop_waiting(free) if free else []
+        except RedisError as exc:  # the job taken already runs; the next dequeue waits
+            log.warning("could not take more jobs at once (%s)", exc)
+            more = []
+        for _ in range(free - len(more)):
+            self._slots.release()
+        jobs = [taken, *more]
+        self._taken.extend(more)
         self._start_all(jobs)
         deliveries = [d for d in map(_delivery, jobs) if d is not None]
         try:
@@ -294,16 +338,58 @@ class DuejobsWorker(SimpleWorker):
         except Exception:  # each slot claims its own delivery then, and meets the error
             log.exception("could not claim %d deliveries together", len(deliveries))
 
+    def _pop_waiting(self, most: int) -> list[tuple[Job, Queue]]:
+        """Up to ``most`` waiting jobs, without blocking, taken as RQ's own dequeue takes
+        them. From one queue (on Redis 6.2 or later) in two round trips, whatever their
+        number: each id moved to the queue's intermediate list as ``LMOVE`` does it, then
+        every job's hash read in one pipeline; an id whose hash is gone is passed over, as RQ
+        passes it over. From several queues, one dequeue each, which keeps their priority."""
+        queues = self._ordered_queues
+        if len(queues) > 1 or get_version(self.connection) < (6, 2, 0):
+            return self._dequeue_each(most)
+        queue = queues[0]
+        moving = IntermediateQueue(queue.key, self.connection).key
+        pipe = self.connection.pipeline(transaction=False)
+        for _ in range(most):
+            pipe.lmove(queue.key, moving)
+        ids = [as_text(job_id) for job_id in pipe.execute() if job_id is not None]
+        if not ids:
+            return []
+        jobs = self.job_class.fetch_many(ids, self.connection, serializer=self.serializer)
+        return [(job, queue) for job in jobs if job is not None]
+
+    def _dequeue_each(self, most: int) -> list[tuple[Job, Queue]]:
+        taken: list[tuple[Job, Queue]] = []
+        while len(taken) < most:
+            more = self.queue_class.dequeue_any(
+                self._ordered_queues,
+                None,
+                connection=self.connection,
+                job_class=self.job_class,
+                serializer=self.serializer,
+                death_penalty_class=self.death_penalty_class,
+            )
+            if more is None:
+                break
+            taken.append(more)
+        return taken
+
     def _start_all(self, jobs: list[tuple[Job, Queue]]) -> None:
         """RQ's start of jobs taken together — each one's execution, in the started registry
-        and the worker's executions — in one pipeline instead of one round trip each. On a
-        Redis error each job is started alone when it runs."""
+        and the worker's executions, then RQ's own preparation of each (job and worker
+        heartbeats, status ``started``, out of the intermediate list) — in one pipeline
+        instead of two round trips each. On a Redis error each job is started and prepared
+        alone when it runs."""
         pipe = self.connection.pipeline()
+        remove = len(self.queues) == 1  # as RQ's perform_job asks it
         try:
             executions = [
                 (job, create_execution(job, self.get_heartbeat_ttl(job), pipe, self.name))
                 for job, _ in jobs
             ]
+            with self._client.sharing(pipe):
+                for job, _ in jobs:
+                    super().prepare_job_execution(job, remove)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             pipe.execute()
         except RedisError as exc:
@@ -315,6 +401,14 @@ class DuejobsWorker(SimpleWorker):
             if MULTI_EXECUTIONS:
                 self.executions[execution.id] = execution
             self._started[job.id] = execution
+            self._prepared[job.id] = True
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        """RQ's preparation of a job about to run, unless it was prepared with the jobs taken
+        together with it (:meth:`_start_all`)."""
+        if self._prepared.pop(job.id, False):
+            return
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         if self._pool is None:
