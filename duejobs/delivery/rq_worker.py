@@ -295,6 +295,9 @@ class DuejobsWorker(SimpleWorker):
         if taken is None:
             self._slots.release()
             return None
+        # Busy in memory at once: a stop signal from here on no longer raises into this
+        # thread (RQ's rule for an idle worker), which would drop what was just taken.
+        self._state = WorkerStatus.BUSY
         self._take_more(taken)
         return taken
 
@@ -343,7 +346,12 @@ class DuejobsWorker(SimpleWorker):
         them. From one queue (on Redis 6.2 or later) in two round trips, whatever their
         number: each id moved to the queue's intermediate list as ``LMOVE`` does it, then
         every job's hash read in one pipeline; an id whose hash is gone is passed over, as RQ
-        passes it over. From several queues, one dequeue each, which keeps their priority."""
+        passes it over. From several queues, one dequeue each, which keeps their priority.
+
+        As RQ's own dequeue can lose the one job whose move reached Redis and whose answer
+        did not, a connection lost in the middle can leave the ids of this batch in the
+        intermediate list, where no worker takes them: their rows are overdue for the
+        reconciler, which pushes them again (``stuck_after``)."""
         queues = self._ordered_queues
         if len(queues) > 1 or get_version(self.connection) < (6, 2, 0):
             return self._dequeue_each(most)
@@ -355,8 +363,25 @@ class DuejobsWorker(SimpleWorker):
         ids = [as_text(job_id) for job_id in pipe.execute() if job_id is not None]
         if not ids:
             return []
-        jobs = self.job_class.fetch_many(ids, self.connection, serializer=self.serializer)
+        try:
+            jobs = self.job_class.fetch_many(ids, self.connection, serializer=self.serializer)
+        except RedisError:
+            self._put_back(queue, moving, ids)
+            raise
         return [(job, queue) for job in jobs if job is not None]
+
+    def _put_back(self, queue: Queue, moving: str, ids: list[str]) -> None:
+        """Return ids taken off ``queue`` whose jobs could not be read to its front, in
+        their order; what cannot be returned either waits in the intermediate list for the
+        reconciler, which pushes the overdue rows of jobs no worker can take again."""
+        try:
+            with self.connection.pipeline() as pipe:
+                for job_id in ids:
+                    pipe.lrem(moving, 1, job_id)
+                pipe.lpush(queue.key, *reversed(ids))
+                pipe.execute()
+        except RedisError as exc:
+            log.warning("could not put back %d jobs taken at once (%s)", len(ids), exc)
 
     def _dequeue_each(self, most: int) -> list[tuple[Job, Queue]]:
         taken: list[tuple[Job, Queue]] = []
@@ -520,7 +545,10 @@ class DuejobsWorker(SimpleWorker):
 
     def check_for_suspension(self, burst: bool) -> None:
         """RQ's ``rq suspend`` check, at most once a second (RQ reads a Redis key before every
-        job): a suspension stops a worker from taking jobs within a second."""
+        job): a suspension stops a worker from taking jobs within a second — once the jobs it
+        took together with another have run."""
+        if self._taken:  # jobs taken, claimed and started already: they run first
+            return
         if self._suspension_checked is not None and now() - self._suspension_checked < _BEAT_EVERY:
             return
         super().check_for_suspension(burst)
