@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -45,7 +46,14 @@ class StopRequest:
     main thread between two bytecodes, possibly while that thread is inside the event's own
     ``wait()`` holding the lock ``set()`` takes, and the process then hangs on SIGTERM for good.
     Making the request here takes no lock: a flag, and a token put on a ``SimpleQueue``, whose
-    ``put()`` is reentrant by contract and wakes a ``get()`` under way."""
+    ``put()`` is reentrant by contract and wakes a ``get()`` under way.
+
+    A signal can still land after the wait looked at the flag and before it blocks: Python
+    then runs the handler only once the blocking call returns, so the wait is made of slices
+    of at most ``WAIT_SLICE`` seconds, each of which looks at the flag again — a stop is seen
+    within that, whatever instant it lands."""
+
+    WAIT_SLICE = 0.5
 
     def __init__(self) -> None:
         self._asked = False
@@ -60,9 +68,13 @@ class StopRequest:
 
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds``, less if the request comes; whether it has come."""
-        if not self._asked and seconds > 0:
+        deadline = time.monotonic() + seconds
+        while not self._asked:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
             with contextlib.suppress(queue.Empty):
-                self._wakeup.get(timeout=seconds)
+                self._wakeup.get(timeout=min(left, self.WAIT_SLICE))
                 self._wakeup.put(None)  # the request stays made for any other waiter
         return self._asked
 

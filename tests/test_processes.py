@@ -185,7 +185,9 @@ print("stopped 1000 times")
 def test_a_service_stops_on_sigterm_whatever_instant_the_signal_lands(tmp_path: Path) -> None:
     """The CLI's services stop from a signal handler, which Python runs in the main thread
     between two bytecodes: a stop that took a lock the loop's own wait holds hung the process
-    for good (a scheduler that never exited on SIGTERM)."""
+    for good (a scheduler that never exited on SIGTERM); a signal that landed after the wait
+    looked at the stop flag and before it blocked went unseen for the whole wait (two minutes
+    here, in one run of three), before the waits were sliced."""
     child = subprocess.Popen(
         [sys.executable, "-c", _STOPPED_BY_SIGTERM],
         cwd=ROOT,
