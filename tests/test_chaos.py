@@ -18,43 +18,35 @@ from bench.chaos import FAULT_KINDS, NODE_FAULTS, PARTITION_FAULTS, ChaosConfig,
 from tests.conftest import PARTITIONED
 
 
+def _short_run(tmp_path: Path, kinds: set[str], **config: object) -> None:
+    """A run of 300 schedules over 14 s of faults or more; every guarantee held, every kind
+    of ``kinds`` met at least once, most schedules succeeded."""
+    report = run_chaos(
+        ChaosConfig(
+            schedules=300,
+            fault_seconds=14,
+            fault_gap=(0.2, 0.5),
+            recovery_bound=60,
+            settle_timeout=90,
+            **config,  # type: ignore[arg-type]
+        ),
+        tmp_path,
+    )
+    summary = "\n".join(report.lines())
+    assert report.ok, summary
+    assert kinds <= set(report.faults), summary
+    assert report.states.get("succeeded", 0) >= 250, summary
+
+
 def test_a_short_fault_injection_run_across_three_redis_nodes_keeps_every_guarantee(
     tmp_path: Path,
 ) -> None:
     """Three Redis nodes, a queue on each and a worker per queue (one more on the first):
     every Redis fault lands on one node, and a node is killed and comes back empty a few
     seconds later; nothing is lost, nothing runs twice, the recovery stays in its bound."""
-    config = ChaosConfig(
-        seed=12,
-        schedules=300,
-        fault_seconds=14,
-        fault_gap=(0.2, 0.5),
-        recurring=3,
-        recovery_bound=60,
-        settle_timeout=90,
-        nodes=3,
-    )
-    report = run_chaos(config, tmp_path)
-    summary = "\n".join(report.lines())
-    assert report.ok, summary
-    assert {*FAULT_KINDS, *NODE_FAULTS} <= set(report.faults), summary
-    assert report.states.get("succeeded", 0) >= 250, summary
+    _short_run(tmp_path, {*FAULT_KINDS, *NODE_FAULTS}, seed=12, recurring=3, nodes=3)
 
 
 def test_a_short_fault_injection_run_keeps_every_guarantee(tmp_path: Path) -> None:
-    config = ChaosConfig(
-        seed=11,
-        schedules=300,
-        fault_seconds=14,
-        fault_gap=(0.2, 0.5),
-        recurring=2,
-        recovery_bound=60,
-        settle_timeout=90,
-        partitioned=PARTITIONED,
-    )
-    report = run_chaos(config, tmp_path)
-    summary = "\n".join(report.lines())
-    assert report.ok, summary
     kinds = {*FAULT_KINDS, *(PARTITION_FAULTS if PARTITIONED else ())}
-    assert kinds <= set(report.faults), summary  # every kind met at least once
-    assert report.states.get("succeeded", 0) >= 250, summary
+    _short_run(tmp_path, kinds, seed=11, recurring=2, partitioned=PARTITIONED)
