@@ -81,6 +81,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -179,6 +180,8 @@ _CLOSE_WITHIN = 5.0
 # promotion (by the database clock) moves it onto the queue again; its claim then waits for
 # the lock once more, at most ``claim_lock_timeout``.
 _AT_ONCE = datetime.fromtimestamp(0, UTC)
+# Threads that run the claims of deliveries taken together (:meth:`Runtime.claim_ahead`).
+_CLAIMERS = 4
 
 
 class Runtime:
@@ -199,14 +202,20 @@ class Runtime:
         # Claims and outcomes of deliveries that arrive together, one statement per batch.
         self._claims = GroupCommit("claim", self._claim_batch)
         self._closings = GroupCommit("outcome", self._close_batch)
-        # Deliveries claimed when they were taken from Redis together, until their slot runs.
-        self._claimed_ahead: dict[Delivery, RunClaim] = {}
+        # Deliveries taken from Redis together, each with the claim of their batch (running
+        # or done) and its places in it (copies of one delivery may arrive together), until
+        # a slot runs it. The claims run on threads of their own, so the thread that takes
+        # jobs goes on taking while they commit; a few of them, so batches that queue
+        # meanwhile share the next statement.
+        self._claimed_ahead: dict[Delivery, tuple[Future[list[RunClaim | None]], list[int]]] = {}
         self._ahead_lock = threading.Lock()
+        self._claimers = ThreadPoolExecutor(_CLAIMERS, thread_name_prefix="duejobs-claim")
         # Slots whose handler ran past its timeout and grace and has not returned.
         self._wedged = 0
         self._wedged_lock = threading.Lock()
 
     def close(self) -> None:
+        self._claimers.shutdown(wait=True)
         self._heartbeat.stop()
         self.bookkeeping.close()
         self._loops.close()
@@ -426,15 +435,26 @@ class Runtime:
         os._exit(EXIT_WEDGED)
 
     def claim_ahead(self, deliveries: Sequence[tuple[uuid.UUID, int, int, str]]) -> None:
-        """Claim in one statement deliveries taken from Redis together, each for the slot
-        that will run it (see :meth:`deliver`); those that cannot run now are left to their
-        slot, which says why."""
+        """Have deliveries taken from Redis together claimed in one statement, each for the
+        slot that will run it (see :meth:`_claim`); returns at once, the statement running
+        meanwhile. A delivery that cannot run now, or a statement that failed, is left to
+        its slot, which claims it alone and says why."""
         batch = [
             Delivery(s, tenant, version, attempt) for s, version, attempt, tenant in deliveries
         ]
-        claims = self._claims.submit_all(batch)
+        claims = self._claimers.submit(self._claim_together, batch)
+        places: dict[Delivery, list[int]] = {}
+        for place, delivery in enumerate(batch):
+            places.setdefault(delivery, []).append(place)
         with self._ahead_lock:
-            self._claimed_ahead.update((d, c) for d, c in zip(batch, claims, strict=True) if c)
+            self._claimed_ahead.update((d, (claims, at)) for d, at in places.items())
+
+    def _claim_together(self, batch: list[Delivery]) -> list[RunClaim | None]:
+        try:
+            return self._claims.submit_all(batch)
+        except Exception:
+            log.exception("could not claim %d deliveries together", len(batch))
+            raise
 
     def _claim(self, delivery: Delivery) -> RunClaim | None:
         """Claim (with the deliveries claimed beside it); one that cannot run now is told why
@@ -443,8 +463,12 @@ class Runtime:
         claims again. None: its row stayed locked past ``claim_lock_timeout``."""
         with self._ahead_lock:
             ahead = self._claimed_ahead.pop(delivery, None)
-        if ahead is not None:
-            return ahead
+        if ahead is not None:  # its copies taken with it find none, and claim alone
+            claims, places = ahead
+            with contextlib.suppress(Exception):  # logged once for the batch
+                claim = next((c for c in map(claims.result().__getitem__, places) if c), None)
+                if claim is not None:
+                    return claim
         give_up = time.monotonic() + self.config.max_early_wait.total_seconds()
         locked_until = time.monotonic() + self.config.claim_lock_timeout.total_seconds()
         while True:

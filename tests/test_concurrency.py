@@ -44,6 +44,10 @@ Seen failing against builds broken on purpose:
   ``test_deliveries_taken_together_are_claimed_in_one_statement``;
 * outcomes committed one per statement (the group commit's limit 1) →
   ``test_outcomes_that_arrive_together_are_committed_together``;
+* RQ's finish of each job run alone (as RQ runs it) →
+  ``test_finishes_that_arrive_together_share_one_redis_transaction``;
+* jobs waiting taken with RQ's blocking dequeue for the first (a batch one short) →
+  ``test_jobs_taken_together_pass_over_an_id_whose_job_is_gone``;
 * a worker's Redis pool left at redis-py's default of 100 connections (slots past that fail
   their jobs with "Too many connections") →
   ``test_two_hundred_slots_do_not_run_out_of_redis_connections``;
@@ -83,6 +87,7 @@ from sqlalchemy import text
 
 from duejobs import App, Status
 from duejobs.delivery._rq_compat import MULTI_EXECUTIONS
+from duejobs.delivery.rq_worker import _WorkerRedis
 from duejobs.reconcile import Reconciler
 from duejobs.supervisor import start_supervised
 from duejobs.worker import EXIT_WEDGED, Context, DuejobsWorker, Runtime, WorkerConfig
@@ -388,7 +393,7 @@ def test_jobs_taken_together_pass_over_an_id_whose_job_is_gone(
 
     monkeypatch.setattr(Job, "fetch_many", classmethod(spy))
     slots(8)
-    assert read and lost.queue_job_id in read[0] and len(read[0]) == 5  # the batch had it
+    assert read and lost.queue_job_id in read[0] and len(read[0]) == 6  # the batch had it
     assert [system.status(i) for i in ids] == ["succeeded"] * 3 + ["scheduled"] + ["succeeded"] * 2
     assert system.redis.llen("rq:queue:duejobs") == 0
     assert Reconciler(system.app).run_once().repushed == 1
@@ -460,6 +465,72 @@ def test_outcomes_that_arrive_together_are_committed_together(
     assert [system.status(i) for i in ids] == ["succeeded"] * 8
     events = "SELECT count(*) FROM scheduled_job_events WHERE kind = 'succeeded'"
     assert _count(system.app, events) == 8
+
+
+def test_finishes_that_arrive_together_share_one_redis_transaction(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    """RQ's finish of each job (its status, result, registries, the worker's counts) written
+    for the jobs closing together in one MULTI/EXEC, and RQ sees each job as it sees one it
+    finished alone."""
+    meeting = {"group": uuid.uuid4().hex, "parties": 8}
+    ids = [system.app.schedule("meet-and-return", meeting, delay=0).id for _ in range(8)]
+    system.scheduler.run_once()
+    before = _statements("redis_finish")
+    slots(8)  # eight handlers that return at the same moment
+    after = _statements("redis_finish")
+    assert after[1] - before[1] == 8
+    assert after[0] - before[0] < 8
+    assert [system.status(i) for i in ids] == ["succeeded"] * 8
+    queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
+    finished = set(queue.finished_job_registry.get_job_ids())
+    for schedule_id in ids:
+        schedule = system.app.get(schedule_id)
+        assert schedule is not None and schedule.queue_job_id in finished
+        job = Job.fetch(schedule.queue_job_id, connection=system.redis, serializer=JSONSerializer)
+        assert job.get_status() == "finished" and job.ended_at is not None
+        assert job.return_value() == "succeeded"
+    assert queue.started_job_registry.get_job_ids() == []
+
+
+def test_a_finish_redis_refuses_fails_that_job_alone(system: System, redis_url: str) -> None:
+    """A transaction Redis refuses whole (a command it rejects as it is queued) is run again
+    one finish at a time: the other jobs' finishes are written, the bad one gets its error.
+    Seen failing with the transaction not run again (every finish in it failed)."""
+    client = _WorkerRedis.from_url(redis_url)
+    assert isinstance(client, _WorkerRedis)
+    good = [(("SET", "duejobs-test:finish:a", "1"), {}), (("INCR", "duejobs-test:finish:n"), {})]
+    bad = [(("HSET", "duejobs-test:finish:b"), {})]  # too few arguments
+    try:
+        answers = client._finish_together([good, bad, good])
+    finally:
+        client.close()
+    assert answers[0] == [True, 1] and answers[2] == [True, 2]
+    assert len(answers[1]) == 1 and isinstance(answers[1][0], redis.ResponseError)
+    assert system.redis.get("duejobs-test:finish:n") == b"2"
+
+
+def test_a_failed_claim_of_deliveries_taken_together_leaves_each_slot_to_claim_its_own(
+    system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The statement claiming jobs taken together fails (it runs beside the thread that takes
+    jobs): each slot claims its own delivery then, and every job runs once. Seen failing with
+    the batch's error raised in each slot."""
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(6)]
+    system.scheduler.run_once()
+    claim_batch = Runtime._claim_batch
+    failures = [RuntimeError("the batch's statement failed")]
+
+    def failing_once(runtime: Runtime, deliveries: Any) -> Any:
+        if failures and len(deliveries) > 1:
+            raise failures.pop()
+        return claim_batch(runtime, deliveries)
+
+    monkeypatch.setattr(Runtime, "_claim_batch", failing_once)
+    slots(8)
+    assert not failures
+    assert [system.status(i) for i in ids] == ["succeeded"] * 6
+    assert sorted(n for _, n in system.effects()) == [1] * 6
 
 
 def test_many_slots_share_a_few_bookkeeping_connections(system: System) -> None:

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Protocol
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import AuthenticationError, AuthorizationError, RedisError
+from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
@@ -32,6 +32,7 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import as_text, get_version, now
 from rq.worker import WorkerStatus
 
+from duejobs.batches import GroupCommit
 from duejobs.delivery._rq_compat import MULTI_EXECUTIONS, create_execution
 from duejobs.delivery.deliverer import Deliverer
 
@@ -147,6 +148,59 @@ class _SharedPipeline:
         return getattr(self._pipe, name)
 
 
+# The Redis commands of one job's finish, as a pipeline queues them: (arguments, options).
+_Commands = list[tuple[Any, ...]]
+
+
+class _DeliveryQueue(Queue):
+    """A queue as a :class:`DuejobsWorker` sees it. A duejobs job has no RQ dependents: the
+    deliverer enqueues none, and a job made to depend on one (``depends_on`` with a delivery
+    job's id) is not supported — it is never enqueued. So the worker's finish of a job
+    (:class:`_FinishPipeline`) reads no dependents, where RQ WATCHes each finishing job's
+    dependents set and reads it (two round trips a job): that is what lets the finishes of
+    several jobs share one transaction. Everywhere else, RQ's own."""
+
+    def enqueue_dependents(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(kwargs.get("pipeline"), _FinishPipeline):
+            return None  # RQ 2.x's finish
+        return super().enqueue_dependents(*args, **kwargs)
+
+    def move_dependents_to_ready(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(kwargs.get("pipeline"), _FinishPipeline):
+            return {}  # RQ 3's finish
+        return super().move_dependents_to_ready(*args, **kwargs)
+
+
+class _FinishPipeline(_SharedPipeline):
+    """The pipeline RQ's finish of one job writes into (``handle_job_success``): its WATCH and
+    MULTI stay here (there is nothing to watch: :class:`_DeliveryQueue`), and its ``execute``
+    hands the queued commands to the worker's group commit, which runs the finishes of the jobs
+    closing together in one MULTI/EXEC. It returns once that transaction has run, with this
+    job's answers (or raising its first error), as RQ's own ``execute`` would."""
+
+    def __init__(self, pipe: Pipeline, group: GroupCommit[_Commands, list[Any]]) -> None:
+        super().__init__(pipe)
+        self._group = group
+
+    def __exit__(self, *exc: object) -> None:
+        self._pipe.reset()
+
+    def watch(self, *names: Any) -> None:
+        return None
+
+    def multi(self) -> None:
+        return None
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        commands = list(self._pipe.command_stack)
+        self._pipe.reset()
+        answers = self._group.submit(commands)
+        errors = [a for a in answers if isinstance(a, Exception)]
+        if raise_on_error and errors:
+            raise errors[0]
+        return answers
+
+
 class _WorkerRedis(Redis):
     """The worker's Redis client. Within :meth:`sharing`, every pipeline the calling thread
     asks for is one shared pipeline (other threads get their own as usual): RQ's per-job
@@ -155,11 +209,16 @@ class _WorkerRedis(Redis):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._shared = threading.local()
+        self._finishes: GroupCommit[_Commands, list[Any]] = GroupCommit(
+            "redis_finish", self._finish_together
+        )
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
         shared = getattr(self._shared, "pipe", None)
         if shared is not None:
             return shared
+        if getattr(self._shared, "finishing", False):
+            return _FinishPipeline(super().pipeline(transaction, shard_hint), self._finishes)
         return super().pipeline(transaction, shard_hint)
 
     @contextlib.contextmanager
@@ -169,6 +228,43 @@ class _WorkerRedis(Redis):
             yield
         finally:
             self._shared.pipe = None
+
+    @contextlib.contextmanager
+    def finishing(self) -> Iterator[None]:
+        """Within it, the calling thread's pipelines are :class:`_FinishPipeline`: RQ's finish
+        of a job, grouped with those of the other slots."""
+        self._shared.finishing = True
+        try:
+            yield
+        finally:
+            self._shared.finishing = False
+
+    def _finish_together(self, finishes: Sequence[_Commands]) -> list[list[Any]]:
+        """Run the finishes of several jobs in one MULTI/EXEC; each job's answers, its errors
+        among them. A transaction Redis refuses whole (a command it rejects when queued) is
+        run again one finish at a time, so one job's bad command fails that job alone."""
+        pipe = Redis.pipeline(self)  # a plain one, whatever this thread's context
+        try:
+            for commands in finishes:
+                pipe.command_stack.extend(commands)
+            answers = pipe.execute(raise_on_error=False)
+        except ResponseError:
+            if len(finishes) == 1:
+                raise
+            return [self._finish_alone(commands) for commands in finishes]
+        finally:
+            pipe.reset()
+        split, at = [], 0
+        for commands in finishes:
+            split.append(answers[at : at + len(commands)])
+            at += len(commands)
+        return split
+
+    def _finish_alone(self, commands: _Commands) -> list[Any]:
+        try:
+            return self._finish_together([commands])[0]
+        except ResponseError as exc:
+            return [exc]
 
 
 class DuejobsWorker(SimpleWorker):
@@ -253,6 +349,7 @@ class DuejobsWorker(SimpleWorker):
             connection=connection,
             serializer=JSONSerializer,
             job_class=job_class,
+            queue_class=_DeliveryQueue,
             **kwargs,
         )
         self._performer = performer
@@ -272,9 +369,10 @@ class DuejobsWorker(SimpleWorker):
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> tuple[Job, Queue] | None:
-        """Wait for a free slot (beating meanwhile), then take a job as RQ does — and, with
-        more slots free, as many more as are waiting, up to one per free slot, claimed
-        together (:meth:`_take_more`); those are handed out first."""
+        """Wait for a free slot (beating meanwhile), then take a job — and, with more slots
+        free, as many more as are waiting, up to one per free slot, claimed together
+        (:meth:`_begin`); those are handed out first. With jobs waiting they are taken
+        without blocking (:meth:`_take_waiting`); otherwise as RQ takes one."""
         if self._pool is None:
             return self._dequeue(timeout, max_idle_time)
         if self._taken:
@@ -284,6 +382,9 @@ class DuejobsWorker(SimpleWorker):
                 return None
             self.heartbeat()
         try:
+            taken = None if self._stop_requested else self._take_waiting()
+            if taken is not None:
+                return taken
             # Idle before looking at the stop flag: a signal from here on raises StopRequested
             # (RQ's rule for an idle worker) instead of only setting the flag while this
             # process blocks on Redis for minutes.
@@ -298,8 +399,59 @@ class DuejobsWorker(SimpleWorker):
         # Busy in memory at once: a stop signal from here on no longer raises into this
         # thread (RQ's rule for an idle worker), which would drop what was just taken.
         self._state = WorkerStatus.BUSY
-        self._take_more(taken)
+        self._begin([taken, *self._take_more(0)])
         return taken
+
+    def _take_waiting(self) -> tuple[Job, Queue] | None:
+        """Jobs already waiting, one for the slot just freed and one per other free slot,
+        taken at once (:meth:`_pop_waiting`) without RQ's blocking dequeue, which would cost
+        two more round trips for the first; RQ's housekeeping of a dequeue (the beat, its
+        maintenance tasks) still runs. None when none waits (or they could not be taken):
+        the blocking dequeue follows. The worker stays busy in memory throughout, so a stop
+        signal only sets the flag (RQ raises into an idle worker) and drops nothing taken."""
+        if not self._pops_at_once():
+            return None
+        self._state = WorkerStatus.BUSY
+        self.heartbeat()
+        if self.should_run_maintenance_tasks:
+            self.run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        jobs = self._take_more(1)
+        if not jobs:
+            return None
+        self._begin(jobs)
+        return jobs[0]
+
+    def _take_more(self, held: int) -> list[tuple[Job, Queue]]:
+        """Take, without waiting, up to one waiting job per free slot — the ``held`` slots
+        already acquired and every other one free now (never more: a worker does not hoard
+        jobs another could run) — and release the slots left without a job, but for the
+        ``held`` ones when none was taken."""
+        free = held
+        while self._slots.acquire(blocking=False):
+            free += 1
+        try:
+            more = self._pop_waiting(free) if free else []
+        except RedisError as exc:  # a job taken already runs; the next dequeue waits
+            log.warning("could not take more jobs at once (%s)", exc)
+            more = []
+        for _ in range(free - max(len(more), held)):
+            self._slots.release()
+        version = self.get_redis_server_version()  # type: ignore[no-untyped-call]
+        for job, _ in more:
+            job.redis_server_version = version  # as RQ's dequeue sets it
+        return more
+
+    def _begin(self, jobs: list[tuple[Job, Queue]]) -> None:
+        """Jobs taken together, the first handed out now: the rest wait in ``_taken``; all
+        are started in RQ in one pipeline and have their deliveries claimed in one
+        statement, which commits while the jobs are handed out."""
+        self._taken.extend(jobs[1:])
+        self._start_all(jobs)
+        deliveries = [d for d in map(_delivery, jobs) if d is not None]
+        try:
+            self._performer.claim_ahead(deliveries)
+        except Exception:  # each slot claims its own delivery then, and meets the error
+            log.exception("could not claim %d deliveries together", len(deliveries))
 
     def _dequeue(self, timeout: int | None, max_idle_time: int | None) -> tuple[Job, Queue] | None:
         """RQ's blocking dequeue, which waits out a Redis that answers too late (paused,
@@ -319,28 +471,6 @@ class DuejobsWorker(SimpleWorker):
                 wait = min(wait * 2, _DEQUEUE_BACKOFF_CAP)
         return None
 
-    def _take_more(self, taken: tuple[Job, Queue]) -> None:
-        """Take, without waiting, one more job per free slot (never more: a worker does not
-        hoard jobs another could run), and have all of them claimed in one statement."""
-        free = 0
-        while self._slots.acquire(blocking=False):
-            free += 1
-        try:
-            more = self._pop_waiting(free) if free else []
-        except RedisError as exc:  # the job taken already runs; the next dequeue waits
-            log.warning("could not take more jobs at once (%s)", exc)
-            more = []
-        for _ in range(free - len(more)):
-            self._slots.release()
-        jobs = [taken, *more]
-        self._taken.extend(more)
-        self._start_all(jobs)
-        deliveries = [d for d in map(_delivery, jobs) if d is not None]
-        try:
-            self._performer.claim_ahead(deliveries)
-        except Exception:  # each slot claims its own delivery then, and meets the error
-            log.exception("could not claim %d deliveries together", len(deliveries))
-
     def _pop_waiting(self, most: int) -> list[tuple[Job, Queue]]:
         """Up to ``most`` waiting jobs, without blocking, taken as RQ's own dequeue takes
         them. From one queue (on Redis 6.2 or later) in two round trips, whatever their
@@ -352,10 +482,9 @@ class DuejobsWorker(SimpleWorker):
         did not, a connection lost in the middle can leave the ids of this batch in the
         intermediate list, where no worker takes them: their rows are overdue for the
         reconciler, which pushes them again (``stuck_after``)."""
-        queues = self._ordered_queues
-        if len(queues) > 1 or get_version(self.connection) < (6, 2, 0):
+        if not self._pops_at_once():
             return self._dequeue_each(most)
-        queue = queues[0]
+        queue = self._ordered_queues[0]
         moving = IntermediateQueue(queue.key, self.connection).key
         pipe = self.connection.pipeline(transaction=False)
         for _ in range(most):
@@ -369,6 +498,11 @@ class DuejobsWorker(SimpleWorker):
             self._put_back(queue, moving, ids)
             raise
         return [(job, queue) for job in jobs if job is not None]
+
+    def _pops_at_once(self) -> bool:
+        """Whether waiting jobs can be taken in one round trip: from one queue, on a Redis
+        that has ``LMOVE`` (6.2)."""
+        return len(self._ordered_queues) == 1 and get_version(self.connection) >= (6, 2, 0)
 
     def _put_back(self, queue: Queue, moving: str, ids: list[str]) -> None:
         """Return ids taken off ``queue`` whose jobs could not be read to its front, in
@@ -564,8 +698,21 @@ class DuejobsWorker(SimpleWorker):
             return
         super().set_state(state, pipeline)
 
+    def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
+        """The end of a job's run. RQ also beats the job here (a round trip of its own), to
+        cover the job's success or failure callback; a duejobs delivery has none, and its
+        finish, in the next step, writes the job's hash whole: its last beat goes there."""
+        if getattr(job, "delivered", None) is None:
+            super().handle_execution_ended(job, queue, heartbeat_ttl)
+            return
+        job.ended_at = job.last_heartbeat = now()
+
     def handle_job_success(self, job: Job, queue: Queue, *args: Any, **kwargs: Any) -> None:
-        super().handle_job_success(job, queue, *args, **kwargs)
+        """RQ's finish of a job that ran, its writes in one transaction with those of the
+        other slots finishing meanwhile (:class:`_FinishPipeline`); then a delivery that came
+        too early is put back into the scheduled registry."""
+        with self._client.finishing():
+            super().handle_job_success(job, queue, *args, **kwargs)
         delivered = getattr(job, "delivered", None)
         if delivered is None or delivered.put_back_at is None:
             return
