@@ -35,9 +35,21 @@ Request = TypeVar("Request")
 Answer = TypeVar("Answer")
 
 
+@dataclass(eq=False)  # each caller is itself
+class _Caller:
+    """One call of :meth:`GroupCommit.submit_all`: woken (``wake``) when its requests are all
+    answered or when it is to lead the next batch (``lead``) — never for another caller's
+    batch, so a commit wakes the callers it answered and one more, however many wait."""
+
+    wake: threading.Event = field(default_factory=threading.Event)
+    lead: bool = False
+    waiting: int = 0  # its requests not answered yet
+
+
 @dataclass(eq=False)  # each request is itself, whatever it holds (two may be equal)
 class _Pending(Generic[Request, Answer]):
     request: Request
+    caller: _Caller
     done: bool = False
     answer: Answer | None = None
     error: BaseException | None = field(default=None, repr=False)
@@ -55,7 +67,7 @@ class GroupCommit(Generic[Request, Answer]):
         self._kind, self._run, self._limit = kind, run, limit
         self._queue: list[_Pending[Request, Answer]] = []
         self._running = False
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
 
     def submit(self, request: Request) -> Answer:
         """The answer to ``request``, once the statement that carried it has committed."""
@@ -64,38 +76,58 @@ class GroupCommit(Generic[Request, Answer]):
     def submit_all(self, requests: Sequence[Request]) -> list[Answer]:
         """The answers to requests that arrived together, in their order, once committed
         (in one statement, with any queued behind them up to ``limit``)."""
-        mine: list[_Pending[Request, Answer]] = [_Pending(r) for r in requests]
-        with self._changed:
+        caller = _Caller(waiting=len(requests))
+        mine: list[_Pending[Request, Answer]] = [_Pending(r, caller) for r in requests]
+        with self._lock:
             self._queue.extend(mine)
-            while self._running and not all(p.done for p in mine):
-                self._changed.wait()
-            if not all(p.done for p in mine):  # no batch runs: lead one, these first
-                own = [p for p in mine if not p.done]
-                taken = {id(p) for p in own}
-                others = [p for p in self._queue if id(p) not in taken]
-                room = max(0, self._limit - len(own))
-                batch, self._queue = own + others[:room], others[room:]
-                self._running = True
-                self._changed.release()
-                try:
-                    self._lead(batch)
-                finally:
-                    self._changed.acquire()
-                    self._running = False
-                    self._changed.notify_all()
+            if not self._running:  # no batch runs: lead one, these first
+                self._running = caller.lead = True
+                caller.wake.set()
+        while True:
+            caller.wake.wait()
+            with self._lock:
+                caller.wake.clear()
+                if not caller.waiting:
+                    break
+                if not caller.lead:
+                    continue
+                caller.lead = False
+                batch = self._take(mine)
+            self._lead(batch)
         for pending in mine:
             if pending.error is not None:
                 raise pending.error
         return [p.answer for p in mine]  # type: ignore[misc]
 
+    def _take(self, mine: list[_Pending[Request, Answer]]) -> list[_Pending[Request, Answer]]:
+        """The next batch, under the lock: the leader's own queued requests first, then those
+        queued longest, up to ``limit``; taken off the queue."""
+        own = [p for p in mine if not p.done and p in self._queue]
+        taken = {id(p) for p in own}
+        others = [p for p in self._queue if id(p) not in taken]
+        room = max(0, self._limit - len(own))
+        batch, self._queue = own + others[:room], others[room:]
+        return batch
+
     def _lead(self, batch: list[_Pending[Request, Answer]]) -> None:
-        """Run one batch; every request in it is answered, whatever happens."""
+        """Run one batch; every request in it is answered, whatever happens; then the callers
+        it answered are woken, and the caller of the request queued longest leads next."""
         metrics.BATCH_SIZE.labels(self._kind).observe(len(batch))
+        answers: Sequence[Answer | None]
+        error: BaseException | None = None
         try:
             answers = self._run([p.request for p in batch])
         except BaseException as exc:  # each request's caller raises it, the leader's too
-            for pending in batch:
-                pending.error, pending.done = exc, True
-            return
-        for pending, answer in zip(batch, answers, strict=True):
-            pending.answer, pending.done = answer, True
+            answers, error = [None] * len(batch), exc
+        with self._lock:
+            for pending, answer in zip(batch, answers, strict=True):
+                pending.answer, pending.error, pending.done = answer, error, True
+                pending.caller.waiting -= 1
+                if not pending.caller.waiting:
+                    pending.caller.wake.set()
+            if self._queue:
+                following = self._queue[0].caller
+                following.lead = True
+                following.wake.set()
+            else:
+                self._running = False

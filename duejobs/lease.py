@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import heapq
+import itertools
 import logging
 import signal
 import threading
@@ -180,39 +182,97 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     )
 
 
+class _Limit:
+    """One slot's time limit: the thread to interrupt and the message to raise there."""
+
+    def __init__(self, target: int, message: str) -> None:
+        self.target, self.message = target, message
+        self.lock = threading.Lock()
+        self.armed = True
+
+    def fire(self) -> bool:
+        """Make the timeout the target thread's pending exception, while armed (whether it
+        still is: then it is raised again a second later)."""
+        with self.lock:
+            if self.armed:
+                message = self.message
+                # Python raises a pending exception by calling its class without arguments.
+                timed_out = type(
+                    "HandlerTimeoutError",
+                    (HandlerTimeoutError,),
+                    {"__init__": lambda self: HandlerTimeoutError.__init__(self, message)},
+                )
+                _set_async_exc(self.target, timed_out)
+            return self.armed
+
+
+class _Deadlines:
+    """One thread watching the time limits of every slot of the process (a thread per
+    handler would cost its start and its end on each job): a heap of deadlines, the next
+    one waited for. A disarmed limit stays in the heap until the heap is compacted, once
+    more than half of it is disarmed."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Limit]] = []
+        self._order = itertools.count()
+        self._disarmed = 0
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, limit: _Limit, seconds: float) -> None:
+        with self._changed:
+            heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._order), limit))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._watch, name="duejobs-time-limits", daemon=True
+                )
+                self._thread.start()
+            if self._heap[0][2] is limit:
+                self._changed.notify()
+
+    def disarmed(self) -> None:
+        with self._changed:
+            self._disarmed += 1
+            if self._disarmed > 64 and 2 * self._disarmed > len(self._heap):
+                self._heap = [entry for entry in self._heap if entry[2].armed]
+                heapq.heapify(self._heap)
+                self._disarmed = 0
+
+    def _watch(self) -> None:
+        with self._changed:
+            while True:
+                if not self._heap:
+                    self._changed.wait()
+                    continue
+                at, _, limit = self._heap[0]
+                wait = at - time.monotonic()
+                if wait > 0 and limit.armed:
+                    self._changed.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                if not limit.armed:
+                    self._disarmed = max(0, self._disarmed - 1)
+                elif limit.fire():
+                    heapq.heappush(self._heap, (time.monotonic() + 1.0, next(self._order), limit))
+
+
+_DEADLINES = _Deadlines()
+
+
 @contextlib.contextmanager
 def _pending_exception(limit: timedelta, message: str) -> Iterator[None]:
-    # Python raises a pending exception by calling its class without arguments.
-    timed_out = type(
-        "HandlerTimeoutError",
-        (HandlerTimeoutError,),
-        {"__init__": lambda self: HandlerTimeoutError.__init__(self, message)},
-    )
-    target = threading.get_ident()
-    lock = threading.Lock()
-    done = threading.Event()
-    armed = True
-
-    def expire() -> None:
-        wait = limit.total_seconds()
-        while not done.wait(wait):
-            with lock:
-                if not armed:
-                    return
-                _set_async_exc(target, timed_out)
-            wait = 1.0
-
-    timer = threading.Thread(target=expire, name="duejobs-time-limit", daemon=True)
-    timer.start()
+    watched = _Limit(threading.get_ident(), message)
+    _DEADLINES.arm(watched, limit.total_seconds())
     try:
         yield
     finally:
         while True:  # an exception landing in here must not leave another pending
             try:
-                with lock:
-                    armed = False
-                    done.set()
-                    _set_async_exc(target, None)
+                with watched.lock:
+                    if watched.armed:
+                        watched.armed = False
+                        _set_async_exc(watched.target, None)
                 break
             except HandlerTimeoutError:
                 continue
+        _DEADLINES.disarmed()

@@ -316,6 +316,7 @@ class DuejobsWorker(SimpleWorker):
     _busy = 0  # slots running a job (RQ may set the state before __init__ ends)
     _suspension_checked: datetime | None = None
     _beat_at: datetime | None = None  # the last plain heartbeat sent
+    _starting: Any = None  # the pipeline starting jobs taken together, meanwhile
 
     if not MULTI_EXECUTIONS:
         # RQ 2.x keeps the one running execution in ``worker.execution``, which its
@@ -535,20 +536,28 @@ class DuejobsWorker(SimpleWorker):
 
     def _start_all(self, jobs: list[tuple[Job, Queue]]) -> None:
         """RQ's start of jobs taken together — each one's execution, in the started registry
-        and the worker's executions, then RQ's own preparation of each (job and worker
-        heartbeats, status ``started``, out of the intermediate list) — in one pipeline
-        instead of two round trips each. On a Redis error each job is started and prepared
-        alone when it runs."""
+        and the worker's executions, then RQ's own preparation of each (job heartbeat, status
+        ``started``, out of the intermediate list) — in one pipeline instead of two round
+        trips each. The worker beats once for them all (RQ beats in each job's preparation)
+        and its process title names the batch. On a Redis error each job is started and
+        prepared alone when it runs."""
         pipe = self.connection.pipeline()
         remove = len(self.queues) == 1  # as RQ's perform_job asks it
+        ttls = [self.get_heartbeat_ttl(job) for job, _ in jobs]
         try:
             executions = [
-                (job, create_execution(job, self.get_heartbeat_ttl(job), pipe, self.name))
-                for job, _ in jobs
+                (job, create_execution(job, ttl, pipe, self.name))
+                for (job, _), ttl in zip(jobs, ttls, strict=True)
             ]
             with self._client.sharing(pipe):
-                for job, _ in jobs:
-                    super().prepare_job_execution(job, remove)
+                shared = self.connection.pipeline()
+                self.heartbeat(max(ttls), pipeline=shared)
+                self._starting = shared
+                try:
+                    for job, _ in jobs:
+                        super().prepare_job_execution(job, remove)
+                finally:
+                    self._starting = None
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
             pipe.execute()
         except RedisError as exc:
@@ -556,11 +565,18 @@ class DuejobsWorker(SimpleWorker):
             return
         finally:
             pipe.reset()
+        job = jobs[0][0]
+        self.procline(f"Processing {len(jobs)} jobs from {job.origin} since {time.time()}")
         for job, execution in executions:
             if MULTI_EXECUTIONS:
                 self.executions[execution.id] = execution
             self._started[job.id] = execution
             self._prepared[job.id] = True
+
+    def procline(self, message: str) -> None:
+        """RQ's process title, once for jobs started together (:meth:`_start_all`)."""
+        if self._starting is None:
+            super().procline(message)  # type: ignore[no-untyped-call]
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         """RQ's preparation of a job about to run, unless it was prepared with the jobs taken
@@ -667,6 +683,8 @@ class DuejobsWorker(SimpleWorker):
         or ``pipeline`` (a job's start, its monitoring) is always sent. RQ retries a dequeue
         that meets a dropped connection but quits on a heartbeat that does, so every worker
         between two jobs at that moment would stop: the next dequeue waits for Redis."""
+        if pipeline is not None and pipeline is self._starting:
+            return  # beaten once for the jobs started together
         plain = timeout is None and pipeline is None
         if plain and self._beat_at is not None and now() - self._beat_at < _BEAT_EVERY:
             return
