@@ -1,13 +1,15 @@
-"""Group commit: the slots' claims and outcomes, many in one statement.
+"""Group commit: the slots' claims and outcomes, many in one statement, and their finishes in
+RQ, many in one Redis transaction.
 
 With several slots, deliveries arrive and handlers return at about the same moments. Each
-slot hands its claim or its outcome to a :class:`GroupCommit` and waits for the answer (the
-worker hands over at once the claims of jobs it took from Redis together). A caller that
-finds no batch running runs one at once — its own requests and those queued behind them (up
-to ``limit``) — in one statement, on a bookkeeping connection it checks out for it; the
-callers that queued meanwhile wait for that commit, and the next of them runs the requests
-that queued during it. An idle worker therefore pays no delay (a lone request is a batch of one),
-and a busy one pays one round trip per batch instead of one per job.
+slot hands its claim, its outcome or its RQ finish to a :class:`GroupCommit` and waits for the
+answer (the worker hands over at once the claims of jobs it took from Redis together). A
+caller that finds no batch running runs one at once — its own requests and those queued behind
+them (up to ``limit``) — in one statement, on a connection it checks out for it; the callers
+that queued meanwhile wait for that commit, and the caller of the request queued longest runs
+the next batch. An idle worker therefore pays no delay (a lone request is a batch of one), and
+a busy one pays one round trip per batch instead of one per job. A commit wakes only the
+callers it answered and the next leader, however many slots wait.
 
 What it promises: each request gets the answer of the one commit that carried it, or the
 error that commit met; an answer is handed out only after the commit, so a slot acknowledges
@@ -76,6 +78,8 @@ class GroupCommit(Generic[Request, Answer]):
     def submit_all(self, requests: Sequence[Request]) -> list[Answer]:
         """The answers to requests that arrived together, in their order, once committed
         (in one statement, with any queued behind them up to ``limit``)."""
+        if not requests:
+            return []
         caller = _Caller(waiting=len(requests))
         mine: list[_Pending[Request, Answer]] = [_Pending(r, caller) for r in requests]
         with self._lock:
@@ -112,11 +116,13 @@ class GroupCommit(Generic[Request, Answer]):
     def _lead(self, batch: list[_Pending[Request, Answer]]) -> None:
         """Run one batch; every request in it is answered, whatever happens; then the callers
         it answered are woken, and the caller of the request queued longest leads next."""
-        metrics.BATCH_SIZE.labels(self._kind).observe(len(batch))
         answers: Sequence[Answer | None]
         error: BaseException | None = None
         try:
+            metrics.BATCH_SIZE.labels(self._kind).observe(len(batch))
             answers = self._run([p.request for p in batch])
+            if len(answers) != len(batch):
+                raise RuntimeError(f"{len(answers)} answers to a batch of {len(batch)}")
         except BaseException as exc:  # each request's caller raises it, the leader's too
             answers, error = [None] * len(batch), exc
         with self._lock:

@@ -7,7 +7,7 @@ renews that lease no more and calls the attempt's ``overrun`` on a thread of its
 closes the attempt and may end the process). A row locked now (the handler's own
 ``ctx.transaction()``) is skipped for one beat, never waited for. :func:`time_limit` raises
 :class:`~duejobs.errors.HandlerTimeoutError` in the handler at its timeout, and again every
-second until it returns.
+second until it returns; in a worker's slots one thread watches every slot's limit.
 """
 
 from __future__ import annotations

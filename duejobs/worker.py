@@ -184,6 +184,23 @@ _AT_ONCE = datetime.fromtimestamp(0, UTC)
 _CLAIMERS = 4
 
 
+@dataclass(frozen=True)
+class _ClaimAhead:
+    """A delivery's places in the claim of a batch taken together (running or done)."""
+
+    claims: Future[list[RunClaim | None]]
+    places: list[int]
+
+    def claim(self) -> RunClaim | None:
+        """The claim this batch made of the delivery, once it committed; None when it made
+        none or failed (logged once for the batch): the slot then claims alone."""
+        try:
+            made = self.claims.result()
+        except Exception:
+            return None
+        return next((made[at] for at in self.places if made[at] is not None), None)
+
+
 class Runtime:
     """Handles deliveries for one App: the logic of the worker, without RQ around it."""
 
@@ -202,12 +219,12 @@ class Runtime:
         # Claims and outcomes of deliveries that arrive together, one statement per batch.
         self._claims = GroupCommit("claim", self._claim_batch)
         self._closings = GroupCommit("outcome", self._close_batch)
-        # Deliveries taken from Redis together, each with the claim of their batch (running
-        # or done) and its places in it (copies of one delivery may arrive together), until
-        # a slot runs it. The claims run on threads of their own, so the thread that takes
-        # jobs goes on taking while they commit; a few of them, so batches that queue
-        # meanwhile share the next statement.
-        self._claimed_ahead: dict[Delivery, tuple[Future[list[RunClaim | None]], list[int]]] = {}
+        # Deliveries taken from Redis together, each with the claims of the batches that
+        # carried it (running or done) and its places in them (copies of one delivery may
+        # arrive together, or in two batches), until a slot runs it. The claims run on
+        # threads of their own, so the thread that takes jobs goes on taking while they
+        # commit; a few of them, so batches that queue meanwhile share the next statement.
+        self._claimed_ahead: dict[Delivery, list[_ClaimAhead]] = {}
         self._ahead_lock = threading.Lock()
         self._claimers = ThreadPoolExecutor(_CLAIMERS, thread_name_prefix="duejobs-claim")
         # Slots whose handler ran past its timeout and grace and has not returned.
@@ -442,12 +459,15 @@ class Runtime:
         batch = [
             Delivery(s, tenant, version, attempt) for s, version, attempt, tenant in deliveries
         ]
+        if not batch:
+            return
         claims = self._claimers.submit(self._claim_together, batch)
         places: dict[Delivery, list[int]] = {}
         for place, delivery in enumerate(batch):
             places.setdefault(delivery, []).append(place)
         with self._ahead_lock:
-            self._claimed_ahead.update((d, (claims, at)) for d, at in places.items())
+            for delivery, at in places.items():
+                self._claimed_ahead.setdefault(delivery, []).append(_ClaimAhead(claims, at))
 
     def _claim_together(self, batch: list[Delivery]) -> list[RunClaim | None]:
         try:
@@ -461,14 +481,12 @@ class Runtime:
         (:func:`~duejobs.store.claim_verdict`), and one that came early waits for its time
         when that is close, by the database's own reading of how far away it is, then
         claims again. None: its row stayed locked past ``claim_lock_timeout``."""
-        with self._ahead_lock:
-            ahead = self._claimed_ahead.pop(delivery, None)
-        if ahead is not None:  # its copies taken with it find none, and claim alone
-            claims, places = ahead
-            with contextlib.suppress(Exception):  # logged once for the batch
-                claim = next((c for c in map(claims.result().__getitem__, places) if c), None)
-                if claim is not None:
-                    return claim
+        with self._ahead_lock:  # its copies taken with it find none, and claim alone
+            ahead = self._claimed_ahead.pop(delivery, [])
+        for taken in ahead:
+            claim = taken.claim()
+            if claim is not None:
+                return claim
         give_up = time.monotonic() + self.config.max_early_wait.total_seconds()
         locked_until = time.monotonic() + self.config.claim_lock_timeout.total_seconds()
         while True:

@@ -5,7 +5,9 @@ Seen failing against builds broken on purpose: the room left behind a caller's o
 computed as ``limit + own`` → ``test_a_batch_never_carries_more_than_its_limit``; a failed
 commit's error not handed to its requests, or its requests not marked answered (each caller
 then ran its request again) →
-``test_a_failed_commit_fails_every_request_it_carried_once_with_its_error``.
+``test_a_failed_commit_fails_every_request_it_carried_once_with_its_error``; an empty
+submission taking the lead and never giving it back →
+``test_an_empty_submission_is_answered_at_once_and_holds_up_no_one``.
 """
 
 from __future__ import annotations
@@ -78,3 +80,16 @@ def test_a_failed_commit_fails_every_request_it_carried_once_with_its_error() ->
     got = _behind_a_running_batch(commit, runner, ["a", "b", "c"])
     assert got == {"first": "FIRST", "a": outage, "b": outage, "c": outage}
     assert len(runner.batches) == 2 and sorted(runner.batches[1]) == ["a", "b", "c"]  # run once
+
+
+def test_an_empty_submission_is_answered_at_once_and_holds_up_no_one() -> None:
+    """A caller with nothing to commit (jobs taken together none of which is a delivery) gets
+    an empty answer, and the requests after it are still committed. Seen failing with the
+    empty caller taking the lead and never giving it back (every later caller waited)."""
+    commit: GroupCommit[str, str] = GroupCommit("test", lambda rs: [r.upper() for r in rs])
+    assert commit.submit_all([]) == []
+    got: list[str] = []
+    after = threading.Thread(target=lambda: got.append(commit.submit("after")), daemon=True)
+    after.start()
+    after.join(10)
+    assert got == ["AFTER"]

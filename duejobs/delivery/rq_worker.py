@@ -20,7 +20,13 @@ from typing import Any, ClassVar, Protocol
 
 from redis import Redis
 from redis.client import Pipeline
-from redis.exceptions import AuthenticationError, AuthorizationError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    DataError,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
@@ -248,7 +254,7 @@ class _WorkerRedis(Redis):
             for commands in finishes:
                 pipe.command_stack.extend(commands)
             answers = pipe.execute(raise_on_error=False)
-        except ResponseError:
+        except (ResponseError, DataError):  # refused as queued, or not sent: nothing ran
             if len(finishes) == 1:
                 raise
             return [self._finish_alone(commands) for commands in finishes]
@@ -263,7 +269,7 @@ class _WorkerRedis(Redis):
     def _finish_alone(self, commands: _Commands) -> list[Any]:
         try:
             return self._finish_together([commands])[0]
-        except ResponseError as exc:
+        except (ResponseError, DataError) as exc:
             return [exc]
 
 
@@ -289,8 +295,12 @@ class DuejobsWorker(SimpleWorker):
 
     **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
     before each; here a plain beat and the suspension check reach Redis at most once a second
-    (a suspension stops the worker taking jobs within a second). With slots, Redis is told the
-    worker is ``idle`` only once no slot is busy.
+    (a suspension stops the worker taking jobs within a second). RQ's finish of a job WATCHes
+    and reads its dependents set (a duejobs job has none: :class:`_DeliveryQueue`) and beats
+    the job once more; here the finish is one transaction, shared by the jobs of the slots
+    that finish together (:class:`_FinishPipeline`). With slots, jobs already waiting are
+    taken for the free slots in two round trips whatever their number, the worker beats once
+    for them, and Redis is told the worker is ``idle`` only once no slot is busy.
 
     **Shutdown.** The first SIGTERM/SIGINT stops taking jobs and lets the running ones finish
     (their handlers' timeouts bound the wait) — jobs taken with another and not started yet
