@@ -451,18 +451,27 @@ def test_jobs_taken_together_are_prepared_in_rq_as_rq_prepares_one(
     assert system.redis.llen(queue.intermediate_queue_key) == 0
 
 
-def test_outcomes_that_arrive_together_are_committed_together(
-    system: System, slots: Callable[[int], None]
-) -> None:
+def _eight_return_together(
+    system: System, slots: Callable[[int], None], kind: str
+) -> list[uuid.UUID]:
+    """Eight handlers that return at the same moment, in eight slots: their requests of
+    ``kind`` all batched, in fewer statements than requests; the schedules, all succeeded."""
     meeting = {"group": uuid.uuid4().hex, "parties": 8}
     ids = [system.app.schedule("meet-and-return", meeting, delay=0).id for _ in range(8)]
     system.scheduler.run_once()
-    before = _statements("outcome")
-    slots(8)  # eight handlers that return at the same moment
-    after = _statements("outcome")
+    before = _statements(kind)
+    slots(8)
+    after = _statements(kind)
     assert after[1] - before[1] == 8
     assert after[0] - before[0] < 8
     assert [system.status(i) for i in ids] == ["succeeded"] * 8
+    return ids
+
+
+def test_outcomes_that_arrive_together_are_committed_together(
+    system: System, slots: Callable[[int], None]
+) -> None:
+    _eight_return_together(system, slots, "outcome")
     events = "SELECT count(*) FROM scheduled_job_events WHERE kind = 'succeeded'"
     assert _count(system.app, events) == 8
 
@@ -473,15 +482,7 @@ def test_finishes_that_arrive_together_share_one_redis_transaction(
     """RQ's finish of each job (its status, result, registries, the worker's counts) written
     for the jobs closing together in one MULTI/EXEC, and RQ sees each job as it sees one it
     finished alone."""
-    meeting = {"group": uuid.uuid4().hex, "parties": 8}
-    ids = [system.app.schedule("meet-and-return", meeting, delay=0).id for _ in range(8)]
-    system.scheduler.run_once()
-    before = _statements("redis_finish")
-    slots(8)  # eight handlers that return at the same moment
-    after = _statements("redis_finish")
-    assert after[1] - before[1] == 8
-    assert after[0] - before[0] < 8
-    assert [system.status(i) for i in ids] == ["succeeded"] * 8
+    ids = _eight_return_together(system, slots, "redis_finish")
     queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
     finished = set(queue.finished_job_registry.get_job_ids())
     for schedule_id in ids:
