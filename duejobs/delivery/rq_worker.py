@@ -327,6 +327,7 @@ class DuejobsWorker(SimpleWorker):
     _suspension_checked: datetime | None = None
     _beat_at: datetime | None = None  # the last plain heartbeat sent
     _starting: Any = None  # the pipeline starting jobs taken together, meanwhile
+    _told: str | None = None  # the state last written to Redis on its own (one slot)
 
     if not MULTI_EXECUTIONS:
         # RQ 2.x keeps the one running execution in ``worker.execution``, which its
@@ -576,7 +577,8 @@ class DuejobsWorker(SimpleWorker):
         finally:
             pipe.reset()
         job = jobs[0][0]
-        self.procline(f"Processing {len(jobs)} jobs from {job.origin} since {time.time()}")
+        what = job.func_name if len(jobs) == 1 else f"{len(jobs)} jobs"
+        self.procline(f"Processing {what} from {job.origin} since {time.time()}")
         for job, execution in executions:
             if MULTI_EXECUTIONS:
                 self.executions[execution.id] = execution
@@ -597,8 +599,10 @@ class DuejobsWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         if self._pool is None:
-            try:
-                super().execute_job(job, queue)
+            try:  # as RQ's SimpleWorker runs it, the job started in one pipeline, not two
+                self._start_all([(job, queue)])
+                self._perform(job, queue, self._execution_for(job))
+                self.set_state(WorkerStatus.IDLE)
             except RedisError as exc:  # RQ would end the worker: the next dequeue waits
                 log.warning(
                     "Redis failed around job %s (%s); the database holds what became of it "
@@ -611,19 +615,27 @@ class DuejobsWorker(SimpleWorker):
         with self._busy_lock:
             self._busy += 1
         try:
-            execution = self._started.pop(job.id, None) or self.prepare_execution(job)
-            self._pool.submit(self._run_slot, job, queue, execution)
+            self._pool.submit(self._run_slot, job, queue, self._execution_for(job))
         except BaseException:  # the job stays in RQ's intermediate list for the re-push
             self._slot_done()
             raise
 
+    def _execution_for(self, job: Job) -> Execution:
+        """The job's execution: the one it was started with, or RQ's own, made now."""
+        started = self._started.pop(job.id, None)
+        return started if started is not None else self.prepare_execution(job)
+
+    def _perform(self, job: Job, queue: Queue, execution: Execution) -> None:
+        """RQ's run of a started job, in this thread, with its execution."""
+        if MULTI_EXECUTIONS:
+            self.perform_job(job, queue, execution)
+        else:
+            self.execution = execution
+            self.perform_job(job, queue)  # type: ignore[call-arg,unused-ignore]
+
     def _run_slot(self, job: Job, queue: Queue, execution: Execution) -> None:
         try:
-            if MULTI_EXECUTIONS:
-                self.perform_job(job, queue, execution)
-            else:
-                self.execution = execution
-                self.perform_job(job, queue)  # type: ignore[call-arg,unused-ignore]
+            self._perform(job, queue, execution)
         except BaseException:  # perform_job records failures itself; this is a last resort
             log.exception("slot ended by an error outside the job %s", job.id)
         finally:
@@ -724,7 +736,11 @@ class DuejobsWorker(SimpleWorker):
         if state == WorkerStatus.IDLE and self._busy:
             self._state = state
             return
+        if self._pool is None and pipeline is None and state == self._told:
+            self._state = state  # RQ marks a one-slot worker idle after a job and again
+            return  # before the next dequeue: Redis already has it
         super().set_state(state, pipeline)
+        self._told = state if pipeline is None else None  # a pipeline may yet fail
 
     def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
         """The end of a job's run. RQ also beats the job here (a round trip of its own), to
