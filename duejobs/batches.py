@@ -106,7 +106,7 @@ class GroupCommit(Generic[Request, Answer]):
     def _take(self, mine: list[_Pending[Request, Answer]]) -> list[_Pending[Request, Answer]]:
         """The next batch, under the lock: the leader's own queued requests first, then those
         queued longest, up to ``limit``; taken off the queue."""
-        own = [p for p in mine if not p.done and p in self._queue]
+        own = [p for p in mine if not p.done]  # no batch runs: all of them are queued
         taken = {id(p) for p in own}
         others = [p for p in self._queue if id(p) not in taken]
         room = max(0, self._limit - len(own))

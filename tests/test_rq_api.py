@@ -15,7 +15,10 @@ Seen failing against builds broken on purpose, on RQ 2.x:
   registry (RQ 2.x's cleanup then fails the new job) →
   ``test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry``;
 * the dequeue's Redis timeout left to RQ 2.x, which ends the worker →
-  ``test_a_worker_waits_out_a_redis_that_answers_too_late``.
+  ``test_a_worker_waits_out_a_redis_that_answers_too_late``;
+* a one-slot worker taking the state it started a job with (in a pipeline) for one already
+  written, so that ``idle`` was never written after the job →
+  ``test_a_one_slot_worker_shows_busy_while_a_job_runs_and_idle_between_jobs``.
 """
 
 from __future__ import annotations
@@ -120,6 +123,29 @@ def test_a_running_job_is_started_in_rq_by_its_worker(
     assert rq_worker.get_current_job_id() == job.id and rq_worker.get_state() == "busy"
     system.redis.set(release, 1)
     assert worker.popen.wait(timeout=60) == 0, worker.output()
+
+
+def test_a_one_slot_worker_shows_busy_while_a_job_runs_and_idle_between_jobs(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """RQ's worker state, job after job: the one-slot worker writes ``idle`` once between two
+    jobs (RQ writes it after a job and again before the next dequeue)."""
+
+    def states() -> list[str]:
+        return [w.get_state() for w in Worker.all(connection=system.redis)]
+
+    spawn(*WORKER)
+    for _ in range(2):
+        release = f"test:release:{uuid.uuid4().hex}"
+        s = system.app.schedule("hold", {"until": release}, delay=0)
+        system.scheduler.run_once()
+        wait_for(lambda: states() == ["busy"], 30, "the worker busy with the job")
+        system.redis.set(release, 1)
+        wait_for(
+            lambda: system.status(s.id) == "succeeded" and states() == ["idle"],  # noqa: B023
+            30,
+            "the worker idle after the job",
+        )
 
 
 def test_a_finished_job_is_in_rqs_finished_registry_with_its_outcome(system: System) -> None:
