@@ -144,6 +144,23 @@ def test_a_plain_psycopg_async_connection_holds_the_schedule_in_its_transaction(
     assert count() == 1
 
 
+def test_a_batch_or_a_keyed_schedule_first_on_a_psycopg_async_connection_rolls_back_with_it(
+    app: App, database_url: str, count: Callable[..., int]
+) -> None:
+    """As with a sync connection (test_schedule_api). Seen failing with the transaction not
+    begun first: the batch was committed."""
+
+    async def main(aapp: AsyncApp) -> None:
+        async with await psycopg.AsyncConnection.connect(libpq_url(database_url)) as raw:
+            await aapp.schedule_many([ScheduleRequest("mail", {}, delay=60, key="b")], conn=raw)
+            await raw.rollback()
+            await aapp.schedule("mail", {}, delay=60, key="k", conn=raw)
+            await raw.rollback()
+
+    run(main, app)
+    assert count() == 0 and count("scheduled_job_events") == 0
+
+
 def test_a_refused_batch_leaves_the_callers_async_transaction_usable(
     app: App, database_url: str
 ) -> None:

@@ -392,6 +392,117 @@ def test_two_transactions_scheduling_one_key_make_one_live_schedule(parted: App)
     assert theirs.id == mine.id and not theirs.created  # type: ignore[attr-defined]
 
 
+def test_two_transactions_scheduling_one_key_in_batches_make_one_live_schedule(
+    parted: App,
+) -> None:
+    """Seen failing with a lost race not run again: the second batch failed on the key."""
+    results: list[list[uuid.UUID]] = []
+    keyed = ScheduleRequest("record", {}, delay=60, key="k")
+    with _tx(parted) as first:
+        [mine] = parted.schedule_many([keyed], conn=first)
+        racer = threading.Thread(
+            target=lambda: results.append(
+                parted.schedule_many([keyed, ScheduleRequest("record", {}, delay=60), keyed])
+            )
+        )
+        racer.start()
+        racer.join(1)
+        assert racer.is_alive()  # waiting on the key's row
+    racer.join(30)
+    [[theirs, unkeyed, again]] = results
+    assert theirs == again == mine and unkeyed != mine
+    assert _live_keys(parted) == {("default", "k", mine)}
+
+
+def test_a_race_for_a_key_lost_inside_the_callers_transaction_leaves_it_usable(
+    parted: App,
+) -> None:
+    """Seen failing with the keyed insert run without its savepoint: the caller's
+    transaction was aborted by the key's error."""
+    results: list[tuple[object, uuid.UUID]] = []
+
+    def race() -> None:
+        with _tx(parted) as second:
+            theirs = parted.schedule("record", {}, delay=60, key="k", conn=second)
+            results.append((theirs, parted.schedule("record", {}, delay=60, conn=second).id))
+
+    with _tx(parted) as first:
+        mine = parted.schedule("record", {}, delay=60, key="k", conn=first)
+        racer = threading.Thread(target=race)
+        racer.start()
+        racer.join(1)
+        assert racer.is_alive()
+    racer.join(30)
+    [(theirs, after)] = results
+    assert theirs.id == mine.id and not theirs.created  # type: ignore[attr-defined]
+    assert parted.get(after) is not None  # written after the lost race, and committed
+
+
+def _before_insert_row_triggers(app: App) -> list[str]:
+    """The tables of the App's schema (partitions too) with a BEFORE ROW INSERT trigger."""
+    schema = app.engine.get_execution_options()["duejobs_schema"]
+    with _tx(app) as conn:
+        return sorted(
+            conn.execute(
+                text(
+                    "SELECT DISTINCT c.relname FROM pg_trigger t "
+                    "JOIN pg_class c ON c.oid = t.tgrelid "
+                    "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                    # pg_trigger.tgtype: 1 a row trigger, 2 before, 4 on insert
+                    "WHERE n.nspname = :s AND t.tgtype & 7 = 7"
+                ),
+                {"s": schema},
+            ).scalars()
+        )
+
+
+def test_no_trigger_makes_a_copy_into_the_partitioned_tables_go_row_by_row(parted: App) -> None:
+    """PostgreSQL's COPY batches rows only into a table without BEFORE ROW INSERT triggers,
+    whether they would fire or not. Seen failing with the live-key trigger run before the
+    insert, as revision 0008 made it."""
+    parted.schedule_many([ScheduleRequest("record", {}, delay=60) for _ in range(10)])
+    assert _before_insert_row_triggers(parted) == []
+
+
+def _alembic(app: App, action: str, revision: str) -> None:
+    """Alembic's ``action`` (upgrade or downgrade) to ``revision`` on the App's schema."""
+    from alembic import command
+
+    from duejobs.migrate import alembic_config
+
+    schema = app.engine.get_execution_options()["duejobs_schema"]
+    config = alembic_config()
+    with _tx(app) as conn:
+        config.attributes["connection"] = conn
+        config.attributes["version_table_schema"] = schema
+        getattr(command, action)(config, revision)
+
+
+def test_revision_0009_moves_the_key_trigger_after_the_insert_and_back(parted: App) -> None:
+    """A partitioned schema made before 0009 skipped a held key in its BEFORE trigger; after
+    the upgrade the trigger runs after the insert and keys still hold; a downgrade puts the
+    BEFORE trigger back, which 0008's statements (plain ``ON CONFLICT DO NOTHING``) need.
+    Seen failing with the revision's upgrade left empty."""
+    jobs = partition_name("scheduled_jobs", DAILY.start_of(_now(parted)))
+    _alembic(parted, "downgrade", "0008")
+    assert jobs in _before_insert_row_triggers(parted)
+    held = parted.schedule("record", {}, delay=60, key="k").id
+    with _tx(parted) as conn:  # as revision 0008 inserted it: the trigger skips the row
+        skipped = conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, type, key, payload, run_at, due_at) "
+                "VALUES (:id, 'record', 'k', '{}', now(), now()) ON CONFLICT DO NOTHING"
+            ),
+            {"id": id_at(_now(parted))},
+        )
+        assert skipped.rowcount == 0
+    _alembic(parted, "upgrade", "head")
+    assert _before_insert_row_triggers(parted) == []
+    again = parted.schedule("record", {}, delay=60, key="k")
+    assert (again.id, again.created) == (held, False)
+    assert _live_keys(parted) == {("default", "k", held)}
+
+
 def test_a_finished_schedule_frees_its_key_and_a_retry_under_a_held_key_fails(
     parted: App,
 ) -> None:
@@ -645,6 +756,26 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
             "stats": (
                 explain("live_figures", late=timedelta(minutes=1), tenant=None),
                 "scheduled_jobs_due_idx",
+            ),
+            "keyed insert": (
+                explain(
+                    "insert_schedule",
+                    id=id_at(start + timedelta(days=30)),
+                    tenant="t1",
+                    type="x",
+                    key="k",
+                    payload="{}",
+                    run_at=None,
+                    delay=timedelta(minutes=1),
+                    jitter_offset=timedelta(0),
+                    expires_after=None,
+                    max_attempts=None,
+                    timezone=None,
+                    local_run_at=None,
+                    queue="duejobs",
+                    trace_context=None,
+                ),
+                "scheduled_jobs_live_key_idx",
             ),
         }
     for name, (plan, index) in plans.items():

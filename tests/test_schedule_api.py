@@ -187,6 +187,20 @@ def test_a_plain_psycopg_connection_holds_the_schedule_in_its_transaction(
     assert app.get(kept.id).status is Status.CANCELLED  # type: ignore[union-attr]
 
 
+def test_a_batch_or_a_keyed_schedule_first_on_a_psycopg_connection_rolls_back_with_it(
+    app: App, database_url: str, count: Callable[..., int]
+) -> None:
+    """Their savepoint is made inside the caller's transaction, begun first: psycopg's
+    transaction() on a connection whose transaction has not begun commits at its end. Seen
+    failing with the transaction not begun first: the batch was committed."""
+    with psycopg.connect(libpq_url(database_url)) as raw:
+        app.schedule_many([ScheduleRequest("x", {}, delay=60, key="b")], conn=raw)
+        raw.rollback()
+        app.schedule("x", {}, delay=60, key="k", conn=raw)
+        raw.rollback()
+    assert count() == 0 and count("scheduled_job_events") == 0
+
+
 def test_a_refused_batch_leaves_a_plain_psycopg_transaction_usable(
     app: App, database_url: str
 ) -> None:

@@ -84,6 +84,7 @@ from duejobs.store.partitions import (
     partitions,
     staging_schema,
     swap,
+    time_key_insert,
     unmirror,
 )
 from duejobs.store.queries import (
@@ -255,6 +256,7 @@ __all__ = [
     "start_lag",
     "status_counts",
     "swap",
+    "time_key_insert",
     "try_session_lock",
     "unmirror",
     "use_schema",

@@ -10,7 +10,7 @@ from sqlalchemy import Connection
 
 from duejobs.ids import id_stream
 from duejobs.store.execution import copying, database_now, meanwhile, run
-from duejobs.store.schedules import NewRow
+from duejobs.store.schedules import NewRow, insert_keyed
 from duejobs.timespec import jitter_offset
 
 # Bulk scheduling: rows are streamed with COPY into a session-local staging table, then moved
@@ -153,7 +153,7 @@ def _insert_staged(
     with copying(conn, _STAGING, _STAGING_COLUMNS) as copy:
         for row in staged:
             copy.write_row(row)
-    created = run(conn, "move_staged")[0].created
+    created = insert_keyed(conn, "move_staged")[0].created
     if created < len(keyed):
         for staged_key in run(conn, "staged_keys"):
             ids[staged_key.ord] = staged_key.id

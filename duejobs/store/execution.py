@@ -112,10 +112,21 @@ class _Lent:
         """Nothing: the connection is the caller's."""
 
     def begin_nested(self) -> contextlib.AbstractContextManager[Any]:
-        """A savepoint, released at the end of the block or rolled back on an error."""
-        if isinstance(self.driver_connection, psycopg.AsyncConnection):
-            return _entered(self.driver_connection.transaction())
-        return self.driver_connection.transaction()
+        """A savepoint, released at the end of the block or rolled back on an error.
+
+        On a connection whose transaction has not begun yet, psycopg's ``transaction()``
+        would begin one and commit it at the end of the block: the caller's transaction is
+        begun first (by a statement, as the caller's next one would begin it), so that the
+        block stays a savepoint inside it."""
+        driver = self.driver_connection
+        idle = driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        if isinstance(driver, psycopg.AsyncConnection):
+            if idle:
+                await_only(driver.execute("SELECT 1"))
+            return _entered(driver.transaction())
+        if idle:
+            driver.execute("SELECT 1")
+        return driver.transaction()
 
 
 @contextlib.contextmanager

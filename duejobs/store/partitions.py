@@ -15,10 +15,10 @@ What changes, and why:
 
 - A business key is unique among live schedules through a partial unique index in the plain
   schema; such an index cannot span partitions. ``scheduled_job_keys`` holds the keys of
-  live schedules, kept by triggers on ``scheduled_jobs``: an insert whose key a live schedule
-  holds is skipped (as ``ON CONFLICT DO NOTHING`` skips it in the plain schema), a row that
-  becomes live again with a held key fails with the unique index's own error, and a row that
-  stops being live frees its key.
+  live schedules, kept by triggers on ``scheduled_jobs``: a row that becomes live (new, or
+  again) with a key a live schedule holds fails with the unique index's own error, and a row
+  that stops being live frees its key. The statements that insert keyed rows skip a held key
+  first, as ``ON CONFLICT DO NOTHING`` skips it in the plain schema.
 - No foreign keys between the partitioned tables (a partition referenced by one could only be
   dropped after a scan): retention deletes a schedule's attempts, results and effects itself.
 - A ``DEFAULT`` partition takes an id outside every range (a catch-up occurrence of a
@@ -32,6 +32,7 @@ period and how many are kept ahead live in ``duejobs_partitioning``.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -61,7 +62,7 @@ _ANY_ROW = {
     "scheduled_job_attempts": "any_row_scheduled_job_attempts",
     "scheduled_job_results": "any_row_scheduled_job_results",
 }
-_LIVE_KEY_INDEX = "scheduled_jobs_live_key_idx"
+LIVE_KEY_INDEX = "scheduled_jobs_live_key_idx"
 _SETTINGS = "duejobs_partitioning"
 _NAME_BYTES = 63  # PostgreSQL's identifiers
 _EVENTS = "scheduled_job_events"
@@ -145,6 +146,25 @@ def partitioning(conn: Connection) -> Partitioning | None:
     return None if row is None else Partitioning(row.period, row.ahead)
 
 
+# Whether each schema is in partitioned mode, by (host, port, database, schema), with when it
+# was read (time.monotonic): read again after _MODE_FOR seconds, so that a process sees a
+# conversion (duejobs.partitions.convert) made while it runs.
+_MODES: dict[tuple[str, ...], tuple[float, bool]] = {}
+_MODE_FOR = 30.0
+
+
+def is_partitioned(conn: Connection) -> bool:
+    """Whether ``conn``'s schema is in partitioned mode, as read at most ``_MODE_FOR``
+    seconds ago (for statements that are cheaper when they know it)."""
+    info = conn.connection.driver_connection.info  # type: ignore[union-attr]
+    where = (str(info.host), str(info.port), str(info.dbname), schema_of(conn))
+    now = time.monotonic()
+    known = _MODES.get(where)
+    if known is None or now - known[0] > _MODE_FOR:
+        known = _MODES[where] = (now, partitioning(conn) is not None)
+    return known[1]
+
+
 def holds_rows(conn: Connection) -> list[str]:
     """The tables to be partitioned that hold rows already."""
     return [t for t, query in _ANY_ROW.items() if run(conn, query)[0].present]
@@ -215,7 +235,7 @@ def _partition_table(conn: Connection, table: str, column: str) -> None:
             )
         else:  # an index, as PostgreSQL prints it (the live-key one no longer unique)
             definition = item.definition
-            if item.name == _LIVE_KEY_INDEX:
+            if item.name == LIVE_KEY_INDEX:
                 definition = definition.replace("CREATE UNIQUE INDEX", "CREATE INDEX", 1)
             run_composed(conn, "recreate_index", pgsql.SQL(definition))
 
@@ -225,7 +245,17 @@ def _key_triggers(schema: str) -> pgsql.Composed:
 
     A held key's row is locked before its holder is looked at, and the look is a statement of
     its own (a snapshot taken after the lock): a holder that finished, or one that took the
-    key, while this one waited is seen as it committed. A key freed meanwhile is tried again."""
+    key, while this one waited is seen as it committed. A key freed meanwhile is tried again.
+
+    Every trigger runs after its row is written: PostgreSQL fills a table with a BEFORE ROW
+    INSERT trigger one row at a time, even in a COPY of rows the trigger would never fire on
+    (``schedule_many``'s unkeyed rows), where it batches them otherwise. So a new row whose
+    key a live schedule holds fails like a unique index; the statements that insert keyed rows
+    skip a held key themselves (as ``ON CONFLICT DO NOTHING`` does over the plain schema's
+    index), and a caller that lost a race for one tries again
+    (:func:`duejobs.store.schedules.insert_keyed`).
+    The function still skips such a row when it runs BEFORE the insert, as revision 0008's
+    statements want (a downgrade puts that trigger back)."""
     text = """
 CREATE FUNCTION {keep}() RETURNS trigger LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -261,8 +291,8 @@ BEGIN
         END IF;
         -- Freed since the insert looked: try again.
     END LOOP;
-    IF TG_OP = 'INSERT' THEN
-        RETURN NULL;  -- as ON CONFLICT DO NOTHING over the plain schema's unique index
+    IF TG_OP = 'INSERT' AND TG_WHEN = 'BEFORE' THEN
+        RETURN NULL;  -- skipped, as revision 0008's statements expect
     END IF;
     RAISE unique_violation USING
         MESSAGE = 'duplicate key value violates unique constraint "{index}"',
@@ -270,9 +300,7 @@ BEGIN
         CONSTRAINT = '{index}';
 END
 $fn$;
-CREATE TRIGGER scheduled_jobs_key_insert BEFORE INSERT ON {jobs}
-    FOR EACH ROW WHEN (NEW.key IS NOT NULL AND NEW.status IN ('scheduled', 'running'))
-    EXECUTE FUNCTION {keep}();
+{insert_trigger}
 CREATE TRIGGER scheduled_jobs_key_update AFTER UPDATE ON {jobs}
     FOR EACH ROW WHEN (
         OLD.key IS DISTINCT FROM NEW.key
@@ -287,7 +315,47 @@ CREATE TRIGGER scheduled_jobs_key_delete AFTER DELETE ON {jobs}
         keep=pgsql.Identifier(schema, "duejobs_keep_live_key"),
         keys=pgsql.Identifier(schema, "scheduled_job_keys"),
         jobs=pgsql.Identifier(schema, "scheduled_jobs"),
-        index=pgsql.SQL(_LIVE_KEY_INDEX),
+        index=pgsql.SQL(LIVE_KEY_INDEX),
+        insert_trigger=_key_insert_trigger(schema, "AFTER"),
+    )
+
+
+def _key_insert_trigger(schema: str, timing: str) -> pgsql.Composed:
+    """The trigger that gives a new live row its key, run ``timing`` (AFTER, or BEFORE as
+    revision 0008 had it) the insert."""
+    return pgsql.SQL(
+        "CREATE TRIGGER scheduled_jobs_key_insert {timing} INSERT ON {jobs} "
+        "FOR EACH ROW WHEN (NEW.key IS NOT NULL AND NEW.status IN ('scheduled', 'running')) "
+        "EXECUTE FUNCTION {keep}();"
+    ).format(
+        timing=pgsql.SQL({"AFTER": "AFTER", "BEFORE": "BEFORE"}[timing]),
+        jobs=pgsql.Identifier(schema, "scheduled_jobs"),
+        keep=pgsql.Identifier(schema, "duejobs_keep_live_key"),
+    )
+
+
+def time_key_insert(conn: Connection, timing: str) -> None:
+    """Run the live-key insert trigger ``timing`` (AFTER or BEFORE) the insert, with the
+    function of this version (revision 0009 and its downgrade, in partitioned mode)."""
+    schema = schema_of(conn)
+    run_composed(conn, "key_function", _key_function(schema))
+    run_composed(
+        conn,
+        "drop_key_insert",
+        pgsql.SQL("DROP TRIGGER scheduled_jobs_key_insert ON {}").format(
+            pgsql.Identifier(schema, "scheduled_jobs")
+        ),
+    )
+    run_composed(conn, "key_insert", _key_insert_trigger(schema, timing))
+
+
+def _key_function(schema: str) -> pgsql.SQL:
+    """The key triggers' function alone, replacing the one there."""
+    return pgsql.SQL(
+        _key_triggers(schema)
+        .as_string(None)
+        .split("CREATE TRIGGER", 1)[0]
+        .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
     )
 
 
@@ -652,16 +720,8 @@ def swap(conn: Connection, staging: str) -> None:
             pgsql.Identifier(staging, "duejobs_keep_live_key"), pgsql.Identifier(schema)
         ),
     )
-    run_composed(  # its body names the tables: now those of this schema
-        conn,
-        "key_function",
-        pgsql.SQL(
-            _key_triggers(schema)
-            .as_string(None)
-            .split("CREATE TRIGGER", 1)[0]
-            .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-        ),
-    )
+    # its body names the tables: now those of this schema
+    run_composed(conn, "key_function", _key_function(schema))
     run_composed(
         conn,
         "drop_staging",

@@ -28,6 +28,11 @@ DEFAULT_QUOTA_TENANT = "*"  # the tenant_quotas row whose caps apply to every ot
 FRAGMENTS = {
     # a live schedule: the states a key is held in and a quota counts
     "live": "status IN ('scheduled', 'running')",
+    # the live schedule of tenant {0} holding key {1}
+    "key_holder": (
+        "SELECT 1 FROM scheduled_jobs holder WHERE holder.tenant = {0} AND holder.key = {1} "
+        "AND holder.{{{{live}}}}"
+    ),
     # a row the scheduler has yet to push
     "unpushed": "status = 'scheduled' AND queue_job_id IS NULL",
     # a statement for one tenant, or for all when :tenant is NULL

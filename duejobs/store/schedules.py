@@ -8,6 +8,7 @@ from datetime import UTC, timedelta
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import IntegrityError
 
 from duejobs.ids import new_id
 from duejobs.models import (
@@ -19,6 +20,7 @@ from duejobs.models import (
     Status,
 )
 from duejobs.store.execution import record, run, run_one
+from duejobs.store.partitions import LIVE_KEY_INDEX, is_partitioned
 from duejobs.timespec import When, jitter_offset
 
 
@@ -73,14 +75,47 @@ def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
         **_when_params(new.when),
     }
     while True:
-        row = run_one(conn, "insert_schedule", params)
-        if row is not None:
+        rows = (
+            run(conn, "insert_schedule", params)
+            if new.key is None
+            else insert_keyed(conn, "insert_schedule", params)
+        )
+        if rows:
+            row = rows[0]
             return as_schedule(row, True), True
         # The key is held by a live schedule. Read it with a fresh snapshot: the holder may
         # have committed after this statement began. If it finished meanwhile, insert again.
         existing = run_one(conn, "live_by_key", {"tenant": new.tenant, "key": new.key})
         if existing is not None:
             return as_schedule(existing, False), False
+
+
+# Runs of a keyed insert that lost a race for a key before its error is raised: each lost
+# race is a rival's commit, so this only guards against a loop without progress.
+_KEY_RACES = 50
+
+
+def insert_keyed(conn: Connection, name: str, params: dict[str, Any] | None = None) -> list[Any]:
+    """Run ``name``, an insert of rows with keys that skips a key held by a live schedule.
+
+    In the plain schema the live-key index skips a row whose key a rival took meanwhile (in
+    a transaction that committed after the statement began). In partitioned mode the key
+    trigger fails it instead: there the insert runs under a savepoint, and again after such
+    a failure, when it sees that rival and skips its key. Right after a conversion to
+    partitioned mode (see :func:`~duejobs.store.partitions.is_partitioned`) such a race may
+    still raise the unique index's error once."""
+    if not is_partitioned(conn):
+        return run(conn, name, params)
+    races = 0
+    while True:
+        try:
+            with conn.begin_nested():
+                return run(conn, name, params)
+        except IntegrityError as exc:
+            races += 1
+            diag = getattr(exc.orig, "diag", None)
+            if races == _KEY_RACES or getattr(diag, "constraint_name", None) != LIVE_KEY_INDEX:
+                raise
 
 
 def live_by_key(conn: Connection, tenant: str, key: str) -> Schedule | None:

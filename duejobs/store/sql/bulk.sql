@@ -17,11 +17,12 @@ WITH new AS (
          max_attempts, timezone, local_run_at, queue)
     SELECT id, tenant, type, key, CAST(payload AS jsonb), at, at + jitter_offset,
            jitter_offset, expires_after, max_attempts, timezone, local_run_at, queue
-    FROM (SELECT *, COALESCE(run_at, statement_timestamp() + delay) AS at
-          FROM duejobs_staging) AS staged
+    -- a key twice in the batch: its first row
+    FROM (SELECT DISTINCT ON (tenant, key) *, COALESCE(run_at, statement_timestamp() + delay) AS at
+          FROM duejobs_staging ORDER BY tenant, key, ord) AS staged
+    -- the key is held by a live schedule: as insert_schedule says
+    WHERE NOT EXISTS ({{key_holder(staged.tenant, staged.key)}})
     ORDER BY ord
-    -- the key is held by a live schedule (its unique index, or in partitioned mode the
-    -- trigger that keeps scheduled_job_keys, says so: duejobs/store/partitions.py)
     ON CONFLICT DO NOTHING
     RETURNING id, tenant, version, run_at, due_at, timezone, local_run_at, key
 ), event AS (

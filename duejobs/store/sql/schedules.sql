@@ -6,12 +6,14 @@ WITH new AS (
     INSERT INTO scheduled_jobs
         (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
          max_attempts, timezone, local_run_at, queue, trace_context)
-    VALUES (:id, :tenant, :type, :key, CAST(:payload AS jsonb), {{run_at}},
-            {{run_at}} + CAST(:jitter_offset AS interval), :jitter_offset,
-            CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
-            :local_run_at, :queue, :trace_context)
-    -- the key is held by a live schedule (its unique index, or in partitioned mode the
-    -- trigger that keeps scheduled_job_keys, says so: duejobs/store/partitions.py)
+    SELECT :id, :tenant, :type, :key, CAST(:payload AS jsonb), {{run_at}},
+           {{run_at}} + CAST(:jitter_offset AS interval), :jitter_offset,
+           CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
+           :local_run_at, :queue, :trace_context
+    -- the key is held by a live schedule: seen here, or (one committed since this statement
+    -- began) by the unique index of the plain schema, which skips the row, or the key
+    -- trigger of partitioned mode, which fails it (duejobs/store/partitions.py)
+    WHERE NOT EXISTS ({{key_holder(:tenant, :key)}})
     ON CONFLICT DO NOTHING
     RETURNING {{schedule_columns}}
 ), event AS (
