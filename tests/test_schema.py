@@ -100,6 +100,29 @@ def test_effect_keys_are_unique(app: App) -> None:
         conn.execute(insert, {"k": f"x:{s.id}:1", "id": s.id})
 
 
+def test_duejobs_connections_compile_no_statement(database_url: str) -> None:
+    """JIT off on every connection duejobs makes: over a partitioned table the claim's
+    estimated cost passes jit_above_cost, and compiling it took as long as running it
+    (docs/benchmarks.md). Seen failing without the connection option: 'on'."""
+    import asyncio
+
+    from duejobs.core import make_async_engine
+
+    engine = make_engine(sqlalchemy_url(database_url))
+    with engine.connect() as conn:
+        assert conn.execute(text("SHOW jit")).scalar_one() == "off"
+    engine.dispose()
+
+    async def async_setting() -> str:
+        async_engine = make_async_engine(sqlalchemy_url(database_url))
+        async with async_engine.connect() as conn:
+            setting = (await conn.execute(text("SHOW jit"))).scalar_one()
+        await async_engine.dispose()
+        return str(setting)
+
+    assert asyncio.run(async_setting()) == "off"
+
+
 def test_migrate_is_idempotent(fresh_database: str) -> None:
     engine = make_engine(sqlalchemy_url(fresh_database))
     try:

@@ -40,6 +40,9 @@ SELECT statement_timestamp() AS db_now, p.tenant, p.due, p.cap,
             SELECT 1 FROM scheduled_jobs s
             WHERE s.status = 'scheduled' AND s.queue_job_id IS NOT NULL
               AND {{tenant_range(s, p.tenant, statement_timestamp())}}
+            -- in the pushed rows' index order: the planner, which cannot tell that most
+            -- scheduled rows are unpushed, would otherwise filter them out of the due index
+            ORDER BY s.tenant, s.due_at
             LIMIT :front_lane) AS queued) < :front_lane AS sparse
 -- The claim's commit does not wait for the WAL flush: a worker that already popped a job
 -- waits less on the row's lock (what a crash can cost: see duejobs.scheduler).
