@@ -12,7 +12,9 @@ schema already in use is moved by :func:`convert`, online. Then:
 - **Behind.** Each pruner pass drops the ranges that hold no live row and nothing that
   finished within ``older_than`` — the schedules with their events, attempts and results, in
   one transaction per range —, deletes their effect-ledger rows in batches (the ledger is not
-  partitioned), then deletes the rest as in the plain schema, in batches. The check is made
+  partitioned), then deletes the rest as in the plain schema, in batches — except in the range
+  the horizon falls in, left whole to be dropped a period later (:func:`waiting_range`: a
+  pruner run every hour would otherwise delete it row by row first). The check is made
   again under the tables' locks, so a retry or a late insert racing with the drop either
   waits and finds no partition (its row goes to the default one), or wins and keeps the
   range.
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -43,6 +46,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from duejobs import metrics, store
 from duejobs.errors import PartitioningError
+from duejobs.ids import first_id_at
 from duejobs.migrate import upgrade
 from duejobs.store.partitions import Partition, Partitioning
 
@@ -125,6 +129,20 @@ def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
         metrics.PARTITIONS_DROPPED.inc(len(dropped))
         log.info("partitions dropped: %s", ", ".join(p.name for p in dropped))
     return [p.name for p in dropped]
+
+
+def waiting_range(engine: Engine, older_than: timedelta) -> tuple[uuid.UUID, uuid.UUID]:
+    """The ids (from, to) of the range the retention horizon (now - ``older_than``) falls in:
+    its schedules that finished before the horizon are left to it, which is dropped whole
+    once the horizon has passed its end, so a pruner run every hour does not delete batch by
+    batch what a drop would take in one statement a few days later. Empty (nil, nil) in the
+    plain schema."""
+    with engine.begin() as conn:
+        settings = store.partitioning(conn)
+        if settings is None:
+            return (uuid.UUID(int=0), uuid.UUID(int=0))
+        start = settings.start_of(store.database_now(conn) - older_than)
+    return (first_id_at(start), first_id_at(start + settings.period))
 
 
 def describe(engine: Engine) -> tuple[Partitioning | None, list[Partition]]:

@@ -5,6 +5,8 @@ WITH old AS (
     SELECT id FROM scheduled_jobs
     WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < statement_timestamp() - CAST(:age AS interval)
+      -- partitioned mode: the range the horizon falls in is left whole for its drop
+      AND (id < CAST(:wait_from AS uuid) OR id >= CAST(:wait_to AS uuid))
     ORDER BY finished_at
     LIMIT :limit
     FOR UPDATE SKIP LOCKED
