@@ -12,9 +12,10 @@ schema already in use is moved by :func:`convert`, online. Then:
 - **Behind.** Each pruner pass drops the ranges that hold no live row and nothing that
   finished within ``older_than`` — the schedules with their events, attempts and results, in
   one transaction per range —, deletes their effect-ledger rows in batches (the ledger is not
-  partitioned), then deletes the rest as in the plain schema, in batches — except in the range
-  the horizon falls in, left whole to be dropped a period later (:func:`waiting_range`: a
-  pruner run every hour would otherwise delete it row by row first). The check is made
+  partitioned), then deletes the rest as in the plain schema, in batches — except in the
+  ranges begun before the horizon that hold nothing live, left whole for their drop
+  (:func:`batch_spans`: a pruner run every hour would otherwise delete them row by row
+  first). The check is made
   again under the tables' locks, so a retry or a late insert racing with the drop either
   waits and finds no partition (its row goes to the default one), or wins and keeps the
   range.
@@ -131,18 +132,34 @@ def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
     return [p.name for p in dropped]
 
 
-def waiting_range(engine: Engine, older_than: timedelta) -> tuple[uuid.UUID, uuid.UUID]:
-    """The ids (from, to) of the range the retention horizon (now - ``older_than``) falls in:
-    its schedules that finished before the horizon are left to it, which is dropped whole
-    once the horizon has passed its end, so a pruner run every hour does not delete batch by
-    batch what a drop would take in one statement a few days later. Empty (nil, nil) in the
-    plain schema."""
+_LAST_ID = uuid.UUID(int=(1 << 128) - 1)
+
+
+def batch_spans(engine: Engine, older_than: timedelta) -> list[tuple[uuid.UUID, uuid.UUID]] | None:
+    """The spans of ids (lowest, highest, both included) the pruner's batches delete in;
+    None in the plain schema (every id). In partitioned mode, every id but those of the
+    ranges a drop will take: a range begun before the horizon (now - ``older_than``) that
+    holds no live row is dropped whole once its last schedule finished more than
+    ``older_than`` ago (:func:`drop_behind`), and deleting it batch by batch meanwhile would
+    cost what the drop saves. A range holding a live row (which may keep it for months) and
+    the ids of the default partition are deleted in batches, as in the plain schema."""
     with engine.begin() as conn:
-        settings = store.partitioning(conn)
-        if settings is None:
-            return (uuid.UUID(int=0), uuid.UUID(int=0))
-        start = settings.start_of(store.database_now(conn) - older_than)
-    return (first_id_at(start), first_id_at(start + settings.period))
+        if store.partitioning(conn) is None:
+            return None
+        horizon = store.database_now(conn) - older_than
+        waiting = [
+            p
+            for p in store.partitions(conn)
+            if p.start is not None and p.end is not None and not p.live and p.start <= horizon
+        ]
+    spans, low = [], 0
+    for p in waiting:  # oldest first
+        assert p.start is not None and p.end is not None
+        start, end = first_id_at(p.start).int, first_id_at(p.end).int
+        if start > low:
+            spans.append((uuid.UUID(int=low), uuid.UUID(int=start - 1)))
+        low = end
+    return [*spans, (uuid.UUID(int=low), _LAST_ID)]
 
 
 def describe(engine: Engine) -> tuple[Partitioning | None, list[Partition]]:

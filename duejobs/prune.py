@@ -5,8 +5,9 @@ that hold nothing live and nothing finished within ``older_than`` (whole partiti
 :mod:`duejobs.partitions`), then deletes, in batches of ``batch_size`` each committed on its
 own, the schedules that finished (``succeeded``, ``failed``, ``cancelled``) more than
 ``older_than`` ago, with their events, attempts and effect-ledger rows, until a batch comes
-back short — in partitioned mode except those of the range the horizon (now - ``older_than``)
-falls in, which wait to be dropped with it. ``duejobs prune`` runs one pass, or one every
+back short — in partitioned mode except those of the ranges begun before the horizon (now -
+``older_than``) that hold nothing live, which wait to be dropped whole
+(:func:`duejobs.partitions.batch_spans`). ``duejobs prune`` runs one pass, or one every
 ``--every``.
 
 What it promises: a live row (``scheduled``, ``running``) is never deleted, whatever its age;
@@ -16,9 +17,12 @@ batches it committed are gone with their history, the others are untouched. The 
 own tables are never touched.
 
 What it does not promise: in partitioned mode, removal at ``older_than`` sharp — a finished
-schedule stays until its range drops, at most one partition period (7 days by default) longer;
-a deployment that must erase by a deadline sets ``older_than`` one period short of it. Nor a
-bound on a pass's duration — it follows how much finished history
+schedule of a range with nothing live stays until the range's last schedule finished
+``older_than`` ago, when the range is dropped: for a range of 7 days whose schedules run
+within a day of being made, up to 8 days past ``older_than``; longer when one ran long after
+(a range a live row keeps is pruned in batches meanwhile, as in the plain schema). A deployment
+that must erase by a deadline keeps the plain schema or sets ``older_than`` that much short of
+it. Nor a bound on a pass's duration — it follows how much finished history
 has piled up (measured in ``bench/``: about 100k rows/s here, two thirds of the rate of one
 unbatched DELETE).
 
@@ -91,15 +95,18 @@ class Pruner:
         """Delete batch after batch until one comes back short (or :meth:`stop`)."""
         started, deleted, batches = time.monotonic(), 0, 0
         dropped = partitions.drop_behind(self.core.engine, self.config.older_than)
-        waiting = partitions.waiting_range(self.core.engine, self.config.older_than)
-        while True:
-            with self.core.engine.begin() as conn:
-                n = store.prune_finished(
-                    conn, self.config.older_than, self.config.batch_size, waiting
-                )
-            metrics.PRUNED.inc(n)
-            deleted, batches = deleted + n, batches + 1
-            if n < self.config.batch_size or self._loop.stopping:
+        spans = partitions.batch_spans(self.core.engine, self.config.older_than)
+        for within in [None] if spans is None else spans:
+            while True:
+                with self.core.engine.begin() as conn:
+                    n = store.prune_finished(
+                        conn, self.config.older_than, self.config.batch_size, within
+                    )
+                metrics.PRUNED.inc(n)
+                deleted, batches = deleted + n, batches + 1
+                if n < self.config.batch_size or self._loop.stopping:
+                    break
+            if self._loop.stopping:
                 break
         result = PruneResult(deleted, batches, time.monotonic() - started, len(dropped))
         if deleted:

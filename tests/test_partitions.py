@@ -548,28 +548,28 @@ def test_a_range_is_dropped_whole_only_once_nothing_in_it_is_live_or_recent(
     assert partition_name("scheduled_jobs", start + timedelta(days=1)) in names
 
 
-def test_the_range_the_horizon_falls_in_is_left_whole_for_its_drop(parted: App) -> None:
-    """A pruner run every hour deletes nothing batch by batch that a drop takes whole a
-    period later: the rows of the range the horizon (now - older_than) falls in wait for it;
-    the finished rows of an older range kept by a live row go in batches. Seen failing with
-    the waiting range left out of the batches: the waiting rows were deleted one by one."""
+def test_a_range_with_nothing_live_is_left_whole_for_its_drop(parted: App) -> None:
+    """A pruner run every hour deletes nothing batch by batch that a drop will take whole: a
+    range begun before the horizon with no live row waits, even once the horizon has passed
+    its end while a schedule of it finished late; the finished rows of a range a live row
+    keeps go in batches. Seen failing with only the range the horizon falls in spared (the
+    range a late finish kept went row by row) and with no range spared."""
     start = _past_partitions(parted, 8)  # ranges of 8, 7 and 6 days ago
     now = _now(parted)
-    horizon = now - timedelta(days=7)
     with _tx(parted) as conn:
         held = [_insert(conn, start + timedelta(hours=1), finished=start + timedelta(hours=2))]
         live = _insert(conn, start + timedelta(hours=3), status="scheduled")
-        waiting_range = DAILY.start_of(horizon)
-        waiting = [_insert(conn, waiting_range, finished=waiting_range + timedelta(minutes=1))]
-    assert waiting_range == start + timedelta(days=1) and waiting_range < horizon
-    result = Pruner(parted, PruneConfig(older_than=timedelta(days=7))).run_once()
+        waits = start + timedelta(days=1)
+        early = _insert(conn, waits + timedelta(hours=1), finished=waits + timedelta(hours=2))
+        late = _insert(conn, waits + timedelta(hours=3), finished=now - timedelta(days=3))
+    result = Pruner(parted, PruneConfig(older_than=timedelta(days=6))).run_once()
     assert (result.partitions_dropped, result.deleted) == (0, 1)
     assert [_rows(parted, t, held) for t in PARTITIONED] == [0, 0, 0, 0]
+    assert [_rows(parted, t, [early, late]) for t in PARTITIONED] == [2, 2, 2, 2]
+    later = Pruner(parted, PruneConfig(older_than=timedelta(days=2))).run_once()
+    assert (later.partitions_dropped, later.deleted) == (2, 0)  # the empty one of 6 days ago
+    assert [_rows(parted, t, [early, late]) for t in PARTITIONED] == [0, 0, 0, 0]
     assert _rows(parted, "scheduled_jobs", [live]) == 1
-    assert [_rows(parted, t, waiting) for t in PARTITIONED] == [1, 1, 1, 1]
-    a_day_later = Pruner(parted, PruneConfig(older_than=timedelta(days=6))).run_once()
-    assert (a_day_later.partitions_dropped, a_day_later.deleted) == (1, 0)
-    assert [_rows(parted, t, waiting) for t in PARTITIONED] == [0, 0, 0, 0]
 
 
 def test_a_drop_checks_again_under_the_lock(parted: App) -> None:
@@ -642,11 +642,17 @@ def test_a_range_whose_tables_are_busy_is_left_for_the_next_pass_and_the_rest_is
     long_ago = _now(parted) - timedelta(days=9)
     with _tx(parted) as conn:
         old = [_insert(conn, start + timedelta(hours=h), finished=long_ago) for h in (1, 2)]
+        kept_by_live = start + timedelta(days=1)
+        _insert(conn, kept_by_live, status="scheduled")
+        rest = [_insert(conn, kept_by_live + timedelta(hours=1), finished=long_ago)]
     with _tx(parted) as reader:
         reader.execute(text("SELECT count(*) FROM scheduled_job_results"))  # holds its lock
         result = Pruner(parted, PruneConfig(older_than=timedelta(days=7))).run_once()
-    assert result.partitions_dropped == 0
-    assert result.deleted == 2 and _rows(parted, "scheduled_jobs", old) == 0
+    assert (result.partitions_dropped, result.deleted) == (0, 1)
+    assert _rows(parted, "scheduled_jobs", rest) == 0
+    assert _rows(parted, "scheduled_jobs", old) == 2  # whole, for the next pass's drop
+    again = Pruner(parted, PruneConfig(older_than=timedelta(days=7))).run_once()
+    assert again.partitions_dropped == 2 and _rows(parted, "scheduled_jobs", old) == 0
 
 
 def test_a_schema_too_long_for_its_staging_schema_is_refused_before_anything_is_touched() -> None:
@@ -781,6 +787,16 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
                 explain("live_figures", late=timedelta(minutes=1), tenant=None),
                 "scheduled_jobs_due_idx",
             ),
+            "prune within a span": (
+                explain(
+                    "prune_finished_within",
+                    age=timedelta(days=1),
+                    limit=1000,
+                    low=first_id_at(start + timedelta(days=12)),
+                    high=first_id_at(start + timedelta(days=15)),
+                ),
+                "scheduled_jobs_finished_idx",
+            ),
             "keyed insert": (
                 explain(
                     "insert_schedule",
@@ -805,3 +821,7 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
     for name, (plan, index) in plans.items():
         assert full_scans(plan, tables="scheduled_job") == [], (name, plan)
         assert reads_index(plan, index), (name, index, plan)
+    outside = partition_name("scheduled_jobs", start + timedelta(days=3))
+    span_plan = plans["prune within a span"][0].splitlines()
+    span_reads = [line for line in span_plan if "finished" in line]
+    assert span_reads and not [line for line in span_reads if outside in line], span_reads

@@ -33,6 +33,23 @@ FRAGMENTS = {
         "SELECT 1 FROM scheduled_jobs holder WHERE holder.tenant = {0} AND holder.key = {1} "
         "AND holder.{{{{live}}}}"
     ),
+    # a schedule that finished more than :age ago (what the pruner may delete)
+    "prunable": (
+        "status IN ('succeeded', 'failed', 'cancelled') "
+        "AND finished_at < statement_timestamp() - CAST(:age AS interval)"
+    ),
+    # the deletes of the history of the schedules of CTE {0} (events carry no foreign key,
+    # migration 0003; in partitioned mode neither do attempts, results and effects)
+    "delete_history": (
+        "events AS (DELETE FROM scheduled_job_events "
+        "WHERE schedule_id = ANY(ARRAY(SELECT id FROM {0}))), "
+        "attempts AS (DELETE FROM scheduled_job_attempts "
+        "WHERE schedule_id = ANY(ARRAY(SELECT id FROM {0}))), "
+        "results AS (DELETE FROM scheduled_job_results "
+        "WHERE schedule_id = ANY(ARRAY(SELECT id FROM {0}))), "
+        "effects AS (DELETE FROM scheduled_job_effects "
+        "WHERE schedule_id = ANY(ARRAY(SELECT id FROM {0})))"
+    ),
     # a row the scheduler has yet to push
     "unpushed": "status = 'scheduled' AND queue_job_id IS NULL",
     # a statement for one tenant, or for all when :tenant is NULL

@@ -7,22 +7,22 @@ from datetime import timedelta
 
 from sqlalchemy import Connection
 
-from duejobs.store.execution import run_count
+from duejobs.store.execution import run, run_count
 
 # -- retention -------------------------------------------------------------------------------
-
-
-_NONE = (uuid.UUID(int=0), uuid.UUID(int=0))
 
 
 def prune_finished(
     conn: Connection,
     older_than: timedelta,
     limit: int,
-    waiting: tuple[uuid.UUID, uuid.UUID] = _NONE,
+    within: tuple[uuid.UUID, uuid.UUID] | None = None,
 ) -> int:
     """Delete up to ``limit`` schedules that finished (succeeded, failed, cancelled) longer
-    than ``older_than`` ago, with their events, attempts and effects, except those whose id
-    is within ``waiting`` (from, to): a range left for its drop. Never a live row."""
-    params = {"age": older_than, "limit": limit, "wait_from": waiting[0], "wait_to": waiting[1]}
-    return run_count(conn, "prune_finished", params)
+    than ``older_than`` ago, with their events, attempts and effects; with ``within`` (the
+    lowest and highest id, both included), only those among its ids. Never a live row."""
+    params = {"age": older_than, "limit": limit}
+    if within is None:
+        return run_count(conn, "prune_finished", params)
+    run(conn, "custom_plans_only")
+    return run_count(conn, "prune_finished_within", {**params, "low": within[0], "high": within[1]})
