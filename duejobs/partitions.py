@@ -13,9 +13,9 @@ schema already in use is moved by :func:`convert`, online. Then:
   finished within ``older_than`` — the schedules with their events, attempts and results, in
   one transaction per range —, deletes their effect-ledger rows in batches (the ledger is not
   partitioned), then deletes the rest as in the plain schema, in batches — except in the
-  ranges begun before the horizon that hold nothing live, left whole for their drop
-  (:func:`batch_spans`: a pruner run every hour would otherwise delete them row by row
-  first). The check is made
+  ranges begun before the horizon, ended less than a period before it, that hold nothing
+  live: those are left whole for their drop (:func:`batch_spans`: a pruner run every hour
+  would otherwise delete them row by row first). The check is made
   again under the tables' locks, so a retry or a late insert racing with the drop either
   waits and finds no partition (its row goes to the default one), or wins and keeps the
   range.
@@ -23,8 +23,9 @@ schema already in use is moved by :func:`convert`, online. Then:
 What it promises: never a dropped live row; never a failed insert for want of a partition;
 each creation or drop waits at most ``LOCK_TIMEOUT`` (2 s) for its parent table's lock —
 taking it holds up statements on that table for as long as the catalog change takes (a few
-milliseconds), and a pass that cannot get it fails, to be tried again next pass (counted in
-``duejobs_reconciler_failed_passes_total`` / ``duejobs_pruner_failed_passes_total``).
+milliseconds). A reconciler pass that cannot create a partition fails, to be tried again next
+pass (counted in ``duejobs_reconciler_failed_passes_total``); a range the pruner cannot drop is
+pruned in batches that pass instead (:class:`Behind`), and dropped at a later one.
 
 Rows that waited in the default partition for a period without a partition are moved into it
 when it is made. What it does not do: change the period of partitions already made.
@@ -39,7 +40,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
@@ -92,18 +94,28 @@ def create_ahead(engine: Engine) -> list[str]:
     return created
 
 
-def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
+@dataclass(frozen=True)
+class Behind:
+    """What :func:`drop_behind` did: the ranges dropped, and those it could not drop this pass
+    because their tables were busy (the pruner deletes their rows in batches instead)."""
+
+    dropped: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+
+
+def drop_behind(engine: Engine, older_than: timedelta) -> Behind:
     """Drop each range that holds no live row and nothing finished within ``older_than``,
     then delete the effect-ledger rows of the ranges dropped (and of any dropped before, below
-    the oldest range kept) in batches; the names of those dropped. A range whose locks are
-    not granted in time is left for the next pass, and the others go on. Nothing in the
-    plain schema."""
+    the oldest range kept) in batches. A range whose locks are not granted in time is left
+    for the next pass (named in ``busy``), and the others go on. Nothing in the plain
+    schema."""
     with engine.begin() as conn:
         if store.partitioning(conn) is None:
-            return []
+            return Behind()
         horizon = store.database_now(conn) - older_than
         candidates = [p for p in store.partitions(conn) if p.droppable_by(horizon)]
     dropped: list[Partition] = []
+    busy: list[str] = []
     for partition in candidates:
         try:
             with engine.begin() as conn:
@@ -112,6 +124,7 @@ def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
         except OperationalError as exc:
             if not store.is_lock_conflict(exc):
                 raise
+            busy.append(partition.name)
             log.warning("%s not dropped this pass: its tables are busy", partition.name)
     with engine.begin() as conn:
         kept = [p.start for p in store.partitions(conn, details=False) if p.start is not None]
@@ -129,28 +142,38 @@ def drop_behind(engine: Engine, older_than: timedelta) -> list[str]:
     if dropped:
         metrics.PARTITIONS_DROPPED.inc(len(dropped))
         log.info("partitions dropped: %s", ", ".join(p.name for p in dropped))
-    return [p.name for p in dropped]
+    return Behind([p.name for p in dropped], busy)
 
 
 _LAST_ID = uuid.UUID(int=(1 << 128) - 1)
 
 
-def batch_spans(engine: Engine, older_than: timedelta) -> list[tuple[uuid.UUID, uuid.UUID]] | None:
+def batch_spans(
+    engine: Engine, older_than: timedelta, busy: Collection[str] = ()
+) -> list[tuple[uuid.UUID, uuid.UUID]] | None:
     """The spans of ids (lowest, highest, both included) the pruner's batches delete in;
     None in the plain schema (every id). In partitioned mode, every id but those of the
-    ranges a drop will take: a range begun before the horizon (now - ``older_than``) that
-    holds no live row is dropped whole once its last schedule finished more than
-    ``older_than`` ago (:func:`drop_behind`), and deleting it batch by batch meanwhile would
-    cost what the drop saves. A range holding a live row (which may keep it for months) and
-    the ids of the default partition are deleted in batches, as in the plain schema."""
+    ranges a drop will take soon: a range begun before the horizon (now - ``older_than``),
+    ended less than a period before it, holding no live row, is dropped whole once its last
+    schedule finished ``older_than`` ago (:func:`drop_behind`), and deleting it batch by
+    batch meanwhile would cost what the drop saves. So a finished schedule stays at most two
+    periods past ``older_than``. The batches delete in every other range: one a live row
+    keeps (for months, maybe), one still kept from its drop a period after its end (a
+    schedule of it finished late, or retried), one whose tables were ``busy`` this pass, and
+    the default partition's ids."""
     with engine.begin() as conn:
-        if store.partitioning(conn) is None:
+        settings = store.partitioning(conn)
+        if settings is None:
             return None
         horizon = store.database_now(conn) - older_than
         waiting = [
             p
             for p in store.partitions(conn)
-            if p.start is not None and p.end is not None and not p.live and p.start <= horizon
+            if p.start is not None
+            and p.end is not None
+            and p.start <= horizon < p.end + settings.period
+            and not p.live
+            and p.name not in busy
         ]
     spans, low = [], 0
     for p in waiting:  # oldest first

@@ -5,8 +5,9 @@ that hold nothing live and nothing finished within ``older_than`` (whole partiti
 :mod:`duejobs.partitions`), then deletes, in batches of ``batch_size`` each committed on its
 own, the schedules that finished (``succeeded``, ``failed``, ``cancelled``) more than
 ``older_than`` ago, with their events, attempts and effect-ledger rows, until a batch comes
-back short — in partitioned mode except those of the ranges begun before the horizon (now -
-``older_than``) that hold nothing live, which wait to be dropped whole
+back short (each span of ids its own batches) — in partitioned mode except those of the
+ranges begun before the horizon (now - ``older_than``), ended less than a period before it,
+that hold nothing live: they wait to be dropped whole
 (:func:`duejobs.partitions.batch_spans`). ``duejobs prune`` runs one pass, or one every
 ``--every``.
 
@@ -17,14 +18,11 @@ batches it committed are gone with their history, the others are untouched. The 
 own tables are never touched.
 
 What it does not promise: in partitioned mode, removal at ``older_than`` sharp — a finished
-schedule of a range with nothing live stays until the range's last schedule finished
-``older_than`` ago, when the range is dropped: for a range of 7 days whose schedules run
-within a day of being made, up to 8 days past ``older_than``; longer when one ran long after
-(a range a live row keeps is pruned in batches meanwhile, as in the plain schema). A deployment
-that must erase by a deadline keeps the plain schema or sets ``older_than`` that much short of
-it. Nor a bound on a pass's duration — it follows how much finished history
-has piled up (measured in ``bench/``: about 100k rows/s here, two thirds of the rate of one
-unbatched DELETE).
+schedule may stay up to two periods (14 days with weekly ranges) past ``older_than``, until its
+range drops or is sent back to the batches; a deployment that must erase by a deadline keeps
+the plain schema or sets ``older_than`` two periods short of it. Nor a bound on a pass's
+duration — it follows how much finished history has piled up (measured in ``bench/``: about
+100k rows/s here, two thirds of the rate of one unbatched DELETE).
 
 Metrics: ``duejobs_pruned_total``, ``duejobs_pruner_failed_passes_total``.
 
@@ -94,8 +92,8 @@ class Pruner:
     def run_once(self) -> PruneResult:
         """Delete batch after batch until one comes back short (or :meth:`stop`)."""
         started, deleted, batches = time.monotonic(), 0, 0
-        dropped = partitions.drop_behind(self.core.engine, self.config.older_than)
-        spans = partitions.batch_spans(self.core.engine, self.config.older_than)
+        behind = partitions.drop_behind(self.core.engine, self.config.older_than)
+        spans = partitions.batch_spans(self.core.engine, self.config.older_than, behind.busy)
         for within in [None] if spans is None else spans:
             while True:
                 with self.core.engine.begin() as conn:
@@ -108,7 +106,7 @@ class Pruner:
                     break
             if self._loop.stopping:
                 break
-        result = PruneResult(deleted, batches, time.monotonic() - started, len(dropped))
+        result = PruneResult(deleted, batches, time.monotonic() - started, len(behind.dropped))
         if deleted:
             log.info("pruned %d finished schedules in %d batches", deleted, batches)
         return result

@@ -634,11 +634,13 @@ def test_a_coming_range_is_made_even_when_the_default_partition_holds_rows_of_it
     )
 
 
-def test_a_range_whose_tables_are_busy_is_left_for_the_next_pass_and_the_rest_is_pruned(
+def test_a_range_whose_tables_are_busy_is_pruned_in_batches_and_dropped_at_a_later_pass(
     parted: App,
 ) -> None:
-    """Seen failing with the lock timeout raised out of the pass: nothing was pruned."""
-    start = _past_partitions(parted, 12)
+    """Seen failing with the lock timeout raised out of the pass (nothing was pruned) and with
+    the busy range spared from the batches as if it would drop (its rows stayed, and would
+    stay for as long as its tables stayed busy)."""
+    start = _past_partitions(parted, 8)  # the first ended less than a period before the horizon
     long_ago = _now(parted) - timedelta(days=9)
     with _tx(parted) as conn:
         old = [_insert(conn, start + timedelta(hours=h), finished=long_ago) for h in (1, 2)]
@@ -648,11 +650,26 @@ def test_a_range_whose_tables_are_busy_is_left_for_the_next_pass_and_the_rest_is
     with _tx(parted) as reader:
         reader.execute(text("SELECT count(*) FROM scheduled_job_results"))  # holds its lock
         result = Pruner(parted, PruneConfig(older_than=timedelta(days=7))).run_once()
-    assert (result.partitions_dropped, result.deleted) == (0, 1)
-    assert _rows(parted, "scheduled_jobs", rest) == 0
-    assert _rows(parted, "scheduled_jobs", old) == 2  # whole, for the next pass's drop
+    assert (result.partitions_dropped, result.deleted) == (0, 3)
+    assert _rows(parted, "scheduled_jobs", [*old, *rest]) == 0
     again = Pruner(parted, PruneConfig(older_than=timedelta(days=7))).run_once()
-    assert again.partitions_dropped == 2 and _rows(parted, "scheduled_jobs", old) == 0
+    assert again.partitions_dropped == 1
+
+
+def test_a_range_kept_from_its_drop_a_period_past_its_end_goes_to_the_batches(
+    parted: App,
+) -> None:
+    """A schedule retried again and again (or run long after it was made) keeps its range from
+    being dropped; its other finished rows then go in batches once the horizon is a period
+    past the range's end, not never. Seen failing with no such bound (they stayed)."""
+    start = _past_partitions(parted, 12)
+    now = _now(parted)
+    with _tx(parted) as conn:
+        early = _insert(conn, start + timedelta(hours=1), finished=start + timedelta(hours=2))
+        retried = _insert(conn, start + timedelta(hours=3), finished=now - timedelta(hours=1))
+    result = Pruner(parted, PruneConfig(older_than=timedelta(days=7))).run_once()
+    assert result.deleted == 1 and _rows(parted, "scheduled_jobs", [early]) == 0
+    assert _rows(parted, "scheduled_jobs", [retried]) == 1
 
 
 def test_a_schema_too_long_for_its_staging_schema_is_refused_before_anything_is_touched() -> None:
@@ -664,7 +681,7 @@ def test_a_schema_too_long_for_its_staging_schema_is_refused_before_anything_is_
 
 def test_partition_maintenance_does_nothing_on_the_plain_schema(app: App) -> None:
     assert create_ahead(app.engine) == []
-    assert drop_behind(app.engine, timedelta(0)) == []
+    assert drop_behind(app.engine, timedelta(0)).dropped == []
 
 
 def test_an_occurrence_id_is_the_same_for_every_scheduler_and_sorts_by_its_instant() -> None:
