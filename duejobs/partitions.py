@@ -21,9 +21,11 @@ schema already in use is moved by :func:`convert`, online. Then:
   range.
 
 What it promises: never a dropped live row; never a failed insert for want of a partition;
-each creation or drop waits at most ``LOCK_TIMEOUT`` (2 s) for its parent table's lock —
-taking it holds up statements on that table for as long as the catalog change takes (a few
-milliseconds). A reconciler pass that cannot create a partition fails, to be tried again next
+each creation or drop waits at most ``LOCK_TIMEOUT`` (2 s) for each parent table's lock —
+holding it holds up statements on that table for as long as the catalog change takes (a few
+milliseconds), and a drop takes the four tables' locks one after the other, so while it waits
+for one (a long transaction reading it) statements on those it holds wait too, up to 2 s per
+table. A reconciler pass that cannot create a partition fails, to be tried again next
 pass (counted in ``duejobs_reconciler_failed_passes_total``); a range the pruner cannot drop is
 pruned in batches that pass instead (:class:`Behind`), and dropped at a later one.
 

@@ -7,7 +7,7 @@ own, the schedules that finished (``succeeded``, ``failed``, ``cancelled``) more
 ``older_than`` ago, with their events, attempts and effect-ledger rows, until a batch comes
 back short (each span of ids its own batches) — in partitioned mode except those of the
 ranges begun before the horizon (now - ``older_than``), ended less than a period before it,
-that hold nothing live: they wait to be dropped whole
+that hold nothing live and did not find their tables busy: they wait to be dropped whole
 (:func:`duejobs.partitions.batch_spans`). ``duejobs prune`` runs one pass, or one every
 ``--every``.
 
@@ -18,11 +18,12 @@ batches it committed are gone with their history, the others are untouched. The 
 own tables are never touched.
 
 What it does not promise: in partitioned mode, removal at ``older_than`` sharp — a finished
-schedule may stay up to two periods (14 days with weekly ranges) past ``older_than``, until its
-range drops or is sent back to the batches; a deployment that must erase by a deadline keeps
-the plain schema or sets ``older_than`` two periods short of it. Nor a bound on a pass's
-duration — it follows how much finished history has piled up (measured in ``bench/``: about
-100k rows/s here, two thirds of the rate of one unbatched DELETE).
+schedule may stay up to two periods (14 days with weekly ranges) past ``older_than``, plus the
+time to the next pass, until its range drops or is sent back to the batches; a deployment that
+must erase by a deadline keeps the plain schema or sets ``older_than`` two periods short of it.
+Nor a bound on a pass's duration — it follows how much finished history has piled up
+(measured in ``bench/``: about 100k rows/s here, two thirds of the rate of one unbatched
+DELETE).
 
 Metrics: ``duejobs_pruned_total``, ``duejobs_pruner_failed_passes_total``.
 
