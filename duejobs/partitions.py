@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -98,11 +98,13 @@ def create_ahead(engine: Engine) -> list[str]:
 
 @dataclass(frozen=True)
 class Behind:
-    """What :func:`drop_behind` did: the ranges dropped, and those it could not drop this pass
-    because their tables were busy (the pruner deletes their rows in batches instead)."""
+    """What :func:`drop_behind` did: the ranges dropped, those it could not drop this pass
+    because their tables were busy, and the spans of ids left to the pruner's batches
+    (:func:`batch_spans`; None in the plain schema: every id)."""
 
     dropped: list[str] = field(default_factory=list)
     busy: list[str] = field(default_factory=list)
+    spans: list[tuple[uuid.UUID, uuid.UUID]] | None = None
 
 
 def drop_behind(engine: Engine, older_than: timedelta) -> Behind:
@@ -112,10 +114,12 @@ def drop_behind(engine: Engine, older_than: timedelta) -> Behind:
     for the next pass (named in ``busy``), and the others go on. Nothing in the plain
     schema."""
     with engine.begin() as conn:
-        if store.partitioning(conn) is None:
+        settings = store.partitioning(conn)
+        if settings is None:
             return Behind()
         horizon = store.database_now(conn) - older_than
-        candidates = [p for p in store.partitions(conn) if p.droppable_by(horizon)]
+        listed = store.partitions(conn)
+    candidates = [p for p in listed if p.droppable_by(horizon)]
     dropped: list[Partition] = []
     busy: list[str] = []
     for partition in candidates:
@@ -144,39 +148,34 @@ def drop_behind(engine: Engine, older_than: timedelta) -> Behind:
     if dropped:
         metrics.PARTITIONS_DROPPED.inc(len(dropped))
         log.info("partitions dropped: %s", ", ".join(p.name for p in dropped))
-    return Behind([p.name for p in dropped], busy)
+    names = [p.name for p in dropped]
+    return Behind(names, busy, batch_spans(listed, settings.period, horizon, busy))
 
 
 _LAST_ID = uuid.UUID(int=(1 << 128) - 1)
 
 
 def batch_spans(
-    engine: Engine, older_than: timedelta, busy: Collection[str] = ()
-) -> list[tuple[uuid.UUID, uuid.UUID]] | None:
-    """The spans of ids (lowest, highest, both included) the pruner's batches delete in;
-    None in the plain schema (every id). In partitioned mode, every id but those of the
-    ranges a drop will take soon: a range begun before the horizon (now - ``older_than``),
-    ended less than a period before it, holding no live row, is dropped whole once its last
-    schedule finished ``older_than`` ago (:func:`drop_behind`), and deleting it batch by
-    batch meanwhile would cost what the drop saves. So a finished schedule stays at most two
-    periods past ``older_than``. The batches delete in every other range: one a live row
-    keeps (for months, maybe), one still kept from its drop a period after its end (a
-    schedule of it finished late, or retried), one whose tables were ``busy`` this pass, and
-    the default partition's ids."""
-    with engine.begin() as conn:
-        settings = store.partitioning(conn)
-        if settings is None:
-            return None
-        horizon = store.database_now(conn) - older_than
-        waiting = [
-            p
-            for p in store.partitions(conn)
-            if p.start is not None
-            and p.end is not None
-            and p.start <= horizon < p.end + settings.period
-            and not p.live
-            and p.name not in busy
-        ]
+    listed: Sequence[Partition], period: timedelta, horizon: datetime, busy: Collection[str]
+) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """The spans of ids (lowest, highest, both included) the pruner's batches delete in:
+    every id but those of the ranges a drop will take soon. A range begun before the
+    ``horizon`` (now - ``older_than``), ended less than a ``period`` before it, holding no
+    live row, is dropped whole once its last schedule finished before the horizon
+    (:func:`drop_behind`), and deleting it batch by batch meanwhile would cost what the drop
+    saves. So a finished schedule stays at most two periods past ``older_than``. The batches
+    delete in every other range: one a live row keeps (for months, maybe), one still kept
+    from its drop a period after its end (a schedule of it finished late, or retried), one
+    whose tables were ``busy`` this pass, and the default partition's ids."""
+    waiting = [
+        p
+        for p in listed
+        if p.start is not None
+        and p.end is not None
+        and p.start <= horizon < p.end + period
+        and not p.live
+        and p.name not in busy
+    ]
     spans, low = [], 0
     for p in waiting:  # oldest first
         assert p.start is not None and p.end is not None

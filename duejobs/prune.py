@@ -94,8 +94,7 @@ class Pruner:
         """Delete batch after batch until one comes back short (or :meth:`stop`)."""
         started, deleted, batches = time.monotonic(), 0, 0
         behind = partitions.drop_behind(self.core.engine, self.config.older_than)
-        spans = partitions.batch_spans(self.core.engine, self.config.older_than, behind.busy)
-        for within in [None] if spans is None else spans:
+        for within in [None] if behind.spans is None else behind.spans:
             while True:
                 with self.core.engine.begin() as conn:
                     n = store.prune_finished(
