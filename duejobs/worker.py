@@ -63,7 +63,10 @@ Knobs (:class:`WorkerConfig`, checked when built): ``lease`` (20 s), ``heartbeat
 most half the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: set True
 to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeout`` (2 s),
 ``concurrency`` (1: deliveries one at a time, in the main thread; the App's connection pool
-grows to two connections per slot).
+grows to two connections per slot), ``take_window`` (10 ms, at most 1 s, 0 for none: how long
+a slot freed while others still run waits for them before the worker takes jobs — jobs taken
+together are claimed, started and finished together, which costs far less per job; see
+:class:`~duejobs.delivery.DuejobsWorker`).
 
 Metrics: ``duejobs_deliveries_total{tenant,type,outcome}``, ``duejobs_lag_seconds``, and
 ``duejobs_worker_batch_size{kind}`` (claims or outcomes per bookkeeping statement).
@@ -124,6 +127,8 @@ log = logging.getLogger("duejobs.worker")
 _MINUTE = timedelta(minutes=1)
 # Slots per process: past this, more processes serve better than more threads.
 MAX_CONCURRENCY = 512
+# The longest take window: a free slot waiting longer for the others is a slot wasted.
+_TAKE_WINDOW_MAX = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -141,9 +146,11 @@ class WorkerConfig:
     timeout_grace: timedelta = timedelta(seconds=10)
     claim_lock_timeout: timedelta = timedelta(seconds=2)
     concurrency: int = 1
+    take_window: timedelta = timedelta(milliseconds=10)
 
     def __post_init__(self) -> None:
         check_count("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
+        check_duration("take_window", self.take_window, zero_ok=True, at_most=_TAKE_WINDOW_MAX)
         for name in ("lease", "heartbeat", "timeout_grace", "claim_lock_timeout"):
             check_duration(name, getattr(self, name))
         check_duration("max_early_wait", self.max_early_wait, zero_ok=True, at_most=_MINUTE)
@@ -240,6 +247,10 @@ class Runtime:
     @property
     def concurrency(self) -> int:
         return self.config.concurrency
+
+    @property
+    def take_window(self) -> float:
+        return self.config.take_window.total_seconds()
 
     @property
     def wedged(self) -> int:

@@ -270,6 +270,9 @@ _SECOND = timedelta(seconds=1)
         (WorkerConfig, {"claim_lock_timeout": timedelta(0)}, "claim_lock_timeout must be > 0"),
         (WorkerConfig, {"max_early_wait": -_SECOND}, "max_early_wait must be >= 0"),
         (WorkerConfig, {"max_early_wait": 61 * _SECOND}, "max_early_wait must be at most"),
+        (WorkerConfig, {"take_window": -_SECOND}, "take_window must be >= 0"),
+        (WorkerConfig, {"take_window": 2 * _SECOND}, "take_window must be at most"),
+        (WorkerConfig, {"take_window": 0.01}, "take_window must be a timedelta"),
     ],
 )
 def test_every_service_config_refuses_a_knob_that_cannot_work_naming_it(

@@ -42,6 +42,9 @@ Seen failing against builds broken on purpose:
 * the ``rq suspend`` check skipped → ``test_rq_suspend_keeps_a_worker_from_taking_jobs``;
 * no more jobs taken with the first for the free slots (one claim statement per job) →
   ``test_deliveries_taken_together_are_claimed_in_one_statement``;
+* a slot freed while another runs taking a job at once (no take window), or the window's
+  wait woken before the other slot is free again →
+  ``test_a_slot_freed_while_others_run_waits_for_them_so_their_jobs_are_taken_together``;
 * outcomes committed one per statement (the group commit's limit 1) →
   ``test_outcomes_that_arrive_together_are_committed_together``;
 * RQ's finish of each job run alone (as RQ runs it) →
@@ -370,6 +373,33 @@ def test_deliveries_taken_together_are_claimed_in_one_statement(
     assert (after[0] - before[0], after[1] - before[1]) == (1, 8)
     assert [system.status(i) for i in ids] == ["succeeded"] * 8
     assert _count(system.app, "SELECT count(*) FROM scheduled_job_attempts") == 8
+
+
+def _started_at(app: App, ids: list[uuid.UUID]) -> list[object]:
+    with app.engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT id, started_at FROM scheduled_jobs WHERE id = ANY(:ids)"), {"ids": ids}
+        ).all()
+    at = {row.id: row.started_at for row in rows}
+    return [at[i] for i in ids]
+
+
+def test_a_slot_freed_while_others_run_waits_for_them_so_their_jobs_are_taken_together(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """Two slots: one handler returns at once, the other 0.3 s later. The slot freed first
+    waits for the other (within the take window), and the two jobs waiting then are taken and
+    claimed together — in one statement, so their rows share its ``started_at``."""
+    first = [system.app.schedule("slow", {"seconds": s}, delay=0).id for s in (0, 0.3)]
+    system.scheduler.run_once()
+    waiting = [system.app.schedule("record", {}, delay=0).id for _ in range(2)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2", "--take-window", "1s", "--burst")
+    assert worker.popen.wait(timeout=60) == 0, worker.output()
+    assert [system.status(i) for i in first + waiting] == ["succeeded"] * 4
+    claimed_first, claimed_then = _started_at(system.app, first), _started_at(system.app, waiting)
+    assert claimed_first[0] == claimed_first[1]
+    assert claimed_then[0] == claimed_then[1]
 
 
 def test_jobs_taken_together_pass_over_an_id_whose_job_is_gone(

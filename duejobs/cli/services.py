@@ -163,6 +163,13 @@ def scheduler(
     help="Deliveries run at once, each in a thread of its own (async handlers on the "
     "thread's event loop); 1 runs them in the main thread.",
 )
+@duration_option(
+    "--take-window",
+    _WORKER.take_window,
+    "With --concurrency above 1: how long a slot freed while others still run waits for them "
+    "before jobs are taken, so that they are taken, claimed and started together (0s: never).",
+    zero_ok=True,
+)
 @click.option(
     "--processes",
     type=click.IntRange(1, 256),
@@ -183,6 +190,7 @@ def worker(
     heartbeat: timedelta,
     timeout_grace: timedelta,
     concurrency: int,
+    take_window: timedelta,
     processes: int,
     log_level: str,
     log_format: str,
@@ -197,13 +205,15 @@ def worker(
             heartbeat=heartbeat,
             timeout_grace=timeout_grace,
             concurrency=concurrency,
+            take_window=take_window,
         )
     )
     if processes > 1:
         shared = ["worker", "--app", app_ref, *(f"--queue={q}" for q in queues)]
         shared += [f"--lease={spell_duration(lease)}", f"--heartbeat={spell_duration(heartbeat)}"]
         shared += [f"--timeout-grace={spell_duration(timeout_grace)}"]
-        shared += [f"--concurrency={concurrency}", f"--log-level={log_level}"]
+        shared += [f"--concurrency={concurrency}", f"--take-window={spell_duration(take_window)}"]
+        shared += [f"--log-level={log_level}"]
         shared += [f"--log-format={log_format}", *(["--burst"] if burst else [])]
 
         def child(index: int, starts: int) -> list[str]:

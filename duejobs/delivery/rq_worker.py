@@ -80,6 +80,11 @@ class Performer(Protocol):
     def concurrency(self) -> int: ...
 
     @property
+    def take_window(self) -> float:
+        """Seconds a slot freed while others run waits for them before jobs are taken."""
+        ...
+
+    @property
     def wedged(self) -> int:
         """Slots whose handler was given up past its timeout and grace and still runs."""
         ...
@@ -291,7 +296,11 @@ class DuejobsWorker(SimpleWorker):
     exactly as a plain SimpleWorker runs it. When a job is taken and more slots are free, as
     many more jobs as are waiting (one per free slot, without blocking) are taken with it and
     claimed in one statement (``Performer.claim_ahead``) and started in RQ in one pipeline;
-    they hold their slots and run next.
+    they hold their slots and run next. A slot freed while others still run waits for them,
+    up to the performer's ``take_window`` (10 ms by default), so that jobs are taken for
+    several free slots at once rather than one by one: with short handlers this halves the
+    worker's CPU per job; it delays a job by at most the window, and only while the worker is
+    busy.
 
     **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
     before each; here a plain beat and the suspension check reach Redis at most once a second
@@ -394,6 +403,7 @@ class DuejobsWorker(SimpleWorker):
                 return None
             self.heartbeat()
         try:
+            self._await_others()
             taken = None if self._stop_requested else self._take_waiting()
             if taken is not None:
                 return taken
@@ -413,6 +423,19 @@ class DuejobsWorker(SimpleWorker):
         self._state = WorkerStatus.BUSY
         self._begin([taken, *self._take_more(0)])
         return taken
+
+    def _await_others(self) -> None:
+        """A slot is free and others still run: wait for them, up to the performer's take
+        window (or a stop request), so that the jobs for the slots freed meanwhile are taken,
+        claimed and started together — one round trip of each kind for the batch instead of
+        one per job. A worker with no slot busy takes at once."""
+        deadline = time.monotonic() + self._performer.take_window
+        with self._busy_lock:
+            while self._busy > self._performer.wedged and not self._stop_requested:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._busy_lock.wait(min(left, _SLOT_WAIT))
 
     def _take_waiting(self) -> tuple[Job, Queue] | None:
         """Jobs already waiting, one for the slot just freed and one per other free slot,
@@ -644,13 +667,15 @@ class DuejobsWorker(SimpleWorker):
     def _slot_done(self) -> None:
         with self._busy_lock:
             self._busy -= 1
-            self._busy_lock.notify_all()
+            # The slot is free before anyone waiting for it wakes (:meth:`_await_others`).
+            self._slots.release()
+            if self._busy <= self._performer.wedged:  # the others are done (or given up)
+                self._busy_lock.notify_all()
             if not self._busy and self.get_state() == WorkerStatus.IDLE:
                 try:  # under the lock: a job the main thread starts now is busy after this
                     super().set_state(WorkerStatus.IDLE)
                 except RedisError as exc:
                     log.warning("could not mark the worker idle (%s)", exc)
-        self._slots.release()
 
     def teardown(self) -> None:
         """Run the jobs taken together with another and not started yet (they hold a slot
