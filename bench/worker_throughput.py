@@ -69,7 +69,9 @@ def _ours(app: App, redis: Redis, n: int, workers: int, env: dict[str, str]) -> 
     return max(s["end"] for s in spans) - min(s["start"] for s in spans)
 
 
-def throughput(database_url: str, redis_url: str, workers: int, repeats: int = 3) -> Figure:
+def throughput(
+    database_url: str, redis_url: str, workers: int, at_least: float, repeats: int = 3
+) -> Figure:
     env = _env(database_url, redis_url)
     redis = Redis.from_url(redis_url)
     app = App(database_url=database_url, redis_url=redis_url)
@@ -84,8 +86,8 @@ def throughput(database_url: str, redis_url: str, workers: int, repeats: int = 3
         value,
         baseline,
         "jobs/s",
-        ">= 0.7x bare RQ no-op",
-        value >= 0.7 * baseline,
+        f">= {at_least:g}x bare RQ no-op",
+        value >= at_least * baseline,
     )
 
 
@@ -183,8 +185,8 @@ def _duejobs_peak(database_url: str, redis_url: str, env: dict[str, str]) -> flo
 
 def run(database_url: str, redis_url: str) -> list[Figure]:
     return [
-        throughput(database_url, redis_url, workers=1),
-        throughput(database_url, redis_url, workers=2),
+        throughput(database_url, redis_url, workers=1, at_least=1.0),
+        throughput(database_url, redis_url, workers=2, at_least=0.7),
         peak(database_url, redis_url),
     ]
 

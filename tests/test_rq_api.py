@@ -18,7 +18,9 @@ Seen failing against builds broken on purpose, on RQ 2.x:
   ``test_a_worker_waits_out_a_redis_that_answers_too_late``;
 * a one-slot worker taking the state it started a job with (in a pipeline) for one already
   written, so that ``idle`` was never written after the job →
-  ``test_a_one_slot_worker_shows_busy_while_a_job_runs_and_idle_between_jobs``.
+  ``test_a_one_slot_worker_shows_busy_while_a_job_runs_and_idle_between_jobs``;
+* the finish writing the whole hash again (RQ's own save), or leaving out the job's end →
+  ``test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed``.
 """
 
 from __future__ import annotations
@@ -157,6 +159,30 @@ def test_a_finished_job_is_in_rqs_finished_registry_with_its_outcome(system: Sys
     queue = _queue(system)
     assert queue.finished_job_registry.get_job_ids() == [job.id]
     assert (queue.count, _started_ids(queue.started_job_registry)) == (0, [])
+
+
+def test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed(
+    system: System,
+) -> None:
+    """The worker's finish writes the fields of the job's hash that its run changed (RQ's
+    own finish writes the whole hash again): RQ reads the job whole, as it was enqueued, with
+    its run's status, times and worker."""
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    key = f"rq:job:{_job(system, s.id).id}"
+    enqueued = system.redis.hgetall(key)
+    system.work()
+    run = {b"status", b"started_at", b"ended_at", b"last_heartbeat", b"worker_name"}
+    finished = system.redis.hgetall(key)
+    assert {f: v for f, v in finished.items() if f not in run} == {
+        f: v for f, v in enqueued.items() if f not in run
+    }
+    job = _job(system, s.id)
+    assert job.get_status() == JobStatus.FINISHED and job.return_value() == "succeeded"
+    assert job.func_name == JOB_FUNCTION and job.args == [str(s.id), 1, 1, "default"]
+    assert job.worker_name  # the worker that ran it (gone once its burst ended)
+    assert job.started_at is not None and job.ended_at is not None
+    assert job.started_at <= job.ended_at == job.last_heartbeat
 
 
 def test_a_skipped_delivery_finishes_in_rq_with_the_reason_it_was_skipped(
