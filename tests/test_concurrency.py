@@ -45,6 +45,8 @@ Seen failing against builds broken on purpose:
 * a slot freed while another runs taking a job at once (no take window), or the window's
   wait woken before the other slot is free again →
   ``test_a_slot_freed_while_others_run_waits_for_them_so_their_jobs_are_taken_together``;
+  every slot running waited for, however long its handler has run (a window per take) →
+  ``test_a_handler_running_past_the_take_window_is_not_waited_for``;
 * outcomes committed one per statement (the group commit's limit 1) →
   ``test_outcomes_that_arrive_together_are_committed_together``;
 * RQ's finish of each job run alone (as RQ runs it) →
@@ -400,6 +402,25 @@ def test_a_slot_freed_while_others_run_waits_for_them_so_their_jobs_are_taken_to
     claimed_first, claimed_then = _started_at(system.app, first), _started_at(system.app, waiting)
     assert claimed_first[0] == claimed_first[1]
     assert claimed_then[0] == claimed_then[1]
+
+
+def test_a_handler_running_past_the_take_window_is_not_waited_for(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """Two slots, one held by a long handler: the other slot runs twenty short jobs one after
+    the other, waiting for the long one at most once (one window of 1 s), not before each."""
+    release = f"test:release:{uuid.uuid4().hex}"
+    held = system.app.schedule("hold", {"until": release}, delay=0).id
+    system.scheduler.run_once()
+    quick = [system.app.schedule("record", {}, delay=0).id for _ in range(20)]
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, "--concurrency", "2", "--take-window", "1s", "--burst")
+    # Twenty windows would be 20 s; one is 1 s.
+    wait_for(lambda: all(system.status(i) == "succeeded" for i in quick), 10, "the short jobs")
+    assert system.status(held) == "running"
+    system.redis.set(release, 1)
+    assert worker.popen.wait(timeout=60) == 0, worker.output()
+    assert system.status(held) == "succeeded"
 
 
 def test_jobs_taken_together_pass_over_an_id_whose_job_is_gone(

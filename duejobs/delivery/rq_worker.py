@@ -114,7 +114,10 @@ class _DeliveryJob(Job):
     (RQ builds one, checking its serializer, at each use) are shared by the worker's jobs of
     one queue, which have one connection and one serializer; and its finish writes the fields
     of the job's hash that its run changed, where RQ writes the whole hash again (its data
-    serialized and compressed anew, unchanged)."""
+    serialized and compressed anew, unchanged). A hash that vanished while its job ran
+    (evicted, or deleted by hand) is therefore left holding those fields alone until its
+    result's time to live ends, where RQ would write it whole again: duejobs counts such a job
+    as absent (its row, not the hash, says what became of the delivery)."""
 
     performer: ClassVar[Performer]
     registries: ClassVar[dict[tuple[type[BaseRegistry], str], BaseRegistry]]
@@ -366,11 +369,12 @@ class DuejobsWorker(SimpleWorker):
     exactly as a plain SimpleWorker runs it. When a job is taken and more slots are free, as
     many more jobs as are waiting (one per free slot, without blocking) are taken with it and
     claimed in one statement (``Performer.claim_ahead``) and started in RQ in one pipeline;
-    they hold their slots and run next. A slot freed while others still run waits for them,
-    up to the performer's ``take_window`` (10 ms by default), so that jobs are taken for
-    several free slots at once rather than one by one: with short handlers this halves the
-    worker's CPU per job; it delays a job by at most the window, and only while the worker is
-    busy.
+    they hold their slots and run next. A slot freed while others run waits for those that
+    started less than the performer's ``take_window`` ago (10 ms by default), at most that
+    long, so that jobs are taken for several free slots at once rather than one by one: with
+    short handlers this cuts the worker's CPU per job by a third. It delays a job by at most
+    the window, and only while the worker is busy; a handler running longer than the window
+    is not waited for.
 
     **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
     before each; here a plain beat and the suspension check reach Redis at most once a second
@@ -453,6 +457,10 @@ class DuejobsWorker(SimpleWorker):
             ThreadPoolExecutor(slots, thread_name_prefix="duejobs-slot") if slots > 1 else None
         )
         self._busy_lock = threading.Condition()
+        # Under that lock: when each running slot started (monotonic), and the slots a take
+        # waits for (:meth:`_await_others`).
+        self._running: dict[object, float] = {}
+        self._awaited: set[object] = set()
         self._taken: collections.deque[tuple[Job, Queue]] = collections.deque()
         self._started: dict[str, Execution] = {}  # executions of jobs taken together
         self._prepared: dict[str, bool] = {}  # those of them RQ's preparation was run for
@@ -495,17 +503,26 @@ class DuejobsWorker(SimpleWorker):
         return taken
 
     def _await_others(self) -> None:
-        """A slot is free and others still run: wait for them, up to the performer's take
-        window (or a stop request), so that the jobs for the slots freed meanwhile are taken,
-        claimed and started together — one round trip of each kind for the batch instead of
-        one per job. A worker with no slot busy takes at once."""
-        deadline = time.monotonic() + self._performer.take_window
+        """A slot is free and others still run: wait for those whose handler started less
+        than the performer's take window ago — short handlers, likely about to return — until
+        they are done or the window has passed, so that the jobs for the slots freed meanwhile
+        are taken, claimed and started together: one round trip of each kind for the batch
+        instead of one per job. A handler that has run longer than the window is not waited
+        for, so a long one (a slow call, a handler given up) costs the fast slots beside it no
+        wait past the first window. A stop request is seen at the next wake, within the
+        window."""
+        window = self._performer.take_window
         with self._busy_lock:
-            while self._busy > self._performer.wedged and not self._stop_requested:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._busy_lock.wait(min(left, _SLOT_WAIT))
+            now = time.monotonic()
+            self._awaited = {slot for slot, since in self._running.items() if now - since < window}
+            try:
+                while self._awaited and not self._stop_requested:
+                    left = now + window - time.monotonic()
+                    if left <= 0:
+                        return
+                    self._busy_lock.wait(min(left, _SLOT_WAIT))
+            finally:
+                self._awaited = set()
 
     def _take_waiting(self) -> tuple[Job, Queue] | None:
         """Jobs already waiting, one for the slot just freed and one per other free slot,
@@ -705,12 +722,14 @@ class DuejobsWorker(SimpleWorker):
                     exc,
                 )
             return
+        slot = object()  # this run of a slot (one job id can run twice at once)
         with self._busy_lock:
             self._busy += 1
+            self._running[slot] = time.monotonic()
         try:
-            self._pool.submit(self._run_slot, job, queue, self._execution_for(job))
+            self._pool.submit(self._run_slot, slot, job, queue, self._execution_for(job))
         except BaseException:  # the job stays in RQ's intermediate list for the re-push
-            self._slot_done()
+            self._slot_done(slot)
             raise
 
     def _execution_for(self, job: Job) -> Execution:
@@ -726,20 +745,25 @@ class DuejobsWorker(SimpleWorker):
             self.execution = execution
             self.perform_job(job, queue)  # type: ignore[call-arg,unused-ignore]
 
-    def _run_slot(self, job: Job, queue: Queue, execution: Execution) -> None:
+    def _run_slot(self, slot: object, job: Job, queue: Queue, execution: Execution) -> None:
         try:
             self._perform(job, queue, execution)
         except BaseException:  # perform_job records failures itself; this is a last resort
             log.exception("slot ended by an error outside the job %s", job.id)
         finally:
-            self._slot_done()
+            self._slot_done(slot)
 
-    def _slot_done(self) -> None:
+    def _slot_done(self, slot: object) -> None:
         with self._busy_lock:
             self._busy -= 1
+            del self._running[slot]
             # The slot is free before anyone waiting for it wakes (:meth:`_await_others`).
             self._slots.release()
-            if self._busy <= self._performer.wedged:  # the others are done (or given up)
+            if slot in self._awaited:
+                self._awaited.discard(slot)
+                if not self._awaited:  # the last one the take waits for
+                    self._busy_lock.notify_all()
+            if self._busy <= max(0, self._performer.wedged):  # a warm stop waits for this
                 self._busy_lock.notify_all()
             if not self._busy and self.get_state() == WorkerStatus.IDLE:
                 try:  # under the lock: a job the main thread starts now is busy after this
@@ -840,7 +864,7 @@ class DuejobsWorker(SimpleWorker):
     def handle_execution_ended(self, job: Job, queue: Queue, heartbeat_ttl: int) -> None:
         """The end of a job's run. RQ also beats the job here (a round trip of its own), to
         cover the job's success or failure callback; a duejobs delivery has none, and its
-        finish, in the next step, writes the job's hash whole: its last beat goes there."""
+        finish, in the next step, writes the job's end and last beat."""
         if getattr(job, "delivered", None) is None:
             super().handle_execution_ended(job, queue, heartbeat_ttl)
             return
