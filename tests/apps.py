@@ -76,6 +76,31 @@ def stall_once(ctx: Context, payload: Any) -> None:
     record(ctx, payload)
 
 
+async def record_async(ctx: Context, payload: Any) -> None:
+    """``record`` as an ``async def`` handler (``ctx``'s methods are synchronous)."""
+    await asyncio.sleep(0)
+    record(ctx, payload)
+
+
+async def flaky_async(ctx: Context, payload: Any) -> None:
+    """``flaky`` as an ``async def`` handler."""
+    await asyncio.sleep(0)
+    flaky(ctx, payload)
+
+
+async def slow_async(ctx: Context, payload: Any) -> None:
+    """``slow`` as an ``async def`` handler: awaits, then records."""
+    await asyncio.sleep(float(payload.get("seconds", 1)))
+    record(ctx, payload)
+
+
+async def stall_once_async(ctx: Context, payload: Any) -> None:
+    """``stall_once`` as an ``async def`` handler."""
+    if ctx.attempt == 1:
+        await asyncio.sleep(float(payload.get("seconds", 60)))
+    record(ctx, payload)
+
+
 def stubborn(ctx: Context, payload: Any) -> None:
     """Swallows everything, its timeout included, for `seconds`: it never returns in time."""
     give_up = time.monotonic() + float(payload.get("seconds", 60))
@@ -167,9 +192,15 @@ def register(app: duejobs.App) -> duejobs.App:
     fast = timedelta(milliseconds=50)
     app.handler("record")(record)
     app.handler("record-loosely")(record_loosely)
-    app.handler("flaky", max_attempts=3, backoff=fast, backoff_cap=timedelta(seconds=1))(flaky)
+    app.handler("record-async")(record_async)
+    for name, flaky_kind in (("flaky", flaky), ("flaky-async", flaky_async)):
+        app.handler(name, max_attempts=3, backoff=fast, backoff_cap=timedelta(seconds=1))(
+            flaky_kind
+        )
     app.handler("slow", timeout=timedelta(seconds=60))(slow)
+    app.handler("slow-async", timeout=timedelta(seconds=60))(slow_async)
     app.handler("stall-once", timeout=timedelta(minutes=5))(stall_once)
+    app.handler("stall-once-async", timeout=timedelta(minutes=5))(stall_once_async)
     app.handler("stubborn", timeout=timedelta(seconds=1), max_attempts=2)(stubborn)
     app.handler("stubborn-fenced", timeout=timedelta(seconds=1), max_attempts=2)(stubborn_fenced)
     app.handler("meet", max_attempts=1)(meet)

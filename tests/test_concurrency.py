@@ -3,6 +3,9 @@ and ``async def`` handlers in one process, and every guarantee of one slot kept 
 
 Seen failing against builds broken on purpose:
 
+* an ``async def`` handler in a slot never run (its coroutine closed unawaited) → the
+  ``-async`` cases of the revalidation, retry, cancel, SIGTERM and SIGKILL tests, which run
+  each of them with sync and with ``async def`` handlers;
 * the slots' semaphore sized 1 whatever N (one delivery at a time) →
   ``test_n_slots_run_n_deliveries_at_once_sync_and_async_in_one_process``;
 * a job taken from Redis before a slot is free (the semaphore acquired after the dequeue) →
@@ -159,16 +162,17 @@ def test_one_slot_is_the_single_threaded_worker_of_before(
     assert stored.last_error is not None and "only 1 of 2" in stored.last_error
 
 
+@pytest.mark.parametrize("kind", ["record", "record-async"])
 def test_each_slot_revalidates_so_copies_of_one_delivery_apply_one_effect(
-    system: System, slots: Callable[[int], None]
+    system: System, slots: Callable[[int], None], kind: str
 ) -> None:
-    s = system.app.schedule("record", {}, delay=0)
+    s = system.app.schedule(kind, {}, delay=0)
     system.scheduler.run_once()
     queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
     for copy in range(3):  # what an at-least-once transport may hand over, at once
         queue.enqueue("duejobs.worker.perform", str(s.id), 1, 1, "default", job_id=f"copy-{copy}")
     slots(4)
-    assert system.effects() == [(f"record:{s.id}:1", 1)]
+    assert system.effects() == [(f"{kind}:{s.id}:1", 1)]
     skipped = _count(
         system.app,
         "SELECT count(*) FROM scheduled_job_events WHERE schedule_id = :id AND kind = 'skipped'",
@@ -177,10 +181,11 @@ def test_each_slot_revalidates_so_copies_of_one_delivery_apply_one_effect(
     assert skipped == 3
 
 
+@pytest.mark.parametrize("kind", ["flaky", "flaky-async"])
 def test_retries_run_per_slot_until_each_succeeds(
-    system: System, slots: Callable[[int], None]
+    system: System, slots: Callable[[int], None], kind: str
 ) -> None:
-    ids = [system.app.schedule("flaky", {"fail_times": 1}, delay=0).id for _ in range(4)]
+    ids = [system.app.schedule(kind, {"fail_times": 1}, delay=0).id for _ in range(4)]
 
     def done() -> bool:
         system.scheduler.run_once()
@@ -216,10 +221,11 @@ def test_an_async_handler_past_its_timeout_in_a_slot_is_cancelled(
     assert stored.last_error == "HandlerTimeoutError: handler ran past its timeout of 1 s"
 
 
+@pytest.mark.parametrize("kind", ["slow", "slow-async"])
 def test_a_cancel_while_a_slot_runs_its_handler_leaves_no_effect(
-    system: System, spawn: Callable[..., Proc]
+    system: System, spawn: Callable[..., Proc], kind: str
 ) -> None:
-    s = system.app.schedule("slow", {"seconds": 1.5}, delay=0)
+    s = system.app.schedule(kind, {"seconds": 1.5}, delay=0)
     system.scheduler.run_once()
     worker = spawn(*WORKER, "--concurrency", "3", "--burst")
     wait_for(lambda: system.status(s.id) == "running", 30, "the handler to start")
@@ -707,12 +713,13 @@ def test_the_same_stop_signal_twice_within_a_second_is_one_warm_shutdown(
     assert [system.status(i) for i in ids] == ["succeeded"] * 2
 
 
+@pytest.mark.parametrize("kind", ["slow", "slow-async"])
 def test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched(
-    system: System, spawn: Callable[..., Proc]
+    system: System, spawn: Callable[..., Proc], kind: str
 ) -> None:
     """Their leases are kept while they finish: handlers longer than the lease, and a
     reconciler passing all the while, rescue nothing."""
-    ids = [system.app.schedule("slow", {"seconds": 5}, delay=0).id for _ in range(6)]
+    ids = [system.app.schedule(kind, {"seconds": 5}, delay=0).id for _ in range(6)]
     system.scheduler.run_once()
     worker = spawn(*WORKER, "--concurrency", "3", "--lease", "3s", "--heartbeat", "0.5s")
     running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
@@ -732,10 +739,11 @@ def test_sigterm_lets_running_slots_finish_and_leaves_the_rest_untouched(
     assert Queue("duejobs", connection=system.redis, serializer=JSONSerializer).count == 3
 
 
+@pytest.mark.parametrize("kind", ["stall-once", "stall-once-async"])
 def test_sigkill_leaves_every_running_slot_to_the_reconcilers_rescue(
-    system: System, spawn: Callable[..., Proc]
+    system: System, spawn: Callable[..., Proc], kind: str
 ) -> None:
-    ids = [system.app.schedule("stall-once", {"seconds": 120}, delay=0).id for _ in range(3)]
+    ids = [system.app.schedule(kind, {"seconds": 120}, delay=0).id for _ in range(3)]
     system.scheduler.run_once()
     worker = spawn(*WORKER, "--concurrency", "3", "--lease", "2s", "--heartbeat", "1s")
     running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
@@ -749,7 +757,7 @@ def test_sigkill_leaves_every_running_slot_to_the_reconcilers_rescue(
 
     wait_for(rescued, 30, "the rescue of every slot")
     system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
-    assert sorted(system.effects()) == sorted((f"stall-once:{i}:1", 2) for i in ids)
+    assert sorted(system.effects()) == sorted((f"{kind}:{i}:1", 2) for i in ids)
 
 
 def _children(pid: int) -> set[int]:
