@@ -48,8 +48,8 @@ Seen failing against builds broken on purpose:
 * a slot freed while another runs taking a job at once (no take window), or the window's
   wait woken before the other slot is free again →
   ``test_a_slot_freed_while_others_run_waits_for_them_so_their_jobs_are_taken_together``;
-  every slot running waited for, however long its handler has run (a window per take) →
-  ``test_a_handler_running_past_the_take_window_is_not_waited_for``;
+  every slot running waited for, whenever its handler started (a window per take) →
+  ``test_a_long_handler_beside_fast_ones_is_waited_for_at_most_once``;
 * outcomes committed one per statement (the group commit's limit 1) →
   ``test_outcomes_that_arrive_together_are_committed_together``;
 * RQ's finish of each job run alone (as RQ runs it) →
@@ -410,11 +410,13 @@ def test_a_slot_freed_while_others_run_waits_for_them_so_their_jobs_are_taken_to
     assert claimed_then[0] == claimed_then[1]
 
 
-def test_a_handler_running_past_the_take_window_is_not_waited_for(
+def test_a_long_handler_beside_fast_ones_is_waited_for_at_most_once(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
     """Two slots, one held by a long handler: the other slot runs twenty short jobs one after
-    the other, waiting for the long one at most once (one window of 1 s), not before each."""
+    the other, waiting for the long one (taken with its first) at most once — one window of
+    1 s —, not before each: only handlers started with the job that freed the slot are waited
+    for."""
     release = f"test:release:{uuid.uuid4().hex}"
     held = system.app.schedule("hold", {"until": release}, delay=0).id
     system.scheduler.run_once()

@@ -166,8 +166,8 @@ def scheduler(
 @duration_option(
     "--take-window",
     _WORKER.take_window,
-    "With --concurrency above 1: how long a slot freed while others run waits for those "
-    "started within that time before jobs are taken, so that they are taken, claimed and "
+    "With --concurrency above 1: how long a slot freed while others run waits for the "
+    "handlers started with its own before jobs are taken, so that they are taken, claimed and "
     "started together (0s: never).",
     zero_ok=True,
 )

@@ -369,12 +369,13 @@ class DuejobsWorker(SimpleWorker):
     exactly as a plain SimpleWorker runs it. When a job is taken and more slots are free, as
     many more jobs as are waiting (one per free slot, without blocking) are taken with it and
     claimed in one statement (``Performer.claim_ahead``) and started in RQ in one pipeline;
-    they hold their slots and run next. A slot freed while others run waits for those that
-    started less than the performer's ``take_window`` ago (10 ms by default), at most that
-    long, so that jobs are taken for several free slots at once rather than one by one: with
-    short handlers this cuts the worker's CPU per job by a third. It delays a job by at most
-    the window, and only while the worker is busy; a handler running longer than the window
-    is not waited for.
+    they hold their slots and run next. A slot freed while others run waits for those
+    started together with its job (within the performer's ``take_window``, 10 ms by
+    default), at most that long, so that jobs are taken for several free slots at once rather
+    than one by one: with short handlers this cuts the worker's CPU per job by a third. It
+    delays a job by at most the window, and only while the worker is busy; a handler started
+    at another time is not waited for, so a long one costs the slots beside it one window at
+    most.
 
     **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
     before each; here a plain beat and the suspension check reach Redis at most once a second
@@ -457,9 +458,10 @@ class DuejobsWorker(SimpleWorker):
             ThreadPoolExecutor(slots, thread_name_prefix="duejobs-slot") if slots > 1 else None
         )
         self._busy_lock = threading.Condition()
-        # Under that lock: when each running slot started (monotonic), and the slots a take
-        # waits for (:meth:`_await_others`).
+        # Under that lock: when each running slot started (monotonic), when the job that last
+        # freed a slot started, and the slots a take waits for (:meth:`_await_others`).
         self._running: dict[object, float] = {}
+        self._freed_started = 0.0
         self._awaited: set[object] = set()
         self._taken: collections.deque[tuple[Job, Queue]] = collections.deque()
         self._started: dict[str, Execution] = {}  # executions of jobs taken together
@@ -503,18 +505,18 @@ class DuejobsWorker(SimpleWorker):
         return taken
 
     def _await_others(self) -> None:
-        """A slot is free and others still run: wait for those whose handler started less
-        than the performer's take window ago — short handlers, likely about to return — until
-        they are done or the window has passed, so that the jobs for the slots freed meanwhile
-        are taken, claimed and started together: one round trip of each kind for the batch
-        instead of one per job. A handler that has run longer than the window is not waited
-        for, so a long one (a slow call, a handler given up) costs the fast slots beside it no
-        wait past the first window. A stop request is seen at the next wake, within the
-        window."""
+        """A slot is free and others still run: wait for those started together with the job
+        that last freed a slot (within the performer's take window of it) — handlers taken
+        together tend to return together — until they are done or the window has passed, so
+        that the jobs for the slots freed meanwhile are taken, claimed and started together:
+        one round trip of each kind for the batch instead of one per job. A handler started
+        at another time is not waited for, so a long one (a slow call, a handler given up)
+        costs the fast slots beside it at most one window. A stop request is seen at the next
+        wake, within the window."""
         window = self._performer.take_window
         with self._busy_lock:
-            now = time.monotonic()
-            self._awaited = {slot for slot, since in self._running.items() if now - since < window}
+            now, mark = time.monotonic(), self._freed_started
+            self._awaited = {s for s, since in self._running.items() if abs(since - mark) < window}
             try:
                 while self._awaited and not self._stop_requested:
                     left = now + window - time.monotonic()
@@ -756,7 +758,7 @@ class DuejobsWorker(SimpleWorker):
     def _slot_done(self, slot: object) -> None:
         with self._busy_lock:
             self._busy -= 1
-            del self._running[slot]
+            self._freed_started = self._running.pop(slot)
             # The slot is free before anyone waiting for it wakes (:meth:`_await_others`).
             self._slots.release()
             if slot in self._awaited:
