@@ -371,11 +371,11 @@ class DuejobsWorker(SimpleWorker):
     claimed in one statement (``Performer.claim_ahead``) and started in RQ in one pipeline;
     they hold their slots and run next. A slot freed while others run waits for those
     started together with its job (within the performer's ``take_window``, 10 ms by
-    default), at most that long, so that jobs are taken for several free slots at once rather
-    than one by one: with short handlers this cuts the worker's CPU per job by a third. It
-    delays a job by at most the window, and only while the worker is busy; a handler started
-    at another time is not waited for, so a long one costs the slots beside it one window at
-    most.
+    default), at most that long and once per batch, so that jobs are taken for several free
+    slots at once rather than one by one: with short handlers this cuts the worker's CPU per
+    job by a third. It delays a job by at most the window, and only while the worker is busy;
+    a handler started at another time is not waited for, so a long one costs the slots beside
+    it one window at most.
 
     **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
     before each; here a plain beat and the suspension check reach Redis at most once a second
@@ -458,10 +458,14 @@ class DuejobsWorker(SimpleWorker):
             ThreadPoolExecutor(slots, thread_name_prefix="duejobs-slot") if slots > 1 else None
         )
         self._busy_lock = threading.Condition()
-        # Under that lock: when each running slot started (monotonic), when the job that last
-        # freed a slot started, and the slots a take waits for (:meth:`_await_others`).
-        self._running: dict[object, float] = {}
-        self._freed_started = 0.0
+        # The take each job taken and not yet handed out came with; under ``_busy_lock``
+        # (:meth:`_await_others`): the take each running slot's job came with, the take of the
+        # job that first freed a slot since the last take, the take the last wait was for,
+        # and the slots a take waits for.
+        self._take_of: dict[str, object] = {}
+        self._running: dict[object, object] = {}
+        self._freed_take: object | None = None
+        self._waited_take: object | None = None
         self._awaited: set[object] = set()
         self._taken: collections.deque[tuple[Job, Queue]] = collections.deque()
         self._started: dict[str, Execution] = {}  # executions of jobs taken together
@@ -506,17 +510,21 @@ class DuejobsWorker(SimpleWorker):
 
     def _await_others(self) -> None:
         """A slot is free and others still run: wait for those started together with the job
-        that last freed a slot (within the performer's take window of it) — handlers taken
-        together tend to return together — until they are done or the window has passed, so
-        that the jobs for the slots freed meanwhile are taken, claimed and started together:
-        one round trip of each kind for the batch instead of one per job. A handler started
-        at another time is not waited for, so a long one (a slow call, a handler given up)
-        costs the fast slots beside it at most one window. A stop request is seen at the next
-        wake, within the window."""
+        that first freed a slot since the last take (taken from Redis in the same take) —
+        handlers taken together tend to return together — until they are done or the
+        performer's take window has passed, so that the jobs for the slots freed meanwhile are
+        taken, claimed and started together: one round trip of each kind for the batch instead
+        of one per job. Jobs taken together are waited for once: their slots that free later
+        take at once. So a long handler (a slow call, a handler given up), or handlers whose
+        times spread wider than the window, cost the slots beside them one window at most. A
+        stop request is seen at the next wake, within the window."""
         window = self._performer.take_window
         with self._busy_lock:
-            now, mark = time.monotonic(), self._freed_started
-            self._awaited = {s for s, since in self._running.items() if abs(since - mark) < window}
+            now, take, self._freed_take = time.monotonic(), self._freed_take, None
+            if take is None or take is self._waited_take:
+                return  # no slot freed since the last take, or its take had its wait
+            self._waited_take = take
+            self._awaited = {s for s, came in self._running.items() if came is take}
             try:
                 while self._awaited and not self._stop_requested:
                     left = now + window - time.monotonic()
@@ -570,6 +578,9 @@ class DuejobsWorker(SimpleWorker):
         are started in RQ in one pipeline and have their deliveries claimed in one
         statement, which commits while the jobs are handed out."""
         self._taken.extend(jobs[1:])
+        take = object()
+        for job, _ in jobs:
+            self._take_of[job.id] = take
         self._start_all(jobs)
         deliveries = [d for d in map(_delivery, jobs) if d is not None]
         try:
@@ -725,9 +736,10 @@ class DuejobsWorker(SimpleWorker):
                 )
             return
         slot = object()  # this run of a slot (one job id can run twice at once)
+        take = self._take_of.pop(job.id, None) or object()
         with self._busy_lock:
             self._busy += 1
-            self._running[slot] = time.monotonic()
+            self._running[slot] = take
         try:
             self._pool.submit(self._run_slot, slot, job, queue, self._execution_for(job))
         except BaseException:  # the job stays in RQ's intermediate list for the re-push
@@ -757,8 +769,12 @@ class DuejobsWorker(SimpleWorker):
 
     def _slot_done(self, slot: object) -> None:
         with self._busy_lock:
+            take = self._running.pop(slot, None)
+            if take is None:  # counted done already (its submission failed half-way)
+                return
             self._busy -= 1
-            self._freed_started = self._running.pop(slot)
+            if self._freed_take is None:
+                self._freed_take = take
             # The slot is free before anyone waiting for it wakes (:meth:`_await_others`).
             self._slots.release()
             if slot in self._awaited:
@@ -782,7 +798,7 @@ class DuejobsWorker(SimpleWorker):
             while self._taken:
                 self.execute_job(*self._taken.popleft())
             with self._busy_lock:
-                while self._busy > self._performer.wedged:
+                while self._busy > max(0, self._performer.wedged):
                     self._busy_lock.wait(_SLOT_WAIT)
                 stuck = self._busy
             if stuck:
