@@ -65,8 +65,8 @@ to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeou
 ``concurrency`` (1: deliveries one at a time, in the main thread; the App's connection pool
 grows to two connections per slot), ``take_window`` (10 ms, at most 1 s, 0 for none;
 with ``concurrency`` above 1 only: how long a slot freed while others run waits for the
-handlers started together with its own before the worker takes jobs — jobs taken together are
-claimed and started together, which costs far less per job; see
+handlers taken together with its own (once per batch) before the worker takes jobs — jobs
+taken together are claimed and started together, which costs far less per job; see
 :class:`~duejobs.delivery.DuejobsWorker`).
 
 Metrics: ``duejobs_deliveries_total{tenant,type,outcome}``, ``duejobs_lag_seconds``, and
@@ -139,7 +139,7 @@ class WorkerConfig:
     the worker's own claim/outcome commits wait for the disk (see the module docstring), how
     long a handler past its timeout may take to return before the worker ends itself, how
     long a claim waits for a row lock an application transaction holds, how many deliveries
-    run at once, and how long a slot freed while others run waits for the handlers started
+    run at once, and how long a slot freed while others run waits for the handlers taken
     with its own before jobs are taken (so that they are taken together; ignored with one
     slot)."""
 

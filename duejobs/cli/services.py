@@ -167,8 +167,8 @@ def scheduler(
     "--take-window",
     _WORKER.take_window,
     "With --concurrency above 1: how long a slot freed while others run waits for the "
-    "handlers started with its own before jobs are taken, so that they are taken, claimed and "
-    "started together (0s: never).",
+    "handlers taken with its own (once per batch) before jobs are taken, so that they are "
+    "taken, claimed and started together (0s: never).",
     zero_ok=True,
 )
 @click.option(
