@@ -369,13 +369,12 @@ class DuejobsWorker(SimpleWorker):
     exactly as a plain SimpleWorker runs it. When a job is taken and more slots are free, as
     many more jobs as are waiting (one per free slot, without blocking) are taken with it and
     claimed in one statement (``Performer.claim_ahead``) and started in RQ in one pipeline;
-    they hold their slots and run next. A slot freed while others run waits for those
-    started together with its job (within the performer's ``take_window``, 10 ms by
-    default), at most that long and once per batch, so that jobs are taken for several free
-    slots at once rather than one by one: with short handlers this cuts the worker's CPU per
-    job by a third. It delays a job by at most the window, and only while the worker is busy;
-    a handler started at another time is not waited for, so a long one costs the slots beside
-    it one window at most.
+    they hold their slots and run next. A slot freed while others run waits, once per batch,
+    for those taken from Redis together with its job, at most the performer's ``take_window``
+    (10 ms by default), so that jobs are taken for several free slots at once rather than one
+    by one: with short handlers this cuts the worker's CPU per job by a third. It delays a job
+    by at most the window, and only while the worker is busy; a handler taken at another time
+    is not waited for, so a long one costs the slots beside it one window at most.
 
     **Less Redis per job.** RQ beats three times per job and reads the ``rq suspend`` flag
     before each; here a plain beat and the suspension check reach Redis at most once a second
@@ -407,7 +406,6 @@ class DuejobsWorker(SimpleWorker):
     """
 
     max_connection_wait_time = _DEQUEUE_BACKOFF_CAP  # RQ's own, inside its dequeue: 60 s
-    _busy = 0  # slots running a job (RQ may set the state before __init__ ends)
     _suspension_checked: datetime | None = None
     _beat_at: datetime | None = None  # the last plain heartbeat sent
     _starting: Any = None  # the pipeline starting jobs taken together, meanwhile
@@ -738,13 +736,17 @@ class DuejobsWorker(SimpleWorker):
         slot = object()  # this run of a slot (one job id can run twice at once)
         take = self._take_of.pop(job.id, None) or object()
         with self._busy_lock:
-            self._busy += 1
             self._running[slot] = take
         try:
             self._pool.submit(self._run_slot, slot, job, queue, self._execution_for(job))
         except BaseException:  # the job stays in RQ's intermediate list for the re-push
             self._slot_done(slot)
             raise
+
+    @property
+    def _busy(self) -> int:
+        """Slots running a job (RQ may set the worker's state before ``__init__`` ends)."""
+        return len(self.__dict__.get("_running", ()))
 
     def _execution_for(self, job: Job) -> Execution:
         """The job's execution: the one it was started with, or RQ's own, made now."""
@@ -772,7 +774,6 @@ class DuejobsWorker(SimpleWorker):
             take = self._running.pop(slot, None)
             if take is None:  # counted done already (its submission failed half-way)
                 return
-            self._busy -= 1
             if self._freed_take is None:
                 self._freed_take = take
             # The slot is free before anyone waiting for it wakes (:meth:`_await_others`).
