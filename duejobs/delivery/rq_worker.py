@@ -735,10 +735,21 @@ class DuejobsWorker(SimpleWorker):
             return
         slot = object()  # this run of a slot (one job id can run twice at once)
         take = self._take_of.pop(job.id, None) or object()
+        try:
+            execution = self._execution_for(job)
+        except RedisError as exc:  # RQ would end the worker, and a warm stop the jobs after it
+            self._slots.release()  # the slot taken for it
+            log.warning(
+                "Redis failed as job %s started (%s); its claim's lease ends for the reconciler, "
+                "which pushes it again; the worker goes on",
+                job.id,
+                exc,
+            )
+            return
         with self._busy_lock:
             self._running[slot] = take
         try:
-            self._pool.submit(self._run_slot, slot, job, queue, self._execution_for(job))
+            self._pool.submit(self._run_slot, slot, job, queue, execution)
         except BaseException:  # the job stays in RQ's intermediate list for the re-push
             self._slot_done(slot)
             raise
