@@ -20,7 +20,10 @@ Seen failing against builds broken on purpose, on RQ 2.x:
   written, so that ``idle`` was never written after the job →
   ``test_a_one_slot_worker_shows_busy_while_a_job_runs_and_idle_between_jobs``;
 * the finish writing the whole hash again (RQ's own save), or leaving out the job's end →
-  ``test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed``.
+  ``test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed``;
+* the worker's own reading of a job's timestamps dropping their fraction, or giving aware
+  datetimes where RQ 2.0 gives naive ones →
+  ``test_a_job_the_worker_reads_is_the_job_rq_reads``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from rq.serializers import JSONSerializer
 
 from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
 from duejobs.delivery._rq_compat import create_execution
+from duejobs.delivery.rq_worker import _DeliveryJob
 from duejobs.reconcile import Reconciler
 from tests.conftest import Proc, System, push_of, wait_for
 from tests.test_processes import WORKER
@@ -183,6 +187,22 @@ def test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed(
     assert job.worker_name  # the worker that ran it (gone once its burst ended)
     assert job.started_at is not None and job.ended_at is not None
     assert job.started_at <= job.ended_at == job.last_heartbeat
+
+
+def test_a_job_the_worker_reads_is_the_job_rq_reads(system: System) -> None:
+    """The worker reads a job's hash its own way (its timestamps with the ISO parser, the
+    worker's serializer not checked again for each job) and gets what RQ gets from it."""
+    s = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    job_id = _job(system, s.id).id
+    theirs = Job.fetch(job_id, connection=system.redis, serializer=JSONSerializer)
+    ours = _DeliveryJob.fetch(job_id, connection=system.redis, serializer=JSONSerializer)
+    for name in ("created_at", "enqueued_at", "started_at", "ended_at", "last_heartbeat"):
+        assert getattr(ours, name) == getattr(theirs, name) is not None, name
+        assert getattr(ours, name).tzinfo == getattr(theirs, name).tzinfo, name
+    assert ours.serializer is theirs.serializer is JSONSerializer
+    assert ours.to_dict() == theirs.to_dict()
 
 
 def test_a_skipped_delivery_finishes_in_rq_with_the_reason_it_was_skipped(

@@ -8,6 +8,8 @@ them; what moved is inside RQ's worker:
   ``perform_job(job, queue)`` reads and clears. A worker with slots keeps that attribute per
   thread on 2.x (:data:`MULTI_EXECUTIONS` tells which).
 * ``Execution.create`` records the worker's name only from RQ 2.11.
+* A job's timestamps read back from Redis are aware (UTC) datetimes in later releases and
+  naive ones (UTC all the same) in earlier ones (:data:`NAIVE_TIMESTAMPS`).
 
 Each is decided from RQ's own signatures, not its version string, so a patch release that
 backports a change is read right.
@@ -21,9 +23,11 @@ from redis.client import Pipeline
 from rq import SimpleWorker
 from rq.executions import Execution
 from rq.job import Job
+from rq.utils import utcparse
 
 MULTI_EXECUTIONS = "execution" in inspect.signature(SimpleWorker.perform_job).parameters
 _CREATE_NAMES_WORKER = "worker_name" in inspect.signature(Execution.create).parameters
+NAIVE_TIMESTAMPS = utcparse("2000-01-01T00:00:00.000000Z").tzinfo is None
 
 
 def create_execution(job: Job, ttl: int, pipeline: Pipeline, worker_name: str) -> Execution:
