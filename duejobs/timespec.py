@@ -171,18 +171,22 @@ def parse_duration(text: str, name: str = "duration") -> timedelta:
 
 
 def spell_duration(value: timedelta) -> str:
-    """A duration as :func:`parse_duration` reads it back (``15m``, ``1h30m``, ``100ms``):
-    how the CLI shows the defaults it takes from the services' configs."""
-    ms = round(value.total_seconds() * 1000)
-    if ms == 0:
+    """A duration as :func:`parse_duration` reads it back (``15m``, ``1h30m``, ``100ms``,
+    ``0.25ms``): how the CLI shows the defaults it takes from the services' configs, and
+    passes a worker's knobs on to the processes it supervises."""
+    us = value // timedelta(microseconds=1)
+    if us == 0:
         return "0s"
     parts = []
-    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
-        count, ms = divmod(ms, size)
+    for unit, size in (("d", 86_400_000_000), ("h", 3_600_000_000), ("m", 60_000_000)):
+        count, us = divmod(us, size)
         if count:
             parts.append(f"{count}{unit}")
-    if ms:
-        parts.append(f"{ms}ms")
+    seconds, us = divmod(us, 1_000_000)
+    if seconds:
+        parts.append(f"{seconds}s")
+    if us:
+        parts.append(f"{us / 1000:f}".rstrip("0").rstrip(".") + "ms")
     return "".join(parts)
 
 

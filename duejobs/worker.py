@@ -67,7 +67,11 @@ grows to two connections per slot), ``take_window`` (10 ms, at most 1 s, 0 for n
 with ``concurrency`` above 1 only: how long a slot freed while others run waits for the
 handlers taken together with its own (once per batch) before the worker takes jobs — jobs
 taken together are claimed and started together, which costs far less per job; see
-:class:`~duejobs.delivery.DuejobsWorker`).
+:class:`~duejobs.delivery.DuejobsWorker`), ``switch_interval`` (20 ms, at most 1 s; with
+``concurrency`` above 1 only: the interpreter's switch interval while the worker works,
+restored after — how long a thread may hold the GIL while another waits for it. Python's
+5 ms makes many slots' threads hand the GIL over more often than their work needs; a handler
+that computes keeps the others waiting up to this long).
 
 Metrics: ``duejobs_deliveries_total{tenant,type,outcome}``, ``duejobs_lag_seconds``, and
 ``duejobs_worker_batch_size{kind}`` (claims or outcomes per bookkeeping statement).
@@ -130,6 +134,8 @@ _MINUTE = timedelta(minutes=1)
 MAX_CONCURRENCY = 512
 # The longest take window: a free slot waiting longer for the others is a slot wasted.
 _TAKE_WINDOW_MAX = timedelta(seconds=1)
+# The longest switch interval: slots waiting longer for the GIL are slots wasted.
+_SWITCH_INTERVAL_MAX = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -139,9 +145,9 @@ class WorkerConfig:
     the worker's own claim/outcome commits wait for the disk (see the module docstring), how
     long a handler past its timeout may take to return before the worker ends itself, how
     long a claim waits for a row lock an application transaction holds, how many deliveries
-    run at once, and how long a slot freed while others run waits for the handlers taken
-    with its own before jobs are taken (so that they are taken together; ignored with one
-    slot)."""
+    run at once, how long a slot freed while others run waits for the handlers taken
+    with its own before jobs are taken (so that they are taken together), and the
+    interpreter's switch interval while slots work (the last two ignored with one slot)."""
 
     lease: timedelta = timedelta(seconds=20)
     heartbeat: timedelta = timedelta(seconds=5)
@@ -151,10 +157,12 @@ class WorkerConfig:
     claim_lock_timeout: timedelta = timedelta(seconds=2)
     concurrency: int = 1
     take_window: timedelta = timedelta(milliseconds=10)
+    switch_interval: timedelta = timedelta(milliseconds=20)
 
     def __post_init__(self) -> None:
         check_count("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
         check_duration("take_window", self.take_window, zero_ok=True, at_most=_TAKE_WINDOW_MAX)
+        check_duration("switch_interval", self.switch_interval, at_most=_SWITCH_INTERVAL_MAX)
         for name in ("lease", "heartbeat", "timeout_grace", "claim_lock_timeout"):
             check_duration(name, getattr(self, name))
         check_duration("max_early_wait", self.max_early_wait, zero_ok=True, at_most=_MINUTE)
@@ -255,6 +263,10 @@ class Runtime:
     @property
     def take_window(self) -> float:
         return self.config.take_window.total_seconds()
+
+    @property
+    def switch_interval(self) -> float:
+        return self.config.switch_interval.total_seconds()
 
     @property
     def wedged(self) -> int:

@@ -273,6 +273,8 @@ _SECOND = timedelta(seconds=1)
         (WorkerConfig, {"take_window": -_SECOND}, "take_window must be >= 0"),
         (WorkerConfig, {"take_window": 2 * _SECOND}, "take_window must be at most"),
         (WorkerConfig, {"take_window": 0.01}, "take_window must be a timedelta"),
+        (WorkerConfig, {"switch_interval": timedelta(0)}, "switch_interval must be > 0"),
+        (WorkerConfig, {"switch_interval": 2 * _SECOND}, "switch_interval must be at most"),
     ],
 )
 def test_every_service_config_refuses_a_knob_that_cannot_work_naming_it(

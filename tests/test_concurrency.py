@@ -66,6 +66,8 @@ Seen failing against builds broken on purpose:
   ``test_many_slots_share_a_few_bookkeeping_connections``;
 * jobs taken together and not started left behind at a stop (claimed, never run) →
   ``test_jobs_taken_together_and_not_started_run_at_a_warm_stop``;
+* the switch interval left at Python's while slots work, or not restored after →
+  ``test_slots_work_under_the_configured_switch_interval_and_restore_the_interpreters``;
 * a Redis error as a job taken together starts raised into RQ's loop (the worker quits with
   jobs queued) or out of a warm stop (the jobs after it left claimed and unrun) →
   ``test_a_job_whose_start_redis_fails_leaves_the_worker_taking_the_next_ones``,
@@ -364,6 +366,28 @@ def test_a_stop_signal_while_jobs_are_taken_together_runs_them_then_stops(
     finally:
         runtime.close()
     assert [system.status(i) for i in ids] == ["succeeded"] * 4
+
+
+def test_slots_work_under_the_configured_switch_interval_and_restore_the_interpreters(
+    system: System,
+) -> None:
+    """While a worker with slots works, the interpreter hands the GIL over at the configured
+    interval (fewer handovers between the slots' threads); the interval in force before is
+    restored after, and a one-slot worker leaves it alone."""
+    seen: list[float] = []
+    system.app.handler("switch")(lambda ctx, payload: seen.append(sys.getswitchinterval()))
+    before = sys.getswitchinterval()
+    for concurrency, expected in ((2, 0.03), (1, before)):
+        system.app.schedule("switch", {}, delay=0)
+        system.scheduler.run_once()
+        config = WorkerConfig(concurrency=concurrency, switch_interval=timedelta(milliseconds=30))
+        runtime = Runtime(system.app, config)
+        try:
+            DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        finally:
+            runtime.close()
+        assert seen.pop() == pytest.approx(expected)
+        assert sys.getswitchinterval() == before
 
 
 def _failing_start(monkeypatch: pytest.MonkeyPatch, system: System, broken: uuid.UUID) -> None:

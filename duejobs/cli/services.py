@@ -171,6 +171,12 @@ def scheduler(
     "taken, claimed and started together (0s: never).",
     zero_ok=True,
 )
+@duration_option(
+    "--switch-interval",
+    _WORKER.switch_interval,
+    "With --concurrency above 1: the interpreter's switch interval while the worker works "
+    "(how long a thread may hold the GIL while another waits for it; Python's is 5ms).",
+)
 @click.option(
     "--processes",
     type=click.IntRange(1, 256),
@@ -192,6 +198,7 @@ def worker(
     timeout_grace: timedelta,
     concurrency: int,
     take_window: timedelta,
+    switch_interval: timedelta,
     processes: int,
     log_level: str,
     log_format: str,
@@ -207,6 +214,7 @@ def worker(
             timeout_grace=timeout_grace,
             concurrency=concurrency,
             take_window=take_window,
+            switch_interval=switch_interval,
         )
     )
     if processes > 1:
@@ -214,6 +222,7 @@ def worker(
         shared += [f"--lease={spell_duration(lease)}", f"--heartbeat={spell_duration(heartbeat)}"]
         shared += [f"--timeout-grace={spell_duration(timeout_grace)}"]
         shared += [f"--concurrency={concurrency}", f"--take-window={spell_duration(take_window)}"]
+        shared += [f"--switch-interval={spell_duration(switch_interval)}"]
         shared += [f"--log-level={log_level}"]
         shared += [f"--log-format={log_format}", *(["--burst"] if burst else [])]
 

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -84,6 +85,11 @@ class Performer(Protocol):
     @property
     def take_window(self) -> float:
         """Seconds a slot freed while others run waits for them before jobs are taken."""
+        ...
+
+    @property
+    def switch_interval(self) -> float:
+        """The interpreter's switch interval (seconds) while slots work."""
         ...
 
     @property
@@ -512,6 +518,19 @@ class DuejobsWorker(SimpleWorker):
         self._taken: collections.deque[tuple[Job, Queue]] = collections.deque()
         self._started: dict[str, Execution] = {}  # executions of jobs taken together
         self._prepared: dict[str, bool] = {}  # those of them RQ's preparation was run for
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's loop; with slots, under the performer's switch interval (the interpreter's
+        own is restored after): Python's 5 ms has the slots' threads, each waiting for the GIL
+        between two short steps, hand it over more often than their work needs."""
+        if self._pool is None:
+            return bool(super().work(*args, **kwargs))
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(self._performer.switch_interval)
+        try:
+            return bool(super().work(*args, **kwargs))
+        finally:
+            sys.setswitchinterval(previous)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
