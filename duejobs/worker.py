@@ -273,6 +273,10 @@ class Runtime:
         with self._wedged_lock:
             return self._wedged
 
+    @property
+    def lease(self) -> float:
+        return self.config.lease.total_seconds()
+
     def redis_url_for(self, queues: Sequence[str]) -> str:
         """The Redis node ``queues`` live on: a worker serves the queues of one node (RQ's
         dequeue waits on their lists in one call), so queues on several are refused."""
@@ -495,6 +499,12 @@ class Runtime:
         with self._ahead_lock:
             for delivery, at in places.items():
                 self._claimed_ahead.setdefault(delivery, []).append(_ClaimAhead(claims, at))
+
+    def forget_ahead(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> None:
+        """A delivery claimed ahead that no slot will run: its claim is no longer kept (its
+        lease ends for the reconciler)."""
+        with self._ahead_lock:
+            self._claimed_ahead.pop(Delivery(schedule_id, tenant, version, attempt), None)
 
     def _claim_together(self, batch: list[Delivery]) -> list[RunClaim | None]:
         try:

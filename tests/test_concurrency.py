@@ -69,8 +69,9 @@ Seen failing against builds broken on purpose:
 * the switch interval left at Python's while slots work, or not restored after →
   ``test_slots_work_under_the_configured_switch_interval_and_restore_the_interpreters``;
 * a Redis error as a job taken together starts raised into RQ's loop (the worker quits with
-  jobs queued) or out of a warm stop (the jobs after it left claimed and unrun) →
-  ``test_a_job_whose_start_redis_fails_leaves_the_worker_taking_the_next_ones``,
+  jobs queued) or out of a warm stop (the jobs after it left claimed and unrun), or the job
+  dropped at the first error (an attempt lost to the rescue), or a given-up claim kept →
+  ``test_a_job_whose_start_redis_fails_is_started_again_and_the_worker_goes_on``,
   ``test_a_warm_stop_runs_every_job_taken_together_though_one_cannot_start``.
 """
 
@@ -390,14 +391,19 @@ def test_slots_work_under_the_configured_switch_interval_and_restore_the_interpr
         assert sys.getswitchinterval() == before
 
 
-def _failing_start(monkeypatch: pytest.MonkeyPatch, system: System, broken: uuid.UUID) -> None:
+def _failing_start(
+    monkeypatch: pytest.MonkeyPatch, system: System, broken: uuid.UUID, times: int
+) -> None:
     """Jobs taken together whose start in one pipeline failed (each is then started alone
-    when its turn comes), and Redis failing as the job of ``broken`` starts alone."""
+    when its turn comes), and Redis failing the first ``times`` times the job of ``broken``
+    starts alone."""
     job_id = system.app.get(broken).queue_job_id  # type: ignore[union-attr]
     prepare = DuejobsWorker.prepare_execution
+    failures = [times]
 
     def prepare_or_fail(worker: DuejobsWorker, job: Job, *args: Any, **kwargs: Any) -> Any:
-        if job.id == job_id:
+        if job.id == job_id and failures[0] > 0:
+            failures[0] -= 1
             raise redis.ConnectionError("lost as the job started")
         return prepare(worker, job, *args, **kwargs)
 
@@ -405,32 +411,35 @@ def _failing_start(monkeypatch: pytest.MonkeyPatch, system: System, broken: uuid
     monkeypatch.setattr(DuejobsWorker, "prepare_execution", prepare_or_fail)
 
 
-def test_a_job_whose_start_redis_fails_leaves_the_worker_taking_the_next_ones(
+def test_a_job_whose_start_redis_fails_is_started_again_and_the_worker_goes_on(
     system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Redis fails as one of the jobs taken together starts: the worker logs it, frees that
-    slot and goes on with the rest of the queue (as a one-slot worker does) instead of
-    quitting on an error RQ does not expect there; the job's claim is left to end with its
-    lease, for the reconciler. Seen failing with the error raised into RQ's loop (the worker
-    quit with jobs still queued)."""
+    """Redis fails, twice, as one of the jobs taken together starts: the worker starts it
+    again once Redis answers — within its claim's lease, so it runs on the attempt it was
+    claimed for — and goes on with the rest of the queue, instead of quitting on an error RQ
+    does not expect there. Seen failing with the error raised into RQ's loop (the worker quit
+    with jobs still queued), and with the job dropped at the first error (left to the rescue,
+    an attempt lost)."""
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(6)]
     system.scheduler.run_once()
-    _failing_start(monkeypatch, system, ids[1])
+    _failing_start(monkeypatch, system, ids[1], times=2)
     slots(2)
-    statuses = [system.status(i) for i in ids]
-    assert statuses == ["succeeded", "running"] + ["succeeded"] * 4
+    assert [system.status(i) for i in ids] == ["succeeded"] * 6
+    assert _attempts(system.app, ids[1]) == [(1, "succeeded", None)]
 
 
 def test_a_warm_stop_runs_every_job_taken_together_though_one_cannot_start(
     system: System, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A warm stop with jobs taken together still waiting for their slots' turn runs each of
-    them, though Redis fails as one starts: the others run, and the worker still waits for
-    its running slots and deregisters. Seen failing with the error raised out of the stop
-    (the jobs after the failed one were left claimed and unrun)."""
+    them, though Redis fails as one starts for longer than its claim's lease: that one is
+    given up (the reconciler rescues its claim), the others run, and the worker still waits
+    for its running slots and deregisters, keeping no claim made ahead. Seen failing with the
+    error raised out of the stop (the jobs after the failed one were left claimed and unrun),
+    and with the given-up claim kept."""
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
     system.scheduler.run_once()
-    _failing_start(monkeypatch, system, ids[1])
+    _failing_start(monkeypatch, system, ids[1], times=1_000)
     pop_waiting = DuejobsWorker._pop_waiting
 
     def stopped_meanwhile(worker: DuejobsWorker, most: int) -> list[tuple[Job, Queue]]:
@@ -439,10 +448,13 @@ def test_a_warm_stop_runs_every_job_taken_together_though_one_cannot_start(
         return taken
 
     monkeypatch.setattr(DuejobsWorker, "_pop_waiting", stopped_meanwhile)
-    runtime = Runtime(system.app, WorkerConfig(concurrency=4))
+    lease = timedelta(seconds=1)
+    config = WorkerConfig(concurrency=4, lease=lease, heartbeat=timedelta(milliseconds=200))
+    runtime = Runtime(system.app, config)
     try:
         worker = DuejobsWorker(runtime)
         worker.work(with_scheduler=False, logging_level="WARNING")
+        assert not runtime._claimed_ahead
     finally:
         runtime.close()
     assert [system.status(i) for i in ids] == ["succeeded", "running", "succeeded", "succeeded"]

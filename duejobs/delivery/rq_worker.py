@@ -97,6 +97,15 @@ class Performer(Protocol):
         """Slots whose handler was given up past its timeout and grace and still runs."""
         ...
 
+    @property
+    def lease(self) -> float:
+        """Seconds a claim holds its row before the reconciler may rescue it."""
+        ...
+
+    def forget_ahead(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> None:
+        """Drop the claim made ahead of a delivery no slot will run."""
+        ...
+
     def deliverer(self) -> Deliverer: ...
 
     def claim_ahead(self, deliveries: Sequence[tuple[uuid.UUID, int, int, str]]) -> None:
@@ -224,7 +233,7 @@ def _timestamp(value: bytes | str) -> datetime:
         with contextlib.suppress(ValueError):
             parsed = datetime.fromisoformat(text)  # "Z" is read as UTC since Python 3.11
             return parsed.replace(tzinfo=None) if NAIVE_TIMESTAMPS else parsed
-    as_rq_reads: datetime = str_to_date(text)
+    as_rq_reads: datetime = str_to_date(text.encode())  # RQ 2.0's takes bytes alone
     return as_rq_reads
 
 
@@ -798,16 +807,9 @@ class DuejobsWorker(SimpleWorker):
             return
         slot = object()  # this run of a slot (one job id can run twice at once)
         take = self._take_of.pop(job.id, None) or object()
-        try:
-            execution = self._execution_for(job)
-        except RedisError as exc:  # RQ would end the worker, and a warm stop the jobs after it
+        execution = self._start_alone(job)
+        if execution is None:
             self._slots.release()  # the slot taken for it
-            log.warning(
-                "Redis failed as job %s started (%s); its claim's lease ends for the reconciler, "
-                "which pushes it again; the worker goes on",
-                job.id,
-                exc,
-            )
             return
         with self._busy_lock:
             self._running[slot] = take
@@ -816,6 +818,41 @@ class DuejobsWorker(SimpleWorker):
         except BaseException:  # the job stays in RQ's intermediate list for the re-push
             self._slot_done(slot)
             raise
+
+    def _start_alone(self, job: Job) -> Execution | None:
+        """The job's execution: the one it was started with together with others, or RQ's own
+        start of it alone when that failed — tried again while Redis fails (RQ would end the
+        worker, and a warm stop the jobs after it), as the next dequeue would wait for Redis
+        anyway, until the job's claim has outlived its lease. None then: the worker goes on,
+        and the reconciler rescues the claim (the attempt counts as abandoned) and pushes the
+        job again."""
+        give_up = time.monotonic() + self._performer.lease
+        wait = 0.5
+        while True:
+            known = set(self.executions) if MULTI_EXECUTIONS else set()
+            try:
+                return self._execution_for(job)
+            except RedisError as exc:
+                if MULTI_EXECUTIONS:  # RQ 3 lists an execution before it is written
+                    for stale in set(self.executions) - known:
+                        del self.executions[stale]
+                else:
+                    self.execution = None
+                if time.monotonic() + wait > give_up:
+                    log.error(
+                        "Redis failed as job %s started (%s) past its claim's lease; the "
+                        "reconciler rescues the claim and pushes the job again",
+                        job.id,
+                        exc,
+                    )
+                    with contextlib.suppress(TypeError, ValueError):  # not a delivery
+                        self._performer.forget_ahead(*_delivery_args(job))
+                    return None
+                log.warning(
+                    "Redis failed as job %s started (%s); again in %.1f s", job.id, exc, wait
+                )
+                time.sleep(wait)
+                wait = min(wait * 2, _DEQUEUE_BACKOFF_CAP)
 
     @property
     def _busy(self) -> int:
