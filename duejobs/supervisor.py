@@ -18,6 +18,12 @@ Its workers do not outlive it: on Linux each is asked (``PR_SET_PDEATHSIG``) to 
 SIGTERM — a warm shutdown — when the supervisor dies, even by SIGKILL, so no worker goes on
 unsupervised.
 
+With ``--cpus LIST`` the i-th worker is pinned to the i-th CPU of the list, round robin
+(:func:`pin_to_cpu`): a worker's slots run Python on one core at a time (the GIL) but wake
+each other's threads, and a wake-up across CPUs costs far more than one on the same CPU on
+virtual machines (measured in docs/benchmarks.md); its other CPUs are left to PostgreSQL,
+Redis and the other workers.
+
 What it does not do: share anything between its workers (each has its own connections, slots,
 heartbeat and metrics port), or restart itself — run it under compose, systemd or Kubernetes.
 What a worker held when it died is rescued by the reconciler, as for any worker.
@@ -41,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
 
+from duejobs.errors import ConfigurationError
 from duejobs.service import StopRequest
 
 log = logging.getLogger("duejobs.supervisor")
@@ -49,6 +56,24 @@ log = logging.getLogger("duejobs.supervisor")
 _QUICK_EXIT = 10.0
 _FIRST_PAUSE, _MAX_PAUSE = 1.0, 30.0
 _POLL = 0.2
+
+
+def allowed_cpus() -> set[int]:
+    """The CPUs this process may run on (its affinity mask: a container's cpuset, taskset)."""
+    if not hasattr(os, "sched_getaffinity"):
+        raise ConfigurationError("pinning a worker to a CPU needs Linux")
+    return set(os.sched_getaffinity(0))
+
+
+def pin_to_cpu(cpu: int) -> None:
+    """Pin this process's main thread, and every thread it starts from now on (the worker's
+    slots), to ``cpu``, which must be one it may run on."""
+    allowed = allowed_cpus()
+    if cpu not in allowed:
+        raise ConfigurationError(
+            f"CPU {cpu} is not one this process may run on ({sorted(allowed)})"
+        )
+    os.sched_setaffinity(0, {cpu})
 
 
 def start_supervised(command: Sequence[str]) -> subprocess.Popen[bytes]:

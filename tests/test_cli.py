@@ -162,6 +162,10 @@ _BAD_FLAGS = [
     (["prune", "--older-than", "1x"], "--older-than"),
     (["worker", "--app", "tests.apps:app", "--heartbeat", "30s"], "--heartbeat"),
     (["worker", "--app", "tests.apps:app", "--timeout-grace", "-1s"], "--timeout-grace"),
+    (["worker", "--app", "tests.apps:app", "--cpus", "first"], "--cpus"),
+    (["worker", "--app", "tests.apps:app", "--cpus", "1,1"], "--cpus"),
+    (["worker", "--app", "tests.apps:app", "--cpus", "100000"], "--cpus"),
+    (["worker", "--app", "tests.apps:app", "--processes", "2", "--cpus", "0,100000"], "--cpus"),
 ]
 
 

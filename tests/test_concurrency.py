@@ -66,6 +66,8 @@ Seen failing against builds broken on purpose:
   ``test_many_slots_share_a_few_bookkeeping_connections``;
 * jobs taken together and not started left behind at a stop (claimed, never run) →
   ``test_jobs_taken_together_and_not_started_run_at_a_warm_stop``;
+* ``--cpus`` not applied to a lone worker, or every supervised worker given the first CPU →
+  ``test_workers_pinned_with_cpus_run_every_slot_thread_on_their_cpu``;
 * the switch interval left at Python's while slots work, or not restored after →
   ``test_slots_work_under_the_configured_switch_interval_and_restore_the_interpreters``;
 * a Redis error as a job taken together starts raised into RQ's loop (the worker quits with
@@ -887,6 +889,43 @@ def test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warm
     workers = _children(supervisor.popen.pid)
     assert supervisor.stop(signal.SIGTERM) == 0, supervisor.output()
     assert not any(_running(pid) for pid in workers)
+
+
+def _threads_cpus(pid: int) -> set[frozenset[int]]:
+    """The CPU sets each thread of a process may run on."""
+    return {
+        frozenset(os.sched_getaffinity(int(t.name))) for t in Path(f"/proc/{pid}/task").iterdir()
+    }
+
+
+def test_workers_pinned_with_cpus_run_every_slot_thread_on_their_cpu(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """``--cpus``: a lone worker runs its main thread and every slot's thread on the first CPU
+    listed; under ``--processes`` the i-th worker on the i-th CPU, round robin. Seen failing
+    with the lone worker left unpinned, and with every child given the first CPU."""
+    allowed = sorted(os.sched_getaffinity(0))
+    listed = sorted({allowed[-1], allowed[0]}, reverse=True)
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
+    system.scheduler.run_once()
+    lone = spawn(*WORKER, "--concurrency", "2", "--cpus", ",".join(map(str, listed)))
+    wait_for(lambda: all(system.status(i) == "succeeded" for i in ids), 30, "the lone worker")
+    assert _threads_cpus(lone.popen.pid) == {frozenset({listed[0]})}
+    assert lone.stop(signal.SIGTERM) == 0, lone.output()
+
+    supervisor = spawn(
+        *WORKER, "--processes", "2", "--concurrency", "2", "--cpus", ",".join(map(str, listed))
+    )
+    wait_for(lambda: len(_children(supervisor.popen.pid)) == 2, 30, "two worker processes")
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(8)]
+    system.scheduler.run_once()
+    wait_for(lambda: all(system.status(i) == "succeeded" for i in ids), 30, "the workers")
+    pinned = [_threads_cpus(pid) for pid in _children(supervisor.popen.pid)]
+    assert all(len(cpus) == 1 for cpus in pinned), pinned
+    assert sorted(min(next(iter(cpus))) for cpus in pinned) == sorted(
+        listed[i % len(listed)] for i in range(2)
+    )
+    assert supervisor.stop(signal.SIGTERM) == 0, supervisor.output()
 
 
 def _running(pid: int) -> bool:

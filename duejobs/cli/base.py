@@ -79,6 +79,27 @@ class Duration(_ParamType):
         return duration
 
 
+class CpuList(_ParamType):
+    """CPU numbers, comma-separated (``1``, ``0,1``), at least one, none twice."""
+
+    name = "cpus"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        parts = [part.strip() for part in str(value).split(",")]
+        if not all(part.isdigit() for part in parts):
+            self.fail(
+                f"expected CPU numbers separated by commas (e.g. 1 or 0,1), got {value!r}",
+                param,
+                ctx,
+            )
+        cpus = tuple(int(part) for part in parts)
+        if len(set(cpus)) != len(cpus):
+            self.fail(f"a CPU is named twice in {value!r}", param, ctx)
+        return cpus
+
+
 # The services' defaults, which the flags show and take: stated once, in the configs.
 _SCHEDULER, _WORKER, _RECONCILE, _PRUNE = (
     SchedulerConfig(),
