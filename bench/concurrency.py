@@ -7,6 +7,11 @@ start-up counts on neither side. Memory is the largest resident set summed over 
 process tree (the pool's parent, its workers and their forked work horses), sampled every
 0.1 s. Medians of ``ROUNDS`` alternated rounds.
 
+Both the slotted duejobs worker and the bare ``SimpleWorker`` beside it run pinned to the
+machine's last CPU (``PIN_CPU``; ``duejobs worker --cpus``, as the README recommends for
+slotted workers where other CPUs serve PostgreSQL and Redis); ``rq worker-pool``'s eight
+processes are not pinned.
+
 * no-op jobs/s: one duejobs process with 16 slots against one bare RQ ``SimpleWorker``;
 * PostgreSQL commits per job (``pg_stat_database.xact_commit`` over the worker's run): the
   slots' batched claims and outcomes against one slot, which claims and closes each job
@@ -44,6 +49,7 @@ NOOP = int(os.environ.get("BENCH_SLOTS_NOOP_JOBS", "2000"))
 NAP = int(os.environ.get("BENCH_SLOTS_NAP_JOBS", "2000"))
 NAP_BARE = int(os.environ.get("BENCH_SLOTS_NAP_BARE_JOBS", "200"))
 ROUNDS = int(os.environ.get("BENCH_SLOTS_ROUNDS", "3"))
+PIN_CPU = max(os.sched_getaffinity(0))
 
 
 def _rss(pid: int) -> int:
@@ -109,7 +115,8 @@ def _bare(redis: Redis, env: dict[str, str], function: str, n: int, pool: int) -
         command = ["worker-pool", "bare", "-n", str(pool), "-b", "-S", "json", "-u", url]
         rss = _run([sys.executable, "-m", "rq.cli", *command, "-l", "WARNING"], env)
     else:
-        rss = _run([sys.executable, "-m", "bench.procs", "bare", "bare"], env)
+        pinned = {**env, "BENCH_PIN_CPU": str(PIN_CPU)}
+        rss = _run([sys.executable, "-m", "bench.procs", "bare", "bare"], pinned)
     with redis.pipeline(transaction=False) as pipe:
         for i in range(n):
             pipe.hmget(f"rq:job:bare-{i}", "started_at", "ended_at")
@@ -152,6 +159,8 @@ def _ours(
     app.engine.dispose()
     before = _commits(app)
     worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", str(slots)]
+    if slots > 1:
+        worker += ["--cpus", str(PIN_CPU)]
     cpu = _cpu()
     rss = _run([sys.executable, "-m", "duejobs", *worker, "--log-level", "warning"], env)
     cpu = _cpu() - cpu

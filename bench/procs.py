@@ -66,6 +66,9 @@ def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
 
 def main() -> None:
     kind, queue = sys.argv[1], sys.argv[2]
+    pinned = os.environ.get("BENCH_PIN_CPU")
+    if pinned:  # as the duejobs worker beside it is pinned (bench/concurrency.py)
+        os.sched_setaffinity(0, {int(pinned)})
     redis = Redis.from_url(os.environ["DUEJOBS_REDIS_URL"])
     if kind == "bare":
         worker = SimpleWorker([queue], connection=redis, serializer=JSONSerializer)
