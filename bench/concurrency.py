@@ -49,7 +49,7 @@ NOOP = int(os.environ.get("BENCH_SLOTS_NOOP_JOBS", "2000"))
 NAP = int(os.environ.get("BENCH_SLOTS_NAP_JOBS", "2000"))
 NAP_BARE = int(os.environ.get("BENCH_SLOTS_NAP_BARE_JOBS", "200"))
 ROUNDS = int(os.environ.get("BENCH_SLOTS_ROUNDS", "3"))
-PIN_CPU = max(os.sched_getaffinity(0))
+PIN_CPU = max(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def _rss(pid: int) -> int:
@@ -115,7 +115,7 @@ def _bare(redis: Redis, env: dict[str, str], function: str, n: int, pool: int) -
         command = ["worker-pool", "bare", "-n", str(pool), "-b", "-S", "json", "-u", url]
         rss = _run([sys.executable, "-m", "rq.cli", *command, "-l", "WARNING"], env)
     else:
-        pinned = {**env, "BENCH_PIN_CPU": str(PIN_CPU)}
+        pinned = {**env, "BENCH_PIN_CPU": str(PIN_CPU)} if PIN_CPU is not None else env
         rss = _run([sys.executable, "-m", "bench.procs", "bare", "bare"], pinned)
     with redis.pipeline(transaction=False) as pipe:
         for i in range(n):
@@ -159,7 +159,7 @@ def _ours(
     app.engine.dispose()
     before = _commits(app)
     worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", str(slots)]
-    if slots > 1:
+    if slots > 1 and PIN_CPU is not None:
         worker += ["--cpus", str(PIN_CPU)]
     cpu = _cpu()
     rss = _run([sys.executable, "-m", "duejobs", *worker, "--log-level", "warning"], env)

@@ -164,6 +164,7 @@ _BAD_FLAGS = [
     (["worker", "--app", "tests.apps:app", "--timeout-grace", "-1s"], "--timeout-grace"),
     (["worker", "--app", "tests.apps:app", "--cpus", "first"], "--cpus"),
     (["worker", "--app", "tests.apps:app", "--cpus", "1,1"], "--cpus"),
+    (["worker", "--app", "tests.apps:app", "--cpus", "\u00b2"], "--cpus"),
     (["worker", "--app", "tests.apps:app", "--cpus", "100000"], "--cpus"),
     (["worker", "--app", "tests.apps:app", "--processes", "2", "--cpus", "0,100000"], "--cpus"),
 ]

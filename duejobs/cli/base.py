@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -88,7 +89,7 @@ class CpuList(_ParamType):
         if isinstance(value, tuple):
             return value
         parts = [part.strip() for part in str(value).split(",")]
-        if not all(part.isdigit() for part in parts):
+        if not all(re.fullmatch(r"[0-9]{1,6}", part) for part in parts):
             self.fail(
                 f"expected CPU numbers separated by commas (e.g. 1 or 0,1), got {value!r}",
                 param,

@@ -229,8 +229,6 @@ def worker(
                 f"CPUs {refused} are not ones this process may run on ({sorted(allowed)})",
                 param_hint="--cpus",
             )
-        if processes == 1:
-            pin_to_cpu(cpus[0])  # before any thread starts: the slots' threads inherit it
     _operate(log_level, log_format, metrics_port if processes == 1 else None)
     config = _checked(
         lambda: WorkerConfig(
@@ -265,6 +263,8 @@ def worker(
         with services(ctx.obj["data_dir"]):
             sys.exit(Supervisor(processes, child, burst=burst).run())
     with services(ctx.obj["data_dir"]):
+        if cpus:  # after the embedded servers start (they keep every CPU), before the
+            pin_to_cpu(cpus[0])  # worker's threads start (they inherit it)
         app = load_app(app_ref)
         runtime = Runtime(app, config, name=name)
         try:
