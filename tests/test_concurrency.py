@@ -347,6 +347,19 @@ def test_rq_suspend_waits_for_the_jobs_a_worker_took_together(system: System) ->
         runtime.close()
 
 
+def _stop_while_taking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm stop requested while the worker takes jobs for its free slots (after the first
+    came off the queue)."""
+    pop_waiting = DuejobsWorker._pop_waiting
+
+    def stopped_meanwhile(worker: DuejobsWorker, most: int) -> list[tuple[Job, Queue]]:
+        taken = pop_waiting(worker, most)
+        worker.request_stop(signal.SIGTERM, None)
+        return taken
+
+    monkeypatch.setattr(DuejobsWorker, "_pop_waiting", stopped_meanwhile)
+
+
 def test_a_stop_signal_while_jobs_are_taken_together_runs_them_then_stops(
     system: System, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -356,14 +369,7 @@ def test_a_stop_signal_while_jobs_are_taken_together_runs_them_then_stops(
     and the jobs taken were dropped)."""
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
     system.scheduler.run_once()
-    pop_waiting = DuejobsWorker._pop_waiting
-
-    def stopped_meanwhile(worker: DuejobsWorker, most: int) -> list[tuple[Job, Queue]]:
-        taken = pop_waiting(worker, most)
-        worker.request_stop(signal.SIGTERM, None)
-        return taken
-
-    monkeypatch.setattr(DuejobsWorker, "_pop_waiting", stopped_meanwhile)
+    _stop_while_taking(monkeypatch)
     runtime = Runtime(system.app, WorkerConfig(concurrency=4))
     try:
         DuejobsWorker(runtime).work(with_scheduler=False, logging_level="WARNING")
@@ -443,14 +449,7 @@ def test_a_warm_stop_runs_every_job_taken_together_though_one_cannot_start(
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
     system.scheduler.run_once()
     _failing_start(monkeypatch, system, ids[1], times=1_000)
-    pop_waiting = DuejobsWorker._pop_waiting
-
-    def stopped_meanwhile(worker: DuejobsWorker, most: int) -> list[tuple[Job, Queue]]:
-        taken = pop_waiting(worker, most)
-        worker.request_stop(signal.SIGTERM, None)
-        return taken
-
-    monkeypatch.setattr(DuejobsWorker, "_pop_waiting", stopped_meanwhile)
+    _stop_while_taking(monkeypatch)
     lease = timedelta(seconds=1)
     config = WorkerConfig(concurrency=4, lease=lease, heartbeat=timedelta(milliseconds=200))
     runtime = Runtime(system.app, config)
