@@ -62,6 +62,11 @@ DELIVERIES = Counter(
     "Deliveries handled by a worker, by outcome.",
     ["tenant", "type", "outcome"],
 )
+UNKNOWN_TYPES = Counter(
+    "duejobs_unknown_type_deliveries",
+    "Deliveries of a type the worker had no handler for: put back, or failed past the grace.",
+    ["tenant"],
+)
 BATCH_SIZE = Histogram(
     "duejobs_worker_batch_size",
     "Claims or outcomes a worker's bookkeeping statement carried (group commit).",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Iterator
 from datetime import timedelta
@@ -31,6 +32,8 @@ from sqlalchemy.exc import DBAPIError
 from duejobs import store
 from duejobs.core import Core
 from duejobs.errors import HandlerTimeoutError
+
+log = logging.getLogger("duejobs.worker")
 
 
 def lock_busy(exc: DBAPIError) -> bool:
@@ -141,6 +144,23 @@ class EventLoops:
             if leftover:
                 with contextlib.suppress(BaseException):
                     loop.run_until_complete(asyncio.wait(leftover, timeout=1))
+            if any(not t.done() for t in leftover):
+                self._discard(loop)
+
+    def _discard(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A task of the attempt swallowed its cancellation: the loop it waits on is closed
+        and the slot's next handler gets a new one, so the task never runs again (Python
+        warns that it was destroyed pending)."""
+        stubborn = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        log.warning(
+            "%d task(s) left by a handler would not be cancelled: %s; dropped with their loop",
+            len(stubborn),
+            ", ".join(t.get_name() for t in stubborn),
+        )
+        self._local.loop = None
+        with self._lock:
+            self._all.remove(loop)
+        loop.close()
 
     def close(self) -> None:
         with self._lock:

@@ -13,6 +13,10 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    the schedule's ``expires_after``; the schedule is then cancelled). A delivery that arrived
    early waits up to ``max_early_wait`` (measured against the database's answer), or is put
    back into the scheduled registry for ``due_at`` under its own id; no attempt is consumed.
+   A delivery of a type this worker has no handler for is not claimed either: it goes back
+   for a worker that has one (a rolling deploy updates producers first), after as long again
+   as it has been due (1 s to 1 min), until it has been due for ``unknown_type_grace``; then
+   it fails for good, naming its type (counted in ``duejobs_unknown_type_deliveries_total``).
 3. **Runs the handler** with ``ctx`` (ids, version, attempt, ``effect_key``, ``run_at``, and
    the payload read from the row now) under the type's timeout, while a heartbeat thread
    extends the lease so the reconciler can tell a slow handler from a dead worker. An
@@ -38,8 +42,8 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
 4. **Closes the attempt** only if it is still current: ``succeeded``; or, on an exception,
    another attempt after exponential backoff with full jitter (``run_at`` is never touched;
    ``due_at`` and the attempt row carry the retry time), or ``failed`` with ``last_error``
-   once attempts are exhausted. An unknown type fails at once, naming the type; rows are
-   never deleted. If the schedule changed meanwhile, the attempt is recorded as ``stale``.
+   once attempts are exhausted; rows are never deleted. If the schedule changed meanwhile,
+   the attempt is recorded as ``stale``.
 
 Effects: ``ctx.ensure_current()`` raises :class:`~duejobs.errors.ScheduleChangedError` before
 an external effect if the schedule moved on. ``with ctx.transaction() as conn:`` fences on the
@@ -71,7 +75,7 @@ taken together are claimed and started together, which costs far less per job; s
 ``concurrency`` above 1 only: the interpreter's switch interval while the worker works,
 restored after — how long a thread may hold the GIL while another waits for it. Python's
 5 ms makes many slots' threads hand the GIL over more often than their work needs; a handler
-that computes keeps the others waiting up to this long).
+that computes keeps the others waiting up to this long), ``unknown_type_grace`` (15 min).
 
 Metrics: ``duejobs_deliveries_total{tenant,type,outcome}``, ``duejobs_lag_seconds``, and
 ``duejobs_worker_batch_size{kind}`` (claims or outcomes per bookkeeping statement).
@@ -115,6 +119,7 @@ from duejobs.lease import Heartbeat, Watched, time_limit
 from duejobs.models import Status
 from duejobs.slots import Bookkeeping, EventLoops, lock_busy
 from duejobs.store import Closing, Delivery, RunClaim, SkipReason
+from duejobs.timespec import spell_duration
 
 # DuejobsWorker (the RQ side) lives in duejobs.delivery; it is named here too, beside the
 # Runtime it runs, for code that embeds a worker.
@@ -158,12 +163,19 @@ class WorkerConfig:
     concurrency: int = 1
     take_window: timedelta = timedelta(milliseconds=10)
     switch_interval: timedelta = timedelta(milliseconds=20)
+    unknown_type_grace: timedelta = timedelta(minutes=15)
 
     def __post_init__(self) -> None:
         check_count("concurrency", self.concurrency, 1, MAX_CONCURRENCY)
         check_duration("take_window", self.take_window, zero_ok=True, at_most=_TAKE_WINDOW_MAX)
         check_duration("switch_interval", self.switch_interval, at_most=_SWITCH_INTERVAL_MAX)
-        for name in ("lease", "heartbeat", "timeout_grace", "claim_lock_timeout"):
+        for name in (
+            "lease",
+            "heartbeat",
+            "timeout_grace",
+            "claim_lock_timeout",
+            "unknown_type_grace",
+        ):
             check_duration(name, getattr(self, name))
         check_duration("max_early_wait", self.max_early_wait, zero_ok=True, at_most=_MINUTE)
         if self.heartbeat * 2 > self.lease:
@@ -201,14 +213,20 @@ _CLOSE_WITHIN = 5.0
 _AT_ONCE = datetime.fromtimestamp(0, UTC)
 # Threads that run the claims of deliveries taken together (:meth:`Runtime.claim_ahead`).
 _CLAIMERS = 4
+# How long a delivery of a type with no handler here waits before it is delivered again: as
+# long as it has been due, within these bounds.
+_UNKNOWN_TYPE_BACKOFF = (timedelta(seconds=1), timedelta(minutes=1))
 
 
 @dataclass(frozen=True)
 class _ClaimAhead:
-    """A delivery's places in the claim of a batch taken together (running or done)."""
+    """A delivery's places in the claim of a batch taken together (running or done), and
+    when that claim's lease ends at the earliest (``time.monotonic()``: the statement ran
+    after it was asked for)."""
 
     claims: Future[list[RunClaim | None]]
     places: list[int]
+    lease_ends: float
 
     def claim(self) -> RunClaim | None:
         """The claim this batch made of the delivery, once it committed; None when it made
@@ -325,7 +343,7 @@ class Runtime:
                 if span is not None:
                     span.set_attribute("duejobs.outcome", outcome.value)
             if outcome is Outcome.DEFERRED:
-                put_back_at = claim.due_at
+                put_back_at = self._put_back_at(claim)
         metrics.DELIVERIES.labels(
             metrics.tenant_label(tenant), self._type_label(job_type), outcome.value
         ).inc()
@@ -351,12 +369,15 @@ class Runtime:
             "tenant": tenant,
             "attempt": attempt,
         }
+        delivery = Delivery(schedule_id, tenant, version, attempt)
         if claim.skip is SkipReason.NOT_DUE:
             assert claim.due_at is not None
             with self.bookkeeping.connection() as conn:
-                store.record_deferred(conn, schedule_id, version, attempt)
+                store.record_deferred(conn, delivery, claim.skip, self.name)
             log.info("not due until %s: deferred", claim.due_at, extra=where)
             return Outcome.DEFERRED
+        if claim.skip is SkipReason.UNKNOWN_TYPE:
+            return self._unknown_type(delivery, claim, where)
         if claim.skip is SkipReason.EXPIRED:
             with self.bookkeeping.connection() as conn:
                 store.expire(conn, schedule_id, version)
@@ -378,10 +399,7 @@ class Runtime:
             self.core,
         )
         handler = self.core.handler_for(claim.type)
-        if handler is None:
-            error = f"no handler registered for type {claim.type!r}"
-            log.error(error, extra=where)
-            return self._close(ctx, Status.FAILED, error=error)
+        assert handler is not None  # claimed for the types with a handler only
         if attempt > handler.retry.max_attempts:  # a rescued attempt beyond the policy
             error = f"attempts exhausted ({attempt - 1} of {handler.retry.max_attempts})"
             return self._close(ctx, Status.FAILED, error=error)
@@ -407,6 +425,42 @@ class Runtime:
         if ctx._finished:
             return Outcome.SUCCEEDED
         return self._close(ctx, Status.SUCCEEDED)
+
+    def _unknown_type(self, delivery: Delivery, claim: RunClaim, where: dict[str, Any]) -> Outcome:
+        """A delivery of a type this worker has no handler for: put back for a worker that
+        has one (a rolling deploy, producers updated before workers, a worker serving the
+        queue for other types), backing off, without using an attempt — until it has been
+        due for longer than ``unknown_type_grace`` by the database clock: then it fails for
+        good, naming its type (a typo, or a type no worker runs any more)."""
+        assert claim.due_at is not None and claim.db_now is not None
+        metrics.UNKNOWN_TYPES.labels(metrics.tenant_label(delivery.tenant)).inc()
+        if claim.db_now - claim.due_at < self.config.unknown_type_grace:
+            with self.bookkeeping.connection() as conn:
+                store.record_deferred(conn, delivery, SkipReason.UNKNOWN_TYPE, self.name)
+            log.warning("no handler for type %r here: put back", claim.type, extra=where)
+            return Outcome.DEFERRED
+        grace = self.config.unknown_type_grace
+        error = (
+            f"no handler registered for type {claim.type!r} in any worker that took it "
+            f"within {spell_duration(grace)} of its due time"
+        )
+        with self.bookkeeping.connection() as conn:
+            failed = store.fail_unknown_type(conn, delivery, error, self.name)
+        log.error(error, extra=where)
+        return Outcome.FAILED if failed else Outcome.SKIPPED
+
+    def _put_back_at(self, claim: RunClaim) -> datetime:
+        """When a deferred delivery goes back on its queue (by the database clock): an early
+        one at its due time; one of an unknown type after as long again as it has been due
+        (at least ``_UNKNOWN_TYPE_BACKOFF[0]``, at most ``[1]``), so that a worker with its
+        handler, started meanwhile, gets it soon, and one that never comes costs a few
+        deliveries an hour."""
+        assert claim.due_at is not None
+        if claim.skip is not SkipReason.UNKNOWN_TYPE:
+            return claim.due_at
+        assert claim.db_now is not None
+        least, most = _UNKNOWN_TYPE_BACKOFF
+        return claim.db_now + min(max(claim.db_now - claim.due_at, least), most)
 
     def _invoke(self, handler: Handler, ctx: Context, payload: Any) -> None:
         """Call the handler under its time limit; an ``async def`` one (or any awaitable it
@@ -492,13 +546,15 @@ class Runtime:
         ]
         if not batch:
             return
+        lease_ends = time.monotonic() + self.lease
         claims = self._claimers.submit(self._claim_together, batch)
         places: dict[Delivery, list[int]] = {}
         for place, delivery in enumerate(batch):
             places.setdefault(delivery, []).append(place)
         with self._ahead_lock:
             for delivery, at in places.items():
-                self._claimed_ahead.setdefault(delivery, []).append(_ClaimAhead(claims, at))
+                ahead = _ClaimAhead(claims, at, lease_ends)
+                self._claimed_ahead.setdefault(delivery, []).append(ahead)
 
     def forget_ahead(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> None:
         """A delivery claimed ahead that no slot will run: its claim is no longer kept (its
@@ -523,7 +579,7 @@ class Runtime:
         for taken in ahead:
             claim = taken.claim()
             if claim is not None:
-                return claim
+                return self._in_time(delivery, claim, taken.lease_ends)
         give_up = time.monotonic() + self.config.max_early_wait.total_seconds()
         locked_until = time.monotonic() + self.config.claim_lock_timeout.total_seconds()
         while True:
@@ -532,7 +588,9 @@ class Runtime:
                 return claim
             try:
                 with self.bookkeeping.connection() as conn:
-                    verdict = store.claim_verdict(conn, delivery, worker=self.name)
+                    verdict = store.claim_verdict(
+                        conn, delivery, worker=self.name, types=self._types()
+                    )
             except DBAPIError as exc:
                 if not lock_busy(exc):
                     raise
@@ -549,9 +607,29 @@ class Runtime:
                 return verdict
             time.sleep(remaining)
 
+    def _in_time(self, delivery: Delivery, claim: RunClaim, lease_ends: float) -> RunClaim:
+        """A claim made ahead, if its handler may still start on it: with a heartbeat's time
+        of its lease left (the heartbeat renews it from then on); otherwise renewed first —
+        its start was held up (Redis failing as it started, say) — and, once its lease has
+        run out, never used: the reconciler rescues it (or has), and the next attempt runs.
+        No handler starts on a claim the reconciler may take back meanwhile."""
+        if time.monotonic() + self.config.heartbeat.total_seconds() < lease_ends:
+            return claim
+        with self.bookkeeping.connection() as conn:
+            renewed = store.renew_claim(conn, delivery, self.config.lease)
+        if renewed:
+            return claim
+        return RunClaim(skip=SkipReason.LAPSED, type=claim.type)
+
     def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
         with self.bookkeeping.connection() as conn:
-            return store.claim_runs(conn, deliveries, worker=self.name, lease=self.config.lease)
+            return store.claim_runs(
+                conn, deliveries, worker=self.name, lease=self.config.lease, types=self._types()
+            )
+
+    def _types(self) -> list[str]:
+        """The types this worker has handlers for: the only ones it claims."""
+        return list(self.core.handlers)
 
     def _close_batch(self, closings: Sequence[Closing]) -> list[bool]:
         with self.bookkeeping.connection() as conn:

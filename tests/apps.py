@@ -28,6 +28,20 @@ CREATE TABLE IF NOT EXISTS test_effects (
     applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
 )
 """
+# Every run of a ``traced`` handler, written outside any fence as it starts and as it ends:
+# what the worker's promises are checked against (each attempt run once, on the version its
+# claim was for, never two at once for one schedule).
+RUNS_TABLE = """
+CREATE TABLE IF NOT EXISTS test_runs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    schedule_id uuid NOT NULL,
+    version integer NOT NULL,
+    attempt integer NOT NULL,
+    worker_pid integer NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at timestamptz
+)
+"""
 _INSERT = text(
     "INSERT INTO test_effects (effect_key, schedule_id, attempt, worker_pid) "
     "VALUES (:key, :id, :attempt, :pid)"
@@ -74,6 +88,35 @@ def stall_once(ctx: Context, payload: Any) -> None:
     if ctx.attempt == 1:
         time.sleep(float(payload.get("seconds", 60)))
     record(ctx, payload)
+
+
+def traced(ctx: Context, payload: Any) -> None:
+    """Records its run (start and end, outside any fence), sleeps ``seconds``, fails on the
+    first ``fail_times`` attempts, then applies its effect through ``ctx.transaction()``."""
+    with ctx.engine.begin() as conn:
+        run_id = conn.execute(
+            text(
+                "INSERT INTO test_runs (schedule_id, version, attempt, worker_pid) "
+                "VALUES (:id, :version, :attempt, :pid) RETURNING id"
+            ),
+            {
+                "id": ctx.schedule_id,
+                "version": ctx.version,
+                "attempt": ctx.attempt,
+                "pid": os.getpid(),
+            },
+        ).scalar_one()
+    try:
+        time.sleep(float(payload.get("seconds", 0)))
+        if ctx.attempt <= int(payload.get("fail_times", 0)):
+            raise RuntimeError(f"failure on attempt {ctx.attempt}, as planned")
+        record(ctx, payload)
+    finally:
+        with ctx.engine.begin() as conn:
+            conn.execute(
+                text("UPDATE test_runs SET ended_at = clock_timestamp() WHERE id = :id"),
+                {"id": run_id},
+            )
 
 
 async def record_async(ctx: Context, payload: Any) -> None:
@@ -191,6 +234,7 @@ async def snooze(ctx: Context, payload: Any) -> None:
 def register(app: duejobs.App) -> duejobs.App:
     fast = timedelta(milliseconds=50)
     app.handler("record")(record)
+    app.handler("traced", max_attempts=3, backoff=timedelta(milliseconds=50))(traced)
     app.handler("record-loosely")(record_loosely)
     app.handler("record-async")(record_async)
     for name, flaky_kind in (("flaky", flaky), ("flaky-async", flaky_async)):

@@ -39,14 +39,14 @@ from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.store.partitions import Partitioning
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
-from tests.apps import EFFECTS_TABLE, register
+from tests.apps import EFFECTS_TABLE, RUNS_TABLE, register
 
 TEST_DATA_DIR = Path(tempfile.gettempdir()) / f"duejobs-tests-{os.getuid()}"
 # DUEJOBS_TEST_PARTITIONED=1: the whole suite on partitioned mode (daily partitions).
 PARTITIONED = os.environ.get("DUEJOBS_TEST_PARTITIONED") == "1"
 _TABLES = (
     "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
-    "scheduled_job_results, recurring_schedules, tenant_quotas, test_effects"
+    "scheduled_job_results, recurring_schedules, tenant_quotas, test_effects, test_runs"
     + (", scheduled_job_keys" if PARTITIONED else "")
 )
 
@@ -124,6 +124,7 @@ def database_url(servers: Servers) -> str:
     upgrade(engine, partitioned=Partitioning(timedelta(days=1), 2) if PARTITIONED else None)
     with engine.begin() as conn:
         conn.execute(text(EFFECTS_TABLE))
+        conn.execute(text(RUNS_TABLE))
     engine.dispose()
     return sqlalchemy_url(servers.database_url)
 

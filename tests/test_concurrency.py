@@ -545,13 +545,13 @@ def test_jobs_taken_together_pass_over_an_id_whose_job_is_gone(
     assert lost is not None and lost.queue_job_id is not None
     system.redis.delete(f"rq:job:{lost.queue_job_id}")
     read: list[list[str]] = []
-    fetch_many = Job.fetch_many.__func__  # type: ignore[attr-defined]
+    read_hashes = DuejobsWorker._read_hashes
 
-    def spy(cls: type[Job], job_ids: list[str], *args: Any, **kwargs: Any) -> Any:
+    def spy(worker: DuejobsWorker, job_ids: list[str]) -> Any:
         read.append(list(job_ids))
-        return fetch_many(cls, job_ids, *args, **kwargs)
+        return read_hashes(worker, job_ids)
 
-    monkeypatch.setattr(Job, "fetch_many", classmethod(spy))
+    monkeypatch.setattr(DuejobsWorker, "_read_hashes", spy)
     slots(8)
     assert read and lost.queue_job_id in read[0] and len(read[0]) == 6  # the batch had it
     assert [system.status(i) for i in ids] == ["succeeded"] * 3 + ["scheduled"] + ["succeeded"] * 2
@@ -569,15 +569,15 @@ def test_jobs_taken_together_whose_hashes_cannot_be_read_go_back_to_the_queue(
     reconciler. Seen failing without the ids put back (left in RQ's intermediate list)."""
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(5)]
     system.scheduler.run_once()
-    fetch_many = Job.fetch_many.__func__  # type: ignore[attr-defined]
+    read_hashes = DuejobsWorker._read_hashes
     failures = [redis.ConnectionError("lost in the middle")]
 
-    def failing_once(cls: type[Job], job_ids: list[str], *args: Any, **kwargs: Any) -> Any:
+    def failing_once(worker: DuejobsWorker, job_ids: list[str]) -> Any:
         if failures:
             raise failures.pop()
-        return fetch_many(cls, job_ids, *args, **kwargs)
+        return read_hashes(worker, job_ids)
 
-    monkeypatch.setattr(Job, "fetch_many", classmethod(failing_once))
+    monkeypatch.setattr(DuejobsWorker, "_read_hashes", failing_once)
     slots(8)
     assert not failures
     assert [system.status(i) for i in ids] == ["succeeded"] * 5

@@ -358,13 +358,42 @@ def test_exhausted_attempts_fail_with_the_last_error(system: System) -> None:
     assert stored.finished_at is not None and system.effects() == []
 
 
-def test_unknown_type_fails_naming_the_type_and_keeps_the_row(system: System) -> None:
-    s = system.app.schedule("no-such-type", {}, delay=0)
+def test_a_delivery_of_an_unknown_type_goes_back_for_a_worker_that_knows_it(
+    system: System,
+) -> None:
+    """A worker without the type's handler (a rolling deploy: producers first) claims
+    nothing and uses no attempt: the job goes back, backing off, counted; a worker with the
+    handler runs it."""
+    s = system.app.schedule("deployed-later", {}, delay=0)
     system.scheduler.run_once()
+    before = sample("duejobs_unknown_type_deliveries_total", tenant="default")
     system.work()
     stored = system.app.get(s.id)
-    assert stored is not None and stored.status is Status.FAILED
-    assert stored.last_error == "no handler registered for type 'no-such-type'"
+    assert stored is not None and (stored.status, stored.attempts) == (Status.SCHEDULED, 0)
+    requeued = [e.detail for e in system.app.history(s.id) if e.kind is EventKind.REQUEUED]
+    assert [d["reason"] for d in requeued] == ["unknown_type"]
+    assert sample("duejobs_unknown_type_deliveries_total", tenant="default") == before + 1
+    assert system.scheduler.deliverer.queue.scheduled_job_registry.count == 1  # backing off
+    system.app.handler("deployed-later")(lambda ctx, payload: None)  # the new worker
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    assert [(a.attempt, a.status) for a in system.app.attempts(s.id)] == [(1, "succeeded")]
+
+
+def test_a_delivery_of_an_unknown_type_fails_naming_it_after_the_grace(system: System) -> None:
+    s = system.app.schedule("no-such-type", {}, delay=0)
+    system.runtime = Runtime(system.app, WorkerConfig(unknown_type_grace=timedelta(seconds=1)))
+    try:
+        system.run_until(lambda: system.status(s.id) == "failed")
+    finally:
+        system.runtime.close()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.attempts == 0 and stored.finished_at is not None
+    assert stored.last_error == (
+        "no handler registered for type 'no-such-type' in any worker that took it within 1s "
+        "of its due time"
+    )
+    kinds = [e.kind for e in system.app.history(s.id)]
+    assert kinds.count(EventKind.REQUEUED) >= 1 and kinds[-1] is EventKind.FAILED
 
 
 def test_handler_timeout_counts_as_a_failed_attempt(system: System) -> None:

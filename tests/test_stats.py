@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from duejobs.metrics import _BoundedLabel, observe_stats
 from duejobs.stats import collect, render
+from duejobs.worker import Runtime, WorkerConfig
 from tests.conftest import System
 
 
@@ -124,7 +125,11 @@ def test_metric_labels_stay_bounded(system: System) -> None:
     s = system.app.schedule("type-nobody-handles-" + "x" * 150, {}, delay=0)
     labels = {"tenant": "default", "type": "unregistered", "outcome": "failed"}
     before = REGISTRY.get_sample_value("duejobs_deliveries_total", labels) or 0
-    system.run_until(lambda: system.status(s.id) == "failed")
+    system.runtime = Runtime(system.app, WorkerConfig(unknown_type_grace=timedelta(seconds=1)))
+    try:
+        system.run_until(lambda: system.status(s.id) == "failed")
+    finally:
+        system.runtime.close()
     assert REGISTRY.get_sample_value("duejobs_deliveries_total", labels) == before + 1
 
 

@@ -34,7 +34,7 @@ from duejobs.cli.base import (
     main,
     services,
 )
-from duejobs.errors import DuejobsError
+from duejobs.errors import DuejobsError, describe
 from duejobs.prune import PruneConfig, Pruner, PruneResult
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
@@ -178,6 +178,12 @@ def scheduler(
     "With --concurrency above 1: the interpreter's switch interval while the worker works "
     "(how long a thread may hold the GIL while another waits for it; Python's is 5ms).",
 )
+@duration_option(
+    "--unknown-type-grace",
+    _WORKER.unknown_type_grace,
+    "How long a delivery of a type this worker has no handler for keeps being put back for "
+    "a worker that has one (a rolling deploy) before it fails for good, naming its type.",
+)
 @click.option(
     "--cpus",
     type=CpuList(),
@@ -210,6 +216,7 @@ def worker(
     concurrency: int,
     take_window: timedelta,
     switch_interval: timedelta,
+    unknown_type_grace: timedelta,
     cpus: tuple[int, ...] | None,
     processes: int,
     log_level: str,
@@ -238,6 +245,7 @@ def worker(
             concurrency=concurrency,
             take_window=take_window,
             switch_interval=switch_interval,
+            unknown_type_grace=unknown_type_grace,
         )
     )
     if processes > 1:
@@ -246,6 +254,7 @@ def worker(
         shared += [f"--timeout-grace={spell_duration(timeout_grace)}"]
         shared += [f"--concurrency={concurrency}", f"--take-window={spell_duration(take_window)}"]
         shared += [f"--switch-interval={spell_duration(switch_interval)}"]
+        shared += [f"--unknown-type-grace={spell_duration(unknown_type_grace)}"]
         shared += [f"--log-level={log_level}"]
         shared += [f"--log-format={log_format}", *(["--burst"] if burst else [])]
 
@@ -274,6 +283,9 @@ def worker(
         rq_worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
         runtime.close()
         app.close()
+        if rq_worker.failure is not None:
+            click.echo(f"duejobs worker: ended by {describe(rq_worker.failure)}", err=True)
+            sys.exit(1)
 
 
 def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:

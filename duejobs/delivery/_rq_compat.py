@@ -8,6 +8,7 @@ them; what moved is inside RQ's worker:
   ``perform_job(job, queue)`` reads and clears. A worker with slots keeps that attribute per
   thread on 2.x (:data:`MULTI_EXECUTIONS` tells which).
 * ``Execution.create`` records the worker's name only from RQ 2.11.
+* ``StopRequested`` moved from ``rq.worker`` to ``rq.exceptions``.
 * A job's timestamps read back from Redis are aware (UTC) datetimes in later releases and
   naive ones (UTC all the same) in earlier ones (:data:`NAIVE_TIMESTAMPS`).
 
@@ -24,6 +25,18 @@ from rq import SimpleWorker
 from rq.executions import Execution
 from rq.job import Job
 from rq.utils import utcparse
+
+try:  # where RQ keeps it: rq.exceptions from 2.x's later releases on, rq.worker before
+    from rq.exceptions import StopRequested
+except ImportError:  # pragma: no cover - RQ 2.0
+    from rq.worker import StopRequested  # type: ignore[attr-defined,no-redef,unused-ignore]
+
+__all__ = [
+    "MULTI_EXECUTIONS",
+    "NAIVE_TIMESTAMPS",
+    "StopRequested",
+    "create_execution",
+]
 
 MULTI_EXECUTIONS = "execution" in inspect.signature(SimpleWorker.perform_job).parameters
 _CREATE_NAMES_WORKER = "worker_name" in inspect.signature(Execution.create).parameters

@@ -42,7 +42,12 @@ from rq.utils import as_text, get_version, now, str_to_date, utcformat
 from rq.worker import WorkerStatus
 
 from duejobs.batches import GroupCommit
-from duejobs.delivery._rq_compat import MULTI_EXECUTIONS, NAIVE_TIMESTAMPS, create_execution
+from duejobs.delivery._rq_compat import (
+    MULTI_EXECUTIONS,
+    NAIVE_TIMESTAMPS,
+    StopRequested,
+    create_execution,
+)
 from duejobs.delivery.deliverer import Deliverer
 
 log = logging.getLogger("duejobs.delivery")
@@ -244,10 +249,11 @@ def _delivery_args(job: Job) -> tuple[uuid.UUID, int, int, str]:
 
 
 def _delivery(taken: tuple[Job, Queue]) -> tuple[uuid.UUID, int, int, str] | None:
-    """The delivery of a job taken; None for a job that is not one (its run says so)."""
+    """The delivery of a job taken; None for a job that is not one, or whose arguments cannot
+    be read (its run says so)."""
     try:
         return _delivery_args(taken[0])
-    except (TypeError, ValueError):
+    except Exception:
         return None
 
 
@@ -465,6 +471,9 @@ class DuejobsWorker(SimpleWorker):
     """
 
     max_connection_wait_time = _DEQUEUE_BACKOFF_CAP  # RQ's own, inside its dequeue: 60 s
+    # The error that ended RQ's loop, if one did: RQ logs it and returns as from a stop, and
+    # the worker's command then exits non-zero for its supervisor (see ``_noted``).
+    failure: Exception | None = None
     _suspension_checked: datetime | None = None
     _beat_at: datetime | None = None  # the last plain heartbeat sent
     _starting: Any = None  # the pipeline starting jobs taken together, meanwhile
@@ -520,6 +529,7 @@ class DuejobsWorker(SimpleWorker):
         # job that first freed a slot since the last take, the take the last wait was for,
         # and the slots a take waits for.
         self._take_of: dict[str, object] = {}
+        self._taken_at: dict[str, float] = {}  # when each of them was taken (monotonic)
         self._running: dict[object, object] = {}
         self._freed_take: object | None = None
         self._waited_take: object | None = None
@@ -541,8 +551,27 @@ class DuejobsWorker(SimpleWorker):
         finally:
             sys.setswitchinterval(previous)
 
+    @contextlib.contextmanager
+    def _noted(self) -> Iterator[None]:
+        """An error out of a step of RQ's loop is kept in ``failure``: RQ's loop ends on it
+        ("found an unhandled exception, quitting"), and a worker that quit that way must not
+        look, to its supervisor, like one that was stopped."""
+        try:
+            yield
+        except StopRequested:
+            raise
+        except Exception as exc:
+            self.failure = exc
+            raise
+
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
+        with self._noted():
+            return self._take_for_slot(timeout, max_idle_time)
+
+    def _take_for_slot(
+        self, timeout: int | None, max_idle_time: int | None
     ) -> tuple[Job, Queue] | None:
         """Wait for a free slot (beating meanwhile), then take a job — and, with more slots
         free, as many more as are waiting, up to one per free slot, claimed together
@@ -648,9 +677,10 @@ class DuejobsWorker(SimpleWorker):
         are started in RQ in one pipeline and have their deliveries claimed in one
         statement, which commits while the jobs are handed out."""
         self._taken.extend(jobs[1:])
-        take = object()
+        take, taken_at = object(), time.monotonic()
         for job, _ in jobs:
             self._take_of[job.id] = take
+            self._taken_at[job.id] = taken_at
         self._start_all(jobs)
         deliveries = [d for d in map(_delivery, jobs) if d is not None]
         try:
@@ -698,11 +728,35 @@ class DuejobsWorker(SimpleWorker):
         if not ids:
             return []
         try:
-            jobs = self.job_class.fetch_many(ids, self.connection, serializer=self.serializer)
+            hashes = self._read_hashes(ids)
         except RedisError:
             self._put_back(queue, moving, ids)
             raise
-        return [(job, queue) for job in jobs if job is not None]
+        return [(job, queue) for job in self._restored(ids, hashes)]
+
+    def _read_hashes(self, ids: list[str]) -> list[dict[Any, Any]]:
+        pipe = self.connection.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hgetall(self.job_class.key_for(job_id))
+        hashes: list[dict[Any, Any]] = pipe.execute()
+        return hashes
+
+    def _restored(self, ids: list[str], hashes: list[dict[Any, Any]]) -> Iterator[Job]:
+        """The jobs of the hashes read, each on its own: one whose hash is gone, or cannot be
+        read — a hash left without its ``data`` by a write cut short (a FLUSHDB as the job
+        finished or was put back), a field RQ cannot parse — is passed over, as RQ's own
+        dequeue passes over a missing one, and the jobs taken with it run. Its schedule's row,
+        not the hash, is the truth: overdue, the reconciler pushes it again."""
+        for job_id, raw in zip(ids, hashes, strict=True):
+            if not raw:
+                continue
+            job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+            try:
+                job.restore(raw)
+            except Exception as exc:
+                log.warning("job %s cannot be read (%s); passed over", job_id, exc)
+                continue
+            yield job
 
     def _pops_at_once(self) -> bool:
         """Whether waiting jobs can be taken in one round trip: from one queue, on a Redis
@@ -791,6 +845,10 @@ class DuejobsWorker(SimpleWorker):
         super().prepare_job_execution(job, remove_from_intermediate_queue)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        with self._noted():
+            self._execute_job(job, queue)
+
+    def _execute_job(self, job: Job, queue: Queue) -> None:
         if self._pool is None:
             try:  # as RQ's SimpleWorker runs it, the job started in one pipeline, not two
                 self._start_all([(job, queue)])
@@ -807,7 +865,8 @@ class DuejobsWorker(SimpleWorker):
             return
         slot = object()  # this run of a slot (one job id can run twice at once)
         take = self._take_of.pop(job.id, None) or object()
-        execution = self._start_alone(job)
+        taken_at = self._taken_at.pop(job.id, None)
+        execution = self._start_alone(job, time.monotonic() if taken_at is None else taken_at)
         if execution is None:
             self._slots.release()  # the slot taken for it
             return
@@ -819,14 +878,16 @@ class DuejobsWorker(SimpleWorker):
             self._slot_done(slot)
             raise
 
-    def _start_alone(self, job: Job) -> Execution | None:
+    def _start_alone(self, job: Job, taken_at: float) -> Execution | None:
         """The job's execution: the one it was started with together with others, or RQ's own
         start of it alone when that failed — tried again while Redis fails (RQ would end the
         worker, and a warm stop the jobs after it), as the next dequeue would wait for Redis
-        anyway, until the job's claim has outlived its lease. None then: the worker goes on,
-        and the reconciler rescues the claim (the attempt counts as abandoned) and pushes the
-        job again."""
-        give_up = time.monotonic() + self._performer.lease
+        anyway, until the job's claim (made as it was taken, at ``taken_at``) has outlived
+        its lease. None then: the worker goes on, and the reconciler rescues the claim (the
+        attempt counts as abandoned) and pushes the job again. (A job started late within the
+        lease has its claim renewed, or given up, before its handler runs: see the
+        performer's ``deliver``.)"""
+        give_up = taken_at + self._performer.lease
         wait = 0.5
         while True:
             known = set(self.executions) if MULTI_EXECUTIONS else set()

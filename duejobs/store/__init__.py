@@ -28,10 +28,12 @@ from duejobs.store.attempts import (
     claim_verdict,
     expire,
     extend_leases,
+    fail_unknown_type,
     finish,
     record_deferred,
     record_effect,
     record_stale,
+    renew_claim,
 )
 from duejobs.store.bulk import insert_schedules
 from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
@@ -206,6 +208,7 @@ __all__ = [
     "ensure_ahead",
     "expire",
     "extend_leases",
+    "fail_unknown_type",
     "finish",
     "get_recurring",
     "get_schedule",
@@ -241,6 +244,7 @@ __all__ = [
     "record_effect",
     "record_repushed",
     "record_stale",
+    "renew_claim",
     "replay_position",
     "reschedule",
     "rescue_expired",

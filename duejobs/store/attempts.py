@@ -29,6 +29,11 @@ class SkipReason(enum.StrEnum):
     DUPLICATE = "duplicate"
     NOT_DUE = "not_due"
     EXPIRED = "expired"
+    # A claim made ahead whose lease ran out before its handler could start (its start was
+    # held up): the reconciler rescues it, and the next attempt runs.
+    LAPSED = "lapsed"
+    # Its type has no handler in this worker: put back for one that has (see the worker).
+    UNKNOWN_TYPE = "unknown_type"
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,21 @@ class RunClaim:
 
 
 def claim_runs(
-    conn: Connection, deliveries: Sequence[Delivery], *, worker: str, lease: timedelta
+    conn: Connection,
+    deliveries: Sequence[Delivery],
+    *,
+    worker: str,
+    lease: timedelta,
+    types: Sequence[str],
 ) -> list[RunClaim | None]:
     """Turn the deliveries that can run now into running attempts, in one statement: each
     one's row (of its tenant) ``scheduled`` at the delivered version, this being its next
-    attempt, due by the database clock, not expired, and not locked by another transaction.
-    The answers follow the deliveries' order; None for one left untouched (see
-    :func:`claim_verdict`), and for a second copy of a delivery claimed once."""
+    attempt, due by the database clock, not expired, of one of ``types`` (those the worker
+    has handlers for), and not locked by another transaction.
+    The answers follow the deliveries' order, each matched by (schedule id, version,
+    attempt) — copies of one schedule at other versions may come in the same batch; None for
+    one left untouched (see :func:`claim_verdict`), and for a second copy of a delivery
+    claimed once."""
     params = {
         "ids": [d.schedule_id for d in deliveries],
         "tenants": [d.tenant for d in deliveries],
@@ -70,12 +83,18 @@ def claim_runs(
         "attempts": [d.attempt for d in deliveries],
         "worker": worker,
         "lease": lease,
+        "types": list(types),
     }
-    claimed = {row.id: record(RunClaim, row, skip=None) for row in run(conn, "claim_runs", params)}
-    return [claimed.pop(d.schedule_id, None) for d in deliveries]
+    claimed = {
+        (row.id, row.version, row.attempt): record(RunClaim, row, skip=None)
+        for row in run(conn, "claim_runs", params)
+    }
+    return [claimed.pop((d.schedule_id, d.version, d.attempt), None) for d in deliveries]
 
 
-def claim_verdict(conn: Connection, delivery: Delivery, *, worker: str) -> RunClaim:
+def claim_verdict(
+    conn: Connection, delivery: Delivery, *, worker: str, types: Sequence[str]
+) -> RunClaim:
     """Why a delivery :func:`claim_runs` left out cannot run now, after waiting for a row
     lock another transaction holds (up to the connection's ``lock_timeout``); skips other
     than ``not_due`` are recorded as events. ``skip`` None: it can run now (its row was
@@ -89,6 +108,7 @@ def claim_verdict(conn: Connection, delivery: Delivery, *, worker: str) -> RunCl
             "version": delivery.version,
             "attempt": delivery.attempt,
             "worker": worker,
+            "types": list(types),
             "current_status": Status.SCHEDULED.value,
             "current_attempts": delivery.attempt - 1,
         },
@@ -108,9 +128,30 @@ def expire(conn: Connection, schedule_id: uuid.UUID, version: int) -> None:
     run(conn, "expire", {"id": schedule_id, "version": version})
 
 
-def record_deferred(conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int) -> None:
-    """Record that an early delivery was put back for its ``due_at`` (no attempt used)."""
-    run(conn, "record_deferred", {"id": schedule_id, "version": version, "attempt": attempt})
+def record_deferred(conn: Connection, delivery: Delivery, reason: SkipReason, worker: str) -> None:
+    """Record that a delivery was put back without using an attempt: early (``not_due``),
+    or of a type this worker has no handler for (``unknown_type``)."""
+    params = {
+        "id": delivery.schedule_id,
+        "version": delivery.version,
+        "attempt": delivery.attempt,
+        "reason": reason.value,
+        "worker": worker,
+    }
+    run(conn, "record_deferred", params)
+
+
+def fail_unknown_type(conn: Connection, delivery: Delivery, error: str, worker: str) -> bool:
+    """Fail for good, without an attempt, a schedule of a type no worker that took it had a
+    handler for; False when it is no longer that delivery's (it moved on meanwhile)."""
+    params = {
+        "id": delivery.schedule_id,
+        "version": delivery.version,
+        "attempt": delivery.attempt,
+        "error": error,
+        "worker": worker,
+    }
+    return run_one(conn, "fail_unknown_type", params) is not None
 
 
 def change_since_claim(
@@ -145,6 +186,18 @@ def extend_leases(
         "lease": lease,
     }
     run_count(conn, "extend_leases", params)
+
+
+def renew_claim(conn: Connection, delivery: Delivery, lease: timedelta) -> bool:
+    """Renew the lease of a claim made ahead of its handler; False when it is no longer the
+    current attempt or its lease has run out (it is the reconciler's to rescue)."""
+    params = {
+        "id": delivery.schedule_id,
+        "version": delivery.version,
+        "attempt": delivery.attempt,
+        "lease": lease,
+    }
+    return run_one(conn, "renew_claim", params) is not None
 
 
 def record_effect(

@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 
+from duejobs.errors import KeyInUseError
 from duejobs.ids import new_id
 from duejobs.models import (
     Attempt,
@@ -113,8 +114,7 @@ def insert_keyed(conn: Connection, name: str, params: dict[str, Any] | None = No
                 return run(conn, name, params)
         except IntegrityError as exc:
             races += 1
-            diag = getattr(exc.orig, "diag", None)
-            if races == _KEY_RACES or getattr(diag, "constraint_name", None) != LIVE_KEY_INDEX:
+            if races == _KEY_RACES or _constraint(exc) != LIVE_KEY_INDEX:
                 raise
 
 
@@ -158,9 +158,28 @@ def retry(
     conn: Connection, schedule_id: uuid.UUID, tenant: str | None, when: When
 ) -> Schedule | None:
     """Schedule a failed or cancelled schedule again (version + 1, attempts from zero); None
-    when no such row matched (:func:`get_schedule` then tells why)."""
-    row = run_one(conn, "retry", {"id": schedule_id, "tenant": tenant, **_when_params(when)})
+    when no such row matched (:func:`get_schedule` then tells why).
+
+    Under a savepoint: a live schedule that took the key after the caller looked (its
+    transaction committed while this one waited on the key) raises :class:`KeyInUseError`
+    and leaves the caller's transaction usable."""
+    params = {"id": schedule_id, "tenant": tenant, **_when_params(when)}
+    try:
+        with conn.begin_nested():
+            row = run_one(conn, "retry", params)
+    except IntegrityError as exc:
+        if _constraint(exc) != LIVE_KEY_INDEX:
+            raise
+        raise KeyInUseError(
+            f"schedule {schedule_id}'s key is held by another live schedule (taken while it "
+            "was retried): cancel that one first"
+        ) from None
     return None if row is None else as_schedule(row)
+
+
+def _constraint(exc: IntegrityError) -> str | None:
+    """The name of the constraint (or index) an integrity error is about."""
+    return getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
 
 
 def cancel(

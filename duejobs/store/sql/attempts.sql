@@ -3,7 +3,7 @@
 -- name: claim_runs
 -- Deliveries turned into running attempts, many in one statement: those whose row is ready
 -- now (scheduled at the delivered version, this its next attempt, due by the database clock,
--- not expired) and not locked by another transaction. The others are left untouched for
+-- not expired, of a type the worker has a handler for) and not locked by another transaction. The others are left untouched for
 -- claim_verdict, which waits for a lock, says why a delivery cannot run and records it.
 WITH req AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS text[]),
@@ -16,6 +16,7 @@ WITH req AS (
     WHERE j.status = 'scheduled' AND j.version = r.version AND j.attempts = r.attempt - 1
       AND j.due_at <= statement_timestamp()
       AND (j.expires_after IS NULL OR j.due_at + j.expires_after >= statement_timestamp())
+      AND j.type = ANY(CAST(:types AS text[]))
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), upd AS (
@@ -38,13 +39,15 @@ WITH req AS (
                'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
     FROM upd
 )
-SELECT id, type, payload, run_at, due_at, statement_timestamp() AS db_now, trace_context
+SELECT id, version, attempts AS attempt, type, payload, run_at, due_at,
+       statement_timestamp() AS db_now, trace_context
 FROM upd
 
 -- name: claim_verdict
 -- Why a delivery claim_runs left unclaimed cannot run now, waiting for a row lock held
 -- elsewhere (up to the connection's lock_timeout): the skip verdict (the attempt must be the
--- next one of a scheduled row), then the database clock (not due yet, or past its expiry).
+-- next one of a scheduled row), then the database clock (not due yet, or past its expiry),
+-- then its type (one the worker has no handler for).
 -- Skips other than not_due are recorded as events. NULL: it can run (its row was locked).
 WITH cur AS (
     SELECT id, tenant, type, version, status, attempts, run_at, due_at, payload,
@@ -57,6 +60,7 @@ WITH cur AS (
            COALESCE({{skip_verdict}},
                     CASE WHEN due_at > statement_timestamp() THEN 'not_due'
                          WHEN due_at + expires_after < statement_timestamp() THEN 'expired'
+                         WHEN NOT (type = ANY(CAST(:types AS text[]))) THEN 'unknown_type'
                     END) AS reason
     FROM cur
 ), event AS (
@@ -71,12 +75,32 @@ WITH cur AS (
 SELECT reason, type, due_at, statement_timestamp() AS db_now FROM verdict
 
 -- name: record_deferred
--- An early delivery put back for its due time: no attempt used, the history says so.
+-- A delivery put back without using an attempt — early (not_due), or of a type the worker
+-- has no handler for (unknown_type) —: the history says so.
 INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
 SELECT id, tenant, 'requeued', version,
-       jsonb_build_object('reason', 'not_due', 'due_at', due_at, 'attempt', :attempt)
+       jsonb_build_object('reason', CAST(:reason AS text), 'due_at', due_at,
+                          'attempt', :attempt, 'worker', CAST(:worker AS text))
 FROM scheduled_jobs
 WHERE id = :id AND version = :version AND status = 'scheduled'
+
+-- name: fail_unknown_type
+-- A schedule whose type no worker that took it had a handler for, for longer than the grace
+-- period: failed for good, without an attempt, the error naming the type.
+WITH upd AS (
+    UPDATE scheduled_jobs
+    SET status = 'failed', last_error = :error, finished_at = statement_timestamp(),
+        updated_at = statement_timestamp(), lease_expires_at = NULL
+    WHERE id = :id AND version = :version AND status = 'scheduled' AND attempts = :attempt - 1
+    RETURNING id, tenant, version
+), event AS (
+    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    SELECT id, tenant, 'failed', version,
+           jsonb_build_object('reason', 'unknown_type', 'error', CAST(:error AS text),
+                              'worker', CAST(:worker AS text))
+    FROM upd
+)
+SELECT id FROM upd
 
 -- name: expire
 UPDATE scheduled_jobs SET status = 'cancelled', version = version + 1,
@@ -108,6 +132,16 @@ FROM (
     FOR UPDATE OF j SKIP LOCKED
 ) AS mine
 WHERE s.id = mine.id
+
+-- name: renew_claim
+-- A claim made ahead of its handler, renewed just before the handler starts: only while it
+-- is still the current attempt and its lease has not run out (after that the reconciler may
+-- have rescued it, or may at any moment). Nothing when it cannot be renewed.
+UPDATE scheduled_jobs
+SET lease_expires_at = statement_timestamp() + CAST(:lease AS interval)
+WHERE id = :id AND version = :version AND attempts = :attempt AND status = 'running'
+  AND lease_expires_at > statement_timestamp()
+RETURNING id
 
 -- name: record_effect
 INSERT INTO scheduled_job_effects (effect_key, schedule_id, tenant, version)
