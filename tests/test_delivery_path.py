@@ -15,6 +15,7 @@ process, and a plain RQ worker in that process ran schedules)
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -27,7 +28,7 @@ from rq.serializers import JSONSerializer
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from duejobs import App, EventKind, Status
+from duejobs import App, EventKind, Status, store
 from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
 from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
@@ -318,6 +319,68 @@ def test_handler_reads_the_payload_from_the_row_at_run_time(system: System) -> N
         )
     system.work()
     assert seen == [({"v": 2}, {"v": 2})]
+
+
+@pytest.mark.parametrize("due_in_ms", [200, 100, 50, 20])
+def test_an_early_delivery_never_starts_before_its_run_at_by_the_database_clock(
+    system: System, due_in_ms: int
+) -> None:
+    """Delivered a moment before it is due (the worker waits for it), the attempt starts at
+    or after ``run_at`` by the database clock, to the microsecond: a claim that tolerates
+    even a few milliseconds of earliness fails one of these."""
+    with system.app.engine.connect() as conn:
+        now = conn.execute(text("SELECT statement_timestamp()")).scalar_one()
+    s = system.app.schedule("record", {}, run_at=now + timedelta(milliseconds=due_in_ms))
+    assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
+    (started,) = _started_at(system, s.id)
+    assert started >= s.run_at, (started, s.run_at)
+
+
+def test_the_claim_never_takes_a_row_a_millisecond_before_it_is_due(system: System) -> None:
+    """Thirty rows due 1 ms apart, claimed over and over as they come due: each claim's start
+    (the database clock) is at or after its row's ``due_at`` — a claim that takes rows even a
+    few milliseconds early takes some of these early."""
+    with system.app.engine.connect() as conn:
+        now = conn.execute(text("SELECT statement_timestamp()")).scalar_one()
+    first = now + timedelta(milliseconds=100)
+    rows = [
+        system.app.schedule("record", {}, run_at=first + timedelta(milliseconds=i))
+        for i in range(30)
+    ]
+    deliveries = [store.Delivery(r.id, r.tenant, 1, 1) for r in rows]
+    started: dict[uuid.UUID, datetime] = {}
+    deadline = time.monotonic() + 30
+    with system.app.engine.connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        while len(started) < len(rows):
+            assert time.monotonic() < deadline, "the rows were not all claimed"
+            claims = store.claim_runs(
+                conn, deliveries, worker="test", lease=timedelta(minutes=1), types=["record"]
+            )
+            for delivery, claim in zip(deliveries, claims, strict=True):
+                if claim is not None:
+                    assert claim.db_now is not None
+                    started[delivery.schedule_id] = claim.db_now
+    early = [(r.due_at, started[r.id]) for r in rows if started[r.id] < r.due_at]
+    assert early == []
+
+
+def test_a_retry_waits_exactly_its_backoff(system: System, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the jitter fixed (half the ceiling), each retry is due exactly its backoff after
+    the failed attempt closed: 25 ms after the first (ceiling 50 ms), 50 ms after the second
+    (ceiling 100 ms)."""
+    monkeypatch.setattr("duejobs.handlers.random.random", lambda: 0.5)
+    s = system.app.schedule("flaky", {"fail_times": 2}, delay=0)
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    with system.app.engine.connect() as conn:
+        waits = conn.execute(
+            text(
+                "SELECT next_attempt_at - finished_at FROM scheduled_job_attempts "
+                "WHERE schedule_id = :id AND status = 'failed' ORDER BY attempt"
+            ),
+            {"id": s.id},
+        ).scalars()
+        assert list(waits) == [timedelta(milliseconds=25), timedelta(milliseconds=50)]
 
 
 def test_handler_failure_retries_with_jittered_backoff_and_run_at_untouched(

@@ -23,7 +23,7 @@ import shutil
 import threading
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -45,14 +45,33 @@ DATABASE = "duejobs_replica"
 
 @dataclass(frozen=True)
 class Pair:
-    """A primary and its streaming replica, by URL."""
+    """A primary and its streaming replica, by URL; ``start_standby`` starts the standby
+    (again) and returns once it answers read-only queries."""
 
     primary_url: str
     replica_url: str
+    start_standby: Callable[[], None]
 
     def on_replica(self, sql: str) -> None:
-        with psycopg.connect(self.replica_url.replace("/" + DATABASE, "/postgres", 1)) as conn:
+        with psycopg.connect(self._standby_admin_url) as conn:
             conn.execute(sql)
+
+    @property
+    def _standby_admin_url(self) -> str:
+        return self.replica_url.replace("/" + DATABASE, "/postgres", 1)
+
+    def standby_answers(self) -> bool:
+        try:
+            with psycopg.connect(self._standby_admin_url, connect_timeout=5) as conn:
+                return bool(conn.execute("SELECT pg_is_in_recovery()").fetchone())
+        except psycopg.OperationalError:
+            return False
+
+    def ensure_standby(self) -> None:
+        """The standby up before a test uses it: started again if it went away (a busy
+        machine has seen it refuse connections after the first test)."""
+        if not self.standby_answers():
+            self.start_standby()
 
 
 def _server_tools() -> tuple[Any, Any]:
@@ -85,12 +104,23 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         lock.unlink()
     log = standby / "server.log"
     options = f'-h "" -k {standby} -c hot_standby=on'
-    pgexec("pg_ctl", ("-w", "-o", options, "-l", str(log), "-D", str(standby), "start"), **run_as)
+    replica_url = f"postgresql://postgres:@/{DATABASE}?host={standby}"
+
+    def start_standby() -> None:
+        """Start the standby and wait (up to two minutes: a loaded machine) until it answers;
+        a start that fails says why, with the end of the standby's log."""
+        try:
+            start = ("-w", "-t", "120", "-o", options, "-l", str(log), "-D", str(standby))
+            pgexec("pg_ctl", (*start, "start"), **run_as)
+            wait_for(pair.standby_answers, 120, "the standby to answer")
+        except Exception as exc:
+            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+            pytest.fail(f"the standby did not start ({exc}); its log ends:\n{tail}")
+
+    pair = Pair(info.get_uri(database=DATABASE), replica_url, start_standby)
+    start_standby()
     try:
-        yield Pair(
-            info.get_uri(database=DATABASE),
-            f"postgresql://postgres:@/{DATABASE}?host={standby}",
-        )
+        yield pair
     finally:
         pgexec("pg_ctl", ("-m", "fast", "-D", str(standby), "stop"), **run_as)
         primary.cleanup()
@@ -100,7 +130,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
 @pytest.fixture
 def replicated(pair: Pair, redis_url: str) -> Iterator[App]:
     """An App writing to the primary and reading its figures and lists from the replica,
-    which it counts as stale a quarter of a second behind; the replica caught up."""
+    which it counts as stale a quarter of a second behind; the replica up and caught up."""
+    pair.ensure_standby()
     app = App(
         pair.primary_url,
         redis_url,
