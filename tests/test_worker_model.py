@@ -32,8 +32,8 @@ SEED = 20261203
 def test_the_worker_keeps_its_promises_through_a_seeded_plan_of_changes_and_faults(
     app: App, redis_client: redis.Redis, spawn: Callable[..., Proc], setting: Setting
 ) -> None:
-    """About 12 s each: a 5 s plan, then the wait for every schedule to finish (the killed
-    worker's claims wait out their 2 s lease)."""
+    """About 6 s each (slower than 5 s: the plan itself runs for 5 s, so that its changes
+    and faults meet a working worker; then the wait for every schedule to finish)."""
     register(app)
     report = run_model(app, redis_client, lambda flags: spawn(*WORKER, *flags), setting, SEED)
     assert report.violations == [], report
