@@ -15,7 +15,7 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    back into the scheduled registry for ``due_at`` under its own id; no attempt is consumed.
    A delivery of a type this worker has no handler for is not claimed either: it goes back
    for a worker that has one (a rolling deploy updates producers first), after as long again
-   as it has been due (1 s to 1 min), until it has been due for ``unknown_type_grace``; then
+   as it has been put back (1 s to 1 min), for ``unknown_type_grace`` after the first; then
    it fails for good, naming its type (counted in ``duejobs_unknown_type_deliveries_total``).
 3. **Runs the handler** with ``ctx`` (ids, version, attempt, ``effect_key``, ``run_at``, and
    the payload read from the row now) under the type's timeout, while a heartbeat thread
@@ -429,20 +429,21 @@ class Runtime:
     def _unknown_type(self, delivery: Delivery, claim: RunClaim, where: dict[str, Any]) -> Outcome:
         """A delivery of a type this worker has no handler for: put back for a worker that
         has one (a rolling deploy, producers updated before workers, a worker serving the
-        queue for other types), backing off, without using an attempt — until it has been
-        due for longer than ``unknown_type_grace`` by the database clock: then it fails for
-        good, naming its type (a typo, or a type no worker runs any more)."""
+        queue for other types), backing off, without using an attempt — until
+        ``unknown_type_grace`` has passed, by the database clock, since a worker first put it
+        back: then it fails for good, naming its type (a typo, or a type no worker runs any
+        more)."""
         assert claim.due_at is not None and claim.db_now is not None
         metrics.UNKNOWN_TYPES.labels(metrics.tenant_label(delivery.tenant)).inc()
-        if claim.db_now - claim.due_at < self.config.unknown_type_grace:
+        if claim.db_now - (claim.unknown_since or claim.db_now) < self.config.unknown_type_grace:
             with self.bookkeeping.connection() as conn:
-                store.record_deferred(conn, delivery, SkipReason.UNKNOWN_TYPE, self.name)
+                store.defer_unknown_type(conn, delivery, self._put_back_at(claim), self.name)
             log.warning("no handler for type %r here: put back", claim.type, extra=where)
             return Outcome.DEFERRED
         grace = self.config.unknown_type_grace
         error = (
             f"no handler registered for type {claim.type!r} in any worker that took it "
-            f"within {spell_duration(grace)} of its due time"
+            f"within {spell_duration(grace)}"
         )
         with self.bookkeeping.connection() as conn:
             failed = store.fail_unknown_type(conn, delivery, error, self.name)
@@ -460,7 +461,8 @@ class Runtime:
             return claim.due_at
         assert claim.db_now is not None
         least, most = _UNKNOWN_TYPE_BACKOFF
-        return claim.db_now + min(max(claim.db_now - claim.due_at, least), most)
+        waited = claim.db_now - (claim.unknown_since or claim.db_now)
+        return claim.db_now + min(max(waited, least), most)
 
     def _invoke(self, handler: Handler, ctx: Context, payload: Any) -> None:
         """Call the handler under its time limit; an ``async def`` one (or any awaitable it
@@ -608,13 +610,15 @@ class Runtime:
             time.sleep(remaining)
 
     def _in_time(self, delivery: Delivery, claim: RunClaim, lease_ends: float) -> RunClaim:
-        """A claim made ahead, if its handler may still start on it: with a heartbeat's time
-        of its lease left (the heartbeat renews it from then on); otherwise renewed first —
+        """A claim made ahead, if its handler may still start on it: made less than a
+        heartbeat ago (the heartbeat's first renewal comes a heartbeat after the handler
+        starts, well within the lease); otherwise renewed first —
         its start was held up (Redis failing as it started, say) — and, once its lease has
         run out, never used: the reconciler rescues it (or has), and the next attempt runs.
         No handler starts on a claim the reconciler may take back meanwhile."""
-        if time.monotonic() + self.config.heartbeat.total_seconds() < lease_ends:
-            return claim
+        made = lease_ends - self.lease
+        if time.monotonic() - made < self.config.heartbeat.total_seconds():
+            return claim  # a heartbeat renews it before a lease less a heartbeat has passed
         with self.bookkeeping.connection() as conn:
             renewed = store.renew_claim(conn, delivery, self.config.lease)
         if renewed:

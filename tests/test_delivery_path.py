@@ -31,6 +31,7 @@ from sqlalchemy.exc import OperationalError
 from duejobs import App, EventKind, Status, store
 from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
+from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
 from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
 from tests.conftest import System, job_id, push_of, sample
@@ -437,6 +438,7 @@ def test_a_delivery_of_an_unknown_type_goes_back_for_a_worker_that_knows_it(
     assert [d["reason"] for d in requeued] == ["unknown_type"]
     assert sample("duejobs_unknown_type_deliveries_total", tenant="default") == before + 1
     assert system.scheduler.deliverer.queue.scheduled_job_registry.count == 1  # backing off
+    assert Reconciler(system.app).run_once().fixed == 0  # where it belongs: left alone
     system.app.handler("deployed-later")(lambda ctx, payload: None)  # the new worker
     system.run_until(lambda: system.status(s.id) == "succeeded")
     assert [(a.attempt, a.status) for a in system.app.attempts(s.id)] == [(1, "succeeded")]
@@ -452,8 +454,7 @@ def test_a_delivery_of_an_unknown_type_fails_naming_it_after_the_grace(system: S
     stored = system.app.get(s.id)
     assert stored is not None and stored.attempts == 0 and stored.finished_at is not None
     assert stored.last_error == (
-        "no handler registered for type 'no-such-type' in any worker that took it within 1s "
-        "of its due time"
+        "no handler registered for type 'no-such-type' in any worker that took it within 1s"
     )
     kinds = [e.kind for e in system.app.history(s.id)]
     assert kinds.count(EventKind.REQUEUED) >= 1 and kinds[-1] is EventKind.FAILED

@@ -906,8 +906,9 @@ class DuejobsWorker(SimpleWorker):
                         job.id,
                         exc,
                     )
-                    with contextlib.suppress(TypeError, ValueError):  # not a delivery
-                        self._performer.forget_ahead(*_delivery_args(job))
+                    delivery = _delivery((job, None))  # type: ignore[arg-type]
+                    if delivery is not None:
+                        self._performer.forget_ahead(*delivery)
                     return None
                 log.warning(
                     "Redis failed as job %s started (%s); again in %.1f s", job.id, exc, wait
@@ -1015,6 +1016,10 @@ class DuejobsWorker(SimpleWorker):
         or ``pipeline`` (a job's start, its monitoring) is always sent. RQ retries a dequeue
         that meets a dropped connection but quits on a heartbeat that does, so every worker
         between two jobs at that moment would stop: the next dequeue waits for Redis."""
+        with self._noted():
+            self._beat(timeout, pipeline)
+
+    def _beat(self, timeout: int | None, pipeline: Any) -> None:
         if pipeline is not None and pipeline is self._starting:
             return  # beaten once for the jobs started together
         plain = timeout is None and pipeline is None
@@ -1035,7 +1040,8 @@ class DuejobsWorker(SimpleWorker):
             return
         if self._suspension_checked is not None and now() - self._suspension_checked < _BEAT_EVERY:
             return
-        super().check_for_suspension(burst)
+        with self._noted():
+            super().check_for_suspension(burst)
         self._suspension_checked = now()
 
     def set_state(self, state: str, pipeline: Any = None) -> None:

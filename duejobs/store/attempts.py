@@ -58,6 +58,7 @@ class RunClaim:
     due_at: datetime | None = None
     db_now: datetime | None = None
     trace_context: str | None = None  # the scheduling caller's (duejobs.tracing)
+    unknown_since: datetime | None = None  # first put back for an unknown type (this version)
 
 
 def claim_runs(
@@ -86,7 +87,7 @@ def claim_runs(
         "types": list(types),
     }
     claimed = {
-        (row.id, row.version, row.attempt): record(RunClaim, row, skip=None)
+        (row.id, row.version, row.attempt): record(RunClaim, row, skip=None, unknown_since=None)
         for row in run(conn, "claim_runs", params)
     }
     return [claimed.pop((d.schedule_id, d.version, d.attempt), None) for d in deliveries]
@@ -120,6 +121,7 @@ def claim_verdict(
         type=row.type,
         due_at=row.due_at.astimezone(UTC),
         db_now=row.db_now.astimezone(UTC),
+        unknown_since=row.unknown_since and row.unknown_since.astimezone(UTC),
     )
 
 
@@ -139,6 +141,19 @@ def record_deferred(conn: Connection, delivery: Delivery, reason: SkipReason, wo
         "worker": worker,
     }
     run(conn, "record_deferred", params)
+
+
+def defer_unknown_type(conn: Connection, delivery: Delivery, due_at: datetime, worker: str) -> None:
+    """Put back a delivery of a type this worker has no handler for: its row due at
+    ``due_at`` (when its job goes back on the queue), no attempt used, recorded."""
+    params = {
+        "id": delivery.schedule_id,
+        "version": delivery.version,
+        "attempt": delivery.attempt,
+        "due_at": due_at,
+        "worker": worker,
+    }
+    run(conn, "defer_unknown_type", params)
 
 
 def fail_unknown_type(conn: Connection, delivery: Delivery, error: str, worker: str) -> bool:

@@ -72,7 +72,13 @@ WITH cur AS (
     FROM verdict
     WHERE reason IN ('cancelled', 'superseded', 'duplicate', 'expired')
 )
-SELECT reason, type, due_at, statement_timestamp() AS db_now FROM verdict
+SELECT reason, type, due_at, statement_timestamp() AS db_now,
+       CASE WHEN reason = 'unknown_type' THEN (
+           SELECT min(e.at) FROM scheduled_job_events e
+           WHERE e.schedule_id = verdict.id AND e.version = verdict.version
+             AND e.kind = 'requeued' AND e.detail ->> 'reason' = 'unknown_type')
+       END AS unknown_since
+FROM verdict
 
 -- name: record_deferred
 -- A delivery put back without using an attempt — early (not_due), or of a type the worker
@@ -83,6 +89,21 @@ SELECT id, tenant, 'requeued', version,
                           'attempt', :attempt, 'worker', CAST(:worker AS text))
 FROM scheduled_jobs
 WHERE id = :id AND version = :version AND status = 'scheduled'
+
+-- name: defer_unknown_type
+-- A delivery of a type the worker has no handler for, put back: the row due again at the
+-- time its job goes back for (so the reconciler finds the job where it belongs), no attempt
+-- used, the history saying so (its first such event starts the grace period).
+WITH upd AS (
+    UPDATE scheduled_jobs SET due_at = :due_at, updated_at = statement_timestamp()
+    WHERE id = :id AND version = :version AND status = 'scheduled' AND attempts = :attempt - 1
+    RETURNING id, tenant, version, due_at
+)
+INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+SELECT id, tenant, 'requeued', version,
+       jsonb_build_object('reason', 'unknown_type', 'due_at', due_at, 'attempt', :attempt,
+                          'worker', CAST(:worker AS text))
+FROM upd
 
 -- name: fail_unknown_type
 -- A schedule whose type no worker that took it had a handler for, for longer than the grace
