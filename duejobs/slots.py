@@ -144,7 +144,9 @@ class EventLoops:
             if leftover:
                 with contextlib.suppress(BaseException):
                     loop.run_until_complete(asyncio.wait(leftover, timeout=1))
-            if any(not t.done() for t in leftover):
+            # A task that swallowed its cancellation, or one made while the others were
+            # cancelled, must not run into the next attempt either.
+            if any(not t.done() for t in asyncio.all_tasks(loop)):
                 self._discard(loop)
 
     def _discard(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -612,10 +612,10 @@ class Runtime:
     def _in_time(self, delivery: Delivery, claim: RunClaim, lease_ends: float) -> RunClaim:
         """A claim made ahead, if its handler may still start on it: made less than a
         heartbeat ago (the heartbeat's first renewal comes a heartbeat after the handler
-        starts, well within the lease); otherwise renewed first —
-        its start was held up (Redis failing as it started, say) — and, once its lease has
-        run out, never used: the reconciler rescues it (or has), and the next attempt runs.
-        No handler starts on a claim the reconciler may take back meanwhile."""
+        starts, well within the lease); otherwise renewed first — its start was held up
+        (Redis failing as it started, say) — and, once the reconciler has rescued it, never
+        used: the attempt the rescue pushed runs instead. No handler starts on a claim the
+        reconciler may take back before its first heartbeat."""
         made = lease_ends - self.lease
         if time.monotonic() - made < self.config.heartbeat.total_seconds():
             return claim  # a heartbeat renews it before a lease less a heartbeat has passed

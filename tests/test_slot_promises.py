@@ -154,23 +154,44 @@ def test_a_start_held_up_past_its_claims_lease_never_runs_the_handler_twice(
     assert {(r[0], r[2]) for r in runs} == closed  # each on the attempt that closed its row
 
 
-def test_a_claim_made_ahead_is_never_used_past_its_lease(system: System) -> None:
+def test_a_claim_made_ahead_is_never_used_once_the_reconciler_rescued_it(
+    system: System,
+) -> None:
     """A delivery claimed with others whose handler could not start before the claim's lease
-    ran out is not run on that claim (the reconciler may have rescued it): skipped, the row
-    left to the rescue, nothing run."""
+    ran out, and which the reconciler rescued meanwhile, is not run on that claim: skipped,
+    and the attempt the rescue pushed runs instead (once)."""
     s = system.app.schedule("traced", {}, delay=0)
     config = WorkerConfig(lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200))
     runtime = Runtime(system.app, config)
     try:
         runtime.claim_ahead([(s.id, 1, 1, "default")])
         wait_for(lambda: _lease_ran_out(system.app, s.id), 30, "the claim's lease to run out")
+        assert Reconciler(system.app).run_once().rescued == 1
         assert runtime.handle(s.id, 1, 1, "default") is Outcome.SKIPPED
+        assert _runs(system.app) == []
+        assert runtime.handle(s.id, 1, 2, "default") is Outcome.SUCCEEDED
     finally:
         runtime.close()
-    assert _runs(system.app) == []
-    assert system.status(s.id) == "running"  # for the reconciler: its lease ran out
-    (attempt,) = Reconciler(system.app).run_once() and system.app.attempts(s.id)
-    assert attempt.status == "abandoned"
+    assert _runs(system.app) == [(s.id, 1, 2)]
+    assert [a.status for a in system.app.attempts(s.id)] == ["abandoned", "succeeded"]
+
+
+def test_a_claim_made_ahead_whose_lease_ran_out_unrescued_is_renewed_and_runs_once(
+    system: System,
+) -> None:
+    """The same claim, its lease run out but not rescued yet: renewed (under the row lock,
+    which orders it with any rescue), its handler runs once on it, and no attempt is lost."""
+    s = system.app.schedule("traced", {}, delay=0)
+    config = WorkerConfig(lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200))
+    runtime = Runtime(system.app, config)
+    try:
+        runtime.claim_ahead([(s.id, 1, 1, "default")])
+        wait_for(lambda: _lease_ran_out(system.app, s.id), 30, "the claim's lease to run out")
+        assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
+    finally:
+        runtime.close()
+    assert _runs(system.app) == [(s.id, 1, 1)]
+    assert Reconciler(system.app).run_once().rescued == 0
 
 
 def _lease_ran_out(app: App, schedule_id: uuid.UUID) -> bool:
@@ -289,8 +310,9 @@ def _waiting_on_a_lock(app: App) -> bool:
     with app.engine.connect() as conn:
         waiting = conn.execute(
             text(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' "
+                "AND query LIKE '%status IN (''failed'', ''cancelled'')%'"  # the retry's
             )
         ).scalar_one()
     return int(waiting) > 0

@@ -29,8 +29,8 @@ class SkipReason(enum.StrEnum):
     DUPLICATE = "duplicate"
     NOT_DUE = "not_due"
     EXPIRED = "expired"
-    # A claim made ahead whose lease ran out before its handler could start (its start was
-    # held up): the reconciler rescues it, and the next attempt runs.
+    # A claim made ahead that the reconciler rescued before its handler could start (its
+    # start was held up past its lease): the attempt the rescue pushed runs instead.
     LAPSED = "lapsed"
     # Its type has no handler in this worker: put back for one that has (see the worker).
     UNKNOWN_TYPE = "unknown_type"
@@ -205,7 +205,7 @@ def extend_leases(
 
 def renew_claim(conn: Connection, delivery: Delivery, lease: timedelta) -> bool:
     """Renew the lease of a claim made ahead of its handler; False when it is no longer the
-    current attempt or its lease has run out (it is the reconciler's to rescue)."""
+    current attempt (the reconciler rescued it, or the schedule moved on)."""
     params = {
         "id": delivery.schedule_id,
         "version": delivery.version,

@@ -156,12 +156,12 @@ WHERE s.id = mine.id
 
 -- name: renew_claim
 -- A claim made ahead of its handler, renewed just before the handler starts: only while it
--- is still the current attempt and its lease has not run out (after that the reconciler may
--- have rescued it, or may at any moment). Nothing when it cannot be renewed.
+-- is still the current attempt. A lease that ran out and was not rescued yet is renewed too:
+-- the row lock orders this with the reconciler's rescue (which skips locked rows and takes
+-- only rows still expired), so exactly one of them wins. Nothing when it cannot be renewed.
 UPDATE scheduled_jobs
 SET lease_expires_at = statement_timestamp() + CAST(:lease AS interval)
 WHERE id = :id AND version = :version AND attempts = :attempt AND status = 'running'
-  AND lease_expires_at > statement_timestamp()
 RETURNING id
 
 -- name: record_effect
