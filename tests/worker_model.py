@@ -43,6 +43,7 @@ from typing import Any
 
 import redis
 from rq import Queue
+from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
@@ -190,15 +191,25 @@ class _Plan:
             return
         queue = Queue(s.queue, connection=self.redis, serializer=JSONSerializer)
         versions = [s.version - 1, s.version] if stale else [s.version]
+        jobs = [
+            Job.create(
+                "duejobs.worker.perform",
+                args=(str(sid), version, s.attempts + 1, s.tenant),
+                connection=self.redis,
+                id=f"model-copy-{uuid.uuid4().hex}",
+                origin=s.queue,
+                serializer=JSONSerializer,
+                status=JobStatus.QUEUED,
+            )
+            for version in versions
+        ]
         with self.redis.pipeline() as pipe:
-            for version in reversed(versions):  # each to the front: the older one first
-                queue.enqueue_call(
-                    "duejobs.worker.perform",
-                    args=(str(sid), version, s.attempts + 1, s.tenant),
-                    job_id=f"model-copy-{uuid.uuid4().hex}",
-                    at_front=stale,
-                    pipeline=pipe,
-                )
+            for job in jobs:
+                job.save(pipeline=pipe)
+            if stale:  # LPUSH k current older: the older one at the head
+                pipe.lpush(queue.key, *[job.id for job in reversed(jobs)])
+            else:
+                pipe.rpush(queue.key, *[job.id for job in jobs])
             pipe.execute()
 
 
