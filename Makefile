@@ -1,10 +1,11 @@
-# The two commands: `make demo` and `make test`. Each creates .venv and installs on first use.
+# The two commands: `make demo` and `make test` (`make test-all`: the same and every supported
+# Django and RQ release, what CI runs). Each creates .venv and installs on first use.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint docs browser test-django6 test-rq2 bench mutation clean
+.PHONY: demo test test-all lint docs browser test-django6 test-rq2 bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +34,13 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 		echo "browser: chromium could not be installed; the browser tests will be skipped"
 
+# The contributor's command: lint, types, the docs and every test on the default stack.
 test: lint docs browser
 	$(BIN)/pytest
+
+# What CI runs: `make test`, then the Django and asyncio tests on Django 6 and the suite on
+# the other RQ releases (both schema modes covered on every run).
+test-all: test
 	$(MAKE) test-django6
 	$(MAKE) test-rq2
 

@@ -1,5 +1,5 @@
 """What RQ's own API and tools read of duejobs' jobs, on every RQ release duejobs supports
-(2.0 to 3.0: ``make test`` runs this module on RQ 2.0, on the last 2.x and on 3.0).
+(2.0 to 3.0: ``make test-all`` runs this module on RQ 2.0, on the last 2.x and on 3.0).
 
 duejobs writes RQ's job hashes, queues and registries itself (one Lua call per batch) and runs
 them through its own worker class, so nothing but these tests says that ``Job.fetch``,
