@@ -4,7 +4,8 @@ Uses DUEJOBS_DATABASE_URL / DUEJOBS_REDIS_URL when set, the embedded servers oth
 scratch database created for the run. Sizes can be reduced with the environment variables
 named in each module (BENCH_WINDOW_ROWS, BENCH_WORKER_JOBS, BENCH_PEAK_JOBS, LAG_JOBS, ...).
 Exit status 1 when a figure misses its target. `python -m bench lag fairness` runs only the
-named modules; `python -m bench chaos [SEED ...]` runs the fault-injection suite instead.
+named modules; `python -m bench chaos [SEED ...]` runs the fault-injection suite instead, and
+the seeded model run of the worker (`bench.worker_model`) after it.
 """
 
 from __future__ import annotations

@@ -757,7 +757,8 @@ def main(seeds: list[str]) -> int:
     seconds = float(os.environ.get("CHAOS_SECONDS", "60"))
     nodes = int(os.environ.get("CHAOS_NODES", "1"))
     reports = []
-    for seed in [int(s) for s in seeds] or [1, 2, 3]:
+    chosen = [int(s) for s in seeds] or [1, 2, 3]
+    for seed in chosen:
         config = ChaosConfig(
             seed=seed,
             schedules=schedules,
@@ -775,4 +776,8 @@ def main(seeds: list[str]) -> int:
         f"{sum(sum(r.violations.values()) for r in reports)} violations, "
         f"worst recovery {worst:.1f} s (bound {ChaosConfig().recovery_bound:.0f} s)"
     )
-    return 1 if bad else 0
+    # The worker's own promises through a seeded plan, at every setting (slots, processes).
+    from bench import worker_model
+
+    model_failed = worker_model.main([str(seed) for seed in chosen])
+    return 1 if bad or model_failed else 0

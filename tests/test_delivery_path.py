@@ -33,6 +33,7 @@ from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
+from duejobs.stats import collect, render
 from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
 from tests.conftest import System, job_id, push_of, sample
 
@@ -439,6 +440,9 @@ def test_a_delivery_of_an_unknown_type_goes_back_for_a_worker_that_knows_it(
     assert sample("duejobs_unknown_type_deliveries_total", tenant="default") == before + 1
     assert system.scheduler.deliverer.queue.scheduled_job_registry.count == 1  # backing off
     assert Reconciler(system.app).run_once().fixed == 0  # where it belongs: left alone
+    shown = collect(system.app)  # what `duejobs stats` and the dashboard's overview show
+    assert shown.recent.counts["unknown_type"] == 1
+    assert "unknown_type 1" in render(shown)
     system.app.handler("deployed-later")(lambda ctx, payload: None)  # the new worker
     system.run_until(lambda: system.status(s.id) == "succeeded")
     assert [(a.attempt, a.status) for a in system.app.attempts(s.id)] == [(1, "succeeded")]

@@ -69,6 +69,11 @@ class Activity:
     lag_ms: dict[str, float | None]
 
 
+# The count, among ``Activity.counts``, of deliveries put back because the worker that took
+# them had no handler for their type (a rolling deploy, or a type no worker runs).
+UNKNOWN_TYPE = "unknown_type"
+
+
 def activity(conn: Connection, since: timedelta, tenant: str | None = None) -> list[Activity]:
     """Events of the last ``since`` by kind, and the lag from due time to start
     (p50/p95/p99/max, ms). Reads only that window of the history (BRIN index on time)."""
@@ -81,7 +86,10 @@ def activity(conn: Connection, since: timedelta, tenant: str | None = None) -> l
             Activity(
                 tenant=r.tenant,
                 type=r.type,
-                counts={k.value: int(getattr(r, k.value)) for k in EventKind},
+                counts={
+                    **{k.value: int(getattr(r, k.value)) for k in EventKind},
+                    UNKNOWN_TYPE: int(r.unknown_type),
+                },
                 lag_ms={"p50": lag[0], "p95": lag[1], "p99": lag[2], "max": r.lag_max},
             )
         )

@@ -25,12 +25,15 @@ FROM live
 GROUP BY GROUPING SETS ((), (tenant), (type))
 
 -- name: activity
--- Events of the last SINCE by kind, and the lag from due time to start, overall, per
--- tenant and per type; only that window of the history is read (BRIN index on time).
+-- Events of the last SINCE by kind (and, of the requeued, those put back for a type the
+-- worker had no handler for), and the lag from due time to start, overall, per tenant and
+-- per type; only that window of the history is read (BRIN index on time).
 SELECT GROUPING(tenant, detail->>'type') AS level,
        CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
        CASE WHEN GROUPING(detail->>'type') = 0 THEN detail->>'type' END AS type,
        {{count_by_kind}},
+       count(*) FILTER (WHERE kind = 'requeued' AND detail ->> 'reason' = 'unknown_type')
+           AS unknown_type,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
            (ORDER BY CAST(detail->>'lag_ms' AS double precision))
            FILTER (WHERE kind = 'started') AS lag,
