@@ -31,6 +31,7 @@ from duejobs.errors import (
     ScheduleNotRetryableError,
     TenantMismatchError,
 )
+from duejobs.worker import Runtime, WorkerConfig
 from tests.apps import record
 from tests.conftest import ROOT, System
 
@@ -49,7 +50,13 @@ def test_schedule_says_whether_it_created_the_schedule_or_returned_the_keys_hold
 
 def test_a_failed_schedule_retried_runs_again_as_a_new_version(system: System) -> None:
     s = system.app.schedule("deployed-later", {}, delay=0)
-    system.run_until(lambda: system.status(s.id) == "failed")
+    kept, grace = system.runtime, WorkerConfig(unknown_type_grace=timedelta(seconds=1))
+    system.runtime = Runtime(system.app, grace)  # no handler for it: failed after a second
+    try:
+        system.run_until(lambda: system.status(s.id) == "failed")
+    finally:
+        system.runtime.close()
+        system.runtime = kept
     system.app.handler("deployed-later")(record)  # the fix is deployed
 
     retried = system.app.retry(s.id)

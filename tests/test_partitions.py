@@ -784,6 +784,7 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
                     attempts=[1] * 3,
                     worker="w",
                     lease=timedelta(seconds=20),
+                    types=["record"],
                 ),
                 "scheduled_jobs_pkey",
             ),
