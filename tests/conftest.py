@@ -62,7 +62,7 @@ class Servers:
             self.embedded = start_embedded(TEST_DATA_DIR)
             server_url, redis_url = self.embedded.database_url, self.embedded.redis_url
         self.server_url = libpq_url(server_url)
-        self.redis_url = redis_url
+        self.redis_url = _redis_database_of_this_worker(redis_url)
         self.database = f"duejobs_test_{uuid.uuid4().hex[:10]}"
         self.database_url = self.url_for(self.database)
 
@@ -91,6 +91,22 @@ class Servers:
         self.drop_database(self.database)
         if self.embedded is not None:
             self.embedded.stop()
+
+
+def _redis_database_of_this_worker(url: str) -> str:
+    """The Redis URL with a database of this test process's own: under pytest-xdist, worker
+    ``gwN`` takes the URL's database plus N + 1 (the tests flush their database and look at
+    its clients, so two workers never share one); alone, the URL's own."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return url
+    head, _, query = url.partition("?")
+    scheme, _, rest = head.partition("://")
+    host, _, path = rest.partition("/")
+    database = int(path or 0) + int(worker.removeprefix("gw")) + 1
+    if database > 15:
+        raise pytest.UsageError(f"Redis database {database} for {worker}: use fewer workers")
+    return f"{scheme}://{host}/{database}" + (f"?{query}" if query else "")
 
 
 def pytest_configure(config: pytest.Config) -> None:

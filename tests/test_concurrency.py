@@ -311,7 +311,11 @@ def test_a_worker_whose_slots_are_all_busy_keeps_beating(
 
 
 def _blocked_on_redis(system: System) -> bool:
-    return any(c.get("cmd") in ("blmove", "blpop") for c in system.redis.client_list())
+    database = str(system.redis.connection_pool.connection_kwargs.get("db", 0))
+    return any(
+        c.get("cmd") in ("blmove", "blpop") and c.get("db") == database
+        for c in system.redis.client_list()
+    )
 
 
 def test_rq_suspend_keeps_a_worker_from_taking_jobs(

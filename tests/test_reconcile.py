@@ -51,7 +51,7 @@ def test_redis_flushall_then_one_pass_every_schedule_runs_exactly_once(system: S
     ]
     system.scheduler.run_once()
     assert system.scheduler.deliverer.queue.count == 30
-    system.redis.flushall()
+    system.redis.flushdb()  # all it holds: its queues
     result = Reconciler(system.app).run_once()
     assert (result.checked, result.repushed) == (60, 60)
     assert system.scheduler.deliverer.queue.count == 30  # the due ones are back on the queue
@@ -234,7 +234,7 @@ def test_reconcile_command_prints_what_it_fixed(
     for _ in range(3):
         system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
-    system.redis.flushall()
+    system.redis.flushdb()  # all it holds: its queues
     env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
     run = [sys.executable, "-m", "duejobs", "reconcile"]
     shown = subprocess.run(run, env=env, capture_output=True, text=True, timeout=60)

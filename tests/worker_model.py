@@ -117,6 +117,17 @@ class _Background:
             thread.join()
 
 
+def _drop_connections(client: redis.Redis) -> None:
+    """Every connection to this Redis database dropped at once, as a restart or a network cut
+    drops them (other databases' clients, another test run's, untouched)."""
+    database = str(client.connection_pool.connection_kwargs.get("db", 0))
+    me = client.client_id()
+    for other in client.client_list():
+        if other.get("db") == database and int(other["id"]) != me:
+            with contextlib.suppress(redis.ResponseError):  # gone meanwhile
+                client.client_kill_filter(_id=other["id"])
+
+
 def _group_pids(leader: int) -> set[int]:
     """The processes of a process group (a worker and, under a supervisor, its children)."""
     pids = set()
@@ -239,7 +250,7 @@ def run_model(
         for at, kind in actions:
             time.sleep(max(0.0, began + at - time.monotonic()))
             if kind == "redis_blip":
-                client.client_kill_filter(_type="normal", skipme=True)
+                _drop_connections(client)
             elif kind == "flushdb":
                 client.flushdb()
             elif kind == "kill":
