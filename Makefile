@@ -34,19 +34,23 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 		echo "browser: chromium could not be installed; the browser tests will be skipped"
 
-# The contributor's command: lint, types, the docs and every test on the default stack, in
+# The contributor's command: lint, types, the docs and every test on the default stack: in
 # two pytest-xdist workers (a whole test file per worker; each worker has its own database
-# and its own Redis database on the shared servers). PYTEST_ARGS= runs them in one process.
+# and its own Redis database on the shared servers), then the tests marked serial (they
+# start, pause or kill servers of their own) in one process. PYTEST_ARGS= runs all in one.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 test: lint docs browser
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not serial"
+	$(BIN)/pytest -m serial
 
 # The default suite three times in a row while a CPU hog keeps one core busy: a test that
 # fails here fails by chance on a loaded machine, and must be fixed.
 test-under-load: $(STAMP)
 	@$(BIN)/python -c 'while True: pass' & hog=$$!; trap "kill $$hog" EXIT; \
 	for run in 1 2 3; do \
-		echo "loaded run $$run of 3"; $(BIN)/pytest $(PYTEST_ARGS) -q -p no:cacheprovider || exit 1; \
+		echo "loaded run $$run of 3"; \
+		$(BIN)/pytest $(PYTEST_ARGS) -q -p no:cacheprovider -m "not serial" || exit 1; \
+		$(BIN)/pytest -q -p no:cacheprovider -m serial || exit 1; \
 	done
 
 # What CI runs: `make test`, then the Django and asyncio tests on Django 6 and the suite on

@@ -14,8 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.chaos import FAULT_KINDS, NODE_FAULTS, PARTITION_FAULTS, ChaosConfig, run_chaos
 from tests.conftest import PARTITIONED
+
+# Starts, pauses, kills or restarts servers of its own on free ports: run on its own
+# (`pytest -m serial`), never beside another test process.
+pytestmark = pytest.mark.serial
 
 
 def _short_run(tmp_path: Path, kinds: set[str], **config: object) -> None:

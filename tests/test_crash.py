@@ -32,6 +32,10 @@ from duejobs.scheduler import Scheduler
 from duejobs.worker import Context, DuejobsWorker, Runtime, WorkerConfig
 from tests.apps import EFFECTS_TABLE, register
 
+# Starts, pauses, kills or restarts servers of its own on free ports: run on its own
+# (`pytest -m serial`), never beside another test process.
+pytestmark = pytest.mark.serial
+
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:

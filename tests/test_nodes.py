@@ -43,6 +43,10 @@ from duejobs.worker import Runtime, WorkerConfig
 from tests.apps import register
 from tests.conftest import Proc, wait_for
 
+# Starts, pauses, kills or restarts servers of its own on free ports: run on its own
+# (`pytest -m serial`), never beside another test process.
+pytestmark = pytest.mark.serial
+
 QUEUES = ("a", "b", "c")
 
 
