@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import psycopg
+import pytest
 import redis
 
 from duejobs.embedded import start_embedded
