@@ -298,6 +298,7 @@ DuejobsWorker(Runtime(app), worker_ttl=10).work(with_scheduler=False, logging_le
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # pauses the whole Redis server: never beside another test process
 def test_a_worker_waits_out_a_redis_that_answers_too_late(
     system: System, spawn: Callable[..., Proc], redis_url: str
 ) -> None:
