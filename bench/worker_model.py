@@ -86,7 +86,8 @@ def line(report: Report) -> str:
     head = (
         f"worker model seed {report.seed} {report.setting}: {report.runs} runs, "
         f"{report.actions} changes and faults, every schedule finished "
-        f"{report.settled_after:.1f} s after the last fault (bound {BOUND:g} s): {verdict}"
+        f"{report.settled_after:.1f} s after the last fault (bound {BOUND:g} s), "
+        f"{report.settled_after_plan:.1f} s after the plan's end: {verdict}"
     )
     return "\n  ".join([head, *report.violations[:20]])
 

@@ -7,7 +7,8 @@ traced schedules due within a second, some failing their first attempt; then, ov
 ``seconds``, reschedules and cancels with and without ``conn=`` (which leaves the old job in
 Redis), retries of finished ones, superseded copies and second copies of current deliveries
 pushed to Redis, every Redis client connection dropped at once, one FLUSHDB and one SIGKILL of
-the worker (a new one started). A scheduler and a reconciler run in this process throughout.
+the worker (a new one started), more of each in a longer plan. A scheduler and a reconciler
+run in this process throughout.
 
 The promises (:func:`violations`):
 
@@ -83,7 +84,8 @@ class Report:
     seed: int
     setting: Setting
     violations: list[str] = field(default_factory=list)
-    settled_after: float = 0.0
+    settled_after: float = 0.0  # from the last fault
+    settled_after_plan: float = 0.0  # from the plan's last change
     runs: int = 0
     actions: int = 0
 
@@ -162,10 +164,12 @@ class _Plan:
         """(when, what): changes spread over the plan, the faults among them."""
         kinds = ["reschedule", "reschedule_conn", "cancel", "cancel_conn", "retry"]
         kinds += ["stray", "stray", "copy"]
-        plan = [(self.rng.uniform(0, seconds), self.rng.choice(kinds)) for _ in range(60)]
-        plan += [(self.rng.uniform(0, seconds), "redis_blip") for _ in range(3)]
+        changes, blips, kills = max(60, int(12 * seconds)), max(3, int(seconds / 5)), 1
+        kills += int(seconds / 15)
+        plan = [(self.rng.uniform(0, seconds), self.rng.choice(kinds)) for _ in range(changes)]
+        plan += [(self.rng.uniform(0, seconds), "redis_blip") for _ in range(blips)]
         plan += [(self.rng.uniform(seconds * 0.3, seconds * 0.6), "flushdb")]
-        plan += [(self.rng.uniform(seconds * 0.5, seconds * 0.9), "kill")]
+        plan += [(self.rng.uniform(seconds * 0.5, seconds * 0.9), "kill") for _ in range(kills)]
         return sorted(plan)
 
     def change(self, kind: str) -> None:
@@ -262,6 +266,7 @@ def run_model(
                 plan.change(kind)
                 continue
             last_fault = time.monotonic()
+        plan_ended = time.monotonic()
         deadline = last_fault + BOUND
         while not _all_finished(app, plan.ids):
             if time.monotonic() > deadline:
@@ -272,6 +277,7 @@ def run_model(
                 break
             time.sleep(0.1)
         report.settled_after = time.monotonic() - last_fault
+        report.settled_after_plan = time.monotonic() - plan_ended
     finally:
         background.stop()
         with contextlib.suppress(ProcessLookupError):
