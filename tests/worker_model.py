@@ -3,7 +3,7 @@ PostgreSQL, Redis and worker processes, then the worker's promises checked on wh
 handlers recorded (``tests.apps.traced``, outside any fence).
 
 The plan (one seed, one setting: ``--concurrency`` N, or ``--processes``): ``schedules``
-traced schedules due within a second, some failing their first attempt; then, over
+traced schedules due throughout the plan, some failing their first attempt; then, over
 ``seconds``, reschedules and cancels with and without ``conn=`` (which leaves the old job in
 Redis), retries of finished ones, superseded copies and second copies of current deliveries
 pushed to Redis, every Redis client connection dropped at once, one FLUSHDB and one SIGKILL of
@@ -146,7 +146,9 @@ def _group_pids(leader: int) -> set[int]:
 class _Plan:
     """One seed's plan, carried out against the App and Redis."""
 
-    def __init__(self, app: App, client: redis.Redis, seed: int, schedules: int) -> None:
+    def __init__(
+        self, app: App, client: redis.Redis, seed: int, schedules: int, seconds: float
+    ) -> None:
         self.app, self.redis, self.rng = app, client, random.Random(seed)
         self.ids = [
             app.schedule(
@@ -155,7 +157,7 @@ class _Plan:
                     "seconds": self.rng.choice([0, 0, 0.01, 0.05]),
                     "fail_times": int(self.rng.random() < 0.2),
                 },
-                delay=self.rng.uniform(0, 1),
+                delay=self.rng.uniform(0, seconds),  # due throughout the plan: faults meet work
             ).id
             for _ in range(schedules)
         ]
@@ -242,7 +244,7 @@ def run_model(
     starts ``duejobs worker`` with the given extra flags in a process group of its own and
     returns an object with ``popen``."""
     report = Report(seed, setting)
-    plan = _Plan(app, client, seed, schedules)
+    plan = _Plan(app, client, seed, schedules, seconds)
     actions = plan.actions(seconds)
     report.actions = len(actions)
     killed: set[int] = set()
