@@ -154,43 +154,44 @@ def test_a_start_held_up_past_its_claims_lease_never_runs_the_handler_twice(
     assert {(r[0], r[2]) for r in runs} == closed  # each on the attempt that closed its row
 
 
+@pytest.fixture
+def lapsed_claim(system: System) -> Iterator[tuple[uuid.UUID, Runtime]]:
+    """A traced schedule claimed ahead (as with jobs taken together) by a runtime with a 1 s
+    lease, and that lease run out before any handler started on it."""
+    s = system.app.schedule("traced", {}, delay=0)
+    config = WorkerConfig(lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200))
+    runtime = Runtime(system.app, config)
+    try:
+        runtime.claim_ahead([(s.id, 1, 1, "default")])
+        wait_for(lambda: _lease_ran_out(system.app, s.id), 30, "the claim's lease to run out")
+        yield s.id, runtime
+    finally:
+        runtime.close()
+
+
 def test_a_claim_made_ahead_is_never_used_once_the_reconciler_rescued_it(
-    system: System,
+    system: System, lapsed_claim: tuple[uuid.UUID, Runtime]
 ) -> None:
     """A delivery claimed with others whose handler could not start before the claim's lease
     ran out, and which the reconciler rescued meanwhile, is not run on that claim: skipped,
     and the attempt the rescue pushed runs instead (once)."""
-    s = system.app.schedule("traced", {}, delay=0)
-    config = WorkerConfig(lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200))
-    runtime = Runtime(system.app, config)
-    try:
-        runtime.claim_ahead([(s.id, 1, 1, "default")])
-        wait_for(lambda: _lease_ran_out(system.app, s.id), 30, "the claim's lease to run out")
-        assert Reconciler(system.app).run_once().rescued == 1
-        assert runtime.handle(s.id, 1, 1, "default") is Outcome.SKIPPED
-        assert _runs(system.app) == []
-        assert runtime.handle(s.id, 1, 2, "default") is Outcome.SUCCEEDED
-    finally:
-        runtime.close()
-    assert _runs(system.app) == [(s.id, 1, 2)]
-    assert [a.status for a in system.app.attempts(s.id)] == ["abandoned", "succeeded"]
+    sid, runtime = lapsed_claim
+    assert Reconciler(system.app).run_once().rescued == 1
+    assert runtime.handle(sid, 1, 1, "default") is Outcome.SKIPPED
+    assert _runs(system.app) == []
+    assert runtime.handle(sid, 1, 2, "default") is Outcome.SUCCEEDED
+    assert _runs(system.app) == [(sid, 1, 2)]
+    assert [a.status for a in system.app.attempts(sid)] == ["abandoned", "succeeded"]
 
 
 def test_a_claim_made_ahead_whose_lease_ran_out_unrescued_is_renewed_and_runs_once(
-    system: System,
+    system: System, lapsed_claim: tuple[uuid.UUID, Runtime]
 ) -> None:
     """The same claim, its lease run out but not rescued yet: renewed (under the row lock,
     which orders it with any rescue), its handler runs once on it, and no attempt is lost."""
-    s = system.app.schedule("traced", {}, delay=0)
-    config = WorkerConfig(lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200))
-    runtime = Runtime(system.app, config)
-    try:
-        runtime.claim_ahead([(s.id, 1, 1, "default")])
-        wait_for(lambda: _lease_ran_out(system.app, s.id), 30, "the claim's lease to run out")
-        assert runtime.handle(s.id, 1, 1, "default") is Outcome.SUCCEEDED
-    finally:
-        runtime.close()
-    assert _runs(system.app) == [(s.id, 1, 1)]
+    sid, runtime = lapsed_claim
+    assert runtime.handle(sid, 1, 1, "default") is Outcome.SUCCEEDED
+    assert _runs(system.app) == [(sid, 1, 1)]
     assert Reconciler(system.app).run_once().rescued == 0
 
 
