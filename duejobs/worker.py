@@ -214,19 +214,18 @@ _AT_ONCE = datetime.fromtimestamp(0, UTC)
 # Threads that run the claims of deliveries taken together (:meth:`Runtime.claim_ahead`).
 _CLAIMERS = 4
 # How long a delivery of a type with no handler here waits before it is delivered again: as
-# long as it has been due, within these bounds.
+# long as it has been put back for that reason, within these bounds.
 _UNKNOWN_TYPE_BACKOFF = (timedelta(seconds=1), timedelta(minutes=1))
 
 
 @dataclass(frozen=True)
 class _ClaimAhead:
     """A delivery's places in the claim of a batch taken together (running or done), and
-    when that claim's lease ends at the earliest (``time.monotonic()``: the statement ran
-    after it was asked for)."""
+    when that claim was asked for (``time.monotonic()``: its lease began no earlier)."""
 
     claims: Future[list[RunClaim | None]]
     places: list[int]
-    lease_ends: float
+    asked_at: float
 
     def claim(self) -> RunClaim | None:
         """The claim this batch made of the delivery, once it committed; None when it made
@@ -433,9 +432,8 @@ class Runtime:
         ``unknown_type_grace`` has passed, by the database clock, since a worker first put it
         back: then it fails for good, naming its type (a typo, or a type no worker runs any
         more)."""
-        assert claim.due_at is not None and claim.db_now is not None
         metrics.UNKNOWN_TYPES.labels(metrics.tenant_label(delivery.tenant)).inc()
-        if claim.db_now - (claim.unknown_since or claim.db_now) < self.config.unknown_type_grace:
+        if _unknown_for(claim) < self.config.unknown_type_grace:
             with self.bookkeeping.connection() as conn:
                 store.defer_unknown_type(conn, delivery, self._put_back_at(claim), self.name)
             log.warning("no handler for type %r here: put back", claim.type, extra=where)
@@ -452,17 +450,17 @@ class Runtime:
 
     def _put_back_at(self, claim: RunClaim) -> datetime:
         """When a deferred delivery goes back on its queue (by the database clock): an early
-        one at its due time; one of an unknown type after as long again as it has been due
-        (at least ``_UNKNOWN_TYPE_BACKOFF[0]``, at most ``[1]``), so that a worker with its
-        handler, started meanwhile, gets it soon, and one that never comes costs a few
-        deliveries an hour."""
+        one at its due time; one of an unknown type after as long again as it has been put
+        back for that (at least ``_UNKNOWN_TYPE_BACKOFF[0]``, at most ``[1]``), so that a
+        worker with its handler, started meanwhile, gets it soon, and one that never comes
+        costs a few deliveries an hour. The row is due then too
+        (:func:`~duejobs.store.defer_unknown_type`), so the reconciler leaves its job there."""
         assert claim.due_at is not None
         if claim.skip is not SkipReason.UNKNOWN_TYPE:
             return claim.due_at
         assert claim.db_now is not None
         least, most = _UNKNOWN_TYPE_BACKOFF
-        waited = claim.db_now - (claim.unknown_since or claim.db_now)
-        return claim.db_now + min(max(waited, least), most)
+        return claim.db_now + min(max(_unknown_for(claim), least), most)
 
     def _invoke(self, handler: Handler, ctx: Context, payload: Any) -> None:
         """Call the handler under its time limit; an ``async def`` one (or any awaitable it
@@ -548,14 +546,14 @@ class Runtime:
         ]
         if not batch:
             return
-        lease_ends = time.monotonic() + self.lease
+        asked_at = time.monotonic()
         claims = self._claimers.submit(self._claim_together, batch)
         places: dict[Delivery, list[int]] = {}
         for place, delivery in enumerate(batch):
             places.setdefault(delivery, []).append(place)
         with self._ahead_lock:
             for delivery, at in places.items():
-                ahead = _ClaimAhead(claims, at, lease_ends)
+                ahead = _ClaimAhead(claims, at, asked_at)
                 self._claimed_ahead.setdefault(delivery, []).append(ahead)
 
     def forget_ahead(self, schedule_id: uuid.UUID, version: int, attempt: int, tenant: str) -> None:
@@ -581,7 +579,7 @@ class Runtime:
         for taken in ahead:
             claim = taken.claim()
             if claim is not None:
-                return self._in_time(delivery, claim, taken.lease_ends)
+                return self._in_time(delivery, claim, taken.asked_at)
         give_up = time.monotonic() + self.config.max_early_wait.total_seconds()
         locked_until = time.monotonic() + self.config.claim_lock_timeout.total_seconds()
         while True:
@@ -609,15 +607,14 @@ class Runtime:
                 return verdict
             time.sleep(remaining)
 
-    def _in_time(self, delivery: Delivery, claim: RunClaim, lease_ends: float) -> RunClaim:
+    def _in_time(self, delivery: Delivery, claim: RunClaim, asked_at: float) -> RunClaim:
         """A claim made ahead, if its handler may still start on it: made less than a
         heartbeat ago (the heartbeat's first renewal comes a heartbeat after the handler
         starts, well within the lease); otherwise renewed first — its start was held up
         (Redis failing as it started, say) — and, once the reconciler has rescued it, never
         used: the attempt the rescue pushed runs instead. No handler starts on a claim the
         reconciler may take back before its first heartbeat."""
-        made = lease_ends - self.lease
-        if time.monotonic() - made < self.config.heartbeat.total_seconds():
+        if time.monotonic() - asked_at < self.config.heartbeat.total_seconds():
             return claim  # a heartbeat renews it before a lease less a heartbeat has passed
         with self.bookkeeping.connection() as conn:
             renewed = store.renew_claim(conn, delivery, self.config.lease)
@@ -694,6 +691,13 @@ class Runtime:
         with self.bookkeeping.connection() as conn:
             store.record_stale(conn, ctx.schedule_id, ctx.version, ctx.attempt, reason)
         return Outcome.STALE
+
+
+def _unknown_for(claim: RunClaim) -> timedelta:
+    """How long, by the database clock, workers have put this delivery back for want of a
+    handler for its type (zero the first time)."""
+    assert claim.db_now is not None
+    return claim.db_now - (claim.unknown_since or claim.db_now)
 
 
 def _in_slot() -> bool:

@@ -248,11 +248,11 @@ def _delivery_args(job: Job) -> tuple[uuid.UUID, int, int, str]:
     return uuid.UUID(str(schedule_id)), int(version), int(attempt), str(tenant)
 
 
-def _delivery(taken: tuple[Job, Queue]) -> tuple[uuid.UUID, int, int, str] | None:
+def _delivery(job: Job) -> tuple[uuid.UUID, int, int, str] | None:
     """The delivery of a job taken; None for a job that is not one, or whose arguments cannot
     be read (its run says so)."""
     try:
-        return _delivery_args(taken[0])
+        return _delivery_args(job)
     except Exception:
         return None
 
@@ -682,7 +682,7 @@ class DuejobsWorker(SimpleWorker):
             self._take_of[job.id] = take
             self._taken_at[job.id] = taken_at
         self._start_all(jobs)
-        deliveries = [d for d in map(_delivery, jobs) if d is not None]
+        deliveries = [d for d in (_delivery(job) for job, _ in jobs) if d is not None]
         try:
             self._performer.claim_ahead(deliveries)
         except Exception:  # each slot claims its own delivery then, and meets the error
@@ -906,7 +906,7 @@ class DuejobsWorker(SimpleWorker):
                         job.id,
                         exc,
                     )
-                    delivery = _delivery((job, None))  # type: ignore[arg-type]
+                    delivery = _delivery(job)
                     if delivery is not None:
                         self._performer.forget_ahead(*delivery)
                     return None
