@@ -22,7 +22,6 @@ is still waiting there (best effort; the worker's check is the guarantee).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import dataclasses
 import logging
@@ -30,23 +29,23 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection
 
 from duejobs import metrics, migrate, partitions, replica, store, tracing
+from duejobs.app_checks import RequestChecks
 from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
+from duejobs.app_reads import ReadAPI
 from duejobs.app_recurring import RecurringAPI
-from duejobs.config import Settings, check_duration
+from duejobs.app_scope import ScheduleId, schedule_id_of
+from duejobs.config import Settings
 from duejobs.core import Conn, Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
-    ConfigurationError,
     InvalidHandlerError,
     InvalidKeyError,
-    InvalidListError,
     InvalidScheduleError,
-    InvalidScheduleIdError,
     KeyInUseError,
     QuotaExceededError,
     ScheduleNotFoundError,
@@ -56,57 +55,23 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler, RetryPolicy
 from duejobs.models import (
-    Attempt,
-    Event,
-    Page,
     Schedule,
     ScheduleRequest,
-    Status,
 )
-from duejobs.replica import Freshness
 from duejobs.store.partitions import Partitioning
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
-    DEFAULT_TENANT,
-    check_due_range,
     check_key,
-    check_list_limit,
     check_queue,
-    check_statuses,
     check_tenant,
     check_type,
-    payload_encoder,
 )
 
 __all__ = ["QUOTA_CACHE_SECONDS", "UNSET", "App", "ScheduleId", "Unset", "make_engine"]
 
 log = logging.getLogger("duejobs")
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-ScheduleId = uuid.UUID | str
-
-
-def _schedule_id(value: object) -> uuid.UUID:
-    if isinstance(value, uuid.UUID):
-        return value
-    try:
-        return uuid.UUID(str(value))
-    except ValueError as exc:
-        raise InvalidScheduleIdError(f"schedule id must be a UUID, got {value!r}") from exc
-
-
-def _position(cursor: object) -> store.Position:
-    """Where a list resumes: the cursor a page handed out."""
-    try:
-        if not isinstance(cursor, str):
-            raise TypeError(cursor)
-        return store.Position.decode(cursor)
-    except (TypeError, ValueError, OverflowError):
-        raise InvalidListError(
-            f"after must be a cursor from a page's next_cursor, got {cursor!r}"
-        ) from None
 
 
 def _required_key(value: object) -> str:
@@ -116,19 +81,7 @@ def _required_key(value: object) -> str:
     return key
 
 
-_NO_JITTER = timedelta(0)
-
-
-class _Placement(NamedTuple):
-    """Where a schedule goes: its checked type and tenant, the type's registration, its queue."""
-
-    job_type: str
-    tenant: str
-    handler: Handler | None
-    queue: str
-
-
-class App(RecurringAPI, QuotaAPI):
+class App(ReadAPI, RecurringAPI, QuotaAPI):
     """The entry point: ``App()`` reads the URLs from the environment.
 
     Beyond the two URLs: ``schema`` (of duejobs' tables), ``queue`` (the default RQ queue),
@@ -153,16 +106,13 @@ class App(RecurringAPI, QuotaAPI):
         settings = Settings.from_env(
             database_url, redis_url, schema, read_database_url, redis_nodes
         )
-        if trace_runs not in tracing.TRACE_RUNS:
-            raise ConfigurationError(
-                f"trace_runs must be one of {', '.join(tracing.TRACE_RUNS)}, got {trace_runs!r}"
-            )
-        check_duration("read_max_lag", read_max_lag)
-        engine = make_engine(settings.database_url, schema=settings.schema)
-        self._core = Core(
-            settings, engine, max_payload_bytes, check_queue(queue), read_max_lag=read_max_lag
+        self._core = Core.build(
+            settings,
+            max_payload_bytes=max_payload_bytes,
+            queue=queue,
+            trace_runs=trace_runs,
+            read_max_lag=read_max_lag,
         )
-        self._core.trace_runs = trace_runs
         self._tenant: str | None = None
 
     @classmethod
@@ -269,7 +219,7 @@ class App(RecurringAPI, QuotaAPI):
         ``queue``: the RQ queue to deliver it on (default: its type's, else the App's) — to
         route by tenant, say.
         """
-        new = _Checks(self).row(
+        new = RequestChecks(self).row(
             ScheduleRequest(
                 job_type,
                 payload,
@@ -334,7 +284,7 @@ class App(RecurringAPI, QuotaAPI):
     ) -> Iterator[store.NewRow]:
         """Validate requests one by one while COPY takes in the ones before (an error names
         the request's position and aborts the batch); counts each tenant's rows."""
-        checks = _Checks(self)
+        checks = RequestChecks(self)
         for position, request in enumerate(requests):
             try:
                 row = checks.row(request)
@@ -342,13 +292,6 @@ class App(RecurringAPI, QuotaAPI):
                 raise type(exc)(f"request {position}: {exc}") from exc
             tenants[row.tenant] += 1
             yield row
-
-    def _placement(self, request: ScheduleRequest) -> _Placement:
-        """The request's checked type, tenant, registration and queue."""
-        job_type = check_type(request.type)
-        tenant = self._write_tenant(request.tenant)
-        handler = self.handler_for(job_type)
-        return _Placement(job_type, tenant, handler, self._route(handler, request.queue))
 
     def reschedule(
         self,
@@ -364,7 +307,7 @@ class App(RecurringAPI, QuotaAPI):
 
         The delivery of the old version becomes stale: a worker that receives it skips it.
         """
-        sid = _schedule_id(schedule_id)
+        sid = schedule_id_of(schedule_id)
         when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
         if expected_version is not None and (
             isinstance(expected_version, bool) or not isinstance(expected_version, int)
@@ -384,7 +327,7 @@ class App(RecurringAPI, QuotaAPI):
 
         A running handler finds out through ``ctx.ensure_current()`` before its effect.
         """
-        sid = _schedule_id(schedule_id)
+        sid = schedule_id_of(schedule_id)
         with self._core.transaction(conn) as c:
             cancelled, job = store.cancel(c, sid, self._tenant)
         if conn is None:
@@ -405,7 +348,7 @@ class App(RecurringAPI, QuotaAPI):
         ``rescheduled`` event marked ``retry``. Any other status is
         :class:`~duejobs.errors.ScheduleNotRetryableError`; a key another live schedule
         holds meanwhile, :class:`~duejobs.errors.KeyInUseError`."""
-        sid = _schedule_id(schedule_id)
+        sid = schedule_id_of(schedule_id)
         if run_at is None and delay is None:
             delay = 0
         when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
@@ -490,111 +433,6 @@ class App(RecurringAPI, QuotaAPI):
             self._discard_queue_job(old_job)
         return schedule
 
-    # -- reading -----------------------------------------------------------------------
-
-    def get(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> Schedule | None:
-        """The schedule as stored now, or None (also for another tenant's id)."""
-        sid = _schedule_id(schedule_id)
-        with self._core.transaction(conn) as c:
-            return store.get_schedule(c, sid, self._tenant)
-
-    def history(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> list[Event]:
-        """The schedule's events, oldest first."""
-        sid = _schedule_id(schedule_id)
-        with self._core.transaction(conn) as c:
-            return store.history(c, sid, self._tenant)
-
-    def list(
-        self,
-        *,
-        status: Status | str | Iterable[Status | str] | None = None,
-        type: str | None = None,
-        tenant: str | None = None,
-        key: str | None = None,
-        queue: str | None = None,
-        due_from: datetime | None = None,
-        due_before: datetime | None = None,
-        recurring: str | None = None,
-        limit: int = 50,
-        after: str | None = None,
-        latest_first: bool = False,
-        conn: Conn | None = None,
-    ) -> Page:
-        """A page of schedules that every filter given keeps, in ``(due_at, id)`` order
-        (``latest_first``: the reverse), starting after the cursor ``after`` (a page's
-        ``next_cursor``).
-
-        Filters: ``status`` (one or several), ``type``, ``key`` (finished schedules too; of
-        the default tenant when the unscoped App names none, as :meth:`get_by_key`),
-        ``queue``, ``due_from`` ≤ due_at < ``due_before``, ``recurring`` (the occurrences of
-        the recurring definition of that name). ``tenant``: a scoped App lists its own tenant
-        only; the unscoped App lists every tenant unless one is named. Each filter is served
-        by an index (migration 0007), so a page costs about its own size on any table.
-        Refused with :class:`~duejobs.errors.InvalidListError` (or the check of the field
-        named): a limit outside 1 to 1000, an unknown status, a naive or reversed range, a cursor
-        this method did not hand out."""
-        owner = self._read_tenant(tenant)
-        if key is not None and owner is None:  # keys are per tenant, as in get_by_key
-            owner = DEFAULT_TENANT
-        kept = store.ListFilter(
-            tenant=owner,
-            statuses=check_statuses(status),
-            type=None if type is None else check_type(type),
-            key=None if key is None else check_key(key),
-            queue=None if queue is None else check_queue(queue),
-            due_from=due_from,
-            due_before=due_before,
-            recurring=None if recurring is None else check_type(recurring),
-        )
-        check_due_range(due_from, due_before)
-        size = check_list_limit(limit)
-        start = None if after is None else _position(after)
-        with self._reading(conn) as (c, fresh):
-            rows = store.list_schedules(c, kept, start, size + 1, latest_first)
-        more = len(rows) > size
-        page = rows[:size]
-        last = page[-1] if more else None
-        cursor = None if last is None else store.Position(last.due_at, last.id).encode()
-        return Page(page, cursor, fresh)
-
-    @contextlib.contextmanager
-    def _reading(self, conn: Conn | None) -> Iterator[tuple[Connection, Freshness]]:
-        """An operator's read: on the caller's connection (as current as it is), else where
-        :meth:`Core.reading` sends it (the read replica, when there is one)."""
-        if conn is not None:
-            with self._core.transaction(conn) as c:
-                yield c, replica.CURRENT
-        else:
-            with self._core.reading() as read:
-                yield read
-
-    def attempts(
-        self, schedule_id: ScheduleId, *, conn: Conn | None = None
-    ) -> builtins.list[Attempt]:
-        """The schedule's attempts (every version's), oldest first: who ran each, how it
-        ended, its error."""
-        sid = _schedule_id(schedule_id)
-        with self._core.transaction(conn) as c:
-            return store.attempts(c, sid, self._tenant)
-
-    def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
-        """Whether the database clock has reached the schedule's ``run_at``.
-
-        For endpoints that must enforce a deadline themselves (an auction close, a
-        reservation expiry) instead of trusting that a job ran on time.
-        """
-        sid = _schedule_id(schedule_id)
-        with self._core.transaction(conn) as c:
-            past = store.is_past_run_at(c, sid, self._tenant)
-        if past is None:
-            raise ScheduleNotFoundError(f"no schedule {sid}")
-        return past
-
-    def now(self) -> datetime:
-        """The database's current time (UTC)."""
-        with self._core.transaction(None) as c:
-            return store.database_now(c)
-
     # -- internals ---------------------------------------------------------------------
 
     def _explain_refusal(
@@ -609,52 +447,3 @@ class App(RecurringAPI, QuotaAPI):
             )
         assert expected_version is not None
         raise VersionConflictError(sid, expected_version, current.version)
-
-
-class _Checks:
-    """Every check :meth:`App.schedule` makes, for the requests of one call.
-
-    What repeats across a batch is checked once: each (type, tenant, queue)'s checks and
-    registration are kept (a batch has few), and one JSON encoder serves every payload. One
-    batch, one thread: a refused request ends the batch (the encoder is then left dirty)."""
-
-    def __init__(self, app: App) -> None:
-        self._app = app
-        self._seen: dict[tuple[object, object, object], _Placement] = {}
-        self._encode = payload_encoder(app._core.max_payload_bytes)
-
-    def row(self, request: ScheduleRequest) -> store.NewRow:
-        """The row to insert for a request, or the error that names what is wrong with it."""
-        if not isinstance(request, ScheduleRequest):
-            raise InvalidScheduleError(
-                f"expected a duejobs.ScheduleRequest, got {type(request).__name__}"
-            )
-        where = (request.type, request.tenant, request.queue)
-        try:
-            placement = self._seen.get(where)
-        except TypeError:  # unhashable, so not a str: the checks say what is wrong
-            placement = None
-        if placement is None:
-            placement = self._app._placement(request)
-            if len(self._seen) < 1024:
-                self._seen[where] = placement
-        job_type, tenant, handler, route = placement
-        key = check_key(request.key)
-        payload_json = self._encode(request.payload)
-        when = parse_when(delay=request.delay, run_at=request.run_at, timezone=request.timezone)
-        if request.jitter is None:
-            spread = handler.jitter if handler else _NO_JITTER
-        else:
-            spread = as_delay(request.jitter, "jitter")
-        expiry = request.expires_after
-        return store.NewRow(  # positional: a third cheaper, and this runs once per row
-            tenant,
-            job_type,
-            key,
-            payload_json,
-            when,
-            spread,
-            None if expiry is None else as_delay(expiry, "expires_after"),
-            handler.retry.max_attempts if handler else None,
-            route,
-        )

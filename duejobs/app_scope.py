@@ -5,6 +5,7 @@ Redis)."""
 from __future__ import annotations
 
 import logging
+import uuid
 
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
@@ -13,6 +14,7 @@ from duejobs.config import Settings
 from duejobs.core import Core
 from duejobs.delivery import Deliverer
 from duejobs.errors import (
+    InvalidScheduleIdError,
     TenantMismatchError,
 )
 from duejobs.handlers import Handler
@@ -24,6 +26,18 @@ from duejobs.validation import (
 )
 
 log = logging.getLogger("duejobs")
+
+ScheduleId = uuid.UUID | str
+
+
+def schedule_id_of(value: object) -> uuid.UUID:
+    """A schedule id as a UUID, from a UUID or its text; refused naming the value."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except ValueError as exc:
+        raise InvalidScheduleIdError(f"schedule id must be a UUID, got {value!r}") from exc
 
 
 class Scoped:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import inspect
 import uuid
 from collections.abc import Callable, Coroutine, Iterable
 from datetime import datetime, timedelta
@@ -41,7 +42,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from duejobs import store
 from duejobs.app import App, ScheduleId
-from duejobs.core import POOL_SIZE, Core, make_async_engine
+from duejobs.core import POOL_SIZE, make_async_engine
 from duejobs.models import (
     Attempt,
     Event,
@@ -84,6 +85,7 @@ def _awaited(
 
     call.__name__ = method.__name__
     call.__doc__ = f":meth:`App.{method.__name__}`, awaited."
+    call.__signature__ = inspect.signature(method)  # type: ignore[attr-defined]
     return call
 
 
@@ -97,15 +99,9 @@ class AsyncApp:
         self._read_engine: AsyncEngine | None = None
         if where.read_database_url is not None:  # the operators' reads go there
             self._read_engine = make_async_engine(where.read_database_url, pool_size, where.schema)
-        self._core = Core(
-            where,
+        self._core = shared.with_engines(
             self._engine.sync_engine,
-            shared.max_payload_bytes,
-            shared.queue,
-            handlers=shared.handlers,
-            quotas=shared.quotas,
-            read_engine=None if self._read_engine is None else self._read_engine.sync_engine,
-            read_max_lag=shared.read_max_lag,
+            None if self._read_engine is None else self._read_engine.sync_engine,
         )
         self._app = app
         self._tenant = app.scope
@@ -333,6 +329,11 @@ class AsyncApp:
 
     recurring = _awaited(App.recurring)
     get_recurring = _awaited(App.get_recurring)
+    list_recurring = _awaited(App.list_recurring)
+
+    def next_occurrences(self, definition: Recurring, count: int = 3) -> builtins.list[datetime]:
+        """:meth:`App.next_occurrences` (no I/O: not awaited)."""
+        return self._app.next_occurrences(definition, count)
 
     async def update_recurring(
         self, name: str, *, tenant: str | None = None, **changes: Any

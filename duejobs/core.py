@@ -15,12 +15,13 @@ checked for a server-side close without a round trip; one Redis client, made on 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import select
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, Self, TypeAlias
 
 from redis import Redis
 from redis.backoff import ExponentialBackoff
@@ -35,11 +36,12 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from duejobs import replica, store
-from duejobs.config import DEFAULT_SCHEMA, Settings, same_redis
+from duejobs import replica, store, tracing
+from duejobs.config import DEFAULT_SCHEMA, Settings, check_count, check_duration, same_redis
 from duejobs.delivery import Deliverer
-from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
+from duejobs.errors import ConfigurationError, DatabaseUnavailableError, SchemaMissingError
 from duejobs.handlers import Handler
+from duejobs.validation import check_queue
 
 Conn: TypeAlias = Connection | store.Driver
 """What ``conn=`` takes: a SQLAlchemy connection or a plain psycopg one, in the caller's
@@ -134,6 +136,38 @@ class Core:
     read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
     _deliverer: Deliverer | None = None
     _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
+
+    @classmethod
+    def build(
+        cls,
+        settings: Settings,
+        *,
+        max_payload_bytes: int,
+        queue: str,
+        trace_runs: str,
+        read_max_lag: timedelta,
+    ) -> Self:
+        """The one way an App's Core is made (the App, Django's, and through
+        :meth:`with_engines` the AsyncApp's): its options checked, its engine made."""
+        if trace_runs not in tracing.TRACE_RUNS:
+            raise ConfigurationError(
+                f"trace_runs must be one of {', '.join(tracing.TRACE_RUNS)}, got {trace_runs!r}"
+            )
+        check_duration("read_max_lag", read_max_lag)
+        check_count("max_payload_bytes", max_payload_bytes, 1, 2**31 - 1)
+        return cls(
+            settings,
+            make_engine(settings.database_url, schema=settings.schema),
+            max_payload_bytes,
+            check_queue(queue),
+            trace_runs=trace_runs,
+            read_max_lag=read_max_lag,
+        )
+
+    def with_engines(self, engine: Engine, read_engine: Engine | None) -> Core:
+        """This Core on other engines (the AsyncApp's, whose sync faces they are): the same
+        settings, options, handlers and quota cache; a deliverer of its own."""
+        return dataclasses.replace(self, engine=engine, read_engine=read_engine, _deliverer=None)
 
     def __post_init__(self) -> None:
         if self.read_engine is None and self.settings.read_database_url is not None:

@@ -32,7 +32,7 @@ from rich.table import Table
 from duejobs import App, store
 from duejobs.config import DATABASE_ENV
 from duejobs.models import Status
-from duejobs.worker import Context
+from duejobs.worker.context import Context
 
 BURST = 200
 PROCESS_FLAGS = ["--log-level", "warning"]

@@ -37,17 +37,9 @@ has live rows are removed. For more tenants than that, use ``duejobs stats`` per
 
 from __future__ import annotations
 
-import contextlib
 import threading
-import time
-from collections.abc import Callable
-from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
-
-if TYPE_CHECKING:
-    from duejobs.stats import Stats
 
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -152,54 +144,4 @@ class _BoundedLabel:
 OTHER = "other"
 MAX_TENANT_LABELS = 500
 tenant_label = _BoundedLabel(MAX_TENANT_LABELS)
-_PER_TENANT = (SCHEDULED, RUNNING, IN_FLIGHT, OVERDUE, LATE)
-_shown: set[str] = set()
-
-
-class GaugeRefresh:
-    """The gauges of ``duejobs stats``, refreshed at most every ``every``: they count every
-    live row (about 4 s at 5 million live schedules), while a reconcile pass costs only
-    what its window holds."""
-
-    DEFAULT_EVERY = timedelta(minutes=1)
-
-    def __init__(self, collect: Callable[[], Stats], every: timedelta = DEFAULT_EVERY) -> None:
-        self._collect, self._every = collect, every.total_seconds()
-        self._next = time.monotonic()
-
-    def maybe_refresh(self) -> bool:
-        """Refresh if ``every`` has passed since the last refresh (the first call does)."""
-        if time.monotonic() < self._next:
-            return False
-        observe_stats(self._collect())
-        self._next = time.monotonic() + self._every
-        return True
-
-
-def observe_stats(stats: Stats) -> None:
-    """Set the gauges from one ``duejobs stats`` snapshot; a tenant that no longer has live
-    rows loses its series instead of keeping its last value."""
-    values: dict[str, list[float]] = {}
-    for figures in stats.live:
-        if figures.type is not None:
-            continue
-        tenant = "all" if figures.tenant is None else tenant_label(figures.tenant)
-        counts = (figures.scheduled, figures.running, figures.in_flight, figures.overdue)
-        summed = values.setdefault(tenant, [0.0] * len(_PER_TENANT))
-        for i, value in enumerate((*counts, figures.late)):
-            summed[i] += value
-    for tenant, row in values.items():
-        for gauge, total in zip(_PER_TENANT, row, strict=True):
-            gauge.labels(tenant).set(total)
-    for gone in _shown - values.keys():
-        for gauge in _PER_TENANT:
-            with contextlib.suppress(KeyError):
-                gauge.remove(gone)
-    _shown.clear()
-    _shown.update(values)
-    OLDEST.set(stats.oldest_overdue_seconds)
-    WITHOUT_JOB.set(stats.schedules_without_job)
-    ORPHANS.set(stats.jobs_without_schedule)
-    if stats.queued is not None and stats.deferred is not None:
-        REDIS_JOBS.labels("queue").set(stats.queued)
-        REDIS_JOBS.labels("scheduled").set(stats.deferred)
+PER_TENANT = (SCHEDULED, RUNNING, IN_FLIGHT, OVERDUE, LATE)

@@ -217,32 +217,56 @@ class QueueJob:
 
 @dataclass(frozen=True)
 class Delivery:
-    """One delivery of a schedule: which (schedule, version, attempt), from when, on which
-    RQ queue, under which job id. The store's claim and window pages return them, the
-    scheduler and the reconciler push them."""
+    """One delivery of a schedule, from its push to its outcome: which attempt of which
+    version, for which tenant, on which RQ queue. What an RQ job carries (never the payload),
+    what the worker claims and closes, and what every batched answer is matched on: two
+    deliveries are the same one when these five agree.
 
-    id: uuid.UUID
+    ``due_at`` and ``job_id`` (the RQ job id, built by the store with the row) are known on
+    the pushing side only — a worker reads neither from the job — and take no part in
+    comparing deliveries."""
+
+    schedule_id: uuid.UUID
     tenant: str
     version: int
     attempt: int
-    due_at: datetime
-    queue_job_id: str
     queue: str
+    due_at: datetime | None = field(default=None, compare=False)
+    job_id: str = field(default="", compare=False)
 
     @classmethod
     def of(cls, row: Any, **more: Any) -> Self:
-        """One built from anything that carries a delivery's fields (a row, another
-        delivery), with the fields its own kind adds."""
+        """One built from a row the store read (``id``, ``tenant``, ``version``,
+        ``attempt``, ``queue``, ``due_at``, ``queue_job_id``) or from another delivery, with
+        the fields its own kind adds."""
+        if isinstance(row, Delivery):
+            return cls(
+                row.schedule_id,
+                row.tenant,
+                row.version,
+                row.attempt,
+                row.queue,
+                row.due_at,
+                row.job_id,
+                **more,
+            )
         return cls(
             row.id,
             row.tenant,
             row.version,
             row.attempt,
+            row.queue,
             row.due_at.astimezone(UTC),
             row.queue_job_id,
-            row.queue,
             **more,
         )
+
+    @property
+    def when_due(self) -> datetime:
+        """``due_at``, which a delivery to push always has."""
+        if self.due_at is None:
+            raise ValueError(f"delivery of {self.schedule_id} has no due time")
+        return self.due_at
 
 
 @dataclass(frozen=True)

@@ -160,16 +160,16 @@ class Reconciler:
                 rows = store.window_page(conn, self.config.window, after, self.config.batch_size)
                 now = store.database_now(conn)
                 since = now - self.config.stuck_after
-                pushes = [Push.of(r, stuck=r.due_at < since) for r in rows]
+                pushes = [Push(r, stuck=r.when_due < since) for r in rows]
                 result = self.deliverer.push(pushes, now)
-                lost = [r for r in rows if r.was_pushed and r.queue_job_id in result.created]
+                lost = [r for r in rows if r.was_pushed and r.job_id in result.created]
                 store.record_repushed(conn, lost)
             checked += len(rows)
             repushed += len(lost)
-            stuck += sum(1 for r in lost if r.due_at < since)
+            stuck += sum(1 for r in lost if r.when_due < since)
             if len(rows) < self.config.batch_size:
                 return checked, repushed, stuck, now
-            after = (rows[-1].due_at, rows[-1].id)
+            after = (rows[-1].when_due, rows[-1].schedule_id)
 
     def _remove_orphans(self) -> int:
         return sum(

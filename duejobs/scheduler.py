@@ -142,7 +142,7 @@ class Scheduler:
             claim = claim_due(conn, self.config.window, self.config.batch_size, after=self._cursor)
             self._cursor = claim.cursor
             rows = claim.rows
-            pushes = [Push.of(r, front=r.front) for r in rows]
+            pushes = [Push(r, front=r.front) for r in rows]
             result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback
         return claim, result
 
@@ -262,7 +262,7 @@ def fair_shares(limit: int, wants: Sequence[int]) -> list[int]:
     return shares
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DueRow(Delivery):
     """A claimed row the scheduler is about to push."""
 

@@ -22,11 +22,14 @@ queue jobs. Never the finished history: the figures stay cheap on a table of mil
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from duejobs import store
+from duejobs import metrics, store
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part
 from duejobs.models import CURRENT, Freshness, Schedule
@@ -245,3 +248,56 @@ def render(stats: Stats) -> str:
             )
         lines += ["", *_columns(tenant_rows)]
     return "\n".join(lines)
+
+
+# The tenants whose gauges observe_stats set last (one with no live rows loses its series).
+_shown: set[str] = set()
+
+
+class GaugeRefresh:
+    """The gauges of ``duejobs stats``, refreshed at most every ``every``: they count every
+    live row (about 4 s at 5 million live schedules), while a reconcile pass costs only
+    what its window holds."""
+
+    DEFAULT_EVERY = timedelta(minutes=1)
+
+    def __init__(self, collect: Callable[[], Stats], every: timedelta = DEFAULT_EVERY) -> None:
+        self._collect, self._every = collect, every.total_seconds()
+        self._next = time.monotonic()
+
+    def maybe_refresh(self) -> bool:
+        """Refresh if ``every`` has passed since the last refresh (the first call does)."""
+        if time.monotonic() < self._next:
+            return False
+        observe_stats(self._collect())
+        self._next = time.monotonic() + self._every
+        return True
+
+
+def observe_stats(stats: Stats) -> None:
+    """Set the gauges from one ``duejobs stats`` snapshot; a tenant that no longer has live
+    rows loses its series instead of keeping its last value."""
+    values: dict[str, list[float]] = {}
+    for figures in stats.live:
+        if figures.type is not None:
+            continue
+        tenant = "all" if figures.tenant is None else metrics.tenant_label(figures.tenant)
+        counts = (figures.scheduled, figures.running, figures.in_flight, figures.overdue)
+        summed = values.setdefault(tenant, [0.0] * len(metrics.PER_TENANT))
+        for i, value in enumerate((*counts, figures.late)):
+            summed[i] += value
+    for tenant, row in values.items():
+        for gauge, total in zip(metrics.PER_TENANT, row, strict=True):
+            gauge.labels(tenant).set(total)
+    for gone in _shown - values.keys():
+        for gauge in metrics.PER_TENANT:
+            with contextlib.suppress(KeyError):
+                gauge.remove(gone)
+    _shown.clear()
+    _shown.update(values)
+    metrics.OLDEST.set(stats.oldest_overdue_seconds)
+    metrics.WITHOUT_JOB.set(stats.schedules_without_job)
+    metrics.ORPHANS.set(stats.jobs_without_schedule)
+    if stats.queued is not None and stats.deferred is not None:
+        metrics.REDIS_JOBS.labels("queue").set(stats.queued)
+        metrics.REDIS_JOBS.labels("scheduled").set(stats.deferred)

@@ -36,6 +36,7 @@ from duejobs.core import make_engine
 from duejobs.delivery import Push
 from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.migrate import upgrade
+from duejobs.models import Delivery
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.store.partitions import Partitioning
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
@@ -335,7 +336,7 @@ def push_of(s: Schedule, version: int = 1, attempt: int = 1) -> Push:
     """A push of ``s`` at any version and attempt, as no claim would make it: a stray or
     second copy of a delivery."""
     spelled = job_id(s.tenant, s.id, version, attempt)
-    return Push(s.id, s.tenant, version, attempt, s.due_at, spelled)
+    return Push(Delivery(s.id, s.tenant, version, attempt, s.queue, s.due_at, spelled))
 
 
 def sample(name: str, **labels: str) -> float:

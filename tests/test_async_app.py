@@ -13,6 +13,7 @@ tenant scope dropped by ``tenant()`` →
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 import uuid
@@ -332,3 +333,50 @@ def test_recurring_definitions_and_quotas_through_the_async_app(app: App) -> Non
     assert deleted and app.get_recurring("daily") is None
     with pytest.raises(Exception, match="quota"):
         app.tenant("acme").schedule("mail", {}, delay=60)
+
+
+# What only one side has, and why: the App registers handlers, migrates and hands its engine,
+# settings and Core to the worker and the services; the AsyncApp closes with ``aclose`` and
+# names the App it was built from.
+_APP_ONLY = {"close", "core", "deliverer", "engine", "handler", "handler_for", "migrate"}
+_APP_ONLY |= {"queue", "settings"}
+_ASYNC_ONLY = {"aclose", "app"}
+
+
+def _public(cls: type) -> set[str]:
+    return {name for name in dir(cls) if not name.startswith("_")}
+
+
+def test_the_async_app_offers_every_public_method_of_the_app() -> None:
+    """Seen failing before ``list_recurring`` and ``next_occurrences`` were added."""
+    assert _public(App) - _public(AsyncApp) == _APP_ONLY
+    assert _public(AsyncApp) - _public(App) == _ASYNC_ONLY
+
+
+@pytest.mark.parametrize("name", sorted(_public(App) - _APP_ONLY))
+def test_an_async_method_takes_what_the_app_method_takes(name: str) -> None:
+    """Names, kinds and defaults of the parameters (``conn=`` takes an async connection)."""
+    mine, theirs = getattr(AsyncApp, name), getattr(App, name)
+    if isinstance(theirs, property):
+        assert isinstance(mine, property)
+        return
+
+    def shape(method: Any) -> list[tuple[str, Any, Any]]:
+        parameters = inspect.signature(method).parameters.values()
+        return [(p.name, p.kind, p.default) for p in parameters]
+
+    assert shape(mine) == shape(theirs)
+
+
+def test_the_async_app_keeps_every_setting_of_its_app(app: App) -> None:
+    """Its Core is the App's on other engines: nothing dropped (``trace_runs`` was)."""
+    app.core.trace_runs = "child"
+    try:
+        async_app = AsyncApp(app)
+        mine, theirs = async_app._core, app.core
+        kept = ("settings", "max_payload_bytes", "queue", "trace_runs", "read_max_lag")
+        assert all(getattr(mine, f) == getattr(theirs, f) for f in kept)
+        assert mine.handlers is theirs.handlers and mine.quotas is theirs.quotas
+        asyncio.run(async_app.aclose())
+    finally:
+        app.core.trace_runs = "link"

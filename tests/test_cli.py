@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from duejobs import App
+from duejobs.cli import main
+from duejobs.cli.services import _knob_flags
 from duejobs.config import redacted, sqlalchemy_url
 from duejobs.errors import ConfigurationError
+from duejobs.worker import WorkerConfig
 from tests.conftest import Servers
 
 
@@ -245,3 +250,49 @@ def test_secrets_in_query_parameters_are_redacted_too() -> None:
 def test_a_bad_redis_url_is_refused_before_anything_is_written(database_url: str) -> None:
     with pytest.raises(ConfigurationError, match="not a Redis URL"):
         App(database_url=database_url, redis_url="http://cache:6379")
+
+
+def test_every_worker_knob_has_a_flag_with_its_default() -> None:
+    """The worker's flags are made from WorkerConfig's fields: a field added there is a flag
+    (three had none while they were written by hand), with the field's default."""
+    command = main.commands["worker"]
+    flags = {p.name: p for p in command.params}
+    for knob in dataclasses.fields(WorkerConfig):
+        assert knob.name in flags, f"WorkerConfig.{knob.name} has no flag"
+        parsed = command.make_context("worker", ["--app", "x:y"]).params[knob.name]
+        assert parsed == knob.default, knob.name
+
+
+def test_the_flags_a_supervised_worker_gets_give_it_the_same_config() -> None:
+    config = WorkerConfig(
+        lease=timedelta(seconds=30),
+        max_early_wait=timedelta(0),
+        durable_bookkeeping=True,
+        concurrency=8,
+        take_window=timedelta(milliseconds=3),
+        unknown_type_grace=timedelta(hours=1),
+    )
+    command = main.commands["worker"]
+    params = command.make_context("worker", ["--app", "x:y", *_knob_flags(config)]).params
+    knobs = {k.name: params[k.name] for k in dataclasses.fields(WorkerConfig)}
+    assert WorkerConfig(**knobs) == config
+
+
+def test_a_worker_knob_out_of_its_bounds_is_refused_naming_it(env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "duejobs",
+            "worker",
+            "--app",
+            "tests.apps:app",
+            "--max-early-wait",
+            "2m",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "max_early_wait" in done.stderr, done.stderr

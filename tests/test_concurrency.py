@@ -105,10 +105,11 @@ from sqlalchemy import text
 
 from duejobs import App, Status
 from duejobs.delivery._rq_compat import MULTI_EXECUTIONS
-from duejobs.delivery.rq_worker import _WorkerRedis
+from duejobs.delivery.rq_redis import WorkerRedis
 from duejobs.reconcile import Reconciler
-from duejobs.supervisor import start_supervised
 from duejobs.worker import EXIT_WEDGED, Context, DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker.claims import Claimer
+from duejobs.worker.supervisor import start_supervised
 from tests.conftest import Proc, System, sample, wait_for
 
 WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
@@ -460,7 +461,7 @@ def test_a_warm_stop_runs_every_job_taken_together_though_one_cannot_start(
     try:
         worker = DuejobsWorker(runtime)
         worker.work(with_scheduler=False, logging_level="WARNING")
-        assert not runtime._claimed_ahead
+        assert runtime.claimer.waiting == 0
     finally:
         runtime.close()
     assert [system.status(i) for i in ids] == ["succeeded", "running", "succeeded", "succeeded"]
@@ -662,8 +663,8 @@ def test_a_finish_redis_refuses_fails_that_job_alone(system: System, redis_url: 
     """A transaction Redis refuses whole (a command it rejects as it is queued) is run again
     one finish at a time: the other jobs' finishes are written, the bad one gets its error.
     Seen failing with the transaction not run again (every finish in it failed)."""
-    client = _WorkerRedis.from_url(redis_url)
-    assert isinstance(client, _WorkerRedis)
+    client = WorkerRedis.from_url(redis_url)
+    assert isinstance(client, WorkerRedis)
     good = [(("SET", "duejobs-test:finish:a", "1"), {}), (("INCR", "duejobs-test:finish:n"), {})]
     bad = [(("HSET", "duejobs-test:finish:b"), {})]  # too few arguments
     try:
@@ -683,15 +684,15 @@ def test_a_failed_claim_of_deliveries_taken_together_leaves_each_slot_to_claim_i
     the batch's error raised in each slot."""
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(6)]
     system.scheduler.run_once()
-    claim_batch = Runtime._claim_batch
+    claim_batch = Claimer._claim_batch
     failures = [RuntimeError("the batch's statement failed")]
 
-    def failing_once(runtime: Runtime, deliveries: Any) -> Any:
+    def failing_once(claimer: Claimer, deliveries: Any) -> Any:
         if failures and len(deliveries) > 1:
             raise failures.pop()
-        return claim_batch(runtime, deliveries)
+        return claim_batch(claimer, deliveries)
 
-    monkeypatch.setattr(Runtime, "_claim_batch", failing_once)
+    monkeypatch.setattr(Claimer, "_claim_batch", failing_once)
     slots(8)
     assert not failures
     assert [system.status(i) for i in ids] == ["succeeded"] * 6

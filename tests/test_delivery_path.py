@@ -349,7 +349,7 @@ def test_the_claim_never_takes_a_row_a_millisecond_before_it_is_due(system: Syst
         system.app.schedule("record", {}, run_at=first + timedelta(milliseconds=i))
         for i in range(30)
     ]
-    deliveries = [store.Delivery(r.id, r.tenant, 1, 1) for r in rows]
+    deliveries = [store.Delivery(r.id, r.tenant, 1, 1, r.queue) for r in rows]
     started: dict[uuid.UUID, datetime] = {}
     deadline = time.monotonic() + 30
     with system.app.engine.connect() as conn:

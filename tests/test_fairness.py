@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
-from duejobs import App, metrics, store
+from duejobs import App, store
 from duejobs.errors import InvalidScheduleError, TenantMismatchError
 from duejobs.scheduler import Claim, DueRow, Scheduler, SchedulerConfig, claim_due, fair_shares
-from duejobs.stats import collect, render
+from duejobs.stats import collect, observe_stats, render
 from tests.conftest import System
 
 WINDOW = timedelta(minutes=15)
@@ -166,7 +166,7 @@ def test_concurrent_claims_take_different_rows(app: App) -> None:
     due_rows(app.engine, "acme", 150)
     due_rows(app.engine, "globex", 150)
     taken = claims_at_once(app, 3)
-    ids = [r.id for rows in taken for r in rows]
+    ids = [r.schedule_id for rows in taken for r in rows]
     assert len(ids) == len(set(ids)) == 300
 
 
@@ -300,7 +300,7 @@ def test_stats_show_each_tenants_in_flight_jobs_against_its_quota(system: System
     assert stats.caps("big") == (1_000, 10) and stats.caps("small") == (1_000, None)
     rows = {line.split()[0]: line.split()[1:3] for line in render(stats).splitlines()[-2:]}
     assert rows == {"big": ["200/1000", "10/10"], "small": ["3/1000", "3"]}
-    metrics.observe_stats(stats)
+    observe_stats(stats)
     assert REGISTRY.get_sample_value("duejobs_in_flight", {"tenant": "big"}) == 10
 
 

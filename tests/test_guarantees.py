@@ -298,7 +298,7 @@ def test_a_waiting_job_of_a_finished_schedule_is_an_orphan(system: System) -> No
     # A stray job of the same (schedule, version) left waiting: its version still matches.
     leftover = push_of(stored, stored.version, 2)
     system.scheduler.deliverer.push([leftover], system.app.now())
-    assert list(orphan_jobs(system.app)) == [leftover.job_id]
+    assert list(orphan_jobs(system.app)) == [leftover.delivery.job_id]
     assert Reconciler(system.app).run_once().orphans_removed == 1
     assert system.scheduler.deliverer.queue.count == 0
 

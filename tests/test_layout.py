@@ -7,7 +7,13 @@
   alone (the RQ worker class included; the worker's ``Runtime`` knows nothing of RQ);
 * the App is a facade: no module imports ``duejobs.app`` but the public package and the CLI
   (the services take the :class:`~duejobs.core.Core` an App hands them);
-* tests use public or explicitly exported names of the store: no ``store._...``.
+* tests use public or explicitly exported names of the store: no ``store._...``;
+* no module is over 500 lines: a module that grows past it holds more than one role;
+* no import cycle inside ``duejobs/``, imports made for type checking included (a cycle is
+  one for readers and type checkers even where Python would import it);
+* the worker is built on the delivery side and not the reverse: ``duejobs/worker/`` imports
+  no ``rq`` (the RQ adapter is :mod:`duejobs.delivery.rq_worker`), and ``duejobs/delivery/``
+  imports nothing from ``duejobs/worker/``.
 
 Seen failing against a build broken on purpose: ``from sqlalchemy import text`` in
 ``duejobs/demo.py`` (as it was) → ``test_only_the_store_speaks_sql``.
@@ -41,13 +47,81 @@ SQL_CONSTRUCTS = {
 
 
 def _imports(path: Path) -> list[tuple[str, str | None]]:
-    """(module, name) for every import in a file; name is None for ``import module``."""
+    """(module, name) for every import in a file, relative ones made absolute; name is None
+    for ``import module``."""
     found: list[tuple[str, str | None]] = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found += [(alias.name, None) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # from . (this file's package) or .. (its parent) ...
+                package = _module_name(path).split(".")
+                if path.name != "__init__.py":
+                    package = package[:-1]
+                package = package[: len(package) - node.level + 1]
+                module = ".".join(package + ([module] if module else []))
+            found += [(module, alias.name) for alias in node.names]
+    return found
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package_modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the modules of the package it imports: ``from a
+    import b`` names the module ``a.b`` when there is one, else ``a``."""
+    modules = _package_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        targets = set()
+        for module, imported in _imports(path):
+            if f"{module}.{imported}" in modules:
+                targets.add(f"{module}.{imported}")
+            elif module in modules:
+                targets.add(module)
+        graph[name] = targets - {name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
     return found
 
 
@@ -103,3 +177,31 @@ def test_tests_use_no_private_name_of_the_store() -> None:
             ):
                 offending.append(f"{path.name}:{node.lineno} store.{node.attr}")
     assert offending == []
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
+def test_no_module_is_over_500_lines(path: Path) -> None:
+    lines = len(path.read_text().splitlines())
+    assert lines <= 500, f"{path.relative_to(ROOT)} has {lines} lines: split it by role"
+
+
+def test_there_is_no_import_cycle_inside_the_package() -> None:
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_import_graph_sees_a_cycle_made_on_purpose() -> None:
+    """The check above, held against a graph with a cycle of three."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "worker").glob("*.py")), ids=lambda p: p.name)
+def test_the_worker_imports_no_rq(path: Path) -> None:
+    offending = [m for m, _n in _imports(path) if m.split(".")[0] == "rq"]
+    assert offending == [], f"{path.name} imports {offending}: RQ belongs in duejobs/delivery/"
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "delivery").glob("*.py")), ids=lambda p: p.name)
+def test_delivery_imports_nothing_from_the_worker(path: Path) -> None:
+    offending = [m for m, _n in _imports(path) if m.startswith("duejobs.worker")]
+    assert offending == [], f"{path.name} imports {offending}: the worker builds on delivery"

@@ -34,6 +34,7 @@ from sqlalchemy import Connection, text
 from duejobs import App, Status, recurring, stats, store
 from duejobs.delivery import WORKER_PREFIX
 from duejobs.errors import ConfigurationError
+from duejobs.models import Delivery
 from duejobs.reconcile import ReconcileConfig, Reconciler
 from duejobs.scheduler import Scheduler
 from duejobs.worker import EXIT_WEDGED, Context, Outcome, Runtime, WorkerConfig
@@ -230,7 +231,7 @@ def test_a_claim_gives_up_on_a_row_an_open_transaction_locks_without_using_an_at
         with app.engine.connect() as holder:
             _lock_row(holder, s.id)
             started = time.monotonic()
-            delivered = runtime.deliver(s.id, 1, 1, "default")
+            delivered = runtime.deliver(Delivery(s.id, "default", 1, 1, s.queue))
             assert delivered.outcome == Outcome.DEFERRED and delivered.put_back_at is not None
             assert time.monotonic() - started < 2
             holder.rollback()

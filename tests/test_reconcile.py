@@ -90,7 +90,7 @@ with app.engine.begin() as conn:
     claim = claim_due(conn, timedelta(minutes=15), 1000)
     rows, now = claim.rows, claim.db_now
     if sys.argv[1] == "after-push":
-        pushes = [Push.of(r) for r in rows]
+        pushes = [Push(r) for r in rows]
         app.deliverer().push(pushes, now)
     print(len(rows), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)  # the transaction never commits
@@ -318,7 +318,7 @@ def test_the_orphan_scan_reads_every_waiting_job_once_in_chunks(system: System) 
     result = system.scheduler.deliverer.push(strays, system.app.now())
     assert (result.queued, result.deferred) == (5, 3)
     found = list(orphan_jobs(system.app, chunk=2))
-    assert sorted(found) == sorted(p.job_id for p in strays)
+    assert sorted(found) == sorted(p.delivery.job_id for p in strays)
 
 
 def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(

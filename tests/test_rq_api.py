@@ -47,7 +47,7 @@ from rq.serializers import JSONSerializer
 
 from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
 from duejobs.delivery._rq_compat import create_execution
-from duejobs.delivery.rq_worker import _DeliveryJob
+from duejobs.delivery.rq_job import DeliveryJob
 from duejobs.reconcile import Reconciler
 from tests.conftest import Proc, System, push_of, wait_for
 from tests.test_processes import WORKER
@@ -96,10 +96,12 @@ def test_a_job_pushed_to_the_front_is_first_on_rqs_queue(system: System) -> None
     system.scheduler.run_once()
     urgent = system.app.schedule("record", {}, delay=0)
     push = push_of(urgent)
-    front = type(push)(**{**push.__dict__, "front": True})
+    front = type(push)(push.delivery, front=True)
     assert system.scheduler.deliverer.push([front], system.app.now()).queued == 1
-    assert _queue(system).get_job_ids() == [front.job_id, _job(system, first.id).id]
-    urgent_job = Job.fetch(front.job_id, connection=system.redis, serializer=JSONSerializer)
+    assert _queue(system).get_job_ids() == [front.delivery.job_id, _job(system, first.id).id]
+    urgent_job = Job.fetch(
+        front.delivery.job_id, connection=system.redis, serializer=JSONSerializer
+    )
     assert urgent_job.get_status() == JobStatus.QUEUED
 
 
@@ -197,7 +199,7 @@ def test_a_job_the_worker_reads_is_the_job_rq_reads(system: System) -> None:
     system.work()
     job_id = _job(system, s.id).id
     theirs = Job.fetch(job_id, connection=system.redis, serializer=JSONSerializer)
-    ours = _DeliveryJob.fetch(job_id, connection=system.redis, serializer=JSONSerializer)
+    ours = DeliveryJob.fetch(job_id, connection=system.redis, serializer=JSONSerializer)
     for name in ("created_at", "enqueued_at", "started_at", "ended_at", "last_heartbeat"):
         assert getattr(ours, name) == getattr(theirs, name) is not None, name
         assert getattr(ours, name).tzinfo == getattr(theirs, name).tzinfo, name

@@ -41,9 +41,10 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.errors import KeyInUseError
+from duejobs.models import Delivery
 from duejobs.reconcile import Reconciler
-from duejobs.slots import EventLoops
 from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
+from duejobs.worker.event_loops import EventLoops
 from tests.conftest import Proc, System, wait_for
 
 WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
@@ -162,7 +163,7 @@ def lapsed_claim(system: System) -> Iterator[tuple[uuid.UUID, Runtime]]:
     config = WorkerConfig(lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200))
     runtime = Runtime(system.app, config)
     try:
-        runtime.claim_ahead([(s.id, 1, 1, "default")])
+        runtime.claim_ahead([Delivery(s.id, "default", 1, 1, s.queue)])
         wait_for(lambda: _lease_ran_out(system.app, s.id), 30, "the claim's lease to run out")
         yield s.id, runtime
     finally:

@@ -15,8 +15,8 @@ from datetime import timedelta
 from prometheus_client import REGISTRY
 from sqlalchemy import text
 
-from duejobs.metrics import _BoundedLabel, observe_stats
-from duejobs.stats import collect, render
+from duejobs.metrics import _BoundedLabel
+from duejobs.stats import collect, observe_stats, render
 from duejobs.worker import Runtime, WorkerConfig
 from tests.conftest import System
 

@@ -6,8 +6,10 @@ The plan (one seed, one setting: ``--concurrency`` N, or ``--processes``): ``sch
 traced schedules due throughout the plan, some failing their first attempt; then, over
 ``seconds``, reschedules and cancels with and without ``conn=`` (which leaves the old job in
 Redis), retries of finished ones, superseded copies and second copies of current deliveries
-pushed to Redis, every Redis client connection dropped at once, one FLUSHDB and one SIGKILL of
-the worker (a new one started), more of each in a longer plan. A scheduler and a reconciler
+pushed to Redis, every Redis client connection dropped at once, Redis out of reach for longer
+than a lease (every connection to its database cut as soon as it is made, for ``OUTAGE``
+seconds), one FLUSHDB and one SIGKILL of the worker (a new one started), more of each in a
+longer plan. A scheduler and a reconciler
 run in this process throughout.
 
 The promises (:func:`violations`):
@@ -58,6 +60,9 @@ from duejobs.scheduler import Scheduler, SchedulerConfig
 # lost, and retries' backoff, with room for a loaded machine.
 BOUND = 30.0
 _LEASE = ["--lease", "2s", "--heartbeat", "500ms"]
+# How long Redis stays out of reach in an outage: longer than the lease, so that claims made
+# as jobs were taken outlive it while their starts fail.
+OUTAGE = 3.0
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,15 @@ def _drop_connections(client: redis.Redis) -> None:
                 client.client_kill_filter(_id=other["id"])
 
 
+def _redis_outage(client: redis.Redis, seconds: float) -> None:
+    """This Redis database out of reach for ``seconds``: every connection to it cut as soon as
+    it is made (the workers', the scheduler's, the reconciler's; other databases untouched)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        _drop_connections(client)
+        time.sleep(0.02)
+
+
 def _group_pids(leader: int) -> set[int]:
     """The processes of a process group (a worker and, under a supervisor, its children)."""
     pids = set()
@@ -170,6 +184,7 @@ class _Plan:
         kills += int(seconds / 15)
         plan = [(self.rng.uniform(0, seconds), self.rng.choice(kinds)) for _ in range(changes)]
         plan += [(self.rng.uniform(0, seconds), "redis_blip") for _ in range(blips)]
+        plan += [(self.rng.uniform(seconds * 0.1, seconds * 0.5), "redis_outage")]
         plan += [(self.rng.uniform(seconds * 0.3, seconds * 0.6), "flushdb")]
         plan += [(self.rng.uniform(seconds * 0.5, seconds * 0.9), "kill") for _ in range(kills)]
         return sorted(plan)
@@ -257,6 +272,8 @@ def run_model(
             time.sleep(max(0.0, began + at - time.monotonic()))
             if kind == "redis_blip":
                 _drop_connections(client)
+            elif kind == "redis_outage":
+                _redis_outage(client, OUTAGE)
             elif kind == "flushdb":
                 client.flushdb()
             elif kind == "kill":

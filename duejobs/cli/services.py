@@ -10,20 +10,19 @@ import signal
 import sys
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import click
 
-from duejobs import metrics
 from duejobs.app import App
 from duejobs.cli.base import (
     _PRUNE,
     _RECONCILE,
     _SCHEDULER,
-    _WORKER,
     DURATION,
     POSITIVE,
     CpuList,
+    F,
     _app,
     _checked,
     _fail,
@@ -38,12 +37,13 @@ from duejobs.errors import DuejobsError, describe
 from duejobs.prune import PruneConfig, Pruner, PruneResult
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.stats import GaugeRefresh
 from duejobs.stats import collect as collect_stats
 from duejobs.stats import render as render_stats
-from duejobs.supervisor import Supervisor, allowed_cpus, pin_to_cpu
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_queue
-from duejobs.worker import EXIT_WEDGED, MAX_CONCURRENCY, DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker.supervisor import Supervisor, allowed_cpus, pin_to_cpu
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -130,6 +130,45 @@ def scheduler(
         app.close()
 
 
+def _flag(knob: dataclasses.Field[Any]) -> str:
+    return "--" + knob.name.replace("_", "-")
+
+
+def _worker_knobs(command: F) -> F:
+    """One flag per field of :class:`WorkerConfig`, its default, bounds and help taken from
+    the field (a duration as the CLI spells durations, a switch as ``--x/--no-x``)."""
+    for knob in reversed(dataclasses.fields(WorkerConfig)):
+        flag, about, default = _flag(knob), knob.metadata["help"], knob.default
+        if isinstance(default, bool):
+            negative = f"--no-{flag.removeprefix('--')}"
+            option = click.option(
+                f"{flag}/{negative}", default=default, show_default=True, help=about
+            )
+        elif isinstance(default, timedelta):
+            option = duration_option(
+                flag, default, about, zero_ok=knob.metadata.get("zero_ok", False)
+            )
+        else:
+            bounds = click.IntRange(knob.metadata["low"], knob.metadata["high"])
+            option = click.option(flag, type=bounds, default=default, show_default=True, help=about)
+        command = option(command)
+    return command
+
+
+def _knob_flags(config: WorkerConfig) -> list[str]:
+    """The flags that give a worker started by the supervisor this ``config``."""
+    flags = []
+    for knob in dataclasses.fields(config):
+        value = getattr(config, knob.name)
+        if isinstance(value, bool):
+            flags.append(_flag(knob) if value else f"--no-{_flag(knob).removeprefix('--')}")
+        elif isinstance(value, timedelta):
+            flags.append(f"{_flag(knob)}={spell_duration(value)}")
+        else:
+            flags.append(f"{_flag(knob)}={value}")
+    return flags
+
+
 @main.command()
 @click.option("--app", "app_ref", required=True, help="MODULE:APP with the handlers.")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
@@ -140,50 +179,7 @@ def scheduler(
     help="RQ queue to take jobs from; repeat for several, in priority order (default: the App's).",
 )
 @click.option("--name", help="Worker name (default: host:pid).")
-@duration_option(
-    "--lease",
-    _WORKER.lease,
-    "A running job's lease.",
-)
-@duration_option(
-    "--heartbeat",
-    _WORKER.heartbeat,
-    "Between renewals (at most half the lease).",
-)
-@duration_option(
-    "--timeout-grace",
-    _WORKER.timeout_grace,
-    "How long a handler past its timeout may take to return before its slot is given up "
-    f"(the worker exits with status {EXIT_WEDGED} for its supervisor once no slot works).",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(1, MAX_CONCURRENCY),
-    default=_WORKER.concurrency,
-    show_default=True,
-    help="Deliveries run at once, each in a thread of its own (async handlers on the "
-    "thread's event loop); 1 runs them in the main thread.",
-)
-@duration_option(
-    "--take-window",
-    _WORKER.take_window,
-    "With --concurrency above 1: how long a slot freed while others run waits for the "
-    "handlers taken with its own (once per batch) before jobs are taken, so that they are "
-    "taken, claimed and started together (0s: never).",
-    zero_ok=True,
-)
-@duration_option(
-    "--switch-interval",
-    _WORKER.switch_interval,
-    "With --concurrency above 1: the interpreter's switch interval while the worker works "
-    "(how long a thread may hold the GIL while another waits for it; Python's is 5ms).",
-)
-@duration_option(
-    "--unknown-type-grace",
-    _WORKER.unknown_type_grace,
-    "How long a delivery of a type this worker has no handler for keeps being put back for "
-    "a worker that has one (a rolling deploy) before it fails for good, naming its type.",
-)
+@_worker_knobs
 @click.option(
     "--cpus",
     type=CpuList(),
@@ -206,22 +202,17 @@ def scheduler(
 @click.pass_context
 def worker(
     ctx: click.Context,
+    /,
     app_ref: str,
     burst: bool,
     queues: tuple[str, ...],
     name: str | None,
-    lease: timedelta,
-    heartbeat: timedelta,
-    timeout_grace: timedelta,
-    concurrency: int,
-    take_window: timedelta,
-    switch_interval: timedelta,
-    unknown_type_grace: timedelta,
     cpus: tuple[int, ...] | None,
     processes: int,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
+    **knobs: Any,
 ) -> None:
     """Run an RQ worker for the App's handlers. SIGTERM/SIGINT: take no more jobs, finish
     the running ones, then exit; a second one ends the worker at once."""
@@ -237,25 +228,10 @@ def worker(
                 param_hint="--cpus",
             )
     _operate(log_level, log_format, metrics_port if processes == 1 else None)
-    config = _checked(
-        lambda: WorkerConfig(
-            lease=lease,
-            heartbeat=heartbeat,
-            timeout_grace=timeout_grace,
-            concurrency=concurrency,
-            take_window=take_window,
-            switch_interval=switch_interval,
-            unknown_type_grace=unknown_type_grace,
-        )
-    )
+    config = _checked(lambda: WorkerConfig(**knobs))
     if processes > 1:
         shared = ["worker", "--app", app_ref, *(f"--queue={q}" for q in queues)]
-        shared += [f"--lease={spell_duration(lease)}", f"--heartbeat={spell_duration(heartbeat)}"]
-        shared += [f"--timeout-grace={spell_duration(timeout_grace)}"]
-        shared += [f"--concurrency={concurrency}", f"--take-window={spell_duration(take_window)}"]
-        shared += [f"--switch-interval={spell_duration(switch_interval)}"]
-        shared += [f"--unknown-type-grace={spell_duration(unknown_type_grace)}"]
-        shared += [f"--log-level={log_level}"]
+        shared += [*_knob_flags(config), f"--log-level={log_level}"]
         shared += [f"--log-format={log_format}", *(["--burst"] if burst else [])]
 
         def child(index: int, starts: int) -> list[str]:
@@ -317,7 +293,7 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
 @duration_option(
     "--stats-every",
-    metrics.GaugeRefresh.DEFAULT_EVERY,
+    GaugeRefresh.DEFAULT_EVERY,
     "With --metrics-port: refresh the stats gauges at most this often.",
 )
 @_operations
@@ -340,7 +316,7 @@ def reconcile(
     _operate(log_level, log_format, metrics_port)
     with _app(ctx) as app:
         reconciler = Reconciler(app, ReconcileConfig(window=window))
-        gauges = metrics.GaugeRefresh(lambda: collect_stats(app), stats_every)
+        gauges = GaugeRefresh(lambda: collect_stats(app), stats_every)
 
         def report(result: ReconcileResult) -> None:
             _print_reconciled(result, as_json)

@@ -43,7 +43,6 @@ from duejobs.delivery.deliverer import (
     DEFAULT_QUEUE,
     FAILURE_TTL,
     JOB_FUNCTION,
-    LIST_SCAN_LIMIT,
     QUEUES_KEY,
     RESULT_TTL,
     SCHEDULED_PREFIX,
@@ -53,15 +52,14 @@ from duejobs.delivery.deliverer import (
     JobState,
     Push,
     PushResult,
-    job_tenant,
-    job_tenant_part,
-    parse_job_id,
 )
-from duejobs.delivery.rq_worker import EXIT_WEDGED, Delivered, DuejobsWorker, Performer
+from duejobs.delivery.job_ids import job_tenant, job_tenant_part, parse_job_id
+from duejobs.delivery.performer import Delivered, Performer, Slots
+from duejobs.delivery.rq_worker import DuejobsWorker
+from duejobs.delivery.scripts import LIST_SCAN_LIMIT
 
 __all__ = [
     "DEFAULT_QUEUE",
-    "EXIT_WEDGED",
     "FAILURE_TTL",
     "JOB_FUNCTION",
     "LIST_SCAN_LIMIT",
@@ -77,6 +75,7 @@ __all__ = [
     "Performer",
     "Push",
     "PushResult",
+    "Slots",
     "job_tenant",
     "job_tenant_part",
     "parse_job_id",

@@ -4,8 +4,6 @@ for what it promises)."""
 from __future__ import annotations
 
 import logging
-import re
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,6 +18,13 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
+from duejobs.delivery.scripts import (
+    DEFER_SCRIPT,
+    LIVE_SCRIPT,
+    PROMOTE_SCRIPT,
+    PUSH_SCRIPT,
+    REMOVE_SCRIPT,
+)
 from duejobs.models import Delivery
 
 log = logging.getLogger("duejobs.delivery")
@@ -39,184 +44,6 @@ FAILURE_TTL = 24 * 3600
 # spot, which costs it about 1 ms per job more than letting the key expire.)
 RESULT_TTL = 60
 
-# A queue list longer than this is not read to check a ``queued`` hash: its id is trusted to
-# be there (a call reads at most this many entries per queue; in-flight quotas keep queues
-# far shorter).
-LIST_SCAN_LIMIT = 10_000
-# Whether Redis can still hand a job to a worker. A job hash alone proves nothing: its id may
-# be gone from the queue list (a worker popped it and died before marking it started, an
-# operator trimmed the list) or from the scheduled registry, or the worker that started it
-# may be dead. ``strict`` (the row is overdue by more than ``STUCK_AFTER``) trusts only the
-# queue list and the registry: a job half-way between RQ's lists or marked started, with
-# its row still waiting for a worker's claim that long, is missing.
-_PRESENT = """
-local listed = {}
-local function on_queue(queue_key, id, strict, limit)
-    local ids = listed[queue_key]
-    if ids == nil then
-        if redis.call('LLEN', queue_key) > limit then  -- too long to read: trust the hash
-            listed[queue_key] = false
-            return true
-        end
-        ids = {}
-        for _, v in ipairs(redis.call('LRANGE', queue_key .. ':intermediate', 0, -1)) do
-            ids[v] = 'moving'
-        end
-        for _, v in ipairs(redis.call('LRANGE', queue_key, 0, -1)) do ids[v] = 'queued' end
-        listed[queue_key] = ids
-    end
-    if ids == false then return true end
-    return ids[id] == 'queued' or (ids[id] == 'moving' and not strict)
-end
-local function present(job_key, id, status, queue_key, registry_key, score, strict, workers)
-    if status == 'queued' then return on_queue(queue_key, id, strict, LIST_LIMIT) end
-    if status == 'scheduled' then
-        local at = redis.call('ZSCORE', registry_key, id)
-        return at ~= false and tonumber(at) <= score + 0.001
-    end
-    if status == 'started' and not strict then
-        local worker = redis.call('HGET', job_key, 'worker_name')
-        return worker ~= false and worker ~= '' and redis.call('EXISTS', workers .. worker) == 1
-    end
-    return false
-end
-"""
-
-_PUSH = (
-    f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
-    + _PRESENT
-    + """
--- A dead worker's entry in the started registry (``id:execution``, or ``id`` alone) would
--- outlive the job that replaces its hash: RQ 2.x's registry cleanup fails whatever job
--- then has that id once the entry expires, even a queued one.
-local function unstart(started_key, id)
-    redis.call('ZREM', started_key, id)
-    local cursor = '0'
-    repeat
-        local page = redis.call('ZSCAN', started_key, cursor, 'MATCH', id .. ':*', 'COUNT', 1000)
-        cursor = page[1]
-        for j = 1, #page[2], 2 do redis.call('ZREM', started_key, page[2][j]) end
-    until cursor == '0'
-end
-local prefix, now, stamp, workers = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local ntemplate = tonumber(ARGV[5])
-local template = {}
-for i = 1, ntemplate do template[i] = ARGV[5 + i] end
-local queued, deferred, present_, created, front = 0, 0, 0, {}, {}
-redis.call('SADD', KEYS[3], KEYS[1])
-redis.call('SADD', KEYS[4], ARGV[6 + ntemplate])
-for i = 7 + ntemplate, #ARGV, 5 do
-    local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
-    local status = redis.call('HGET', key, 'status')
-    local strict = ARGV[i + 4] == '1'
-    if status and present(key, id, status, KEYS[1], KEYS[2], score, strict, workers) then
-        present_ = present_ + 1
-    else
-        if status then  -- a stale hash: replace it, and any stray entry of its id
-            redis.call('DEL', key)
-            redis.call('LREM', KEYS[5], 0, id)
-            redis.call('ZREM', KEYS[2], id)
-            unstart(KEYS[6], id)
-        end
-        created[#created + 1] = id
-        redis.call('HSET', key, 'data', ARGV[i + 1], 'description', 'duejobs ' .. id,
-                   'created_at', stamp, unpack(template))
-        if score <= now then
-            redis.call('HSET', key, 'status', 'queued', 'enqueued_at', stamp)
-            if ARGV[i + 3] == '1' then
-                front[#front + 1] = id
-            else
-                redis.call('RPUSH', KEYS[1], id)
-            end
-            queued = queued + 1
-        else
-            redis.call('HSET', key, 'status', 'scheduled')
-            redis.call('ZADD', KEYS[2], score, id)
-            deferred = deferred + 1
-        end
-    end
-end
-for j = #front, 1, -1 do redis.call('LPUSH', KEYS[1], front[j]) end
-return {queued, deferred, present_, created}
-"""
-)
-
-_LIVE = (
-    f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
-    + _PRESENT
-    + """
-local prefix, queues, registries, workers = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local answer = {}
-for i = 5, #ARGV, 3 do
-    local key = prefix .. ARGV[i]
-    local state = redis.call('HMGET', key, 'status', 'origin')
-    local ok = state[1] and state[2] and present(key, ARGV[i], state[1], queues .. state[2],
-        registries .. state[2], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1', workers)
-    answer[#answer + 1] = ok and 1 or 0
-end
-return answer
-"""
-)
-
-_PROMOTE = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-local pushed = 0
-for _, id in ipairs(ids) do
-    local key = ARGV[1] .. id
-    if redis.call('HGET', key, 'status') == 'scheduled' then
-        redis.call('HSET', key, 'status', 'queued', 'enqueued_at', ARGV[4])
-        redis.call('RPUSH', KEYS[2], id)
-        pushed = pushed + 1
-    end
-    redis.call('ZREM', KEYS[1], id)
-end
-return pushed
-"""
-
-_DEFER = """
-if redis.call('EXISTS', ARGV[1]) == 1 then
-    redis.call('HSET', ARGV[1], 'status', 'scheduled')
-    redis.call('PERSIST', ARGV[1])
-    redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
-    return 1
-end
-return 0
-"""
-
-_REMOVE = """
-local status = redis.call('HGET', ARGV[1], 'status')
-if status == 'queued' or status == 'scheduled' then
-    local origin = redis.call('HGET', ARGV[1], 'origin')
-    redis.call('LREM', ARGV[3] .. origin, 0, ARGV[2])
-    redis.call('ZREM', ARGV[4] .. origin, ARGV[2])
-    redis.call('DEL', ARGV[1])
-    return 1
-end
-return 0
-"""
-
-
-def job_tenant_part(tenant: str) -> str:
-    """How a tenant is spelled inside job ids (RQ allows no ``.``)."""
-    return tenant.replace(".", "_")
-
-
-_JOB_ID = re.compile(r"dj-(?P<tenant>[A-Za-z0-9_-]+)-(?P<id>[0-9a-f]{32})-v(?P<v>\d+)-a(?P<a>\d+)")
-
-
-def job_tenant(queue_job_id: str) -> str | None:
-    """The tenant part of a duejobs job id (see :func:`job_tenant_part`); None for others."""
-    match = _JOB_ID.fullmatch(queue_job_id)
-    return None if match is None else match["tenant"]
-
-
-def parse_job_id(queue_job_id: str) -> tuple[uuid.UUID, int, int] | None:
-    """(schedule id, version, attempt) of a duejobs job id; None for anything else."""
-    match = _JOB_ID.fullmatch(queue_job_id)
-    if match is None:
-        return None
-    return uuid.UUID(match["id"]), int(match["v"]), int(match["a"])
-
 
 @dataclass(frozen=True)
 class JobState:
@@ -231,37 +58,16 @@ class JobState:
 
 @dataclass(frozen=True)
 class Push:
-    """One delivery to push: which (schedule, version, attempt), and from when."""
+    """How to push one delivery (its ``due_at`` and ``job_id`` known): to the front of its
+    queue or not, and whether only the queue list or the scheduled registry proves a job of
+    it already there."""
 
-    schedule_id: uuid.UUID
-    tenant: str
-    version: int
-    attempt: int
-    due_at: datetime
-    # Its RQ job id, as the store built it with the row (see the module docstring).
-    job_id: str
+    delivery: Delivery
     # Due now: onto the front of the queue rather than the back (RQ's at_front).
     front: bool = False
-    # The RQ queue; None: the deliverer's default queue.
-    queue: str | None = None
     # The row is overdue by more than STUCK_AFTER: only the queue list or the scheduled
-    # registry proves the job is still there (see _PRESENT).
+    # registry proves the job is still there (see :data:`~duejobs.delivery.scripts.PRESENT`).
     stuck: bool = False
-
-    @classmethod
-    def of(cls, row: Delivery, *, front: bool = False, stuck: bool = False) -> Push:
-        """The push of a delivery the store returned."""
-        return cls(
-            row.id,
-            row.tenant,
-            row.version,
-            row.attempt,
-            row.due_at,
-            row.queue_job_id,
-            front,
-            row.queue,
-            stuck,
-        )
 
 
 @dataclass(frozen=True)
@@ -300,7 +106,7 @@ class _Node:
 
     @classmethod
     def on(cls, redis: Redis) -> _Node:
-        scripts = (_PUSH, _LIVE, _PROMOTE, _REMOVE, _DEFER)
+        scripts = (PUSH_SCRIPT, LIVE_SCRIPT, PROMOTE_SCRIPT, REMOVE_SCRIPT, DEFER_SCRIPT)
         return cls(redis, *(redis.register_script(script) for script in scripts))
 
     @property
@@ -414,14 +220,14 @@ class Deliverer:
         return flat
 
     @staticmethod
-    def _data(push: Push) -> str:
+    def _data(delivery: Delivery) -> str:
         """RQ's job data: the JSON of (function, instance, args, kwargs). RQ reads it
         uncompressed as well as zlib-compressed; skipping zlib saves most of the cost.
         Formatted directly: a UUID, two ints and a tenant (``[A-Za-z0-9_.-]``, checked on
         the way in) need no JSON escaping."""
         return (
-            f'["{JOB_FUNCTION}",null,["{push.schedule_id}",{push.version},{push.attempt},'
-            f'"{push.tenant}"],{{}}]'
+            f'["{JOB_FUNCTION}",null,["{delivery.schedule_id}",{delivery.version},'
+            f'{delivery.attempt},"{delivery.tenant}"],{{}}]'
         )
 
     def _queues_on(self, node: _Node) -> list[str]:
@@ -443,7 +249,7 @@ class Deliverer:
         front of the queue, in the batch's order. ``now`` is the database clock."""
         by_node: dict[int, tuple[_Node, dict[str, list[Push]]]] = {}
         for p in pushes:
-            name = p.queue or self.queue.name
+            name = p.delivery.queue or self.queue.name
             node = self._node(name)
             by_node.setdefault(id(node), (node, {}))[1].setdefault(name, []).append(p)
         stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
@@ -456,7 +262,8 @@ class Deliverer:
                 args: list[Any] = [self._prefix, now.timestamp(), stamp, WORKER_PREFIX]
                 args += [len(template), *template, name]
                 for p in batch:
-                    args += [p.job_id, self._data(p), p.due_at.timestamp()]
+                    d = p.delivery
+                    args += [d.job_id, self._data(d), d.when_due.timestamp()]
                     args += ["1" if p.front else "0", "1" if p.stuck else "0"]
                 q, d, pr, made = node.push(keys=self._keys_of(name, queue), args=args)
                 queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)

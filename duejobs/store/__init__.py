@@ -16,9 +16,9 @@ quotas — names its statements, passes their parameters and builds one record t
 
 from __future__ import annotations
 
+from duejobs.models import Delivery
 from duejobs.store.attempts import (
     Closing,
-    Delivery,
     RunClaim,
     SkipReason,
     bookkeeping_session,
@@ -38,6 +38,16 @@ from duejobs.store.attempts import (
 )
 from duejobs.store.bulk import insert_schedules
 from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
+from duejobs.store.conversion import (
+    copy_batch,
+    drop_schema,
+    link_recurring,
+    mirror,
+    oldest_stamped,
+    staging_schema,
+    swap,
+    unmirror,
+)
 from duejobs.store.execution import (
     AsyncDriver,
     Driver,
@@ -68,27 +78,19 @@ from duejobs.store.figures import (
     wal_position,
 )
 from duejobs.store.listing import ListFilter, Position, list_schedules
+from duejobs.store.partition_keys import time_key_insert
 from duejobs.store.partitions import (
     PARTITIONED,
     Partition,
     Partitioning,
-    copy_batch,
     create_range,
     delete_orphan_effects,
     drop_partition,
-    drop_schema,
     ensure_ahead,
     holds_rows,
-    link_recurring,
     make_partitioned,
-    mirror,
-    oldest_stamped,
     partitioning,
     partitions,
-    staging_schema,
-    swap,
-    time_key_insert,
-    unmirror,
 )
 from duejobs.store.queries import (
     DEFAULT_QUOTA_TENANT,

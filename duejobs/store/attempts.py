@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from duejobs.models import (
+    Delivery,
     EventKind,
     Status,
 )
@@ -34,16 +35,6 @@ class SkipReason(enum.StrEnum):
     LAPSED = "lapsed"
     # Its type has no handler in this worker: put back for one that has (see the worker).
     UNKNOWN_TYPE = "unknown_type"
-
-
-@dataclass(frozen=True)
-class Delivery:
-    """One delivery as the worker claims it: which attempt of which version of a schedule."""
-
-    schedule_id: uuid.UUID
-    tenant: str
-    version: int
-    attempt: int
 
 
 @dataclass(frozen=True)
@@ -125,9 +116,9 @@ def claim_verdict(
     )
 
 
-def expire(conn: Connection, schedule_id: uuid.UUID, version: int) -> None:
+def expire(conn: Connection, delivery: Delivery) -> None:
     """Cancel a schedule whose delivery came later than its ``expires_after`` allows."""
-    run(conn, "expire", {"id": schedule_id, "version": version})
+    run(conn, "expire", {"id": delivery.schedule_id, "version": delivery.version})
 
 
 def record_deferred(conn: Connection, delivery: Delivery, reason: SkipReason, worker: str) -> None:
@@ -170,7 +161,7 @@ def fail_unknown_type(conn: Connection, delivery: Delivery, error: str, worker: 
 
 
 def change_since_claim(
-    conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int, *, lock: bool = False
+    conn: Connection, delivery: Delivery, *, lock: bool = False
 ) -> SkipReason | None:
     """None while the attempt is still the current one; otherwise what changed.
     With ``lock`` the row stays locked until the transaction ends (the effect fence)."""
@@ -178,10 +169,10 @@ def change_since_claim(
         conn,
         "change_since_claim_locked" if lock else "change_since_claim",
         {
-            "id": schedule_id,
-            "version": version,
+            "id": delivery.schedule_id,
+            "version": delivery.version,
             "current_status": Status.RUNNING.value,
-            "current_attempts": attempt,
+            "current_attempts": delivery.attempt,
         },
     )
     if row is None:
@@ -189,15 +180,13 @@ def change_since_claim(
     return None if row.reason is None else SkipReason(row.reason)
 
 
-def extend_leases(
-    conn: Connection, attempts: Sequence[tuple[uuid.UUID, int, int]], lease: timedelta
-) -> None:
-    """Push forward the leases of running attempts — (schedule id, version, attempt) — in one
-    statement; those no longer current, or whose row is locked now, are left as they are."""
+def extend_leases(conn: Connection, running: Sequence[Delivery], lease: timedelta) -> None:
+    """Push forward the leases of running attempts in one statement; those no longer current,
+    or whose row is locked now, are left as they are."""
     params = {
-        "ids": [a[0] for a in attempts],
-        "versions": [a[1] for a in attempts],
-        "attempts": [a[2] for a in attempts],
+        "ids": [d.schedule_id for d in running],
+        "versions": [d.version for d in running],
+        "attempts": [d.attempt for d in running],
         "lease": lease,
     }
     run_count(conn, "extend_leases", params)
@@ -228,9 +217,7 @@ class Closing:
     """A running attempt's outcome: ``succeeded``, ``failed``, or ``scheduled`` again for a
     retry after ``retry_in`` (``run_at`` never moves)."""
 
-    schedule_id: uuid.UUID
-    version: int
-    attempt: int
+    delivery: Delivery
     outcome: Status
     error: str | None = None
     retry_in: timedelta | None = None
@@ -249,27 +236,32 @@ def finish(conn: Connection, closings: Sequence[Closing]) -> list[bool]:
     or rescued meanwhile) or when another transaction holds its row now (see
     :func:`change_since_claim` with ``lock``)."""
     params = {
-        "ids": [c.schedule_id for c in closings],
-        "versions": [c.version for c in closings],
-        "attempts": [c.attempt for c in closings],
+        "ids": [c.delivery.schedule_id for c in closings],
+        "versions": [c.delivery.version for c in closings],
+        "attempts": [c.delivery.attempt for c in closings],
         "statuses": [c.outcome.value for c in closings],
         "events": [_EVENTS[c.outcome].value for c in closings],
         "errors": [c.error for c in closings],
         "retry_ins": [c.retry_in for c in closings],
     }
     closed = {(r.id, r.version, r.attempt) for r in run(conn, "finish", params)}
-    return [(c.schedule_id, c.version, c.attempt) in closed for c in closings]
+    return [
+        (c.delivery.schedule_id, c.delivery.version, c.delivery.attempt) in closed for c in closings
+    ]
 
 
-def record_stale(
-    conn: Connection, schedule_id: uuid.UUID, version: int, attempt: int, reason: SkipReason
-) -> None:
+def record_stale(conn: Connection, delivery: Delivery, reason: SkipReason) -> None:
     """Record that a running attempt lost its schedule (cancelled, superseded, rescued):
     its result is not applied, and the history says so."""
     run(
         conn,
         "record_stale",
-        {"id": schedule_id, "version": version, "attempt": attempt, "reason": reason.value},
+        {
+            "id": delivery.schedule_id,
+            "version": delivery.version,
+            "attempt": delivery.attempt,
+            "reason": reason.value,
+        },
     )
 
 

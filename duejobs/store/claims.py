@@ -40,7 +40,7 @@ def walk_tenants(
     return walk[0].db_now.astimezone(UTC), tenants
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClaimedRow(Delivery):
     """A row claimed for pushing, with its turn within its tenant."""
 

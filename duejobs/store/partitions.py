@@ -45,6 +45,7 @@ from sqlalchemy import Connection
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at, time_of
 from duejobs.store.execution import database_now, run, run_composed, run_count, run_one, schema_of
+from duejobs.store.partition_keys import LIVE_KEY_INDEX, key_triggers
 
 # Each partitioned table and the column it is partitioned by; scheduled_jobs first.
 PARTITIONED = {
@@ -62,9 +63,8 @@ _ANY_ROW = {
     "scheduled_job_attempts": "any_row_scheduled_job_attempts",
     "scheduled_job_results": "any_row_scheduled_job_results",
 }
-LIVE_KEY_INDEX = "scheduled_jobs_live_key_idx"
-_SETTINGS = "duejobs_partitioning"
-_NAME_BYTES = 63  # PostgreSQL's identifiers
+SETTINGS_TABLE = "duejobs_partitioning"
+NAME_BYTES = 63  # PostgreSQL's identifiers
 _EVENTS = "scheduled_job_events"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BOUNDS = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
@@ -133,13 +133,13 @@ def partition_name(table: str, start: datetime) -> str:
     return f"{table}_p{start:%Y%m%d%H%M}"
 
 
-def _ident(conn: Connection, table: str) -> pgsql.Identifier:
+def ident(conn: Connection, table: str) -> pgsql.Identifier:
     return pgsql.Identifier(schema_of(conn), table)
 
 
 def partitioning(conn: Connection) -> Partitioning | None:
     """The partitioned mode's settings, or None for the plain schema."""
-    present = run(conn, "partitioning_table", {"schema": schema_of(conn), "name": _SETTINGS})
+    present = run(conn, "partitioning_table", {"schema": schema_of(conn), "name": SETTINGS_TABLE})
     if not present[0].present:
         return None
     row = run_one(conn, "partitioning")
@@ -177,22 +177,22 @@ def make_partitioned(conn: Connection, settings: Partitioning, now: datetime) ->
     triggers; the foreign keys between them dropped; then the default partitions and the
     first ones. False, changing nothing, when they hold rows (see ``convert``)."""
     # Locked first: a row being written now would otherwise be dropped with its table.
-    _on_each(conn, "lock_plain", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+    on_each(conn, "lock_plain", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
     if holds_rows(conn):
         return False
-    rights = _table_rights(conn)
+    rights = table_rights(conn)
     for table in PARTITIONED:
-        _drop_foreign_keys_to(conn, table)
+        drop_foreign_keys_to(conn, table)
     for table, column in PARTITIONED.items():
         _partition_table(conn, table, column)
     run(conn, "create_keys")
-    run_composed(conn, "key_triggers", _key_triggers(schema_of(conn)))
+    run_composed(conn, "key_triggers", key_triggers(schema_of(conn)))
     run(conn, "create_partitioning")
     run(conn, "set_partitioning", {"period": settings.period, "ahead": settings.ahead})
     for table in PARTITIONED:
         _create(conn, table, f"{table}_default", pgsql.SQL("DEFAULT"))
     ensure_ahead(conn, settings, now)
-    _carry_rights(conn, rights)
+    carry_rights(conn, rights)
     return True
 
 
@@ -207,13 +207,13 @@ def _partition_table(conn: Connection, table: str, column: str) -> None:
         pgsql.SQL(
             "CREATE TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
             "INCLUDING IDENTITY INCLUDING GENERATED) PARTITION BY RANGE ({})"
-        ).format(_ident(conn, new), _ident(conn, table), pgsql.Identifier(column)),
+        ).format(ident(conn, new), ident(conn, table), pgsql.Identifier(column)),
     )
-    run_composed(conn, "drop_plain", pgsql.SQL("DROP TABLE {}").format(_ident(conn, table)))
+    run_composed(conn, "drop_plain", pgsql.SQL("DROP TABLE {}").format(ident(conn, table)))
     run_composed(
         conn,
         "rename_partitioned",
-        pgsql.SQL("ALTER TABLE {} RENAME TO {}").format(_ident(conn, new), pgsql.Identifier(table)),
+        pgsql.SQL("ALTER TABLE {} RENAME TO {}").format(ident(conn, new), pgsql.Identifier(table)),
     )
     for item in shape:
         if item.kind == "sequence":  # the identity's sequence, named after the table again
@@ -221,7 +221,7 @@ def _partition_table(conn: Connection, table: str, column: str) -> None:
                 conn,
                 "rename_sequence",
                 pgsql.SQL("ALTER SEQUENCE {} RENAME TO {}").format(
-                    _ident(conn, item.name.replace(table, new, 1)), pgsql.Identifier(item.name)
+                    ident(conn, item.name.replace(table, new, 1)), pgsql.Identifier(item.name)
                 ),
             )
         elif item.kind == "constraint":  # a primary key or a foreign key to another table
@@ -229,7 +229,7 @@ def _partition_table(conn: Connection, table: str, column: str) -> None:
                 conn,
                 "recreate_constraint",
                 pgsql.SQL("ALTER TABLE {} ADD CONSTRAINT {} ").format(
-                    _ident(conn, table), pgsql.Identifier(item.name)
+                    ident(conn, table), pgsql.Identifier(item.name)
                 )
                 + pgsql.SQL(item.definition),  # PostgreSQL's own text for it
             )
@@ -240,125 +240,6 @@ def _partition_table(conn: Connection, table: str, column: str) -> None:
             run_composed(conn, "recreate_index", pgsql.SQL(definition))
 
 
-def _key_triggers(schema: str) -> pgsql.Composed:
-    """The triggers that keep ``scheduled_job_keys`` equal to the keys of live schedules.
-
-    A held key's row is locked before its holder is looked at, and the look is a statement of
-    its own (a snapshot taken after the lock): a holder that finished, or one that took the
-    key, while this one waited is seen as it committed. A key freed meanwhile is tried again.
-
-    Every trigger runs after its row is written: PostgreSQL fills a table with a BEFORE ROW
-    INSERT trigger one row at a time, even in a COPY of rows the trigger would never fire on
-    (``schedule_many``'s unkeyed rows), where it batches them otherwise. So a new row whose
-    key a live schedule holds fails like a unique index; the statements that insert keyed rows
-    skip a held key themselves (as ``ON CONFLICT DO NOTHING`` does over the plain schema's
-    index), and a caller that lost a race for one tries again
-    (:func:`duejobs.store.schedules.insert_keyed`).
-    The function still skips such a row when it runs BEFORE the insert, as revision 0008's
-    statements want (a downgrade puts that trigger back)."""
-    text = """
-CREATE FUNCTION {keep}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-DECLARE
-    holder uuid;
-BEGIN
-    IF TG_OP <> 'INSERT' AND OLD.key IS NOT NULL AND OLD.status IN ('scheduled', 'running') THEN
-        DELETE FROM {keys}
-        WHERE tenant = OLD.tenant AND key = OLD.key AND schedule_id = OLD.id;
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        RETURN OLD;
-    END IF;
-    IF NEW.key IS NULL OR NEW.status NOT IN ('scheduled', 'running') THEN
-        RETURN NEW;
-    END IF;
-    LOOP
-        INSERT INTO {keys} (tenant, key, schedule_id) VALUES (NEW.tenant, NEW.key, NEW.id)
-        ON CONFLICT (tenant, key) DO NOTHING;
-        IF FOUND THEN
-            RETURN NEW;
-        END IF;
-        -- Held: lock the key's row, so that whoever holds it is settled until this commits.
-        SELECT schedule_id INTO holder FROM {keys}
-        WHERE tenant = NEW.tenant AND key = NEW.key FOR UPDATE;
-        IF FOUND THEN
-            EXIT WHEN holder <> NEW.id AND EXISTS (
-                SELECT 1 FROM {jobs} WHERE id = holder AND status IN ('scheduled', 'running')
-            );
-            -- Its own key (its row written again), or one left by a row no longer live (a
-            -- copy that lost to a newer write): it is this row's.
-            UPDATE {keys} SET schedule_id = NEW.id WHERE tenant = NEW.tenant AND key = NEW.key;
-            RETURN NEW;
-        END IF;
-        -- Freed since the insert looked: try again.
-    END LOOP;
-    IF TG_OP = 'INSERT' AND TG_WHEN = 'BEFORE' THEN
-        RETURN NULL;  -- skipped, as revision 0008's statements expect
-    END IF;
-    RAISE unique_violation USING
-        MESSAGE = 'duplicate key value violates unique constraint "{index}"',
-        DETAIL = format('Key (tenant, key)=(%s, %s) already exists.', NEW.tenant, NEW.key),
-        CONSTRAINT = '{index}';
-END
-$fn$;
-{insert_trigger}
-CREATE TRIGGER scheduled_jobs_key_update AFTER UPDATE ON {jobs}
-    FOR EACH ROW WHEN (
-        OLD.key IS DISTINCT FROM NEW.key
-        OR (OLD.status IN ('scheduled', 'running')) <> (NEW.status IN ('scheduled', 'running'))
-    )
-    EXECUTE FUNCTION {keep}();
-CREATE TRIGGER scheduled_jobs_key_delete AFTER DELETE ON {jobs}
-    FOR EACH ROW WHEN (OLD.key IS NOT NULL AND OLD.status IN ('scheduled', 'running'))
-    EXECUTE FUNCTION {keep}();
-"""
-    return pgsql.SQL(text).format(
-        keep=pgsql.Identifier(schema, "duejobs_keep_live_key"),
-        keys=pgsql.Identifier(schema, "scheduled_job_keys"),
-        jobs=pgsql.Identifier(schema, "scheduled_jobs"),
-        index=pgsql.SQL(LIVE_KEY_INDEX),
-        insert_trigger=_key_insert_trigger(schema, "AFTER"),
-    )
-
-
-def _key_insert_trigger(schema: str, timing: str) -> pgsql.Composed:
-    """The trigger that gives a new live row its key, run ``timing`` (AFTER, or BEFORE as
-    revision 0008 had it) the insert."""
-    return pgsql.SQL(
-        "CREATE TRIGGER scheduled_jobs_key_insert {timing} INSERT ON {jobs} "
-        "FOR EACH ROW WHEN (NEW.key IS NOT NULL AND NEW.status IN ('scheduled', 'running')) "
-        "EXECUTE FUNCTION {keep}();"
-    ).format(
-        timing=pgsql.SQL({"AFTER": "AFTER", "BEFORE": "BEFORE"}[timing]),
-        jobs=pgsql.Identifier(schema, "scheduled_jobs"),
-        keep=pgsql.Identifier(schema, "duejobs_keep_live_key"),
-    )
-
-
-def time_key_insert(conn: Connection, timing: str) -> None:
-    """Run the live-key insert trigger ``timing`` (AFTER or BEFORE) the insert, with the
-    function of this version (revision 0009 and its downgrade, in partitioned mode)."""
-    schema = schema_of(conn)
-    run_composed(conn, "key_function", _key_function(schema))
-    run_composed(
-        conn,
-        "drop_key_insert",
-        pgsql.SQL("DROP TRIGGER scheduled_jobs_key_insert ON {}").format(
-            pgsql.Identifier(schema, "scheduled_jobs")
-        ),
-    )
-    run_composed(conn, "key_insert", _key_insert_trigger(schema, timing))
-
-
-def _key_function(schema: str) -> pgsql.SQL:
-    """The key triggers' function alone, replacing the one there."""
-    return pgsql.SQL(
-        _key_triggers(schema)
-        .as_string(None)
-        .split("CREATE TRIGGER", 1)[0]
-        .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
-    )
-
-
 def _create(conn: Connection, table: str, name: str, bounds: pgsql.Composable) -> None:
     """Create one partition, its indexes named after its parent's (``scheduled_jobs_claim_idx``
     is ``scheduled_jobs_p202612010000_claim_idx`` on a partition), so a plan reads the same
@@ -367,7 +248,7 @@ def _create(conn: Connection, table: str, name: str, bounds: pgsql.Composable) -
         conn,
         "create_partition",
         pgsql.SQL("CREATE TABLE {} PARTITION OF {} {}{}").format(
-            _ident(conn, name), _ident(conn, table), bounds, _STORAGE.get(table, pgsql.SQL(""))
+            ident(conn, name), ident(conn, table), bounds, _STORAGE.get(table, pgsql.SQL(""))
         ),
     )
     for index in run(conn, "partition_indexes", {"schema": schema_of(conn), "name": name}):
@@ -377,7 +258,7 @@ def _create(conn: Connection, table: str, name: str, bounds: pgsql.Composable) -
                 conn,
                 "name_partition_index",
                 pgsql.SQL("ALTER INDEX {} RENAME TO {}").format(
-                    _ident(conn, index.name), pgsql.Identifier(wanted)
+                    ident(conn, index.name), pgsql.Identifier(wanted)
                 ),
             )
 
@@ -395,7 +276,7 @@ def create_range(conn: Connection, settings: Partitioning, start: datetime) -> s
     run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
     strays = run(conn, "default_holds", {"low": low, "high": high})[0].present
     if strays:
-        _on_each(conn, "lock_parent", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+        on_each(conn, "lock_parent", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
     for table, column in PARTITIONED.items():
         if strays:
             _move_out_of_default(conn, table, column, low, high)
@@ -407,7 +288,7 @@ def create_range(conn: Connection, settings: Partitioning, start: datetime) -> s
                 pgsql.SQL(
                     "INSERT INTO {} OVERRIDING SYSTEM VALUE SELECT * FROM duejobs_moving; "
                     "DROP TABLE duejobs_moving"
-                ).format(_ident(conn, table)),
+                ).format(ident(conn, table)),
             )
     return partition_name("scheduled_jobs", start)
 
@@ -423,8 +304,8 @@ def _move_out_of_default(
             "WITH moved AS (DELETE FROM {default} WHERE {column} >= {low} AND {column} < {high} "
             "RETURNING *) INSERT INTO duejobs_moving SELECT * FROM moved"
         ).format(
-            table=_ident(conn, table),
-            default=_ident(conn, f"{table}_default"),
+            table=ident(conn, table),
+            default=ident(conn, f"{table}_default"),
             column=pgsql.Identifier(column),
             low=pgsql.Literal(str(low)),
             high=pgsql.Literal(str(high)),
@@ -463,7 +344,7 @@ def _partition_figures(conn: Connection, name: str) -> Any:
         "OR EXISTS (SELECT 1 FROM {p} WHERE status = 'running') AS live, "
         "(SELECT max(finished_at) FROM {p} "
         "WHERE status IN ('succeeded', 'failed', 'cancelled')) AS last_finished"
-    ).format(p=_ident(conn, name))
+    ).format(p=ident(conn, name))
     return run_composed(conn, "partition_figures", statement)[0]
 
 
@@ -476,7 +357,7 @@ def drop_partition(conn: Connection, partition: Partition, older_than: timedelta
     effect-ledger rows are left to :func:`delete_orphan_effects`, in batches: deleting them
     here would hold the locks as long as that takes."""
     assert partition.start is not None, "the default partition is never dropped"
-    _on_each(conn, "lock_parent", "LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE")
+    on_each(conn, "lock_parent", "LOCK TABLE ONLY {} IN ACCESS EXCLUSIVE MODE")
     figures = _partition_figures(conn, partition.name)
     now = replace(partition, live=figures.live, last_finished=figures.last_finished)
     if not now.droppable_by(database_now(conn) - older_than):
@@ -485,7 +366,7 @@ def drop_partition(conn: Connection, partition: Partition, older_than: timedelta
         run_composed(
             conn,
             "drop_partition",
-            pgsql.SQL("DROP TABLE {}").format(_ident(conn, partition_name(table, partition.start))),
+            pgsql.SQL("DROP TABLE {}").format(ident(conn, partition_name(table, partition.start))),
         )
     return True
 
@@ -503,242 +384,37 @@ def delete_orphan_effects(
     return run_count(conn, "delete_orphan_effects", params)
 
 
-# -- moving a filled plain schema into partitioned mode, online ---------------------------
+# -- what the conversion shares with make_partitioned ------------------------------------
 
 
-def staging_schema(schema: str) -> str:
-    """Where the partitioned tables are built beside a filled plain schema: the schema's
-    name and a suffix, which must fit PostgreSQL's 63 bytes (a longer name would be cut to
-    another schema's — the source's own, for a 63-byte one)."""
-    staging = f"{schema}_partitioning"
-    if len(staging.encode()) > _NAME_BYTES:
-        raise PartitioningError(
-            f"schema {schema!r} is too long to be moved to partitioned mode online: at most "
-            f"{_NAME_BYTES - len('_partitioning')} bytes"
-        )
-    return staging
-
-
-def link_recurring(conn: Connection, source: str) -> None:
-    """In the staging schema (``conn``'s, its tables still empty): the occurrences' foreign
-    key pointed at the source schema's recurring definitions, which stay where they are."""
-    run_composed(
-        conn,
-        "link_recurring",
-        pgsql.SQL(
-            "ALTER TABLE {jobs} DROP CONSTRAINT scheduled_jobs_recurring_id_fkey, "
-            "ADD CONSTRAINT scheduled_jobs_recurring_id_fkey FOREIGN KEY (recurring_id) "
-            "REFERENCES {recurring} (id) ON DELETE SET NULL"
-        ).format(
-            jobs=_ident(conn, "scheduled_jobs"),
-            recurring=pgsql.Identifier(source, "recurring_schedules"),
-        ),
-    )
-
-
-def oldest_stamped(conn: Connection) -> datetime | None:
-    """When the oldest schedule with a time-stamped id was made (ids of another kind, such as
-    the occurrences of earlier releases, go to the default partition)."""
-    row = run_one(conn, "oldest_stamped_id")
-    return None if row is None else time_of(row.id)
-
-
-def _columns(conn: Connection, table: str) -> list[str]:
-    return [r.name for r in run(conn, "table_columns", {"schema": schema_of(conn), "name": table})]
-
-
-def _key_columns(conn: Connection, table: str) -> list[str]:
-    return [
-        r.name for r in run(conn, "primary_key_columns", {"schema": schema_of(conn), "name": table})
-    ]
-
-
-def mirror(conn: Connection, staging: str) -> None:
-    """Make every later write to the source tables (``conn``'s schema) write the same to
-    their staging copies, in the same transaction: an insert or update as an upsert by
-    primary key, a delete as a delete. Waits at most :data:`LOCK_TIMEOUT` for each table."""
-    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
-    for table in PARTITIONED:
-        columns = _columns(conn, table)
-        keys = _key_columns(conn, table)
-        rest = [c for c in columns if c not in keys]
-        function = pgsql.Identifier(staging, f"duejobs_mirror_{table}")
-        target = pgsql.Identifier(staging, table)
-        body = pgsql.SQL(
-            """
-CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        DELETE FROM {target} WHERE ({keys}) = ({old_keys});
-        RETURN NULL;
-    END IF;
-    INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE VALUES ({new_columns})
-    ON CONFLICT ({keys}) DO UPDATE SET ({rest}) = ROW({excluded});
-    RETURN NULL;
-END
-$fn$;
-CREATE TRIGGER duejobs_mirror AFTER INSERT OR UPDATE OR DELETE ON {source}
-    FOR EACH ROW EXECUTE FUNCTION {function}();
-"""
-        ).format(
-            function=function,
-            target=target,
-            source=_ident(conn, table),
-            keys=pgsql.SQL(", ").join(map(pgsql.Identifier, keys)),
-            old_keys=pgsql.SQL(", ").join(pgsql.SQL("OLD.") + pgsql.Identifier(k) for k in keys),
-            columns=pgsql.SQL(", ").join(map(pgsql.Identifier, columns)),
-            new_columns=pgsql.SQL(", ").join(
-                pgsql.SQL("NEW.") + pgsql.Identifier(c) for c in columns
-            ),
-            rest=pgsql.SQL(", ").join(map(pgsql.Identifier, rest)),
-            excluded=pgsql.SQL(", ").join(
-                pgsql.SQL("EXCLUDED.") + pgsql.Identifier(c) for c in rest
-            ),
-        )
-        run_composed(conn, "mirror", body)
-
-
-def drop_schema(conn: Connection, schema: str) -> None:
-    """Drop ``schema`` and everything in it, if it exists (a staging schema)."""
-    run_composed(
-        conn,
-        "drop_schema",
-        pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)),
-    )
-
-
-def _on_each(conn: Connection, what: str, template: str) -> None:
+def on_each(conn: Connection, what: str, template: str) -> None:
     """Run ``template`` on each table to partition of ``conn``'s schema (``{}``), waiting at
     most :data:`LOCK_TIMEOUT` for each table's lock."""
     run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
     for table in PARTITIONED:
-        run_composed(conn, what, pgsql.SQL(template).format(_ident(conn, table)))
+        run_composed(conn, what, pgsql.SQL(template).format(ident(conn, table)))
 
 
-def _drop_foreign_keys_to(conn: Connection, table: str) -> None:
+def drop_foreign_keys_to(conn: Connection, table: str) -> None:
     for fk in run(conn, "foreign_keys_to", {"schema": schema_of(conn), "name": table}):
         run_composed(
             conn,
             "drop_foreign_key",
             pgsql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(
-                _ident(conn, fk.owner), pgsql.Identifier(fk.name)
+                ident(conn, fk.owner), pgsql.Identifier(fk.name)
             ),
         )
 
 
-def unmirror(conn: Connection) -> None:
-    """Remove the mirroring triggers from the source tables (``conn``'s schema), if any."""
-    _on_each(conn, "unmirror", "DROP TRIGGER IF EXISTS duejobs_mirror ON {}")
-
-
-def copy_batch(
-    conn: Connection, staging: str, table: str, after: tuple[Any, ...] | None, limit: int
-) -> tuple[tuple[Any, ...], int] | None:
-    """Copy the next ``limit`` rows of ``table`` (by primary key, after ``after``) into its
-    staging copy, leaving alone a row the mirror wrote already (it is newer); the last key
-    read and how many rows were read, or None once there are no more. Each row is locked
-    ``FOR KEY SHARE`` while it is copied, so a delete of it (which the mirror carries over)
-    waits for the copy."""
-    keys = _key_columns(conn, table)
-    columns = pgsql.SQL(", ").join(map(pgsql.Identifier, _columns(conn, table)))
-    key_list = pgsql.SQL(", ").join(map(pgsql.Identifier, keys))
-    after_sql: pgsql.SQL | pgsql.Composed = pgsql.SQL("true")
-    if after is not None:
-        after_sql = pgsql.SQL("({}) > ({})").format(
-            key_list, pgsql.SQL(", ").join(map(pgsql.Literal, after))
-        )
-    statement = pgsql.SQL(
-        """
-WITH batch AS (
-    SELECT {columns} FROM {source} WHERE {after} ORDER BY {keys} LIMIT {limit} FOR KEY SHARE
-), copied AS (
-    INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE
-    SELECT {columns} FROM batch ON CONFLICT DO NOTHING
-)
-SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys} DESC LIMIT 1
-"""
-    ).format(
-        columns=columns,
-        source=_ident(conn, table),
-        target=pgsql.Identifier(staging, table),
-        after=after_sql,
-        keys=key_list,
-        limit=pgsql.Literal(limit),
-    )
-    rows = run_composed(conn, "copy_batch", statement)
-    if not rows:
-        return None
-    *last, n = rows[0]
-    return tuple(last), int(n)
-
-
-def swap(conn: Connection, staging: str) -> None:
-    """Put the staging tables in the source tables' place (``conn``'s schema), in one short
-    transaction: lock the source tables (waiting at most :data:`LOCK_TIMEOUT`), carry the
-    events' identity on, drop the source tables, move the staging ones — partitions, keys,
-    settings and the key triggers' function included — and drop the staging schema."""
-    schema = schema_of(conn)
-    # In the order statements take them: the recurring definitions (the materializer locks one,
-    # then writes its occurrences), the four tables, then the effect ledger (written after its
-    # schedule's row is locked). The first and the last lose a foreign key here.
-    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
-    run_composed(
-        conn,
-        "lock_recurring",
-        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-            _ident(conn, "recurring_schedules")
-        ),
-    )
-    _on_each(conn, "lock_source", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
-    run_composed(
-        conn,
-        "lock_effects",
-        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-            _ident(conn, "scheduled_job_effects")
-        ),
-    )
-    run(conn, "carry_identity", {"source": schema, "staging": staging, "name": _EVENTS})
-    rights = _table_rights(conn)
-    _drop_foreign_keys_to(conn, "scheduled_jobs")  # the effect ledger's, gone with its table
-    for table in reversed(PARTITIONED):
-        run_composed(conn, "drop_source", pgsql.SQL("DROP TABLE {}").format(_ident(conn, table)))
-    moved = [*PARTITIONED, "scheduled_job_keys", _SETTINGS]
-    for row in run(conn, "partition_tables", {"schema": staging, "names": list(PARTITIONED)}):
-        moved.append(row.name)
-    for name in moved:
-        run_composed(
-            conn,
-            "move_table",
-            pgsql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
-                pgsql.Identifier(staging, name), pgsql.Identifier(schema)
-            ),
-        )
-    run_composed(
-        conn,
-        "move_function",
-        pgsql.SQL("ALTER FUNCTION {}() SET SCHEMA {}").format(
-            pgsql.Identifier(staging, "duejobs_keep_live_key"), pgsql.Identifier(schema)
-        ),
-    )
-    # its body names the tables: now those of this schema
-    run_composed(conn, "key_function", _key_function(schema))
-    run_composed(
-        conn,
-        "drop_staging",
-        pgsql.SQL("DROP SCHEMA {} CASCADE").format(pgsql.Identifier(staging)),
-    )
-    _carry_rights(conn, rights)
-
-
-def _table_rights(conn: Connection) -> list[Any]:
+def table_rights(conn: Connection) -> list[Any]:
     """The owners of the four tables and the grants on them (and their columns) to others,
-    read before the tables are replaced (see :func:`_carry_rights`)."""
+    read before the tables are replaced (see :func:`carry_rights`)."""
     return run(conn, "table_rights", {"schema": schema_of(conn), "names": list(PARTITIONED)})
 
 
-def _carry_rights(conn: Connection, rights: Sequence[Any]) -> None:
+def carry_rights(conn: Connection, rights: Sequence[Any]) -> None:
     """Give the partitioned tables their plain forerunners' owners and grants (``rights``,
-    from :func:`_table_rights`): an application running as a role granted the tables, not
+    from :func:`table_rights`): an application running as a role granted the tables, not
     owning them, goes on working. Each partition takes its parent's owner (a partition is
     dropped by its owner); the keys table the owner and table grants of ``scheduled_jobs``
     (its triggers write it with the writer's rights); the settings, which maintenance reads,
@@ -752,11 +428,11 @@ def _carry_rights(conn: Connection, rights: Sequence[Any]) -> None:
             grants[r.name].append(r)
     jobs = grants["scheduled_jobs"]
     grants["scheduled_job_keys"] = [g for g in jobs if g.column_name is None]
-    grants[_SETTINGS] = [g for g in jobs if g.column_name is None and g.privilege == "SELECT"]
+    grants[SETTINGS_TABLE] = [g for g in jobs if g.column_name is None and g.privilege == "SELECT"]
     partitions = run(
         conn, "partition_tables", {"schema": schema_of(conn), "names": list(PARTITIONED)}
     )
-    tables = [*PARTITIONED, "scheduled_job_keys", _SETTINGS, *(row.name for row in partitions)]
+    tables = [*PARTITIONED, "scheduled_job_keys", SETTINGS_TABLE, *(row.name for row in partitions)]
     parents = sorted(PARTITIONED, key=len, reverse=True)
     for name in tables:
         parent = next((t for t in parents if name == t or name.startswith(f"{t}_")), None)
@@ -766,14 +442,14 @@ def _carry_rights(conn: Connection, rights: Sequence[Any]) -> None:
                 conn,
                 "carry_owner",
                 pgsql.SQL("ALTER TABLE {} OWNER TO {}").format(
-                    _ident(conn, name), pgsql.Identifier(owner.owner)
+                    ident(conn, name), pgsql.Identifier(owner.owner)
                 ),
             )
         for grant in grants.get(name, []):
-            run_composed(conn, "carry_grant", _grant(conn, name, grant))
+            run_composed(conn, "carry_grant", grant_of(conn, name, grant))
 
 
-def _grant(conn: Connection, table: str, grant: Any) -> pgsql.Composed:
+def grant_of(conn: Connection, table: str, grant: Any) -> pgsql.Composed:
     """The GRANT that gives ``table`` (or its column) what ``grant`` gave its forerunner."""
     column: pgsql.Composable = pgsql.SQL("")
     if grant.column_name is not None:
@@ -781,7 +457,7 @@ def _grant(conn: Connection, table: str, grant: Any) -> pgsql.Composed:
     return pgsql.SQL("GRANT {}{} ON {} TO {}{}").format(
         pgsql.SQL(grant.privilege),  # one of PostgreSQL's own privilege names, from its catalog
         column,
-        _ident(conn, table),
+        ident(conn, table),
         pgsql.SQL("PUBLIC") if grant.grantee is None else pgsql.Identifier(grant.grantee),
         pgsql.SQL(" WITH GRANT OPTION" if grant.grantable else ""),
     )

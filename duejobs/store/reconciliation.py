@@ -18,7 +18,7 @@ from duejobs.store.execution import run
 # -- reconciliation --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WindowRow(Delivery):
     """A ``scheduled`` row inside the window, as the reconciler checks it against Redis."""
 
@@ -51,7 +51,7 @@ def record_repushed(conn: Connection, rows: Sequence[WindowRow]) -> None:
         run(
             conn,
             "record_repushed",
-            {"ids": [r.id for r in rows], "jobs": [r.queue_job_id for r in rows]},
+            {"ids": [r.schedule_id for r in rows], "jobs": [r.job_id for r in rows]},
         )
 
 

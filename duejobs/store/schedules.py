@@ -21,7 +21,8 @@ from duejobs.models import (
     Status,
 )
 from duejobs.store.execution import record, run, run_one
-from duejobs.store.partitions import LIVE_KEY_INDEX, is_partitioned
+from duejobs.store.partition_keys import LIVE_KEY_INDEX
+from duejobs.store.partitions import is_partitioned
 from duejobs.timespec import When, jitter_offset
 
 

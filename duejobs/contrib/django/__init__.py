@@ -12,7 +12,8 @@ connection duejobs shares, default ``"default"``; it must be PostgreSQL on psyco
 ``READ_MAX_LAG`` (a streaming replica for the operators' reads and the lag, a ``timedelta``,
 past which they say they are stale: :mod:`duejobs.replica`); ``REDIS_NODES`` (queue → Redis
 URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default
-``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``. An
+``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``;
+``TRACE_RUNS`` (``"link"`` or ``"child"``: :mod:`duejobs.tracing`). An
 unknown key or a database that is not PostgreSQL on psycopg 3 is
 :class:`~django.core.exceptions.ImproperlyConfigured`.
 
@@ -52,18 +53,19 @@ from sqlalchemy import URL, Connection
 from duejobs import store
 from duejobs.app import App
 from duejobs.config import Settings, check_duration
-from duejobs.context import Context
-from duejobs.core import Conn, Core, make_engine
+from duejobs.core import Conn, Core
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.replica import DEFAULT_MAX_LAG
-from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_queue
+from duejobs.tracing import LINK
+from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES
+from duejobs.worker.context import Context
 
 __all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _KEYS = {
     *("REDIS_URL", "REDIS_NODES", "DATABASE", "DATABASE_URL", "SCHEMA", "QUEUE"),
-    *("READ_DATABASE_URL", "READ_MAX_LAG", "MAX_PAYLOAD_BYTES"),
+    *("READ_DATABASE_URL", "READ_MAX_LAG", "MAX_PAYLOAD_BYTES", "TRACE_RUNS"),
 }
 
 
@@ -145,12 +147,12 @@ class DjangoApp(App):
             config.get("REDIS_NODES"),
         )
         read_max_lag = config.get("READ_MAX_LAG", DEFAULT_MAX_LAG)
-        check_duration("DUEJOBS['READ_MAX_LAG']", read_max_lag)
-        core = _DjangoCore(
+        check_duration("DUEJOBS['READ_MAX_LAG']", read_max_lag)  # named as it is set
+        core = _DjangoCore.build(
             resolved,
-            make_engine(resolved.database_url, schema=resolved.schema),
-            int(config.get("MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)),
-            check_queue(config.get("QUEUE", DEFAULT_QUEUE)),
+            max_payload_bytes=config.get("MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES),
+            queue=config.get("QUEUE", DEFAULT_QUEUE),
+            trace_runs=config.get("TRACE_RUNS", LINK),
             read_max_lag=read_max_lag,
         )
         core.alias = alias

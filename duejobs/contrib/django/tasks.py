@@ -42,11 +42,11 @@ from typing import Any
 from django.utils.module_loading import import_string
 
 from duejobs import store
-from duejobs.context import Context
 from duejobs.contrib.django import get_app
 from duejobs.errors import InvalidScheduleError
 from duejobs.models import Schedule, Status
 from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, payload_encoder
+from duejobs.worker.context import Context
 
 try:  # Django 6.0 and later
     from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends

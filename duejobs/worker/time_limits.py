@@ -1,13 +1,13 @@
-"""The lease of a running attempt, and the limits on a handler's time.
+"""The limits on a handler's time.
 
-:class:`Heartbeat` renews the leases of the attempts running now — every slot's, in one
-statement per beat on a connection of its own — so that the reconciler can tell a slow
-handler from a dead worker, until a handler's timeout plus its grace has passed; then it
-renews that lease no more and calls the attempt's ``overrun`` on a thread of its own (which
-closes the attempt and may end the process). A row locked now (the handler's own
-``ctx.transaction()``) is skipped for one beat, never waited for. :func:`time_limit` raises
-:class:`~duejobs.errors.HandlerTimeoutError` in the handler at its timeout, and again every
-second until it returns; in a worker's slots one thread watches every slot's limit.
+:func:`time_limit` raises :class:`~duejobs.errors.HandlerTimeoutError` in the handler at its
+timeout, and again every second until it returns. In the main thread a ``SIGALRM`` timer
+does it; in a worker's slots one thread watches every slot's limit and sets the timeout as
+the slot thread's pending exception.
+
+What it does not promise: interrupting a blocking C call in a slot thread (a ``time.sleep``,
+a socket read without a timeout) — the exception is raised when that call returns, and the
+heartbeat's deadline (the handler's timeout plus ``timeout_grace``) covers the rest.
 """
 
 from __future__ import annotations
@@ -16,121 +16,14 @@ import contextlib
 import ctypes
 import heapq
 import itertools
-import logging
 import signal
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection
-
-from duejobs import store
-from duejobs.core import Core
 from duejobs.errors import HandlerTimeoutError
-
-log = logging.getLogger("duejobs.worker")
-
-
-@dataclass
-class Watched:
-    """The attempt running now, and what to do if its handler never returns."""
-
-    schedule_id: uuid.UUID
-    version: int
-    attempt: int
-    give_up_at: float  # monotonic: the handler's timeout plus the grace
-    overrun: Callable[[], None]
-    renewed_at: float = field(default_factory=time.monotonic)  # the claim set the lease
-    fired: bool = False  # the heartbeat gave up on it and called its overrun
-
-
-class Heartbeat:
-    """One thread per worker that renews the leases of the attempts running now — each until
-    its handler's timeout plus ``timeout_grace`` has passed. Then it renews that one no more
-    and calls its ``overrun`` (which closes the attempt and, unless other slots of the worker
-    can still work, ends the process): a handler that swallows its timeout can neither keep
-    its lease nor keep the worker."""
-
-    def __init__(self, core: Core, every: timedelta, lease: timedelta) -> None:
-        self._core = core
-        self._every, self._lease = every, lease
-        self._watched: dict[int, Watched] = {}
-        self._conn: Connection | None = None
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="duejobs-heartbeat", daemon=True)
-        self._thread.start()
-
-    @contextlib.contextmanager
-    def watching(self, watched: Watched) -> Iterator[Watched]:
-        """Renew ``watched``'s lease while the block runs; the heartbeat sets ``fired`` on it
-        if it gave up on the attempt (its ``overrun`` ran)."""
-        with self._lock:
-            self._watched[id(watched)] = watched
-        self._wake.set()  # time the first renewal from this claim, not from the last beat
-        try:
-            yield watched
-        finally:
-            with self._lock:
-                self._watched.pop(id(watched), None)
-
-    def _next_wait(self, beat: float) -> float:
-        with self._lock:
-            dues = [min(w.renewed_at + beat, w.give_up_at) for w in self._watched.values()]
-        return max(0.0, min(dues) - time.monotonic()) if dues else beat
-
-    def _run(self) -> None:
-        beat = self._every.total_seconds()
-        while not self._stop.is_set():
-            self._wake.wait(self._next_wait(beat))
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            now = time.monotonic()
-            with self._lock:
-                overrun = [w for w in self._watched.values() if now >= w.give_up_at]
-                for watched in overrun:
-                    watched.fired = True
-                    del self._watched[id(watched)]
-                due = [w for w in self._watched.values() if now >= w.renewed_at + beat]
-            for watched in overrun:  # each on a thread of its own: the others' beats go on
-                threading.Thread(target=watched.overrun, name="duejobs-overrun").start()
-            for watched in due:
-                watched.renewed_at = now
-            if due:
-                self._renew(due)
-
-    def _renew(self, due: list[Watched]) -> None:
-        """One statement for every lease due, on the heartbeat's own connection (never
-        waiting for the App's pool, which the handlers use)."""
-        try:
-            if self._conn is None or self._conn.invalidated or self._conn.closed:
-                self._conn = self._core.engine.connect().execution_options(
-                    isolation_level="AUTOCOMMIT"
-                )
-            attempts = [(w.schedule_id, w.version, w.attempt) for w in due]
-            store.extend_leases(self._conn, attempts, self._lease)
-        except Exception:  # keep beating; the next beat may reach the database
-            log.warning("could not renew %d leases", len(due), exc_info=True)
-            self._close_connection()
-
-    def _close_connection(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.invalidate()
-                self._conn.close()
-            self._conn = None
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(5)
-        self._close_connection()
 
 
 @contextlib.contextmanager

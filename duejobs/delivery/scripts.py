@@ -1,0 +1,162 @@
+"""The Lua scripts through which duejobs writes and reads its jobs in Redis, each one atomic
+(see :mod:`duejobs.delivery` for what they promise): a push that never makes a second live
+job, the check of whether Redis can still hand a job to a worker, the promotion of jobs due
+by the database clock, a put-back into the scheduled registry, and a removal."""
+
+from __future__ import annotations
+
+# A queue list longer than this is not read to check a ``queued`` hash: its id is trusted to
+# be there (a call reads at most this many entries per queue; in-flight quotas keep queues
+# far shorter).
+LIST_SCAN_LIMIT = 10_000
+# Whether Redis can still hand a job to a worker. A job hash alone proves nothing: its id may
+# be gone from the queue list (a worker popped it and died before marking it started, an
+# operator trimmed the list) or from the scheduled registry, or the worker that started it
+# may be dead. ``strict`` (the row is overdue by more than ``STUCK_AFTER``) trusts only the
+# queue list and the registry: a job half-way between RQ's lists or marked started, with
+# its row still waiting for a worker's claim that long, is missing.
+PRESENT = """
+local listed = {}
+local function on_queue(queue_key, id, strict, limit)
+    local ids = listed[queue_key]
+    if ids == nil then
+        if redis.call('LLEN', queue_key) > limit then  -- too long to read: trust the hash
+            listed[queue_key] = false
+            return true
+        end
+        ids = {}
+        for _, v in ipairs(redis.call('LRANGE', queue_key .. ':intermediate', 0, -1)) do
+            ids[v] = 'moving'
+        end
+        for _, v in ipairs(redis.call('LRANGE', queue_key, 0, -1)) do ids[v] = 'queued' end
+        listed[queue_key] = ids
+    end
+    if ids == false then return true end
+    return ids[id] == 'queued' or (ids[id] == 'moving' and not strict)
+end
+local function present(job_key, id, status, queue_key, registry_key, score, strict, workers)
+    if status == 'queued' then return on_queue(queue_key, id, strict, LIST_LIMIT) end
+    if status == 'scheduled' then
+        local at = redis.call('ZSCORE', registry_key, id)
+        return at ~= false and tonumber(at) <= score + 0.001
+    end
+    if status == 'started' and not strict then
+        local worker = redis.call('HGET', job_key, 'worker_name')
+        return worker ~= false and worker ~= '' and redis.call('EXISTS', workers .. worker) == 1
+    end
+    return false
+end
+"""
+
+PUSH_SCRIPT = (
+    f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
+    + PRESENT
+    + """
+-- A dead worker's entry in the started registry (``id:execution``, or ``id`` alone) would
+-- outlive the job that replaces its hash: RQ 2.x's registry cleanup fails whatever job
+-- then has that id once the entry expires, even a queued one.
+local function unstart(started_key, id)
+    redis.call('ZREM', started_key, id)
+    local cursor = '0'
+    repeat
+        local page = redis.call('ZSCAN', started_key, cursor, 'MATCH', id .. ':*', 'COUNT', 1000)
+        cursor = page[1]
+        for j = 1, #page[2], 2 do redis.call('ZREM', started_key, page[2][j]) end
+    until cursor == '0'
+end
+local prefix, now, stamp, workers = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local ntemplate = tonumber(ARGV[5])
+local template = {}
+for i = 1, ntemplate do template[i] = ARGV[5 + i] end
+local queued, deferred, present_, created, front = 0, 0, 0, {}, {}
+redis.call('SADD', KEYS[3], KEYS[1])
+redis.call('SADD', KEYS[4], ARGV[6 + ntemplate])
+for i = 7 + ntemplate, #ARGV, 5 do
+    local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
+    local status = redis.call('HGET', key, 'status')
+    local strict = ARGV[i + 4] == '1'
+    if status and present(key, id, status, KEYS[1], KEYS[2], score, strict, workers) then
+        present_ = present_ + 1
+    else
+        if status then  -- a stale hash: replace it, and any stray entry of its id
+            redis.call('DEL', key)
+            redis.call('LREM', KEYS[5], 0, id)
+            redis.call('ZREM', KEYS[2], id)
+            unstart(KEYS[6], id)
+        end
+        created[#created + 1] = id
+        redis.call('HSET', key, 'data', ARGV[i + 1], 'description', 'duejobs ' .. id,
+                   'created_at', stamp, unpack(template))
+        if score <= now then
+            redis.call('HSET', key, 'status', 'queued', 'enqueued_at', stamp)
+            if ARGV[i + 3] == '1' then
+                front[#front + 1] = id
+            else
+                redis.call('RPUSH', KEYS[1], id)
+            end
+            queued = queued + 1
+        else
+            redis.call('HSET', key, 'status', 'scheduled')
+            redis.call('ZADD', KEYS[2], score, id)
+            deferred = deferred + 1
+        end
+    end
+end
+for j = #front, 1, -1 do redis.call('LPUSH', KEYS[1], front[j]) end
+return {queued, deferred, present_, created}
+"""
+)
+
+LIVE_SCRIPT = (
+    f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
+    + PRESENT
+    + """
+local prefix, queues, registries, workers = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local answer = {}
+for i = 5, #ARGV, 3 do
+    local key = prefix .. ARGV[i]
+    local state = redis.call('HMGET', key, 'status', 'origin')
+    local ok = state[1] and state[2] and present(key, ARGV[i], state[1], queues .. state[2],
+        registries .. state[2], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1', workers)
+    answer[#answer + 1] = ok and 1 or 0
+end
+return answer
+"""
+)
+
+PROMOTE_SCRIPT = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
+local pushed = 0
+for _, id in ipairs(ids) do
+    local key = ARGV[1] .. id
+    if redis.call('HGET', key, 'status') == 'scheduled' then
+        redis.call('HSET', key, 'status', 'queued', 'enqueued_at', ARGV[4])
+        redis.call('RPUSH', KEYS[2], id)
+        pushed = pushed + 1
+    end
+    redis.call('ZREM', KEYS[1], id)
+end
+return pushed
+"""
+
+DEFER_SCRIPT = """
+if redis.call('EXISTS', ARGV[1]) == 1 then
+    redis.call('HSET', ARGV[1], 'status', 'scheduled')
+    redis.call('PERSIST', ARGV[1])
+    redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+    return 1
+end
+return 0
+"""
+
+REMOVE_SCRIPT = """
+local status = redis.call('HGET', ARGV[1], 'status')
+if status == 'queued' or status == 'scheduled' then
+    local origin = redis.call('HGET', ARGV[1], 'origin')
+    redis.call('LREM', ARGV[3] .. origin, 0, ARGV[2])
+    redis.call('ZREM', ARGV[4] .. origin, ARGV[2])
+    redis.call('DEL', ARGV[1])
+    return 1
+end
+return 0
+"""

@@ -1,0 +1,237 @@
+"""Moving a filled plain schema into partitioned mode, online: a staging schema with the
+partitioned tables, triggers that mirror every write of the plain tables into it, a copy in
+batches of what was there, then a swap in one short transaction (see
+:mod:`duejobs.partitions` for the steps and what they promise)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from psycopg import sql as pgsql
+from sqlalchemy import Connection
+
+from duejobs.errors import PartitioningError
+from duejobs.ids import time_of
+from duejobs.store.execution import run, run_composed, run_one, schema_of
+from duejobs.store.partition_keys import key_function
+from duejobs.store.partitions import (
+    LOCK_TIMEOUT,
+    NAME_BYTES,
+    PARTITIONED,
+    SETTINGS_TABLE,
+    carry_rights,
+    drop_foreign_keys_to,
+    ident,
+    on_each,
+    table_rights,
+)
+
+
+def staging_schema(schema: str) -> str:
+    """Where the partitioned tables are built beside a filled plain schema: the schema's
+    name and a suffix, which must fit PostgreSQL's 63 bytes (a longer name would be cut to
+    another schema's — the source's own, for a 63-byte one)."""
+    staging = f"{schema}_partitioning"
+    if len(staging.encode()) > NAME_BYTES:
+        raise PartitioningError(
+            f"schema {schema!r} is too long to be moved to partitioned mode online: at most "
+            f"{NAME_BYTES - len('_partitioning')} bytes"
+        )
+    return staging
+
+
+def link_recurring(conn: Connection, source: str) -> None:
+    """In the staging schema (``conn``'s, its tables still empty): the occurrences' foreign
+    key pointed at the source schema's recurring definitions, which stay where they are."""
+    run_composed(
+        conn,
+        "link_recurring",
+        pgsql.SQL(
+            "ALTER TABLE {jobs} DROP CONSTRAINT scheduled_jobs_recurring_id_fkey, "
+            "ADD CONSTRAINT scheduled_jobs_recurring_id_fkey FOREIGN KEY (recurring_id) "
+            "REFERENCES {recurring} (id) ON DELETE SET NULL"
+        ).format(
+            jobs=ident(conn, "scheduled_jobs"),
+            recurring=pgsql.Identifier(source, "recurring_schedules"),
+        ),
+    )
+
+
+def oldest_stamped(conn: Connection) -> datetime | None:
+    """When the oldest schedule with a time-stamped id was made (ids of another kind, such as
+    the occurrences of earlier releases, go to the default partition)."""
+    row = run_one(conn, "oldest_stamped_id")
+    return None if row is None else time_of(row.id)
+
+
+def _columns(conn: Connection, table: str) -> list[str]:
+    return [r.name for r in run(conn, "table_columns", {"schema": schema_of(conn), "name": table})]
+
+
+def _key_columns(conn: Connection, table: str) -> list[str]:
+    return [
+        r.name for r in run(conn, "primary_key_columns", {"schema": schema_of(conn), "name": table})
+    ]
+
+
+def mirror(conn: Connection, staging: str) -> None:
+    """Make every later write to the source tables (``conn``'s schema) write the same to
+    their staging copies, in the same transaction: an insert or update as an upsert by
+    primary key, a delete as a delete. Waits at most :data:`LOCK_TIMEOUT` for each table."""
+    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    for table in PARTITIONED:
+        columns = _columns(conn, table)
+        keys = _key_columns(conn, table)
+        rest = [c for c in columns if c not in keys]
+        function = pgsql.Identifier(staging, f"duejobs_mirror_{table}")
+        target = pgsql.Identifier(staging, table)
+        body = pgsql.SQL(
+            """
+CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        DELETE FROM {target} WHERE ({keys}) = ({old_keys});
+        RETURN NULL;
+    END IF;
+    INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE VALUES ({new_columns})
+    ON CONFLICT ({keys}) DO UPDATE SET ({rest}) = ROW({excluded});
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER duejobs_mirror AFTER INSERT OR UPDATE OR DELETE ON {source}
+    FOR EACH ROW EXECUTE FUNCTION {function}();
+"""
+        ).format(
+            function=function,
+            target=target,
+            source=ident(conn, table),
+            keys=pgsql.SQL(", ").join(map(pgsql.Identifier, keys)),
+            old_keys=pgsql.SQL(", ").join(pgsql.SQL("OLD.") + pgsql.Identifier(k) for k in keys),
+            columns=pgsql.SQL(", ").join(map(pgsql.Identifier, columns)),
+            new_columns=pgsql.SQL(", ").join(
+                pgsql.SQL("NEW.") + pgsql.Identifier(c) for c in columns
+            ),
+            rest=pgsql.SQL(", ").join(map(pgsql.Identifier, rest)),
+            excluded=pgsql.SQL(", ").join(
+                pgsql.SQL("EXCLUDED.") + pgsql.Identifier(c) for c in rest
+            ),
+        )
+        run_composed(conn, "mirror", body)
+
+
+def drop_schema(conn: Connection, schema: str) -> None:
+    """Drop ``schema`` and everything in it, if it exists (a staging schema)."""
+    run_composed(
+        conn,
+        "drop_schema",
+        pgsql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(pgsql.Identifier(schema)),
+    )
+
+
+def unmirror(conn: Connection) -> None:
+    """Remove the mirroring triggers from the source tables (``conn``'s schema), if any."""
+    on_each(conn, "unmirror", "DROP TRIGGER IF EXISTS duejobs_mirror ON {}")
+
+
+def copy_batch(
+    conn: Connection, staging: str, table: str, after: tuple[Any, ...] | None, limit: int
+) -> tuple[tuple[Any, ...], int] | None:
+    """Copy the next ``limit`` rows of ``table`` (by primary key, after ``after``) into its
+    staging copy, leaving alone a row the mirror wrote already (it is newer); the last key
+    read and how many rows were read, or None once there are no more. Each row is locked
+    ``FOR KEY SHARE`` while it is copied, so a delete of it (which the mirror carries over)
+    waits for the copy."""
+    keys = _key_columns(conn, table)
+    columns = pgsql.SQL(", ").join(map(pgsql.Identifier, _columns(conn, table)))
+    key_list = pgsql.SQL(", ").join(map(pgsql.Identifier, keys))
+    after_sql: pgsql.SQL | pgsql.Composed = pgsql.SQL("true")
+    if after is not None:
+        after_sql = pgsql.SQL("({}) > ({})").format(
+            key_list, pgsql.SQL(", ").join(map(pgsql.Literal, after))
+        )
+    statement = pgsql.SQL(
+        """
+WITH batch AS (
+    SELECT {columns} FROM {source} WHERE {after} ORDER BY {keys} LIMIT {limit} FOR KEY SHARE
+), copied AS (
+    INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE
+    SELECT {columns} FROM batch ON CONFLICT DO NOTHING
+)
+SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys} DESC LIMIT 1
+"""
+    ).format(
+        columns=columns,
+        source=ident(conn, table),
+        target=pgsql.Identifier(staging, table),
+        after=after_sql,
+        keys=key_list,
+        limit=pgsql.Literal(limit),
+    )
+    rows = run_composed(conn, "copy_batch", statement)
+    if not rows:
+        return None
+    *last, n = rows[0]
+    return tuple(last), int(n)
+
+
+def swap(conn: Connection, staging: str) -> None:
+    """Put the staging tables in the source tables' place (``conn``'s schema), in one short
+    transaction: lock the source tables (waiting at most :data:`LOCK_TIMEOUT`), carry the
+    events' identity on, drop the source tables, move the staging ones — partitions, keys,
+    settings and the key triggers' function included — and drop the staging schema."""
+    schema = schema_of(conn)
+    # In the order statements take them: the recurring definitions (the materializer locks one,
+    # then writes its occurrences), the four tables, then the effect ledger (written after its
+    # schedule's row is locked). The first and the last lose a foreign key here.
+    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    run_composed(
+        conn,
+        "lock_recurring",
+        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            ident(conn, "recurring_schedules")
+        ),
+    )
+    on_each(conn, "lock_source", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
+    run_composed(
+        conn,
+        "lock_effects",
+        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+            ident(conn, "scheduled_job_effects")
+        ),
+    )
+    run(
+        conn,
+        "carry_identity",
+        {"source": schema, "staging": staging, "name": "scheduled_job_events"},
+    )
+    rights = table_rights(conn)
+    drop_foreign_keys_to(conn, "scheduled_jobs")  # the effect ledger's, gone with its table
+    for table in reversed(PARTITIONED):
+        run_composed(conn, "drop_source", pgsql.SQL("DROP TABLE {}").format(ident(conn, table)))
+    moved = [*PARTITIONED, "scheduled_job_keys", SETTINGS_TABLE]
+    for row in run(conn, "partition_tables", {"schema": staging, "names": list(PARTITIONED)}):
+        moved.append(row.name)
+    for name in moved:
+        run_composed(
+            conn,
+            "move_table",
+            pgsql.SQL("ALTER TABLE {} SET SCHEMA {}").format(
+                pgsql.Identifier(staging, name), pgsql.Identifier(schema)
+            ),
+        )
+    run_composed(
+        conn,
+        "move_function",
+        pgsql.SQL("ALTER FUNCTION {}() SET SCHEMA {}").format(
+            pgsql.Identifier(staging, "duejobs_keep_live_key"), pgsql.Identifier(schema)
+        ),
+    )
+    # its body names the tables: now those of this schema
+    run_composed(conn, "key_function", key_function(schema))
+    run_composed(
+        conn,
+        "drop_staging",
+        pgsql.SQL("DROP SCHEMA {} CASCADE").format(pgsql.Identifier(staging)),
+    )
+    carry_rights(conn, rights)

@@ -1,0 +1,102 @@
+"""The worker's bookkeeping connections: claims, outcomes, verdicts.
+
+A worker runs one delivery at a time per slot: the process's main thread with
+``--concurrency 1``, a thread of its pool otherwise. A connection in the middle of one
+statement cannot serve another at the same time. Bookkeeping connections are therefore
+checked out for one step (a batch of claims or outcomes, a verdict, a stale record) and put
+back for the next, so a process holds as many as run at once — a few, however many slots
+(the group commit of :mod:`duejobs.batches` runs one statement for many of them) — not one
+per slot.
+
+What they promise: :class:`Bookkeeping` drops a broken connection (the error surfaces; the
+next step opens a new one) and never returns one to the App's pool, since its session
+settings must not reach anyone else's transactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from duejobs import store
+from duejobs.core import Core
+
+
+def lock_busy(exc: DBAPIError) -> bool:
+    """The statement gave up waiting for a row lock (``lock_timeout``)."""
+    return getattr(exc.orig, "sqlstate", None) == "55P03"
+
+
+class Bookkeeping:
+    """The worker's connections for claims and outcomes, checked out one step at a time.
+
+    In autocommit: each bookkeeping step is one statement, so it commits without
+    BEGIN/COMMIT round trips. A connection that met an error other than a lock timeout is
+    dropped, the error surfaces (RQ records the job as failed, the row stays for the
+    reconciler), and the next step opens a new one.
+    """
+
+    def __init__(self, core: Core, lock_timeout: timedelta, durable: bool) -> None:
+        self._core = core
+        self._lock_timeout, self._durable = lock_timeout, durable
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()
+        self._lock = threading.Lock()
+
+    @property
+    def opened(self) -> int:
+        """Connections open now, idle or checked out."""
+        with self._lock:
+            return len(self._open)
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Connection]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.invalidated or conn.closed:
+            conn = self._core.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            with self._lock:
+                self._open.add(conn)
+            try:
+                # A row lock held by an application's open transaction must not hold the
+                # worker.
+                store.bookkeeping_session(conn, self._lock_timeout, self._durable)
+            except BaseException:
+                self._discard(conn)
+                raise
+        try:
+            yield conn
+        except BaseException as exc:
+            # The connection is fine after a lock timeout; after anything else — a statement
+            # that failed, or one cut short by a handler's timeout landing in it — it is
+            # not trusted with the next step.
+            if not (isinstance(exc, DBAPIError) and lock_busy(exc)):
+                self._discard(conn)
+                raise
+            self._put_back(conn)
+            raise
+        self._put_back(conn)
+
+    def _put_back(self, conn: Connection) -> None:
+        with self._lock:
+            if conn in self._open:
+                self._idle.append(conn)
+
+    def _discard(self, conn: Connection) -> None:
+        with self._lock:
+            self._open.discard(conn)
+        with contextlib.suppress(DBAPIError):
+            conn.invalidate()
+            conn.close()
+
+    def close(self) -> None:
+        """Discard every connection (the slots must have stopped)."""
+        with self._lock:
+            open_, self._idle = list(self._open), []
+        for conn in open_:
+            self._discard(conn)

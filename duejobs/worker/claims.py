@@ -1,0 +1,197 @@
+"""The worker's claims: a delivery becomes a running attempt, or is told why it cannot.
+
+:class:`Claimer` claims each delivery in one statement (:func:`~duejobs.store.claim_runs`):
+its tenant's row ``scheduled`` at the delivered version, this being its next attempt, due by
+the **database's** clock, of a type this worker has a handler for → ``running`` with a lease.
+Deliveries that arrive together share that statement (:mod:`duejobs.batches`), and those
+taken from Redis together are claimed *ahead* (:meth:`Claimer.claim_ahead`), on threads of
+their own, while their jobs are handed to their slots.
+
+What it promises:
+
+* every answer of a batched claim is matched on the whole delivery (schedule, version,
+  attempt, tenant, queue): a superseded copy taken beside the current one never runs with
+  its claim, and a second copy of one delivery finds it claimed (``duplicate``);
+* no handler starts on a claim made ahead that the reconciler may take back before the
+  heartbeat's first renewal: one older than a heartbeat is renewed under the row lock first,
+  and once rescued it is never used (``lapsed``: the attempt the rescue pushed runs instead);
+* a delivery that came early waits for its time when that is within ``max_early_wait`` (by
+  the database's own reading of how far away it is), then claims again; one whose row an
+  application transaction holds waits at most ``claim_lock_timeout``.
+
+What it does not do: run or close anything (:mod:`duejobs.worker.runtime`,
+:mod:`duejobs.worker.closing`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from sqlalchemy.exc import DBAPIError
+
+from duejobs import store
+from duejobs.batches import GroupCommit
+from duejobs.core import Core
+from duejobs.models import Delivery
+from duejobs.store import RunClaim, SkipReason
+from duejobs.worker.bookkeeping import Bookkeeping, lock_busy
+from duejobs.worker.config import WorkerConfig
+
+log = logging.getLogger("duejobs.worker")
+# Threads that run the claims of deliveries taken together (:meth:`Claimer.claim_ahead`).
+_CLAIMERS = 4
+
+
+@dataclass(frozen=True)
+class _ClaimAhead:
+    """A delivery's places in the claim of a batch taken together (running or done), and
+    when that claim was asked for (``time.monotonic()``: its lease began no earlier)."""
+
+    claims: Future[list[RunClaim | None]]
+    places: list[int]
+    asked_at: float
+
+    def claim(self) -> RunClaim | None:
+        """The claim this batch made of the delivery, once it committed; None when it made
+        none or failed (logged once for the batch): the slot then claims alone."""
+        try:
+            made = self.claims.result()
+        except Exception:
+            return None
+        return next((made[at] for at in self.places if made[at] is not None), None)
+
+    def made_none(self) -> bool:
+        """Its batch committed without claiming the delivery (or failed)."""
+        return self.claims.done() and self.claim() is None
+
+
+class Claimer:
+    """Claims for one worker (its ``name``, its handlers' types, its ``lease``)."""
+
+    def __init__(
+        self, core: Core, config: WorkerConfig, bookkeeping: Bookkeeping, name: str
+    ) -> None:
+        self._core, self._config, self._bookkeeping, self._name = core, config, bookkeeping, name
+        self._claims = GroupCommit("claim", self._claim_batch)
+        # Deliveries taken from Redis together, each with the claims of the batches that
+        # carried it (running or done) and its places in them (copies of one delivery may
+        # arrive together, or in two batches), until a slot runs it. The claims run on
+        # threads of their own, so the thread that takes jobs goes on taking while they
+        # commit; a few of them, so batches that queue meanwhile share the next statement.
+        self._ahead: dict[Delivery, list[_ClaimAhead]] = {}
+        self._lock = threading.Lock()
+        self._threads = ThreadPoolExecutor(_CLAIMERS, thread_name_prefix="duejobs-claim")
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=True)
+
+    @property
+    def waiting(self) -> int:
+        """Deliveries claimed ahead that no slot has run yet."""
+        with self._lock:
+            return len(self._ahead)
+
+    def claim_ahead(self, deliveries: Sequence[Delivery]) -> None:
+        """Have deliveries taken from Redis together claimed in one statement, each for the
+        slot that will run it (see :meth:`claim`); returns at once, the statement running
+        meanwhile. A delivery that cannot run now, or a statement that failed, is left to
+        its slot, which claims it alone and says why."""
+        batch = list(deliveries)
+        if not batch:
+            return
+        asked_at = time.monotonic()
+        claims = self._threads.submit(self._claim_together, batch)
+        places: dict[Delivery, list[int]] = {}
+        for place, delivery in enumerate(batch):
+            places.setdefault(delivery, []).append(place)
+        with self._lock:
+            for delivery, at in places.items():
+                self._ahead.setdefault(delivery, []).append(_ClaimAhead(claims, at, asked_at))
+
+    def forget_ahead(self, delivery: Delivery) -> None:
+        """A copy of a delivery claimed ahead that no slot will run: one of its claims is no
+        longer kept — one that claimed nothing when there is one, so that a copy that does
+        run keeps the claim made for it (a lease not used ends for the reconciler)."""
+        with self._lock:
+            ahead = self._ahead.get(delivery)
+            if not ahead:
+                return
+            unused = next((a for a in ahead if a.made_none()), ahead[-1])
+            ahead.remove(unused)
+            if not ahead:
+                del self._ahead[delivery]
+
+    def claim(self, delivery: Delivery) -> RunClaim | None:
+        """The delivery's claim: the one made ahead, if any (in time, see :meth:`_in_time`),
+        else its own; one that cannot run now is told why
+        (:func:`~duejobs.store.claim_verdict`), and one that came early waits for its time
+        when that is close, then claims again. None: its row stayed locked past
+        ``claim_lock_timeout``."""
+        with self._lock:  # its copies taken with it find none, and claim alone
+            ahead = self._ahead.pop(delivery, [])
+        for taken in ahead:
+            claim = taken.claim()
+            if claim is not None:
+                return self._in_time(delivery, claim, taken.asked_at)
+        give_up = time.monotonic() + self._config.max_early_wait.total_seconds()
+        locked_until = time.monotonic() + self._config.claim_lock_timeout.total_seconds()
+        while True:
+            claim = self._claims.submit(delivery)
+            if claim is not None:
+                return claim
+            try:
+                with self._bookkeeping.connection() as conn:
+                    verdict = store.claim_verdict(
+                        conn, delivery, worker=self._name, types=self.types()
+                    )
+            except DBAPIError as exc:
+                if not lock_busy(exc):
+                    raise
+                return None
+            if verdict.skip is None:  # its row was locked when the claim looked
+                if time.monotonic() > locked_until:
+                    return None
+                continue
+            if verdict.skip is not SkipReason.NOT_DUE:
+                return verdict
+            assert verdict.due_at is not None and verdict.db_now is not None
+            remaining = (verdict.due_at - verdict.db_now).total_seconds()
+            if time.monotonic() + remaining > give_up:
+                return verdict
+            time.sleep(remaining)
+
+    def _in_time(self, delivery: Delivery, claim: RunClaim, asked_at: float) -> RunClaim:
+        """A claim made ahead, if its handler may still start on it: made less than a
+        heartbeat ago (the heartbeat's first renewal comes a heartbeat after the handler
+        starts, well within the lease); otherwise renewed first — its start was held up
+        (Redis failing as it started, say) — and, once the reconciler has rescued it, never
+        used: the attempt the rescue pushed runs instead."""
+        if time.monotonic() - asked_at < self._config.heartbeat.total_seconds():
+            return claim  # a heartbeat renews it before a lease less a heartbeat has passed
+        with self._bookkeeping.connection() as conn:
+            renewed = store.renew_claim(conn, delivery, self._config.lease)
+        if renewed:
+            return claim
+        return RunClaim(skip=SkipReason.LAPSED, type=claim.type)
+
+    def _claim_together(self, batch: list[Delivery]) -> list[RunClaim | None]:
+        try:
+            return self._claims.submit_all(batch)
+        except Exception:
+            log.exception("could not claim %d deliveries together", len(batch))
+            raise
+
+    def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
+        with self._bookkeeping.connection() as conn:
+            return store.claim_runs(
+                conn, deliveries, worker=self._name, lease=self._config.lease, types=self.types()
+            )
+
+    def types(self) -> list[str]:
+        """The types this worker has handlers for: the only ones it claims."""
+        return list(self._core.handlers)

@@ -1,0 +1,167 @@
+"""The worker's outcomes: an attempt closes only while it is still the current one.
+
+:class:`Completer` records what a handler came to: ``succeeded``; or, on an exception, another
+attempt after the type's backoff (``run_at`` is never touched; ``due_at`` and the attempt row
+carry the retry time), or ``failed`` with ``last_error`` once attempts are exhausted. If the
+schedule changed meanwhile (cancelled, rescheduled, rescued), the attempt is recorded
+``stale`` and its outcome is not applied. Outcomes that arrive together share one statement
+(:mod:`duejobs.batches`).
+
+What it promises: a finished handler's outcome is kept while an application transaction holds
+its row — the close waits for the lock in rounds of ``claim_lock_timeout``, up to the lease —
+and a handler past its timeout and grace has its attempt closed as timed out on a
+connection of its own (:meth:`Completer.overrun`), within ``_CLOSE_WITHIN`` seconds.
+
+What it does not promise: an outcome recorded when the database is unreachable or the row
+stays locked past the lease (the error surfaces; the lease expires and the reconciler rescues
+the attempt).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
+
+from duejobs import store, tracing
+from duejobs.batches import GroupCommit
+from duejobs.core import Core
+from duejobs.handlers import Handler
+from duejobs.models import Status
+from duejobs.store import Closing, SkipReason
+from duejobs.worker.bookkeeping import Bookkeeping, lock_busy
+from duejobs.worker.config import EXIT_WEDGED, Outcome, WorkerConfig
+from duejobs.worker.context import Context
+from duejobs.worker.slot_pool import SlotPool
+
+log = logging.getLogger("duejobs.worker")
+
+_CLOSED = {
+    Status.SUCCEEDED: Outcome.SUCCEEDED,
+    Status.SCHEDULED: Outcome.RETRYING,
+    Status.FAILED: Outcome.FAILED,
+}
+# How long the watchdog tries to record a timed-out attempt before the process ends anyway.
+_CLOSE_WITHIN = 5.0
+
+
+class Completer:
+    """Closes the attempts of one worker (its slots, if it has several)."""
+
+    def __init__(
+        self,
+        core: Core,
+        config: WorkerConfig,
+        bookkeeping: Bookkeeping,
+        slots: SlotPool | None,
+    ) -> None:
+        self._core, self._config, self._bookkeeping, self._slots = core, config, bookkeeping, slots
+        self._closings = GroupCommit("outcome", self._close_batch)
+
+    def failed(
+        self, ctx: Context, handler: Handler, error: str, conn: Connection | None = None
+    ) -> Outcome:
+        """Close a failed attempt by the type's retry policy: another attempt after backoff
+        (``run_at`` untouched), or ``failed`` once attempts are exhausted."""
+        if ctx.attempt < handler.retry.max_attempts:
+            wait = handler.retry.delay_before(ctx.attempt)
+            return self.close(ctx, Status.SCHEDULED, error=error, retry_in=wait, conn=conn)
+        return self.close(ctx, Status.FAILED, error=error, conn=conn)
+
+    def close(
+        self,
+        ctx: Context,
+        outcome: Status,
+        *,
+        error: str | None = None,
+        retry_in: timedelta | None = None,
+        conn: Connection | None = None,
+    ) -> Outcome:
+        """Record the attempt's outcome: with the outcomes of the slots beside it, or on
+        ``conn`` (a transaction of the caller's). A row lock another transaction holds (an
+        application's cancel, say) is waited for in rounds of ``claim_lock_timeout``, up to
+        the lease, so a finished handler's outcome is kept."""
+        closing = Closing(ctx.delivery, outcome, error, retry_in)
+        with tracing.span("duejobs.outcome", outcome=outcome.value):
+            return self._record(ctx, closing, conn)
+
+    def stale(self, ctx: Context, reason: SkipReason) -> Outcome:
+        """The schedule moved on while the handler ran: nothing of its outcome applies."""
+        with self._bookkeeping.connection() as conn:
+            store.record_stale(conn, ctx.delivery, reason)
+        return Outcome.STALE
+
+    def overrun(self, ctx: Context, handler: Handler, where: dict[str, Any]) -> None:
+        """The handler is past its timeout and its grace and has not returned. Close its
+        attempt as timed out (on a connection of its own); then, unless other slots still
+        work, end the process so its supervisor starts a fresh one. If the attempt could not
+        be closed — the database unreachable, or the handler holding its row inside
+        ``ctx.transaction()`` — the process ends whatever the other slots do: only that ends
+        the handler's transaction and lets the lease expire for the reconciler's rescue."""
+        grace = self._config.timeout_grace.total_seconds()
+        error = (
+            f"HandlerTimeoutError: handler ran past its timeout of "
+            f"{handler.timeout.total_seconds():g} s and did not return within {grace:g} s more"
+        )
+        closed = threading.Event()
+
+        def close() -> None:
+            try:
+                with self._core.engine.begin() as conn:
+                    store.bounded_locks(conn)
+                    self.failed(ctx, handler, error, conn)
+                closed.set()
+            except Exception:
+                log.exception("could not close the timed-out attempt; its lease will expire")
+
+        closing = threading.Thread(target=close, name="duejobs-timed-out", daemon=True)
+        closing.start()
+        closing.join(_CLOSE_WITHIN)  # an unreachable database must not keep the process
+        left = self._slots.give_up() if self._slots is not None else 0
+        if left > 0 and closed.is_set():
+            log.error("%s; its slot waits for it (%d slots work)", error, left, extra=where)
+            return
+        log.critical("%s; the worker exits (status %d)", error, EXIT_WEDGED, extra=where)
+        os._exit(EXIT_WEDGED)
+
+    def _close_batch(self, closings: Sequence[Closing]) -> list[bool]:
+        with self._bookkeeping.connection() as conn:
+            return store.finish(conn, closings)
+
+    def _record(self, ctx: Context, closing: Closing, conn: Connection | None) -> Outcome:
+        if conn is None and self._closings.submit(closing):
+            return _CLOSED[closing.outcome]
+        give_up = time.monotonic() + self._config.lease.total_seconds()
+        while True:
+            try:
+                closed = self._close_locked(closing, conn)
+            except DBAPIError as exc:
+                if conn is not None or not lock_busy(exc) or time.monotonic() > give_up:
+                    raise
+                closed = None
+            if closed is not None:
+                return closed
+            if time.monotonic() > give_up:
+                raise RuntimeError(
+                    f"row {ctx.schedule_id} stayed locked; the outcome of attempt "
+                    f"{ctx.attempt} was not recorded (its lease will expire)"
+                )
+            log.info("row %s is locked; recording the outcome again", ctx.schedule_id)
+
+    def _close_locked(self, closing: Closing, conn: Connection | None) -> Outcome | None:
+        """Wait for the row's lock, then close the attempt or record it stale. None: the
+        row was locked again before the close (only between two autocommit statements)."""
+        with contextlib.nullcontext(conn) if conn else self._bookkeeping.connection() as conn:
+            change = store.change_since_claim(conn, closing.delivery, lock=True)
+            if change is None:
+                return _CLOSED[closing.outcome] if store.finish(conn, [closing])[0] else None
+            store.record_stale(conn, closing.delivery, change)
+        return Outcome.STALE

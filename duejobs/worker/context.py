@@ -1,0 +1,116 @@
+"""What a handler gets besides the payload: its attempt, and the two ways to act only while
+that attempt is still the current one.
+
+``ctx.ensure_current()`` raises :class:`~duejobs.errors.ScheduleChangedError` if the schedule
+was cancelled, rescheduled or rescued since the attempt started — call it right before an
+external effect. ``with ctx.transaction() as conn:`` is the effect fence: it locks the row and
+re-checks it, records ``effect_key`` in the ledger, and commits the handler's own writes
+together with ``succeeded`` — exactly once for effects in the same database, and cancel-safe
+(a cancel waits for the fence and then finds the schedule finished).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from duejobs import store
+from duejobs.core import Conn, Core
+from duejobs.errors import EffectAlreadyAppliedError, ScheduleChangedError
+from duejobs.models import Delivery, Status
+from duejobs.store import SkipReason
+
+
+@dataclass
+class Context:
+    """What a handler gets besides the payload: the delivery it runs (``schedule_id``,
+    ``tenant``, ``version``, ``attempt``, ``queue``), its type, ``run_at`` and payload."""
+
+    delivery: Delivery
+    type: str
+    run_at: datetime
+    payload: Any
+    _core: Core = field(repr=False)
+    _finished: bool = field(default=False, repr=False)
+
+    @property
+    def schedule_id(self) -> uuid.UUID:
+        return self.delivery.schedule_id
+
+    @property
+    def tenant(self) -> str:
+        return self.delivery.tenant
+
+    @property
+    def version(self) -> int:
+        return self.delivery.version
+
+    @property
+    def attempt(self) -> int:
+        return self.delivery.attempt
+
+    @property
+    def queue(self) -> str:
+        return self.delivery.queue
+
+    @property
+    def engine(self) -> Engine:
+        """The App's engine, for a transaction of the handler's own. Not fenced: an effect
+        that must happen once goes through :meth:`transaction`."""
+        return self._core.engine
+
+    @property
+    def effect_key(self) -> str:
+        """``"{type}:{schedule_id}:{version}"``: the same for every attempt of one intent."""
+        return f"{self.type}:{self.schedule_id}:{self.version}"
+
+    def ensure_current(self) -> None:
+        """Raise :class:`ScheduleChangedError` if the schedule was cancelled, rescheduled or
+        rescued since this attempt started. Call it right before an external effect."""
+        with self._core.engine.begin() as conn:
+            change = store.change_since_claim(conn, self.delivery)
+        if change is not None:
+            raise ScheduleChangedError(self.schedule_id, change.value)
+
+    @contextlib.contextmanager
+    def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:
+        """A transaction fenced on this attempt that records the effect and succeeds it.
+
+        Locks the row and re-checks it (:class:`ScheduleChangedError` if it moved on),
+        inserts ``effect_key`` into the ledger (:class:`EffectAlreadyAppliedError` if it is
+        there), yields the connection for the handler's own writes, then marks the schedule
+        ``succeeded`` in the same commit — or, should that find the attempt no longer
+        current, rolls everything back.
+
+        ``conn``: run the fence inside a transaction of the handler's own (a plain psycopg
+        connection, or Django's through :func:`duejobs.contrib.django.fenced`), whose commit
+        then decides; it must commit before the handler returns, or the attempt is left to
+        its lease and rescued.
+        """
+        if self._finished:
+            raise RuntimeError("this attempt already committed its effect")
+        scope = (
+            contextlib.nullcontext(store.lent(conn, schema=self._core.settings.schema))
+            if conn is not None
+            else self._core.engine.begin()
+        )
+        with scope as conn:
+            change = store.change_since_claim(conn, self.delivery, lock=True)
+            if change is not None:
+                raise ScheduleChangedError(self.schedule_id, change.value)
+            if not store.record_effect(
+                conn, self.effect_key, self.schedule_id, self.tenant, self.version
+            ):
+                raise EffectAlreadyAppliedError(f"effect {self.effect_key} was already applied")
+            yield conn
+            closing = store.Closing(self.delivery, Status.SUCCEEDED)
+            if not store.finish(conn, [closing])[0]:
+                # cannot happen while the row lock holds; if it did, nothing commits
+                raise ScheduleChangedError(self.schedule_id, SkipReason.DUPLICATE.value)
+        self._finished = True
