@@ -31,7 +31,10 @@ that nobody will run it. A crash mid-pass leaves nothing worse: each batch commi
 Cost of a pass: the ``scheduled`` rows inside the window (plus expired leases and the waiting
 queue jobs), read in pages of ``batch_size`` — never the history of finished rows.
 
-A pass that fails — an outage, or any other error — is logged and the loop goes on.
+A pass that fails — an outage, or any other error — is logged and the loop goes on. A pass
+that fixed something logs one line at info, saying what; the passes that fixed nothing are
+summed into one line every ``QUIET_SUMMARY_EVERY`` (10 min) — a reconciler every 5 s logs a few
+hundred lines a day, not a line per pass.
 
 Knobs (:class:`ReconcileConfig`, checked when built): ``window`` (15 min, as the scheduler),
 ``batch_size`` (1000), ``stuck_after`` (15 s).
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,8 +58,11 @@ from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.models import Status
 from duejobs.service import Loop
+from duejobs.timespec import spell_duration
 
 log = logging.getLogger("duejobs.reconcile")
+# How often the passes that fixed nothing are summed into one log line.
+QUIET_SUMMARY_EVERY = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ class Reconciler:
         self.config = config or ReconcileConfig()
         self.deliverer = self.core.deliverer()
         self._loop = Loop("reconcile", log, metrics.RECONCILE_FAILED_PASSES)
+        self._quiet = _QuietPasses(QUIET_SUMMARY_EVERY)
 
     def stop(self) -> None:
         """Ask the loop to stop after the pass under way."""
@@ -150,6 +158,8 @@ class Reconciler:
         metrics.OVERDUE_REPUSHED.inc(result.overdue_repushed)
         if result.fixed:
             log.info("reconciled: %s", result)
+        else:
+            self._quiet.count(result)
         return result
 
     def _repush_window(self) -> tuple[int, int, int, datetime]:
@@ -183,3 +193,30 @@ class Reconciler:
         pass is retried after ``every`` too: the backoff is capped there, so the rescue bound
         holds right after an outage ends."""
         self._loop.run_forever(self.run_once, lambda _: every, every, every, report=report)
+
+
+class _QuietPasses:
+    """The passes that fixed nothing, summed into one log line every ``every`` (the first
+    such pass starts the count)."""
+
+    def __init__(self, every: timedelta) -> None:
+        self._every = every.total_seconds()
+        self._since: float | None = None
+        self._passes = self._checked = self._promoted = 0
+
+    def count(self, result: ReconcileResult) -> None:
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        self._passes += 1
+        self._checked += result.checked
+        self._promoted += result.promoted
+        if now - self._since >= self._every:
+            log.info(
+                "nothing to fix in %d passes over %s (%d rows checked, %d jobs promoted)",
+                self._passes,
+                spell_duration(timedelta(seconds=round(now - self._since))),
+                self._checked,
+                self._promoted,
+            )
+            self._since, self._passes, self._checked, self._promoted = now, 0, 0, 0

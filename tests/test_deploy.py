@@ -3,6 +3,7 @@ commands (parsed by duejobs' own CLI), health checks, metrics ports and environm
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ def test_compose_has_every_part_of_the_system(compose: dict[str, Any]) -> None:
         "scheduler",
         "worker",
         "reconciler",
+        "pruner",
     }
 
 
@@ -39,7 +41,7 @@ def test_schedulers_and_workers_are_replicated(compose: dict[str, Any]) -> None:
 def test_a_worker_that_ends_itself_is_restarted(compose: dict[str, Any]) -> None:
     """A worker whose handler will not return past its timeout exits (status 70) for its
     supervisor to start a fresh one: every long-running duejobs service is restarted."""
-    for name in ("scheduler", "worker", "reconciler"):
+    for name in ("scheduler", "worker", "reconciler", "pruner"):
         assert compose["services"][name]["restart"] in ("always", "unless-stopped", "on-failure")
 
 
@@ -51,7 +53,7 @@ def test_every_service_has_a_health_check_or_is_one_shot(compose: dict[str, Any]
         assert "healthcheck" in service, name
 
 
-@pytest.mark.parametrize("name", ["migrate", "scheduler", "worker", "reconciler"])
+@pytest.mark.parametrize("name", ["migrate", "scheduler", "worker", "reconciler", "pruner"])
 def test_duejobs_commands_parse_with_the_real_cli(compose: dict[str, Any], name: str) -> None:
     args = [
         a.replace("${DUEJOBS_APP:-duejobs.demo:app}", "duejobs.demo:app")
@@ -63,7 +65,8 @@ def test_duejobs_commands_parse_with_the_real_cli(compose: dict[str, Any], name:
 
 
 @pytest.mark.parametrize(
-    ("name", "port"), [("scheduler", "9101"), ("worker", "9102"), ("reconciler", "9103")]
+    ("name", "port"),
+    [("scheduler", "9101"), ("worker", "9102"), ("reconciler", "9103"), ("pruner", "9104")],
 )
 def test_metrics_ports_are_served_and_health_checked(
     compose: dict[str, Any], name: str, port: str
@@ -86,7 +89,7 @@ def test_processes_wait_for_a_migrated_database_and_a_healthy_redis(
 
 def test_urls_point_at_the_compose_services(compose: dict[str, Any]) -> None:
     postgres = compose["services"]["postgres"]["environment"]
-    for name in ("migrate", "scheduler", "worker", "reconciler"):
+    for name in ("migrate", "scheduler", "worker", "reconciler", "pruner"):
         env = compose["services"][name]["environment"]
         assert env["DUEJOBS_DATABASE_URL"] == (
             f"postgresql://{postgres['POSTGRES_USER']}:{postgres['POSTGRES_PASSWORD']}"
@@ -102,3 +105,47 @@ def test_dockerfile_copies_what_exists_and_runs_the_cli() -> None:
             for source in line.split()[1:-1]:
                 assert (ROOT / source).exists(), source
     assert 'ENTRYPOINT ["duejobs"]' in lines
+
+
+def test_the_image_carries_the_license_the_package_declares() -> None:
+    copied = [
+        source
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+        for source in line.split()[1:-1]
+    ]
+    assert "LICENSE" in copied
+
+
+def test_the_build_context_leaves_out_virtualenvs_caches_and_the_repository() -> None:
+    """Seen failing without a .dockerignore: a context of 750 MB after ``make demo``."""
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    for heavy in (".git", ".venv*", ".duejobs", "site", "mutants", "**/__pycache__"):
+        assert heavy in ignored, heavy
+    copied = {
+        source
+        for line in (ROOT / "Dockerfile").read_text().splitlines()
+        if line.startswith("COPY ")
+        for source in line.split()[1:-1]
+    }
+    assert not copied & set(ignored), "the image copies what the context leaves out"
+
+
+def _documented_commands() -> list[str]:
+    """The ``duejobs ...`` commands of the operations page's table of processes."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    return [
+        cell.strip("` ")
+        for line in text.splitlines()
+        if line.startswith("| `duejobs ")
+        for cell in [line.split("|")[1]]
+    ]
+
+
+@pytest.mark.parametrize("line", _documented_commands())
+def test_the_documented_commands_parse_with_the_real_cli(line: str) -> None:
+    """Seen failing with ``duejobs prune --every 1h``: its --older-than is required."""
+    args = [a.replace("module:app", "duejobs.demo:app") for a in shlex.split(line)[1:]]
+    command = main.get_command(click.Context(main), args[0])
+    assert command is not None, args[0]
+    command.make_context(args[0], args[1:])

@@ -27,6 +27,7 @@ from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
 from duejobs import EventKind, ScheduleRequest, Status, store
+from duejobs import reconcile as reconcile_module
 from duejobs.errors import ConfigurationError
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult, orphan_jobs
 from duejobs.worker import Runtime, WorkerConfig
@@ -362,3 +363,39 @@ def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(
         "reconcile pass failed (a bug); retrying in 0.0 s",
     ]
     assert not failures[0].exc_info and failures[1].exc_info  # a bug: with its traceback
+
+
+def test_a_pass_logs_one_line_when_it_fixed_something_and_quiet_passes_are_summed(
+    system: System, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passes that fix nothing log nothing until their summary is due; one that fixes logs
+    one line. Seen failing with every pass logged."""
+    caplog.set_level(logging.INFO, logger="duejobs.reconcile")
+    reconciler = Reconciler(system.app)
+    for _ in range(3):
+        assert reconciler.run_once().fixed == 0
+    assert [r.message for r in caplog.records] == []
+    s = system.app.schedule("record", {}, delay=0)
+    _abandoned_by_its_worker(system, s.id, max_attempts=5)
+    assert reconciler.run_once().rescued == 1
+    assert [r.message.split(":")[0] for r in caplog.records] == ["reconciled"]
+    caplog.clear()
+    monkeypatch.setattr(reconcile_module, "QUIET_SUMMARY_EVERY", timedelta(0))
+    Reconciler(system.app).run_once()
+    assert [r.message.split(" in ")[0] for r in caplog.records] == ["nothing to fix"]
+
+
+def test_a_reconciler_loop_prints_no_table_per_pass(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """``duejobs reconcile --every``: what a pass fixed is one log line; the table is for one
+    pass run by hand. Seen failing with the table printed after every pass."""
+    proc = spawn("reconcile", "--every", "100ms", "--log-level", "info")
+    for _ in range(2):
+        s = system.app.schedule("record", {}, delay=0)
+        _abandoned_by_its_worker(system, s.id, max_attempts=5)
+        wait_for(lambda: system.status(s.id) == "scheduled", 30, "the rescue")  # noqa: B023
+    assert proc.stop() == 0
+    output = proc.output()
+    assert output.count("reconciled:") == 2, output
+    assert "scheduled rows in the window" not in output, output

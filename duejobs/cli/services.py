@@ -290,7 +290,12 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
     "How far ahead to check.",
     zero_ok=True,
 )
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (one line per pass).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON, one line per pass (without it, --every logs only what a pass fixed).",
+)
 @duration_option(
     "--stats-every",
     GaugeRefresh.DEFAULT_EVERY,
@@ -319,7 +324,10 @@ def reconcile(
         gauges = GaugeRefresh(lambda: collect_stats(app), stats_every)
 
         def report(result: ReconcileResult) -> None:
-            _print_reconciled(result, as_json)
+            # In a loop, the reconciler's own log says what a pass fixed (one line) and sums
+            # up the passes that fixed nothing; the table is for one pass run by hand.
+            if as_json or every is None:
+                _print_reconciled(result, as_json)
             if metrics_port is not None:
                 gauges.maybe_refresh()
 
@@ -357,12 +365,20 @@ def stats(ctx: click.Context, since: timedelta, late_after: timedelta, as_json: 
     help="Rows per transaction.",
 )
 @click.option("--every", type=POSITIVE, help="Run a pass this often until SIGTERM/SIGINT: 1h.")
+@_operations
 @click.pass_context
 def prune(
-    ctx: click.Context, older_than: timedelta, batch_size: int, every: timedelta | None
+    ctx: click.Context,
+    older_than: timedelta,
+    batch_size: int,
+    every: timedelta | None,
+    log_level: str,
+    log_format: str,
+    metrics_port: int | None,
 ) -> None:
     """Delete finished schedules (and their history) older than --older-than, in batches."""
     config = _checked(lambda: PruneConfig(older_than=older_than, batch_size=batch_size))
+    _operate(log_level, log_format, metrics_port)
 
     def report(result: PruneResult) -> None:
         click.echo(
