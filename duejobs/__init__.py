@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from duejobs.app import App
 from duejobs.async_app import AsyncApp
+from duejobs.errors import Permanent
 from duejobs.handlers import RetryPolicy
 from duejobs.models import Attempt, Event, EventKind, Page, Schedule, ScheduleRequest, Status
 
@@ -23,6 +24,7 @@ __all__ = [
     "Event",
     "EventKind",
     "Page",
+    "Permanent",
     "RetryPolicy",
     "Schedule",
     "ScheduleRequest",

@@ -53,7 +53,7 @@ from duejobs.errors import (
     ScheduleNotRetryableError,
     VersionConflictError,
 )
-from duejobs.handlers import Handler, RetryPolicy
+from duejobs.handlers import Handler, RetryPolicy, exception_classes
 from duejobs.models import (
     Schedule,
     ScheduleRequest,
@@ -156,8 +156,14 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
         timeout: timedelta | float = timedelta(minutes=5),
         jitter: timedelta | float = timedelta(0),
         queue: str | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+        never_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
     ) -> Callable[[F], F]:
         """Register the function that runs schedules of ``job_type`` in workers.
+
+        ``retry_on``: only these exception classes are retried (default: every one);
+        ``never_retry``: these fail the schedule at once, as :class:`~duejobs.errors.Permanent`
+        raised by the handler does (see :mod:`duejobs.handlers`).
 
         ``jitter``: the default spread for this type's schedules written through this App
         (see :meth:`schedule`); leave it at zero for types whose time must be exact.
@@ -178,8 +184,13 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
         if limit <= timedelta(0):
             raise InvalidHandlerError(f"timeout must be positive, got {limit}")
 
+        retried = None if retry_on is None else exception_classes("retry_on", retry_on)
+        refused = exception_classes("never_retry", never_retry)
+
         def register(func: F) -> F:
-            self._core.handlers[job_type] = Handler(job_type, func, policy, limit, spread, route)
+            self._core.handlers[job_type] = Handler(
+                job_type, func, policy, limit, spread, route, retried, refused
+            )
             return func
 
         return register

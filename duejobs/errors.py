@@ -146,6 +146,12 @@ class EffectAlreadyAppliedError(DuejobsError):
     """The effect key is already in the ledger: this effect happened once and won't again."""
 
 
+class Permanent(Exception):
+    """Raised by a handler: this attempt failed and no retry can help (a refused card, a
+    record that no longer exists). The schedule fails at once, with this error as its
+    ``last_error``, whatever attempts its policy has left."""
+
+
 class HandlerTimeoutError(BaseException):
     """The handler ran past its type's timeout; the attempt counts as failed.
 

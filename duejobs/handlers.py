@@ -1,14 +1,22 @@
-"""Handler registrations: which function runs a job type, and its retry policy."""
+"""Handler registrations: which function runs a job type, and its retry policy.
+
+Which failures are retried: by default every exception a handler raises, and a timeout, until
+``max_attempts``. ``retry_on`` narrows that to the exception classes it names (a timeout is
+:class:`~duejobs.errors.HandlerTimeoutError`: name it to have timeouts retried);
+``never_retry`` names classes that fail the schedule at once, and so does
+:class:`~duejobs.errors.Permanent` raised by the handler, whatever the two say.
+"""
 
 from __future__ import annotations
 
+import builtins
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from duejobs.errors import InvalidHandlerError
+from duejobs.errors import InvalidHandlerError, Permanent
 from duejobs.timespec import MAX_DURATION
 
 
@@ -52,3 +60,22 @@ class Handler:
     timeout: timedelta
     jitter: timedelta = timedelta(0)
     queue: str | None = None  # None: the App's queue
+    # The exception classes retried (None: every one), and those never retried.
+    retry_on: tuple[builtins.type[BaseException], ...] | None = None
+    never_retry: tuple[builtins.type[BaseException], ...] = ()
+
+    def retries(self, error: BaseException) -> bool:
+        """Whether an attempt that failed with ``error`` may be retried (attempts left
+        permitting): see the module docstring."""
+        if isinstance(error, (Permanent, *self.never_retry)):
+            return False
+        return self.retry_on is None or isinstance(error, self.retry_on)
+
+
+def exception_classes(name: str, value: object) -> tuple[type[BaseException], ...]:
+    """``retry_on``/``never_retry`` as given (one class or several), checked."""
+    classes = value if isinstance(value, tuple | list) else (value,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise InvalidHandlerError(f"{name} takes exception classes, got {cls!r}")
+    return tuple(classes)

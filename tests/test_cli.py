@@ -117,11 +117,14 @@ def test_show_of_an_unknown_id_exits_1(env: dict[str, str]) -> None:
     assert result.returncode == 1 and "no schedule" in result.stderr
 
 
-def test_demo_runs_the_whole_system_and_checks_the_outcome(
-    env: dict[str, str], tmp_path: Path
+def test_demo_runs_the_whole_system_on_embedded_servers_and_checks_the_outcome(
+    tmp_path: Path,
 ) -> None:
-    result = run("--data-dir", str(tmp_path), "demo", env=env)
+    """``duejobs demo`` with no URL set: embedded servers of its own, stopped at its end."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DUEJOBS_")}
+    result = run("--data-dir", str(tmp_path / "data"), "demo", env=clean)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "embedded PostgreSQL" in result.stderr and "Valkey" in result.stderr
     assert "FAIL" not in result.stdout
     for check in (
         "each effect applied exactly once",
@@ -130,15 +133,43 @@ def test_demo_runs_the_whole_system_and_checks_the_outcome(
     ):
         assert f"ok   {check}" in result.stdout
     assert "lag run_at -> start: p50" in result.stdout
-
-
-def test_without_urls_the_cli_uses_embedded_servers_and_says_so(tmp_path: Path) -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("DUEJOBS_")}
-    result = run("--data-dir", str(tmp_path / "data"), "migrate", env=clean)
-    assert result.returncode == 0, result.stderr
-    assert "embedded PostgreSQL" in result.stderr and "Valkey" in result.stderr
     state = json.loads((tmp_path / "data" / "postgres" / "lease.json").read_text())
-    assert state == {"endpoint": None, "users": []}, "the CLI left its servers running"
+    assert state == {"endpoint": None, "users": []}, "the demo left its servers running"
+
+
+def test_without_urls_a_command_exits_2_naming_what_is_missing(tmp_path: Path) -> None:
+    """Only the demo starts embedded servers. Seen failing when every command did."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("DUEJOBS_")}
+    result = run("--data-dir", str(tmp_path / "data"), "stats", env=clean)
+    assert result.returncode == 2, result.stderr
+    assert "DUEJOBS_DATABASE_URL and DUEJOBS_REDIS_URL not set" in result.stderr
+    assert not (tmp_path / "data").exists(), "an embedded server was started"
+
+
+def test_a_command_never_mixes_a_configured_server_with_an_embedded_one(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    """The database set, Redis forgotten: a scheduler would push to a private Redis no worker
+    reads. Seen failing with an embedded Valkey started beside the configured database."""
+    half = {k: v for k, v in env.items() if k != "DUEJOBS_REDIS_URL"}
+    result = run("--data-dir", str(tmp_path / "data"), "scheduler", env=half)
+    assert result.returncode == 2, result.stderr
+    assert "DUEJOBS_REDIS_URL not set" in result.stderr and "never mixed" in result.stderr
+    assert not (tmp_path / "data").exists(), "an embedded server was started"
+
+
+def test_migrate_needs_only_the_database(servers: Servers) -> None:
+    """Seen failing with migrate refused for want of DUEJOBS_REDIS_URL, which it never uses."""
+    name = "duejobs_database_only"
+    servers.drop_database(name)
+    url = servers.create_database(name)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DUEJOBS_")}
+        result = run("migrate", env={**env, "DUEJOBS_DATABASE_URL": url})
+        assert result.returncode == 0, result.stderr
+        assert "schema upgraded from nothing" in result.stdout
+    finally:
+        servers.drop_database(name)
 
 
 def test_schedule_before_migrate_says_to_run_migrate(servers: Servers, redis_url: str) -> None:

@@ -10,7 +10,16 @@ from datetime import datetime, timedelta
 import click
 
 from duejobs.app import UNSET, Unset
-from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, _app, _checked, _fail, main
+from duejobs.cli.base import (
+    DATABASE_ONLY,
+    DURATION,
+    JSON_TEXT,
+    TENANT_OPTION,
+    _app,
+    _checked,
+    _fail,
+    main,
+)
 from duejobs.errors import DuejobsError
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
 from duejobs.partitions import DEFAULT_AHEAD, DEFAULT_PERIOD, describe
@@ -48,7 +57,7 @@ def migrate(
     settings = (
         _checked(lambda: Partitioning(partition_period, partitions_ahead)) if partitioned else None
     )
-    with _app(ctx) as app:
+    with _app(ctx, needs=DATABASE_ONLY) as app:
         try:
             before, after = app.migrate(partitioned=settings)
         except DuejobsError as exc:
@@ -266,6 +275,6 @@ def demo(ctx: click.Context) -> None:
     """The whole system end to end: scheduler, workers, reconciler and a realistic mix."""
     from duejobs.demo import register, run_demo
 
-    with _app(ctx, migrate=True) as app:
+    with _app(ctx, migrate=True, embedded=True) as app:
         status = run_demo(register(app), ctx.obj["data_dir"], click.echo)
     sys.exit(status)

@@ -30,27 +30,49 @@ from duejobs.worker import WorkerConfig
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@contextmanager
-def services(data_dir: Path) -> Iterator[EmbeddedServices | None]:
-    """Use the configured URLs, or start/join the embedded servers for this command.
+# What the commands need: both servers, or (``migrate`` and the other schema commands) the
+# database alone.
+BOTH = (DATABASE_ENV, REDIS_ENV)
+DATABASE_ONLY = (DATABASE_ENV,)
 
-    The URLs are exported to the environment so that an ``App()`` built by user code (and
-    any child process) finds the same servers.
+
+@contextmanager
+def services(
+    data_dir: Path, *, embedded: bool = False, needs: tuple[str, ...] = BOTH
+) -> Iterator[EmbeddedServices | None]:
+    """The configured servers, or — only with ``embedded`` (``duejobs demo``) and no URL set
+    at all — the embedded ones, started or joined for this command. Never a mix of a real
+    server and an embedded one: a command whose URL is missing exits 2 naming the variable.
+
+    The embedded servers' URLs are exported to the environment so that an ``App()`` built by
+    user code (and any child process) finds the same servers.
     """
-    if os.environ.get(DATABASE_ENV) and os.environ.get(REDIS_ENV):
+    missing = [name for name in needs if not os.environ.get(name)]
+    if not missing:
         yield None
         return
+    given = [name for name in BOTH if os.environ.get(name)]
+    if not embedded or given:
+        names = " and ".join(missing)
+        hint = (
+            f"{' and '.join(given)} is set: set {names} too (embedded servers are never "
+            "mixed with configured ones)"
+            if given
+            else "`duejobs demo` runs on embedded servers of its own"
+        )
+        click.echo(f"error: {names} not set; {hint}", err=True)
+        sys.exit(2)
     try:
-        embedded = start_embedded(data_dir)
+        started = start_embedded(data_dir)
     except DuejobsError as exc:
         _fail(exc)
-    click.echo(embedded.describe(), err=True)
-    os.environ.setdefault(DATABASE_ENV, embedded.database_url)
-    os.environ.setdefault(REDIS_ENV, embedded.redis_url)
+    click.echo(started.describe(), err=True)
+    os.environ.setdefault(DATABASE_ENV, started.database_url)
+    os.environ.setdefault(REDIS_ENV, started.redis_url)
     try:
-        yield embedded
+        yield started
     finally:
-        embedded.stop()
+        started.stop()
 
 
 if TYPE_CHECKING:  # generic in click's stubs since 8.2; a plain class before at run time
@@ -180,10 +202,16 @@ def _fail(exc: Exception) -> NoReturn:
 
 
 @contextmanager
-def _app(ctx: click.Context, migrate: bool = False) -> Iterator[App]:
+def _app(
+    ctx: click.Context,
+    *,
+    migrate: bool = False,
+    embedded: bool = False,
+    needs: tuple[str, ...] = BOTH,
+) -> Iterator[App]:
     data_dir: Path = ctx.obj["data_dir"]
     try:
-        with services(data_dir):
+        with services(data_dir, embedded=embedded, needs=needs):
             app = App()
             try:
                 if migrate:
@@ -201,7 +229,7 @@ def _app(ctx: click.Context, migrate: bool = False) -> Iterator[App]:
     type=click.Path(file_okay=False, path_type=Path),
     default=DEFAULT_DATA_DIR,
     show_default=True,
-    help="Where the embedded servers keep their data when no URLs are set.",
+    help="Where the embedded servers of `duejobs demo` keep their data.",
 )
 @click.version_option(package_name="duejobs", prog_name="duejobs")
 @click.pass_context

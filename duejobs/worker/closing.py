@@ -34,6 +34,7 @@ from sqlalchemy.exc import DBAPIError
 from duejobs import store, tracing
 from duejobs.batches import GroupCommit
 from duejobs.core import Core
+from duejobs.errors import HandlerTimeoutError, describe
 from duejobs.handlers import Handler
 from duejobs.models import Status
 from duejobs.store import Closing, SkipReason
@@ -67,11 +68,18 @@ class Completer:
         self._closings = GroupCommit("outcome", self._close_batch)
 
     def failed(
-        self, ctx: Context, handler: Handler, error: str, conn: Connection | None = None
+        self,
+        ctx: Context,
+        handler: Handler,
+        error: str,
+        conn: Connection | None = None,
+        *,
+        retry: bool = True,
     ) -> Outcome:
         """Close a failed attempt by the type's retry policy: another attempt after backoff
-        (``run_at`` untouched), or ``failed`` once attempts are exhausted."""
-        if ctx.attempt < handler.retry.max_attempts:
+        (``run_at`` untouched), or ``failed`` once attempts are exhausted or when the error
+        is not one to retry (``retry`` False)."""
+        if retry and ctx.attempt < handler.retry.max_attempts:
             wait = handler.retry.delay_before(ctx.attempt)
             return self.close(ctx, Status.SCHEDULED, error=error, retry_in=wait, conn=conn)
         return self.close(ctx, Status.FAILED, error=error, conn=conn)
@@ -107,17 +115,18 @@ class Completer:
         ``ctx.transaction()`` — the process ends whatever the other slots do: only that ends
         the handler's transaction and lets the lease expire for the reconciler's rescue."""
         grace = self._config.timeout_grace.total_seconds()
-        error = (
-            f"HandlerTimeoutError: handler ran past its timeout of "
-            f"{handler.timeout.total_seconds():g} s and did not return within {grace:g} s more"
+        timed_out = HandlerTimeoutError(
+            f"handler ran past its timeout of {handler.timeout.total_seconds():g} s and did "
+            f"not return within {grace:g} s more"
         )
+        error = describe(timed_out)
         closed = threading.Event()
 
         def close() -> None:
             try:
                 with self._core.engine.begin() as conn:
                     store.bounded_locks(conn)
-                    self.failed(ctx, handler, error, conn)
+                    self.failed(ctx, handler, error, conn, retry=handler.retries(timed_out))
                 closed.set()
             except Exception:
                 log.exception("could not close the timed-out attempt; its lease will expire")

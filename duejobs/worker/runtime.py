@@ -214,7 +214,7 @@ class Runtime:
             return self.completer.close(ctx, Status.SUCCEEDED)
         except (Exception, HandlerTimeoutError) as exc:
             log.warning("attempt failed: %s", describe(exc), extra=where, exc_info=True)
-            return self.completer.failed(ctx, handler, describe(exc))
+            return self.completer.failed(ctx, handler, describe(exc), retry=handler.retries(exc))
         if ctx._finished:
             return Outcome.SUCCEEDED
         return self.completer.close(ctx, Status.SUCCEEDED)
