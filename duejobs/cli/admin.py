@@ -273,7 +273,10 @@ def _cap_text(value: int | None, tenant: str) -> str:
 @click.pass_context
 def demo(ctx: click.Context) -> None:
     """The whole system end to end: scheduler, workers, reconciler and a realistic mix."""
-    from duejobs.demo import register, run_demo
+    try:
+        from duejobs.demo import register, run_demo
+    except ModuleNotFoundError as exc:  # rich, with the embedded servers
+        _fail(ModuleNotFoundError(f"duejobs demo needs duejobs[embedded] ({exc})"))
 
     with _app(ctx, migrate=True, embedded=True) as app:
         status = run_demo(register(app), ctx.obj["data_dir"], click.echo)
