@@ -244,14 +244,14 @@ def test_every_sqlalchemy_spelling_of_postgresql_is_read_as_postgresql(
     assert sqlalchemy_url(spelling + rest) == "postgresql+psycopg://" + rest
 
 
-def test_without_the_embedded_extra_the_cli_says_what_to_install_or_set() -> None:
+def test_without_the_embedded_extra_the_demo_says_what_to_install_or_set() -> None:
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("DUEJOBS_DATABASE_URL", "DUEJOBS_REDIS_URL")
     }
     code = (
-        "import sys; sys.modules['psutil'] = None; sys.argv = ['duejobs', 'stats']; "
+        "import sys; sys.modules['psutil'] = None; sys.argv = ['duejobs', 'demo']; "
         "from duejobs.cli import main; main()"
     )
     result = subprocess.run(

@@ -86,7 +86,9 @@ def settings_urls() -> tuple[str, str | None, str]:
     if alias not in settings.DATABASES:
         raise ImproperlyConfigured(f"DUEJOBS['DATABASE'] names {alias!r}, not in DATABASES")
     database = settings.DATABASES[alias]
-    if database.get("ENGINE") != "django.db.backends.postgresql":
+    # By the backend's vendor, not its name: PostGIS and wrapped PostgreSQL engines are
+    # PostgreSQL too.
+    if connections[alias].vendor != "postgresql":
         raise ImproperlyConfigured(
             f"duejobs needs PostgreSQL: DATABASES[{alias!r}] uses {database.get('ENGINE')!r}"
         )
