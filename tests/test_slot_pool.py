@@ -26,6 +26,19 @@ def _blocked(pool: SlotPool, key: str, release: threading.Event) -> None:
     pool.run(key, lambda: release.wait(30) and None)
 
 
+def _take_of_two_with_one_freed(pool: SlotPool) -> threading.Event:
+    """Two jobs taken together on two slots; the first has returned, the second runs until
+    the event returned is set."""
+    quick, slow = threading.Event(), threading.Event()
+    assert pool.acquire(1) and pool.acquire(1)
+    pool.took(["quick", "slow"])
+    pool.run("quick", lambda: quick.wait(30) and None)
+    pool.run("slow", lambda: slow.wait(30) and None)
+    quick.set()
+    wait_for(lambda: pool.busy == 1, 10, "the quick slot to free")
+    return slow
+
+
 def test_never_more_run_at_once_than_the_pool_has_slots() -> None:
     pool = SlotPool(3, take_window=0)
     running, most, lock = 0, 0, threading.Lock()
@@ -73,13 +86,7 @@ def test_a_job_taken_that_will_not_run_frees_its_slot() -> None:
 
 def test_a_freed_slot_waits_for_the_others_of_its_take() -> None:
     pool = SlotPool(2, take_window=30)
-    quick, slow = threading.Event(), threading.Event()
-    assert pool.acquire(1) and pool.acquire(1)
-    pool.took(["quick", "slow"])
-    pool.run("quick", lambda: quick.wait(30) and None)
-    pool.run("slow", lambda: slow.wait(30) and None)
-    quick.set()
-    wait_for(lambda: pool.busy == 1, 10, "the quick slot to free")
+    slow = _take_of_two_with_one_freed(pool)
     waited = threading.Thread(target=pool.await_others, args=(lambda: False,))
     waited.start()
     waited.join(0.2)
@@ -92,13 +99,7 @@ def test_a_freed_slot_waits_for_the_others_of_its_take() -> None:
 
 def test_a_take_is_waited_for_once_and_never_past_its_window() -> None:
     pool = SlotPool(2, take_window=0.05)
-    quick, slow = threading.Event(), threading.Event()
-    assert pool.acquire(1) and pool.acquire(1)
-    pool.took(["quick", "slow"])
-    pool.run("quick", lambda: quick.wait(30) and None)
-    pool.run("slow", lambda: slow.wait(30) and None)
-    quick.set()
-    wait_for(lambda: pool.busy == 1, 10, "the quick slot to free")
+    slow = _take_of_two_with_one_freed(pool)
     started = time.monotonic()
     pool.await_others(lambda: False)  # the slow one never frees: the window ends the wait
     assert time.monotonic() - started < 10
@@ -111,13 +112,7 @@ def test_a_take_is_waited_for_once_and_never_past_its_window() -> None:
 
 def test_a_stop_ends_the_wait_for_a_take() -> None:
     pool = SlotPool(2, take_window=30)
-    quick, slow, stop = threading.Event(), threading.Event(), threading.Event()
-    assert pool.acquire(1) and pool.acquire(1)
-    pool.took(["quick", "slow"])
-    pool.run("quick", lambda: quick.wait(30) and None)
-    pool.run("slow", lambda: slow.wait(30) and None)
-    quick.set()
-    wait_for(lambda: pool.busy == 1, 10, "the quick slot to free")
+    slow, stop = _take_of_two_with_one_freed(pool), threading.Event()
     waited = threading.Thread(target=pool.await_others, args=(stop.is_set,))
     waited.start()
     stop.set()
