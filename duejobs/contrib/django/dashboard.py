@@ -57,7 +57,7 @@ def dashboard_urls(
             )
             # One key for every process of the project (a form may post to another worker);
             # actions run in the request's thread, on its Django connection.
-            secret = salted_hmac("duejobs.dashboard", "csrf").digest()
+            secret = salted_hmac("duejobs.dashboard", "csrf", algorithm="sha256").digest()
             offload = _in_request_thread
             built.append(Pages(get_app(), access, refresh, secret=secret, offload=offload))
         return built[0]
