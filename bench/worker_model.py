@@ -40,6 +40,7 @@ def run(seeds: list[int], database_url: str, redis_url: str) -> list[Report]:
     schedules = int(os.environ.get("WORKER_MODEL_SCHEDULES", "300"))
     seconds = float(os.environ.get("WORKER_MODEL_SECONDS", "20"))
     env = {**os.environ, DATABASE_ENV: database_url, REDIS_ENV: redis_url, "PYTHONPATH": str(_ROOT)}
+    env["PYTHONFAULTHANDLER"] = "1"  # a worker stuck at its stop shows where (SIGABRT)
 
     logs = Path(tempfile.mkdtemp(prefix="duejobs-worker-model-"))
     print(f"worker model: the workers' logs are in {logs}", flush=True)

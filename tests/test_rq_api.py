@@ -31,6 +31,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -269,6 +270,25 @@ def test_rqs_stop_job_command_leaves_a_duejobs_worker_running(
     wait_for(lambda: system.status(s.id) == "succeeded", 30, "the job to finish")
     assert worker.popen.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()
+
+
+def test_a_worker_stops_listening_for_rqs_commands_at_once(system: System) -> None:
+    """The thread that hears RQ's commands (stop job, shutdown) is stopped by redis-py with no
+    time limit, and RQ 3.0 lets it sleep 60 s between reads: one that had handled its
+    unsubscription before it was told to stop held the worker's warm stop for a minute (a
+    demo's worker outliving its 30 s, on a busy machine). Seen failing with RQ 3.0's own
+    ``subscribe``."""
+    from duejobs.worker import DuejobsWorker, Runtime
+
+    worker = DuejobsWorker(Runtime(system.app))
+    worker.subscribe()
+    assert worker.pubsub is not None
+    worker.pubsub.unsubscribe()  # the listener handles the reply: it waits unsubscribed
+    wait_for(lambda: not worker.pubsub.subscribed, 10, "the listener to see its unsubscription")
+    stopping = threading.Thread(target=worker.unsubscribe, daemon=True)
+    stopping.start()
+    stopping.join(timeout=5)
+    assert not stopping.is_alive(), "the listener thread held the stop"
 
 
 def test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry(

@@ -35,6 +35,7 @@ import contextlib
 import os
 import random
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -63,6 +64,8 @@ _LEASE = ["--lease", "2s", "--heartbeat", "500ms"]
 # How long Redis stays out of reach in an outage: longer than the lease, so that claims made
 # as jobs were taken outlive it while their starts fail.
 OUTAGE = 3.0
+# A warm stop finishes the handlers running (under a second here) and puts the rest back.
+STOP_WITHIN = 60
 
 
 @dataclass(frozen=True)
@@ -301,7 +304,16 @@ def run_model(
         background.stop()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(worker.popen.pid, signal.SIGTERM)
-        worker.popen.wait(timeout=60)
+        try:
+            worker.popen.wait(timeout=STOP_WITHIN)
+        except subprocess.TimeoutExpired:
+            report.violations.append(
+                f"the worker did not stop within {STOP_WITHIN} s of SIGTERM "
+                "(every thread's stack is in its log)"
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.popen.pid, signal.SIGABRT)  # faulthandler: the stacks
+            worker.popen.wait(timeout=STOP_WITHIN)
     report.runs, found = violations(app, killed)
     report.violations += found
     return report
