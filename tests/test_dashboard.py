@@ -33,6 +33,9 @@ from duejobs import App, Status
 from duejobs.dashboard import Access, create_dashboard, is_loopback
 from tests.conftest import Proc, System, wait_for
 
+# The address a request from this machine comes from (an unauthenticated dashboard answers
+# no other).
+LOCAL = ("127.0.0.1", 50000)
 MARKUP = '<script>alert("x")</script><b>bold</b>'
 
 
@@ -50,7 +53,7 @@ def operator(app: App) -> Iterator[TestClient]:
 
 
 def _csrf(page: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    found = re.search(r'name="csrf" value="([0-9a-f.]+)"', page)
     assert found is not None, page
     return found[1]
 
@@ -104,7 +107,7 @@ def test_an_action_needs_the_callers_csrf_token_and_its_origin(
 
 def test_pages_need_the_configured_credentials(app: App) -> None:
     board = create_dashboard(app, Access(user="ops", password="s3cret"))
-    with TestClient(board) as anonymous:
+    with TestClient(board, client=LOCAL) as anonymous:
         refused = anonymous.get("/")
         assert refused.status_code == 401 and "Basic" in refused.headers["www-authenticate"]
         assert anonymous.get("/", headers=_auth(password="wrong")).status_code == 401
@@ -116,14 +119,14 @@ def test_the_host_applications_own_check_decides(app: App) -> None:
         return request.headers.get("x-staff") == "yes"
 
     board = create_dashboard(app, Access(authorize=staff_only, actions=True))
-    with TestClient(board) as client:
+    with TestClient(board, client=LOCAL) as client:
         assert client.get("/").status_code == 401
         assert client.get("/", headers={"x-staff": "yes"}).status_code == 200
 
 
 def test_a_read_only_dashboard_offers_no_action_and_refuses_one(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
-    with TestClient(create_dashboard(app)) as client:
+    with TestClient(create_dashboard(app), client=LOCAL) as client:
         page = client.get(f"/schedules/{s.id}")
         assert page.status_code == 200 and '<form method="post"' not in page.text
         assert client.post(f"/schedules/{s.id}/cancel", data={"csrf": "x"}).status_code == 403
@@ -153,7 +156,7 @@ def test_a_host_check_must_answer_plainly(app: App) -> None:
         Access(authorize=staff_only)
     answers: list[object] = [False, None, object(), ""]
     board = create_dashboard(app, Access(authorize=lambda request: answers[0], actions=True))
-    with TestClient(board) as client:
+    with TestClient(board, client=LOCAL) as client:
         while answers:
             assert client.get("/").status_code == 401, answers[0]
             answers.pop(0)
@@ -162,7 +165,7 @@ def test_a_host_check_must_answer_plainly(app: App) -> None:
 def test_each_caller_the_host_names_gets_a_token_of_its_own(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
     access = Access(authorize=lambda request: request.headers.get("x-user", False), actions=True)
-    with TestClient(create_dashboard(app, access)) as client:
+    with TestClient(create_dashboard(app, access), client=LOCAL) as client:
         alice = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "alice"}).text)
         bob = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "bob"}).text)
         assert alice != bob
@@ -184,7 +187,7 @@ def test_only_the_dashboards_own_messages_are_shown(app: App, operator: TestClie
 
 def test_a_loopback_dashboard_answers_only_its_own_names(app: App) -> None:
     board = create_dashboard(app, allowed_hosts=["127.0.0.1", "localhost"])
-    with TestClient(board, base_url="http://127.0.0.1:8080") as client:
+    with TestClient(board, base_url="http://127.0.0.1:8080", client=LOCAL) as client:
         assert client.get("/").status_code == 200
         assert client.get("/", headers={"host": "rebound.example"}).status_code == 400
 
@@ -192,7 +195,7 @@ def test_a_loopback_dashboard_answers_only_its_own_names(app: App) -> None:
 def test_links_follow_the_path_the_dashboard_is_mounted_at(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
     host = Starlette(routes=[Mount("/jobs", create_dashboard(app))])
-    with TestClient(host) as client:
+    with TestClient(host, client=LOCAL) as client:
         page = client.get("/jobs/schedules").text
         assert f'href="/jobs/schedules/{s.id}"' in page and 'href="/jobs/dashboard.css"' in page
 
@@ -231,9 +234,9 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _answers(port: int) -> bool:
+def _answers(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -323,7 +326,7 @@ def test_a_schedule_page_shows_each_attempt_with_its_worker_and_error(system: Sy
     assert [(a.attempt, a.status) for a in attempts] == [(1, "failed"), (2, "succeeded")]
     assert attempts[0].error is not None and "transient failure on attempt 1" in attempts[0].error
     assert attempts[0].next_attempt_at is not None and attempts[0].worker
-    with TestClient(create_dashboard(system.app)) as client:
+    with TestClient(create_dashboard(system.app), client=LOCAL) as client:
         page = client.get(f"/schedules/{s.id}").text
     assert 'class="attempt-failed"' in page and 'class="attempt-succeeded"' in page
     assert "transient failure on attempt 1" in page
@@ -333,13 +336,13 @@ def test_a_schedule_page_shows_each_attempt_with_its_worker_and_error(system: Sy
 def test_the_overview_charts_the_start_lag_of_the_last_hour(system: System) -> None:
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(3)]
     system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
-    with TestClient(create_dashboard(system.app)) as client:
+    with TestClient(create_dashboard(system.app), client=LOCAL) as client:
         page = client.get("/").text
     p50 = re.search(r'<polyline points="([^"]*)" class="p50"/>', page)
     assert p50 is not None and re.fullmatch(r"([\d.]+,[\d.]+ )+", p50[1]), page
     assert re.search(r'<circle cx="[\d.]+" cy="[\d.]+" r="2.5" class="p99"/>', page)
     assert "3 starts" in page
-    with TestClient(create_dashboard(system.app.tenant("other"))) as client:
+    with TestClient(create_dashboard(system.app.tenant("other")), client=LOCAL) as client:
         assert "0 starts" in client.get("/").text
 
 
@@ -375,11 +378,11 @@ def test_the_overview_reads_its_figures_at_most_once_per_refresh(app: App) -> No
         assert found is not None
         return int(found[1])
 
-    with TestClient(create_dashboard(app, refresh=3600)) as client:
+    with TestClient(create_dashboard(app, refresh=3600), client=LOCAL) as client:
         assert shown(client) == 3
         app.schedule("record", {}, delay=60)
         assert shown(client) == 3  # read less than a refresh ago: not read again
-    with TestClient(create_dashboard(app, refresh=1)) as client:
+    with TestClient(create_dashboard(app, refresh=1), client=LOCAL) as client:
         assert shown(client) == 4
         app.schedule("record", {}, delay=60)
         wait_for(lambda: shown(client) == 5, 30, "the figures to be read again")
@@ -388,7 +391,7 @@ def test_the_overview_reads_its_figures_at_most_once_per_refresh(app: App) -> No
 def test_a_schedule_page_shows_its_queue_job_as_redis_holds_it(system: System) -> None:
     s = system.app.schedule("record", {}, delay=0)
     cell = re.compile(r'id="queue-job">(.*?)</td>', re.S)
-    with TestClient(create_dashboard(system.app)) as client:
+    with TestClient(create_dashboard(system.app), client=LOCAL) as client:
 
         def job_cell() -> str:
             found = cell.search(client.get(f"/schedules/{s.id}").text)
@@ -430,6 +433,7 @@ def test_processes_that_share_a_secret_accept_each_others_forms(app: App) -> Non
     second = create_dashboard(app, access, secret=b"k" * 32)
     with TestClient(first, headers=_auth()) as one, TestClient(second, headers=_auth()) as two:
         token = _csrf(one.get(f"/schedules/{s.id}").text)
+        two.cookies = one.cookies  # one browser, its requests spread over both processes
         done = two.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
         assert "cancel: done" in done.text
     with TestClient(create_dashboard(app, access), headers=_auth()) as other:

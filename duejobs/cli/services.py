@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 from collections.abc import Callable
@@ -389,80 +388,3 @@ def prune(
     with _app(ctx) as app:
         pruner = Pruner(app, config)
         _once_or_every(pruner, every, report)
-
-
-DASHBOARD_PASSWORD_ENV = "DUEJOBS_DASHBOARD_PASSWORD"
-
-
-@main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
-@click.option("--tenant", default=None, help="Show this tenant only (default: every tenant).")
-@click.option(
-    "--user", help=f"HTTP basic auth user; the password comes from ${DASHBOARD_PASSWORD_ENV}."
-)
-@click.option(
-    "--actions", is_flag=True, help="Offer cancel, reschedule, retry, run now (needs --user)."
-)
-@click.option(
-    "--refresh", type=click.IntRange(1, 3600), default=10, show_default=True, help="Seconds."
-)
-@click.option("--ssl-certfile", help="Serve HTTPS with this certificate (PEM).")
-@click.option("--ssl-keyfile", help="The certificate's private key (PEM).")
-@click.pass_context
-def dashboard(
-    ctx: click.Context,
-    host: str,
-    port: int,
-    tenant: str | None,
-    user: str | None,
-    actions: bool,
-    refresh: int,
-    ssl_certfile: str | None,
-    ssl_keyfile: str | None,
-) -> None:
-    """Serve the dashboard: overview, schedules, one schedule and its actions. Refuses a
-    non-loopback --host, and --actions, without authentication."""
-    try:
-        import uvicorn
-
-        from duejobs.dashboard import Access, create_dashboard, is_loopback
-    except ImportError as exc:
-        _fail(
-            DuejobsError(f"the dashboard needs its extra: pip install 'duejobs[dashboard]' ({exc})")
-        )
-    password = os.environ.get(DASHBOARD_PASSWORD_ENV) or None
-    if (user is None) != (password is None):
-        raise click.UsageError(f"--user and a non-empty ${DASHBOARD_PASSWORD_ENV} go together")
-    if user is not None and not user.strip():
-        raise click.UsageError("--user must not be empty")
-    if (ssl_certfile is None) != (ssl_keyfile is None):
-        raise click.UsageError("--ssl-certfile and --ssl-keyfile go together")
-    access = Access(user=user, password=password, actions=actions)
-    if actions and not access.authenticates:
-        raise click.UsageError(f"--actions needs --user and ${DASHBOARD_PASSWORD_ENV}")
-    if not is_loopback(host) and not access.authenticates:
-        raise click.UsageError(
-            f"--host {host} is reachable from other machines: set --user and "
-            f"${DASHBOARD_PASSWORD_ENV}, or listen on 127.0.0.1"
-        )
-    # A loopback dashboard answers only its own names: a web page that rebinds its name to
-    # 127.0.0.1 gets no answer.
-    hosts = ["127.0.0.1", "localhost", "[::1]", "::1"] if is_loopback(host) else None
-    scheme = "https" if ssl_certfile else "http"
-    with _app(ctx) as app:
-        scoped = app.tenant(tenant) if tenant else app
-        board = create_dashboard(scoped, access, refresh=refresh, allowed_hosts=hosts)
-        click.echo(
-            f"dashboard on {scheme}://{host}:{port}/ ({'actions' if actions else 'read-only'})"
-        )
-        if scheme == "http" and not is_loopback(host):
-            click.echo("warning: plain HTTP off loopback: serve it behind TLS", err=True)
-        uvicorn.run(
-            board,
-            host=host,
-            port=port,
-            log_level="warning",
-            ssl_certfile=ssl_certfile,
-            ssl_keyfile=ssl_keyfile,
-        )

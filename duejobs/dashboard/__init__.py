@@ -1,5 +1,6 @@
 """The operator's dashboard: an ASGI app over an :class:`~duejobs.App` (see :mod:`.web`)."""
 
-from duejobs.dashboard.web import Access, Pages, create_dashboard, is_loopback
+from duejobs.dashboard.access import Access, is_loopback
+from duejobs.dashboard.web import Pages, create_dashboard
 
 __all__ = ["Access", "Pages", "create_dashboard", "is_loopback"]

@@ -12,8 +12,10 @@ What it promises:
 * **Read-only unless actions are enabled**, and actions only for an authenticated caller:
   HTTP basic auth (``Access.user``/``password``) or the host application's own check
   (``Access.authorize``, called with each request). Every form carries a CSRF token bound to
-  the caller (an HMAC under a secret of this process), and a POST without it, or from
-  another origin, is refused.
+  the caller, the browser session and a lifetime (an HMAC under a secret of this process),
+  and a POST without it, or from another origin, is refused (:mod:`.access`).
+* **Without authentication, this machine only**: a request through a proxy or from another
+  machine gets a page saying why, and no data.
 * **Every value is HTML-escaped** (Jinja2's autoescape): payloads, keys and errors are user
   data.
 * **A tenant-scoped App shows its tenant only**: every read and action goes through the
@@ -22,24 +24,17 @@ What it promises:
   step.
 
 What it does not do: serve on a non-loopback address without authentication —
-:func:`is_loopback` is what ``duejobs dashboard`` checks before it starts.
+:func:`~duejobs.dashboard.access.is_loopback` is what ``duejobs dashboard`` checks before it
+starts. Pages send ``Cache-Control: no-store``: what they show stays out of caches.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
-import inspect
-import ipaddress
 import secrets
-import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from importlib.resources import files
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -54,7 +49,18 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from duejobs import App, stats, store
+from duejobs import App, stats
+from duejobs.dashboard.access import (
+    SESSION_COOKIE,
+    SESSION_SCOPE,
+    Access,
+    SignIns,
+    Tokens,
+    basic_user,
+    not_local,
+    public_origin,
+)
+from duejobs.dashboard.figures import Figures
 from duejobs.delivery import JobState
 from duejobs.errors import (
     ConfigurationError,
@@ -68,49 +74,6 @@ from duejobs.timespec import parse_duration
 _ACTIONS = ("cancel", "retry", "run-now", "reschedule")
 # How an async page runs a blocking call (the App's): Starlette's thread pool by default.
 Offload = Callable[..., Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class Access:
-    """Who may use the dashboard. ``user``/``password``: HTTP basic auth for every page
-    (both non-empty); ``authorize``: the host application's own check, a plain function given
-    each request, answering the caller's name (its own CSRF token), True (allowed, one token
-    for all), or anything else to refuse; ``actions``: cancel, reschedule, retry, run now,
-    pause and resume are offered (to an authenticated caller only)."""
-
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    authorize: Callable[[Request], bool | str] | None = None
-    actions: bool = False
-
-    def __post_init__(self) -> None:
-        if self.authorize is not None and inspect.iscoroutinefunction(self.authorize):
-            raise TypeError("Access.authorize must be a plain function (it runs in a thread)")
-
-    @property
-    def authenticates(self) -> bool:
-        return self.authorize is not None or (bool(self.user) and bool(self.password))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is only reachable from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _basic_user(request: Request) -> tuple[str, str] | None:
-    scheme, _, encoded = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        user, sep, password = base64.b64decode(encoded, validate=True).decode().partition(":")
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    return (user, password) if sep else None
 
 
 class Pages:
@@ -130,8 +93,11 @@ class Pages:
         self.app, self.access, self.refresh, self._offload = app, access, refresh, offload
         # Signs the CSRF tokens and the messages after actions: processes serving one
         # dashboard behind a balancer must share it, or a form fails on another process.
-        self.secret = secret if secret is not None else secrets.token_bytes(32)
-        self.figures = _Figures(app, refresh)
+        self.tokens = Tokens(
+            secret if secret is not None else secrets.token_bytes(32), access.form_lifetime
+        )
+        self.sign_ins = SignIns(access.sign_in_limit)
+        self.figures = Figures(app, refresh)
         self.pages = Environment(
             loader=PackageLoader("duejobs.dashboard", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
@@ -150,48 +116,83 @@ class Pages:
             if isinstance(answer, str) and answer:
                 return "user:" + answer
             return None
-        given = _basic_user(request)
+        given = basic_user(request)
         if given is None or not self.access.user or not self.access.password:
             return None
         user_ok = hmac.compare_digest(given[0].encode(), self.access.user.encode())
         password_ok = hmac.compare_digest(given[1].encode(), self.access.password.encode())
         return given[0] if user_ok and password_ok else None
 
-    def csrf(self, caller: str) -> str:
-        return self._sign("csrf:" + caller)
-
-    def _sign(self, text: str) -> str:
-        return hmac.new(self.secret, text.encode(), hashlib.sha256).hexdigest()
-
-    def _signed(self, request: Request, name: str) -> str | None:
-        """A message this dashboard put in the redirect after an action (None for any
-        other text: a link cannot make the page say something)."""
-        text, sig = request.query_params.get(name), request.query_params.get("sig", "")
-        if text is None or not hmac.compare_digest(sig.encode(), self._sign(text).encode()):
-            return None
-        return text
-
     def refused(self, request: Request) -> Response | None:
-        """The answer to a caller who may not read, or None."""
-        if self.access.authenticates and self.caller(request) is None:
+        """The answer to a caller who may not read, or None: without authentication, a
+        request that did not come straight from this machine; with basic auth, a client
+        that sent too many wrong passwords, or a caller without the credentials."""
+        if not self.access.authenticates:
+            why = not_local(request)
+            if why is None:
+                return None
+            page = self.pages.get_template("refused.html").render(why=why)
+            return HTMLResponse(page, status_code=403, headers=_HEADERS)
+        client = request.client.host if request.client else ""
+        if self.access.authorize is None and (wait := self.sign_ins.wait(client)):
+            return Response(
+                "too many failed sign-ins from this address: try again later",
+                status_code=429,
+                headers={**_HEADERS, "Retry-After": str(int(wait))},
+            )
+        if self.caller(request) is None:
+            if self.access.authorize is None and basic_user(request) is not None:
+                self.sign_ins.failed(client)
             return Response(
                 "authentication required",
                 status_code=401,
-                headers={"WWW-Authenticate": 'Basic realm="duejobs"'},
+                headers={**_HEADERS, "WWW-Authenticate": 'Basic realm="duejobs"'},
             )
         return None
+
+    def _session(self, request: Request) -> str | None:
+        """The browser session a form is bound to: the host framework's, else this
+        dashboard's own cookie."""
+        session = request.scope.get(SESSION_SCOPE) or request.cookies.get(SESSION_COOKIE)
+        return str(session) if session else None
+
+    def _signed(self, request: Request, name: str) -> str | None:
+        """A message this dashboard put in the redirect after an action on this very page
+        (None for any other text: a link cannot make a page say something)."""
+        text, sig = request.query_params.get(name), request.query_params.get("sig", "")
+        expected = self.tokens.sign(f"{_page(request)}:{text}")
+        if text is None or not hmac.compare_digest(sig.encode(), expected.encode()):
+            return None
+        return text
 
     def render(self, request: Request, template: str, status: int = 200, **values: Any) -> Response:
         caller = self.caller(request)
         can_act = self.access.actions and caller is not None
+        session = self._session(request)
+        new_session = can_act and session is None
+        caller = caller if can_act else None
+        if new_session:
+            session = Tokens.new_session()
         html = self.pages.get_template(template).render(
             root=request.scope.get("root_path", ""),
             scope=self.app.scope,
             can_act=can_act,
-            csrf=self.csrf(caller) if can_act and caller is not None else "",
+            csrf=self.tokens.csrf(caller, session)
+            if can_act and caller is not None and session
+            else "",
             **values,
         )
-        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+        answer = HTMLResponse(html, status_code=status, headers=_HEADERS)
+        if new_session and session:
+            answer.set_cookie(
+                SESSION_COOKIE,
+                session,
+                path=request.scope.get("root_path") or "/",
+                secure=request.url.scheme == "https",
+                httponly=True,
+                samesite="strict",
+            )
+        return answer
 
     # -- pages -----------------------------------------------------------------------------
 
@@ -270,23 +271,41 @@ class Pages:
 
     async def _form(self, request: Request) -> dict[str, str] | Response:
         """The fields of an action's form — allowed only with actions enabled, an
-        authenticated caller, the caller's CSRF token and no other origin — or the refusal."""
+        authenticated caller, the caller's CSRF token of this session and no other origin —
+        or the refusal."""
+        no: Response | None = await self._offload(self.refused, request)
+        if no is not None:
+            return no
         caller = await self._offload(self.caller, request)
         if not self.access.actions or caller is None:
             return Response("actions are not enabled for this caller", status_code=403)
         origin = request.headers.get("origin")
-        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+        if origin is not None and origin not in self._origins(request):
             return Response("cross-origin request refused", status_code=403)
         form = parse_qs((await request.body()).decode("utf-8", "replace"))
         fields = {name: values[0] for name, values in form.items()}
-        if not hmac.compare_digest(fields.get("csrf", "").encode(), self.csrf(caller).encode()):
-            return Response("missing or wrong CSRF token", status_code=403)
+        session = self._session(request)
+        why = (
+            self.tokens.csrf_refusal(fields.get("csrf", ""), caller, session)
+            if session
+            else "missing or wrong CSRF token"
+        )
+        if why is not None:
+            return Response(why, status_code=403)
         return fields
+
+    def _origins(self, request: Request) -> set[str]:
+        """The origins a form may be posted from: the one the request was made to, and
+        the public URL's behind a proxy that does not forward the Host."""
+        own = {f"{request.url.scheme}://{request.url.netloc}"}
+        if self.access.public_url is not None:
+            own.add(public_origin(self.access.public_url)[0])
+        return own
 
     def _after(self, request: Request, path: str, outcome: dict[str, str]) -> Response:
         """Back to ``path`` (GET), saying what the action came to in a signed message."""
         ((name, text),) = outcome.items()
-        message = urlencode({name: text, "sig": self._sign(text)})
+        message = urlencode({name: text, "sig": self.tokens.sign(f"{path}:{text}")})
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}{path}?{message}", status_code=303)
 
@@ -373,75 +392,6 @@ def _when(text: str) -> dict[str, Any]:
         return {"delay": parse_duration(text, "the new time")}
 
 
-class _Figures:
-    """The overview's figures, read at most once per ``refresh`` seconds whoever asks: they
-    count every live schedule, which on a big table takes longer than a page should. A page
-    asking for figures older than that gets them at once (they say when they were read) while
-    one thread reads them again; only the very first page waits."""
-
-    def __init__(self, app: App, refresh: int) -> None:
-        self._app, self._refresh = app, refresh
-        self._lock = threading.Lock()
-        self._current: tuple[stats.Stats, _LagChart] | None = None
-        self._read_at = 0.0
-        self._reading = False
-
-    def read(self) -> tuple[stats.Stats, _LagChart, float]:
-        """The figures, their chart, and how many seconds ago they were read."""
-        with self._lock:
-            current, stale = self._current, time.monotonic() - self._read_at >= self._refresh
-            start = current is not None and stale and not self._reading
-            if start:
-                self._reading = True
-        if current is None:
-            return (*self._read(), 0.0)
-        if start:
-            threading.Thread(target=self._read, name="duejobs-dashboard", daemon=True).start()
-        return (*current, time.monotonic() - self._read_at)
-
-    def _read(self) -> tuple[stats.Stats, _LagChart]:
-        try:
-            figures = stats.collect(self._app)
-            chart = _LagChart.of(stats.lag_over_time(self._app), figures.at, figures.since)
-            with self._lock:
-                self._current, self._read_at = (figures, chart), time.monotonic()
-            return figures, chart
-        finally:
-            with self._lock:
-                self._reading = False
-
-
-@dataclass(frozen=True)
-class _LagChart:
-    """The start lag over the last hour as SVG (p50 and p99 lines, a dot per minute): drawn
-    by the browser from the page's markup, no script."""
-
-    p50: list[tuple[float, float]]
-    p99: list[tuple[float, float]]
-    top_ms: float
-    starts: int
-    width: int = 720
-    height: int = 160
-
-    @classmethod
-    def of(cls, points: list[store.LagPoint], now: datetime, span: timedelta) -> _LagChart:
-        top = max([p.p99_ms for p in points] + [1.0])
-        start = now - span
-
-        def line(value: Callable[[store.LagPoint], float]) -> list[tuple[float, float]]:
-            return [
-                (
-                    round((p.at - start) / span * cls.width, 1),
-                    round(cls.height - 4 - value(p) / top * (cls.height - 8), 1),  # 4 px margin
-                )
-                for p in points
-            ]
-
-        return cls(
-            line(lambda p: p.p50_ms), line(lambda p: p.p99_ms), top, sum(p.starts for p in points)
-        )
-
-
 # No script runs on these pages; frames, plugins and foreign resources are refused outright.
 _HEADERS = {
     "Content-Security-Policy": (
@@ -450,7 +400,16 @@ _HEADERS = {
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
+    # Payloads, keys and errors: kept out of the browser's and any proxy's cache.
+    "Cache-Control": "no-store",
 }
+
+
+def _page(request: Request) -> str:
+    """The request's path under the dashboard's root (``/schedules/<id>``)."""
+    path: str = request.scope["path"]
+    root: str = request.scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
 
 def _id(text: str) -> uuid.UUID | None:

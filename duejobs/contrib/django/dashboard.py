@@ -14,8 +14,9 @@ anyone else is sent to ``settings.LOGIN_URL``. ``actions`` offers cancel, resche
 run now, pause and resume. The pages are those of ``duejobs dashboard``
 (:mod:`duejobs.dashboard`), routed by Django: each view runs its page in the request's own
 thread, so its reads and writes go through the project's App on Django's connection, as a
-view's would. The forms carry the dashboard's own CSRF token, bound to the user; Django's
-CSRF middleware is not asked to check them (the views are ``csrf_exempt``).
+view's would. The forms carry the dashboard's own CSRF token, bound to the user and to
+Django's session (a form shown before a sign-out is refused after it); Django's CSRF
+middleware is not asked to check them (the views are ``csrf_exempt``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from starlette.responses import Response
 
 from duejobs.contrib.django import get_app
 from duejobs.dashboard import Access, Pages
+from duejobs.dashboard.access import SESSION_SCOPE
 
 _USER = "duejobs.user"  # the scope key the views put the signed-in user's name under
 
@@ -134,6 +136,8 @@ def _request(request: HttpRequest, tail: str, params: dict[str, str], user: str)
         + [(b"host", request.get_host().encode("latin-1"))],
         "path_params": params,
         _USER: user,
+        # The forms' tokens are bound to Django's session: a sign-in or sign-out renews it.
+        SESSION_SCOPE: getattr(getattr(request, "session", None), "session_key", None),
     }
     return Request(scope, receive)
 

@@ -1,0 +1,86 @@
+"""What the dashboard's forms and sign-ins prove (``duejobs.dashboard.access``): a form's
+token is bound to its caller, its browser session and a lifetime; an action's message shows
+on its own page only; wrong passwords are throttled; nothing a page shows is cached.
+
+Seen failing on the tokens bound to the caller alone: the session, lifetime and message
+tests; on pages without ``Cache-Control`` and sign-ins without a limit: the other two.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
+
+from starlette.testclient import TestClient
+
+from duejobs import App, Status
+from duejobs.dashboard import Access, create_dashboard
+from duejobs.dashboard.access import SESSION_COOKIE, Tokens
+from tests.test_dashboard import LOCAL, _auth, _csrf
+
+ACCESS = Access(user="ops", password="s3cret", actions=True)
+SECRET = b"k" * 32
+
+
+def test_pages_are_kept_out_of_every_cache(app: App) -> None:
+    s = app.schedule("record", {"card": "4111"}, delay=60)
+    with TestClient(create_dashboard(app, ACCESS), headers=_auth()) as client:
+        for path in ("/", "/schedules", f"/schedules/{s.id}", "/recurring"):
+            assert client.get(path).headers["cache-control"] == "no-store", path
+        assert client.get("/", headers=_auth(password="no")).headers["cache-control"] == "no-store"
+    with TestClient(create_dashboard(app), client=("203.0.113.9", 1)) as other:
+        assert other.get("/").headers["cache-control"] == "no-store"
+
+
+def test_wrong_passwords_from_one_address_are_throttled(app: App) -> None:
+    board = create_dashboard(app, Access(user="ops", password="s3cret", sign_in_limit=3))
+    with TestClient(board, client=("198.51.100.7", 1)) as guesser:
+        for _ in range(3):
+            assert guesser.get("/", headers=_auth(password="guess")).status_code == 401
+        blocked = guesser.get("/", headers=_auth())
+        assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) > 0
+    with TestClient(board, client=("198.51.100.8", 1)) as colleague:
+        assert colleague.get("/", headers=_auth()).status_code == 200
+
+
+def test_a_form_is_bound_to_the_browser_session_it_was_shown_in(app: App) -> None:
+    s = app.schedule("record", {}, delay=60)
+    board = create_dashboard(app, ACCESS)
+    with (
+        TestClient(board, headers=_auth()) as mine,
+        TestClient(board, headers=_auth()) as other,
+    ):
+        token = _csrf(mine.get(f"/schedules/{s.id}").text)
+        assert SESSION_COOKIE in mine.cookies
+        other.get("/")  # a session of its own
+        stolen = other.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
+        assert stolen.status_code == 403 and "CSRF" in stolen.text
+        assert app.get(s.id).status is Status.SCHEDULED  # type: ignore[union-attr]
+        assert "cancel: done" in mine.post(f"/schedules/{s.id}/cancel", data={"csrf": token}).text
+
+
+def test_a_form_expires_after_its_lifetime(app: App) -> None:
+    s = app.schedule("record", {}, delay=60)
+    lifetime = 600.0
+    access = Access(user="ops", password="s3cret", actions=True, form_lifetime=lifetime)
+    with TestClient(create_dashboard(app, access, secret=SECRET), headers=_auth()) as client:
+        client.get(f"/schedules/{s.id}")
+        session = client.cookies[SESSION_COOKIE]
+        old = Tokens(SECRET, lifetime).csrf("ops", session, now=time.time() - lifetime - 1)
+        refused = client.post(f"/schedules/{s.id}/cancel", data={"csrf": old})
+        assert refused.status_code == 403 and "expired" in refused.text
+        fresh = Tokens(SECRET, lifetime).csrf("ops", session, now=time.time() - lifetime + 60)
+        assert "cancel: done" in client.post(f"/schedules/{s.id}/cancel", data={"csrf": fresh}).text
+
+
+def test_an_actions_message_shows_on_its_own_page_only(app: App) -> None:
+    first = app.schedule("record", {}, delay=60)
+    second = app.schedule("record", {}, delay=60)
+    with TestClient(create_dashboard(app, ACCESS), headers=_auth(), client=LOCAL) as client:
+        token = _csrf(client.get(f"/schedules/{first.id}").text)
+        done = client.post(
+            f"/schedules/{first.id}/cancel", data={"csrf": token}, follow_redirects=False
+        )
+        message = urlsplit(done.headers["location"]).query
+        assert 'id="done"' in client.get(f"/schedules/{first.id}?{message}").text
+        assert 'id="done"' not in client.get(f"/schedules/{second.id}?{message}").text
