@@ -83,15 +83,20 @@ class Scoped:
 
         Best effort by design: the worker re-reads the row and skips a stale delivery, so a
         Redis error here is logged, not raised — the database change already committed. With
-        ``conn=`` nothing is removed, since the caller may still roll back. A job left on a
+        ``conn=`` nothing is removed, since the caller may still roll back; in a host
+        framework's transaction (Django's ``atomic()``) only once it commits. A job left on a
         node its queue has moved away from is the reconciler's orphan removal's to find.
         """
         if job is None or not self.settings.redis_url:
             return
-        try:
-            self.deliverer().remove(job.id, job.queue)
-        except RedisError as exc:
-            log.warning("could not remove stale queue job %s: %s", job.id, exc)
+
+        def remove() -> None:
+            try:
+                self.deliverer().remove(job.id, job.queue)
+            except RedisError as exc:
+                log.warning("could not remove stale queue job %s: %s", job.id, exc)
+
+        self._core.after_commit(remove)
 
     def _route(self, handler: Handler | None, queue: str | None) -> str:
         """The queue a schedule goes to: the one asked for, else its type's, else the App's."""

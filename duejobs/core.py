@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import select
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol, Self, TypeAlias
@@ -268,6 +268,12 @@ class Core:
             return
         with self.database(), self.engine.begin() as c:
             yield c
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the change just made is committed for good: now, as this
+        Core's own transactions have committed when their block ends (a host framework's
+        Core waits for its outermost transaction, and drops ``action`` on a rollback)."""
+        action()
 
 
 class HasCore(Protocol):

@@ -167,3 +167,20 @@ def describe(exc: BaseException) -> str:
     PostgreSQL can hold (no NUL, no lone surrogate), at most 2,000 characters."""
     text = f"{type(exc).__name__}: {exc}"[:2000].replace("\x00", "\\x00")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def outage(exc: BaseException) -> str | None:
+    """One line naming the service behind an outage error (``PostgreSQL is unavailable:
+    ...``), or None for an error that is no outage. Driver messages carry no password."""
+    from redis.exceptions import RedisError
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    if isinstance(exc, RedisError):
+        said = f"Redis is unavailable: {exc}"
+    elif isinstance(exc, (OperationalError, InterfaceError)):
+        said = f"PostgreSQL is unavailable: {exc.orig}"
+    elif isinstance(exc, (DatabaseUnavailableError, SchemaMissingError)):
+        said = str(exc)
+    else:
+        return None
+    return " ".join(said.split())

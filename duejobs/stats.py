@@ -34,6 +34,7 @@ from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part
 from duejobs.models import CURRENT, Freshness, Schedule
 from duejobs.reconcile import orphan_jobs
+from duejobs.terminal import printable
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ def render(stats: Stats) -> str:
     for a in stats.activity:
         if a.tenant is not None:
             continue
-        label = "all types" if a.type is None else f"type {a.type}"
+        label = "all types" if a.type is None else printable(f"type {a.type}")
         lag_rows.append(
             [
                 label,

@@ -327,3 +327,69 @@ def test_a_worker_knob_out_of_its_bounds_is_refused_naming_it(env: dict[str, str
         timeout=60,
     )
     assert done.returncode == 2 and "max_early_wait" in done.stderr, done.stderr
+
+
+def test_list_and_show_escape_what_would_steer_a_terminal(app: App, env: dict[str, str]) -> None:
+    """A key, a type or an error holding ESC, CR or LF is shown escaped: it cannot clear the
+    screen or forge a row. Seen failing when they were printed raw."""
+    forged = "\x1b[2J\rforged\n00000000-0000-0000-0000-000000000000  2030-01-01  succeeded"
+    s = app.schedule("record\x1b[31m", {"note": "\x1b]0;title\x07"}, key=forged, delay=60)
+    with app.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE scheduled_jobs SET last_error = %s WHERE id = %s",
+            ("boom\x1b[2K\r\u202eevil", str(s.id)),
+        )
+    listed = run("list", env=env)
+    shown = run("show", str(s.id), env=env)
+    stats = run("stats", env=env)
+    for result in (listed, shown, stats):
+        assert result.returncode == 0, result.stderr
+        assert not any(c in result.stdout for c in "\x1b\r\x07\u202e"), repr(result.stdout)
+    assert "\\x1b[2J\\rforged\\n" in listed.stdout
+    assert len(listed.stdout.splitlines()) == 1
+    assert "boom\\x1b[2K\\r\\u202eevil" in shown.stdout and "record\\x1b[31m" in shown.stdout
+    assert json.loads(run("show", str(s.id), "--json", env=env).stdout)["key"] == forged
+
+
+UNREACHABLE_DATABASE = "postgresql://duejobs:pa55word@127.0.0.1:1/duejobs"
+UNREACHABLE_REDIS = "redis://:pa55word@127.0.0.1:1/0"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats"],
+        ["reconcile"],
+        ["list"],
+        ["show", "00000000-0000-0000-0000-000000000000"],
+        ["cancel", "00000000-0000-0000-0000-000000000000"],
+        ["schedule", "record", "--in", "5m"],
+    ],
+    ids=lambda args: args[0],
+)
+@pytest.mark.parametrize("down", ["database", "redis"])
+def test_a_command_facing_an_outage_says_so_in_one_line(
+    env: dict[str, str], args: list[str], down: str
+) -> None:
+    """PostgreSQL or Redis out of reach: one line naming the service, exit 1, no traceback and
+    no password. Seen failing with 100-line tracebacks from ``stats`` and ``reconcile``."""
+    broken = {
+        **env,
+        **(
+            {"DUEJOBS_DATABASE_URL": UNREACHABLE_DATABASE}
+            if down == "database"
+            else {"DUEJOBS_REDIS_URL": UNREACHABLE_REDIS}
+        ),
+    }
+    result = run(*args, env=broken)
+    if down == "redis" and args[0] in ("list", "show", "cancel", "schedule"):
+        assert result.returncode in (0, 1), result.stderr  # these need no Redis to answer
+    else:
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        said = [line for line in result.stderr.splitlines() if "RuntimeDirWarning" not in line]
+        said = [line for line in said if "user_runtime_dir" not in line]
+        # the error, after at most the warnings logged as each Redis node failed
+        assert said and said[-1].startswith("error: "), result.stderr
+        assert all(" WARNING " in line or "Redis node" in line for line in said[:-1]), said
+        assert ("PostgreSQL" if down == "database" else "Redis") in said[-1], said[-1]
+    assert "Traceback" not in result.stderr and "pa55word" not in result.stdout + result.stderr

@@ -398,13 +398,31 @@ def test_a_schedule_page_shows_its_queue_job_as_redis_holds_it(system: System) -
             assert found is not None
             return " ".join(found[1].split())
 
-        assert job_cell() == "not pushed yet"
+        assert job_cell() == "not pushed yet: the scheduler pushes it as it comes due"
         system.scheduler.run_once()
         assert job_cell().endswith("RQ status queued on duejobs; a worker can take it")
         pushed = system.app.get(s.id)
         assert pushed is not None and pushed.queue_job_id is not None
         system.redis.lrem(system.scheduler.deliverer.queue.key, 0, pushed.queue_job_id)
         assert job_cell().endswith("lost: the reconciler pushes it again")
+        system.redis.rpush(system.scheduler.deliverer.queue.key, pushed.queue_job_id)
+        system.work()
+        assert system.status(s.id) == "succeeded"
+        said = job_cell()
+        assert "lost" not in said and "a worker can take it" not in said, said
+        assert said.endswith("the schedule is succeeded: nothing more is done with it"), said
+
+
+def test_a_schedule_page_shows_the_payloads_text_escaped_as_html(
+    app: App, operator: TestClient
+) -> None:
+    """Not JSON's escapes (``Jos\u00e9``): the text, as HTML. Seen failing with ``tojson``."""
+    s = app.schedule("record", {"name": "José 東京", "who": "O'Brien", "tag": "<b>"}, delay=60)
+    page = operator.get(f"/schedules/{s.id}").text
+    payload = re.search(r'<pre id="payload">(.*?)</pre>', page, re.S)
+    assert payload is not None
+    assert "José 東京" in payload[1] and "O&#39;Brien" in payload[1], payload[1]
+    assert "&lt;b&gt;" in payload[1] and "\\u" not in payload[1]
 
 
 def test_a_reschedule_from_the_page_takes_a_delay_or_a_time_and_says_what_is_wrong(
@@ -438,3 +456,62 @@ def test_processes_that_share_a_secret_accept_each_others_forms(app: App) -> Non
         assert "cancel: done" in done.text
     with TestClient(create_dashboard(app, access), headers=_auth()) as other:
         assert other.post(f"/schedules/{s.id}/cancel", data={"csrf": token}).status_code == 403
+
+
+def test_the_first_view_after_a_pause_shows_current_figures_and_says_only_true_failures(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Figures nobody asked for in three refreshes are read again before the page answers;
+    "reading them again failed" is said only when a read failed, with its error. Seen
+    failing when a pause left 9-minute-old figures under a false failure message."""
+    from duejobs import stats
+    from duejobs.dashboard.figures import Figures
+    from duejobs.errors import DatabaseUnavailableError
+
+    now = [1000.0]
+    figures = Figures(app, refresh=10, clock=lambda: now[0])
+    first = figures.read()
+    scheduled = first.figures.overall.scheduled
+    app.schedule("record", {}, delay=60)
+    now[0] += 31  # a pause longer than three refreshes
+    after_pause = figures.read()
+    assert after_pause.figures.overall.scheduled == scheduled + 1
+    assert (after_pause.age, after_pause.failed) == (0.0, None)
+
+    def outage(_app: object) -> object:
+        raise DatabaseUnavailableError("PostgreSQL is unavailable: connection refused")
+
+    monkeypatch.setattr(stats, "collect", outage)
+    now[0] += 31
+    failed = figures.read()
+    assert failed.figures.overall.scheduled == scheduled + 1 and failed.age == 31
+    assert failed.failed is not None and "connection refused" in failed.failed
+
+
+@pytest.mark.parametrize("down", ["PostgreSQL", "Redis"])
+def test_every_page_names_the_service_that_is_down(
+    app: App, database_url: str, redis_url: str, down: str
+) -> None:
+    """503 and a page naming the unavailable service, never a bare 500. Seen failing with
+    500s from every page."""
+    s = app.schedule("record", {}, delay=60)
+    broken = App(
+        database_url="postgresql://duejobs:pa55word@127.0.0.1:1/x"
+        if down == "PostgreSQL"
+        else database_url,
+        redis_url="redis://127.0.0.1:1/0" if down == "Redis" else redis_url,
+    )
+    try:
+        board = create_dashboard(broken)
+        with TestClient(board, client=LOCAL, raise_server_exceptions=False) as client:
+            pages = ["/", "/schedules", f"/schedules/{s.id}", "/recurring"]
+            for path in pages:
+                answer = client.get(path)
+                if down == "Redis" and path != "/":
+                    assert answer.status_code == 200, (path, answer.text)  # read in PostgreSQL
+                    continue
+                assert answer.status_code == 503, (path, answer.status_code)
+                assert f"{down} is unavailable" in answer.text, answer.text
+                assert "pa55word" not in answer.text
+    finally:
+        broken.close()

@@ -329,6 +329,50 @@ def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Sh
     assert browser.get("/jobs/schedules", HTTP_HOST="[::1]:8000").status_code == 200
 
 
+@pytest.mark.parametrize("change", ["cancel", "reschedule", "delete_recurring"])
+def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
+    shop: Shop, redis_client: redis.Redis, change: str
+) -> None:
+    """Cancel, reschedule or a recurring definition's removal inside ``atomic()`` that rolls
+    back: the row is as it was, and so is its job in Redis (removed only once Django
+    commits). Seen failing when the job was removed at once: the row back to ``scheduled``
+    with its job gone until a reconciler pass."""
+    from django.db import transaction
+
+    app = shop.django_app
+    if change == "delete_recurring":
+        name = f"digest-{uuid.uuid4().hex[:8]}"
+        app.recurring(name, cron="* * * * *", type="shop.charge", payload={"order_id": 3})
+        Scheduler(app).run_once()  # the next occurrence made
+        s = app.list(recurring=name).schedules[0]
+    else:
+        s = app.schedule("shop.charge", {"order_id": 3}, delay=timedelta(seconds=30))
+    Scheduler(app).run_once()
+    pushed = app.get(s.id)
+    assert pushed is not None and pushed.queue_job_id is not None
+    job_key = f"rq:job:{pushed.queue_job_id}"
+    assert redis_client.exists(job_key)
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        if change == "cancel":
+            app.cancel(s.id)
+        elif change == "reschedule":
+            app.reschedule(s.id, delay=timedelta(hours=1))
+        else:
+            app.delete_recurring(name)
+        raise Rollback
+    after = app.get(s.id)
+    assert after is not None and (after.status, after.version) == (Status.SCHEDULED, 1)
+    assert redis_client.exists(job_key), "the job was removed though nothing committed"
+    with transaction.atomic():
+        app.cancel(s.id)
+        assert redis_client.exists(job_key)  # not before the commit
+    assert not redis_client.exists(job_key)  # removed once committed
+
+
 def test_a_dashboard_form_from_before_a_sign_out_is_refused_after_it(shop: Shop) -> None:
     """The dashboard's token is bound to Django's session, which a sign-out ends: a form
     shown before it cannot be posted after the next sign-in. Seen failing on tokens bound

@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+from redis.exceptions import RedisError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from duejobs import logs, metrics
 from duejobs.app import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
-from duejobs.errors import DuejobsError
+from duejobs.errors import DuejobsError, outage
 from duejobs.prune import PruneConfig
 from duejobs.reconcile import ReconcileConfig
 from duejobs.scheduler import SchedulerConfig
@@ -219,8 +221,9 @@ def _app(
                 yield app
             finally:
                 app.close()
-    except DuejobsError as exc:
-        _fail(exc)
+    except (DuejobsError, RedisError, OperationalError, InterfaceError) as exc:
+        said = outage(exc)  # an outage in one line, naming the service
+        _fail(exc if said is None else ConnectionError(said))
 
 
 @click.group(cls=_Cli)

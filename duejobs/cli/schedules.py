@@ -12,6 +12,7 @@ import click
 
 from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app, main
 from duejobs.models import Event, Schedule, Status
+from duejobs.terminal import printable
 
 
 def _schedule_dict(s: Schedule) -> dict[str, Any]:
@@ -43,7 +44,8 @@ def _print_schedule(s: Schedule, as_json: bool) -> None:
         click.echo(json.dumps(data, default=str))
         return
     for name, value in data.items():
-        click.echo(f"{name:>13}  {json.dumps(value) if name == 'payload' else value}")
+        shown = json.dumps(value, ensure_ascii=False) if name == "payload" else value
+        click.echo(f"{name:>13}  {printable(shown)}")
 
 
 def _when_options(func: F) -> F:
@@ -196,7 +198,9 @@ def show(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
         click.echo("history:")
         for e in events:
             detail = " ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
-            click.echo(f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {detail}")
+            click.echo(
+                f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {printable(detail)}"
+            )
 
 
 def _instant(value: str | None, flag: str) -> datetime | None:
@@ -269,7 +273,8 @@ def list_schedules(
     for s in page.schedules:
         key_part = f"  key={s.key}" if s.key else ""
         click.echo(
-            f"{s.id}  {s.due_at.isoformat()}  {s.status.value:<9}  {s.tenant}  {s.type}{key_part}"
+            f"{s.id}  {s.due_at.isoformat()}  {s.status.value:<9}  {s.tenant}  "
+            + printable(f"{s.type}{key_part}")
         )
     if page.next_cursor:
         click.echo(f"next page: --after {page.next_cursor}")

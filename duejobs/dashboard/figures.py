@@ -3,51 +3,92 @@ chart drawn as SVG markup."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
+
 from duejobs import App, stats, store
+from duejobs.errors import DuejobsError, describe
+
+log = logging.getLogger("duejobs.dashboard")
 
 
 class Figures:
     """The overview's figures, read at most once per ``refresh`` seconds whoever asks: they
-    count every live schedule, which on a big table takes longer than a page should. A page
-    asking for figures older than that gets them at once (they say when they were read) while
-    one thread reads them again; only the very first page waits."""
+    count every live schedule, which on a big table takes longer than a page should.
 
-    def __init__(self, app: App, refresh: int) -> None:
-        self._app, self._refresh = app, refresh
+    A page asking for figures older than ``refresh`` gets them at once while one thread reads
+    them again; figures older than three times ``refresh`` (nobody looked for a while: the
+    first view after a pause, often the moment of an incident) are read again before the
+    page is answered, as the very first are. A read that failed is said on the page, with its
+    error, beside the figures it could not replace; old figures are never shown as if
+    reading them again were failing when it is not."""
+
+    def __init__(self, app: App, refresh: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._app, self._refresh, self._clock = app, refresh, clock
         self._lock = threading.Lock()
         self._current: tuple[stats.Stats, LagChart] | None = None
         self._read_at = 0.0
         self._reading = False
+        self._failed: str | None = None  # why the last read failed, until one succeeds
 
-    def read(self) -> tuple[stats.Stats, LagChart, float]:
-        """The figures, their chart, and how many seconds ago they were read."""
+    def read(self) -> Reading:
+        """The figures, their chart, how old they are and, if reading them again failed,
+        why."""
         with self._lock:
-            current, stale = self._current, time.monotonic() - self._read_at >= self._refresh
-            start = current is not None and stale and not self._reading
+            current, age = self._current, self._clock() - self._read_at
+            wait = current is None or age > 3 * self._refresh
+            start = not wait and age >= self._refresh and not self._reading
             if start:
                 self._reading = True
-        if current is None:
-            return (*self._read(), 0.0)
+        if wait:
+            try:
+                return Reading(*self._read(), 0.0, None)
+            except (DuejobsError, RedisError, SQLAlchemyError):
+                if current is None:
+                    raise  # nothing to show: the page says what is unavailable
+                return Reading(*current, age, self._failed)
+        assert current is not None
         if start:
-            threading.Thread(target=self._read, name="duejobs-dashboard", daemon=True).start()
-        return (*current, time.monotonic() - self._read_at)
+            threading.Thread(target=self._refresh_in_background, daemon=True).start()
+        return Reading(*current, age, self._failed)
+
+    def _refresh_in_background(self) -> None:
+        try:
+            self._read()
+        except Exception:  # kept and shown on the page (``_read``); the thread ends
+            log.warning("reading the dashboard's figures failed", exc_info=True)
 
     def _read(self) -> tuple[stats.Stats, LagChart]:
         try:
             figures = stats.collect(self._app)
             chart = LagChart.of(stats.lag_over_time(self._app), figures.at, figures.since)
+        except Exception as exc:
             with self._lock:
-                self._current, self._read_at = (figures, chart), time.monotonic()
-            return figures, chart
+                self._failed = describe(exc)
+            raise
         finally:
             with self._lock:
                 self._reading = False
+        with self._lock:
+            self._current, self._read_at, self._failed = (figures, chart), self._clock(), None
+        return figures, chart
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The overview's figures as a page gets them."""
+
+    figures: stats.Stats
+    chart: LagChart
+    age: float  # seconds since they were read
+    failed: str | None  # why reading them again failed, if it did
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ starts. Pages send ``Cache-Control: no-store``: what they show stays out of cach
 from __future__ import annotations
 
 import hmac
+import json
+import logging
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -61,6 +63,7 @@ from duejobs.dashboard.access import (
     public_origin,
 )
 from duejobs.dashboard.figures import Figures
+from duejobs.dashboard.notes import answering_outages, job_note
 from duejobs.delivery import JobState
 from duejobs.errors import (
     ConfigurationError,
@@ -71,6 +74,7 @@ from duejobs.errors import (
 from duejobs.models import Schedule, Status
 from duejobs.timespec import parse_duration
 
+log = logging.getLogger("duejobs.dashboard")
 _ACTIONS = ("cancel", "retry", "run-now", "reschedule")
 # How an async page runs a blocking call (the App's): Starlette's thread pool by default.
 Offload = Callable[..., Awaitable[Any]]
@@ -196,19 +200,22 @@ class Pages:
 
     # -- pages -----------------------------------------------------------------------------
 
+    @answering_outages
     def overview(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
             return no
-        figures, chart, age = self.figures.read()
+        reading = self.figures.read()
         return self.render(
             request,
             "overview.html",
-            figures=figures,
-            chart=chart,
+            figures=reading.figures,
+            chart=reading.chart,
             refresh=self.refresh,
-            stale=age if age > 3 * self.refresh else None,
+            age=reading.age,
+            failed=reading.failed,
         )
 
+    @answering_outages
     def schedules(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
             return no
@@ -242,6 +249,7 @@ class Pages:
             following=following,
         )
 
+    @answering_outages
     def schedule(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
             return no
@@ -255,7 +263,9 @@ class Pages:
             s=found,
             events=self.app.history(found.id),
             attempts=self.app.attempts(found.id),
-            job=self._job(found),
+            job_note=job_note(found, self._job(found)),
+            # The text as written (not JSON's \uXXXX escapes); escaped as HTML like the rest.
+            payload=json.dumps(found.payload, indent=2, ensure_ascii=False),
             done=self._signed(request, "done"),
             failed=self._signed(request, "failed"),
         )
@@ -338,6 +348,7 @@ class Pages:
             return {"failed": str(exc)}
         return {"done": action}
 
+    @answering_outages
     def recurring(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
             return no

@@ -23,8 +23,9 @@ Promises:
   from the settings.
 * Its writes and reads run on Django's own connection, inside ``transaction.atomic()``: in a
   view's atomic block a schedule commits or rolls back with the view's work (no ``conn=``);
-  outside one, each call is an atomic block of its own. ``conn=`` still takes any other
-  connection.
+  outside one, each call is an atomic block of its own. A cancel or reschedule removes the
+  superseded job from Redis only once the outermost block commits (``on_commit``): a
+  rolled-back change leaves its job in place. ``conn=`` still takes any other connection.
 * Handlers live in each installed application's ``jobs.py`` (imported at startup); a sync
   handler runs between two ``close_old_connections()``, as a request does, so a worker never
   reuses a Django connection that broke or outlived ``CONN_MAX_AGE``.
@@ -133,6 +134,12 @@ class _DjangoCore(Core):
                     f"(DATABASES[{self.alias!r}] runs on {type(driver).__module__})"
                 )
             yield store.lent(driver, schema=self.settings.schema)
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Once the project's outermost ``atomic()`` commits (now, outside one); never if it
+        rolls back: a job removed from Redis for a change that did not happen would leave
+        its row waiting for the reconciler."""
+        transaction.on_commit(action, using=self.alias)
 
 
 class DjangoApp(App):

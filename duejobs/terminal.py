@@ -1,0 +1,27 @@
+"""Text for a terminal: user data (keys, types, errors, payloads) with the characters that
+would steer the terminal escaped, so that a key cannot clear the screen, move the cursor or
+forge a row of output. JSON output needs none of this: its encoder escapes them already."""
+
+from __future__ import annotations
+
+import re
+
+# C0 and C1 controls (ESC, CR, LF, backspace...), DEL, and the bidirectional overrides that
+# reorder what is shown.
+_STEERING = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(value: object) -> str:
+    """``value`` as text, each steering character written as its escape (``\\x1b``)."""
+    return _STEERING.sub(_escape, str(value))
+
+
+_NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(found: re.Match[str]) -> str:
+    char = found.group()
+    if char in _NAMED:
+        return _NAMED[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
