@@ -50,11 +50,23 @@ class ReadAPI(Scoped):
         with self._core.transaction(conn) as c:
             return store.get_schedule(c, sid, self._tenant)
 
-    def history(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> list[Event]:
-        """The schedule's events, oldest first."""
+    def history(
+        self,
+        schedule_id: ScheduleId,
+        *,
+        newest: int | None = None,
+        before: int | None = None,
+        conn: Conn | None = None,
+    ) -> list[Event]:
+        """The schedule's events, oldest first. With ``newest``: a page of that many of the
+        latest, newest first, before the event id ``before`` (the last id of the page
+        before): a long history read a page at a time."""
         sid = schedule_id_of(schedule_id)
+        size = None if newest is None else check_list_limit(newest)
+        if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
+            raise InvalidListError(f"before must be an event id (an int), got {before!r}")
         with self._core.transaction(conn) as c:
-            return store.history(c, sid, self._tenant)
+            return store.history(c, sid, self._tenant, size, before)
 
     def list(
         self,
@@ -121,13 +133,14 @@ class ReadAPI(Scoped):
                 yield read
 
     def attempts(
-        self, schedule_id: ScheduleId, *, conn: Conn | None = None
+        self, schedule_id: ScheduleId, *, newest: int | None = None, conn: Conn | None = None
     ) -> builtins.list[Attempt]:
         """The schedule's attempts (every version's), oldest first: who ran each, how it
-        ended, its error."""
+        ended, its error. With ``newest``: that many of the latest, newest first."""
         sid = schedule_id_of(schedule_id)
+        size = None if newest is None else check_list_limit(newest)
         with self._core.transaction(conn) as c:
-            return store.attempts(c, sid, self._tenant)
+            return store.attempts(c, sid, self._tenant, size)
 
     def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
         """Whether the database clock has reached the schedule's ``run_at``.

@@ -273,10 +273,15 @@ class AsyncApp:
         return await self._call(App.get, conn, schedule_id)
 
     async def history(
-        self, schedule_id: ScheduleId, *, conn: AsyncConn | None = None
+        self,
+        schedule_id: ScheduleId,
+        *,
+        newest: int | None = None,
+        before: int | None = None,
+        conn: AsyncConn | None = None,
     ) -> list[Event]:
         """:meth:`App.history`, awaited."""
-        return await self._call(App.history, conn, schedule_id)
+        return await self._call(App.history, conn, schedule_id, newest=newest, before=before)
 
     async def list(
         self,
@@ -312,10 +317,10 @@ class AsyncApp:
         )
 
     async def attempts(
-        self, schedule_id: ScheduleId, *, conn: AsyncConn | None = None
+        self, schedule_id: ScheduleId, *, newest: int | None = None, conn: AsyncConn | None = None
     ) -> builtins.list[Attempt]:
         """:meth:`App.attempts`, awaited."""
-        return await self._call(App.attempts, conn, schedule_id)
+        return await self._call(App.attempts, conn, schedule_id, newest=newest)
 
     async def is_past_deadline(
         self, schedule_id: ScheduleId, *, conn: AsyncConn | None = None

@@ -256,8 +256,12 @@ class Core:
             return
         with self.database(), self.engine.connect() as primary:
             lsn = store.wal_position(primary)
-        with self.database("the read replica"), self.read_engine.connect() as conn:
-            yield conn, replica.measure(conn, lsn, self.read_max_lag)
+        try:
+            with self.database("the read replica"), self.read_engine.connect() as conn:
+                yield conn, replica.measure(conn, lsn, self.read_max_lag)
+        except DatabaseUnavailableError:
+            replica.unanswered()
+            raise
 
     @contextlib.contextmanager
     def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:

@@ -21,8 +21,10 @@ it started), is **stale** and says so instead of passing for current: ``Stats.fr
 ``Page.freshness`` tell it, ``duejobs stats`` and ``duejobs list`` print a warning, the
 dashboard shows a banner.
 
-Metric: ``duejobs_read_replica_lag_seconds``, set at each read from the replica (0 when
-current; +Inf when unknown).
+Metrics: ``duejobs_read_replica_lag_seconds``, set at each read from the replica (0 when
+current; +Inf when unknown, or when the replica does not answer, so that a lag alert fires for
+a replica that is down too); ``duejobs_read_replica_up``, 1 while the last read from the
+replica was answered, 0 once one was not.
 
 What it does not do: fall back to the primary when the replica is stale or down (the
 operators' reads would land on the primary when it is busiest; a replica that does not answer
@@ -43,7 +45,16 @@ from sqlalchemy import Connection
 from duejobs import store
 from duejobs.models import CURRENT, Freshness
 
-__all__ = ["CURRENT", "DEFAULT_MAX_LAG", "REPLICA_LAG", "Freshness", "freshness", "measure"]
+__all__ = [
+    "CURRENT",
+    "DEFAULT_MAX_LAG",
+    "REPLICA_LAG",
+    "REPLICA_UP",
+    "Freshness",
+    "freshness",
+    "measure",
+    "unanswered",
+]
 
 DEFAULT_MAX_LAG = timedelta(seconds=10)
 # How long a read waits for a replica that has not yet replayed the primary's position.
@@ -53,6 +64,18 @@ REPLICA_LAG = Gauge(
     "duejobs_read_replica_lag_seconds",
     "How far behind the primary the read replica's last read was (0: current).",
 )
+
+
+REPLICA_UP = Gauge(
+    "duejobs_read_replica_up",
+    "1 while the read replica answered the last read from it, 0 once one was not answered.",
+)
+
+
+def unanswered() -> None:
+    """The replica did not answer a read: down, and of unknown lag."""
+    REPLICA_UP.set(0)
+    REPLICA_LAG.set(math.inf)
 
 
 def measure(conn: Connection, lsn: str, max_lag: timedelta) -> Freshness:
@@ -77,4 +100,5 @@ def freshness(position: store.ReplayPosition, max_lag: timedelta) -> Freshness:
     else:
         lag = max(position.behind, timedelta(0))
     REPLICA_LAG.set(math.inf if lag is None else lag.total_seconds())
+    REPLICA_UP.set(1)
     return Freshness("replica", lag, max_lag)

@@ -29,9 +29,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from sqlalchemy import Connection
+
 from duejobs import metrics, store
 from duejobs.core import HasCore
-from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part
+from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part, parse_job_id
 from duejobs.models import CURRENT, Freshness, Schedule
 from duejobs.reconcile import orphan_jobs
 from duejobs.terminal import printable
@@ -126,8 +128,8 @@ def collect(
         alive = deliverer.live(pushed) if pushed else []
         queued, deferred = deliverer.depth() if scope is None else (None, None)
         orphans = list(orphan_jobs(core, reading=conn))
-    if scope is not None:
-        orphans = [job for job in orphans if job_tenant(job) == job_tenant_part(scope)]
+        if scope is not None:
+            orphans = _of_tenant(conn, orphans, scope)
     return Stats(
         at=now,
         since=since,
@@ -142,6 +144,21 @@ def collect(
         tenant_caps=tenant_caps,
         freshness=fresh,
     )
+
+
+def _of_tenant(conn: Connection, jobs: list[str], tenant: str) -> list[str]:
+    """The jobs of ``tenant``: by their schedule's row where it still exists, else by the
+    tenant part of their id — which two tenants can share (``team.a``, ``team_a``), so a
+    job whose row is gone is counted for both."""
+    parsed = {job: ids[0] for job in jobs if (ids := parse_job_id(job)) is not None}
+    owners = store.schedule_tenants(conn, list(parsed.values()))
+    spelled = job_tenant_part(tenant)
+
+    def owned(job: str) -> bool:
+        owner = owners.get(parsed[job]) if job in parsed else None
+        return owner == tenant if owner is not None else job_tenant(job) == spelled
+
+    return [job for job in jobs if owned(job)]
 
 
 def queue_job(app: HasCore, schedule: Schedule) -> JobState | None:

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,12 @@ def test_schedule_at_a_local_time_in_a_zone(env: dict[str, str]) -> None:
         (["schedule", "x", "--in", "5m", "--payload", "{bad"], "not JSON"),
         (["schedule", "x"], "exactly one of delay= or run_at="),
         (["cancel", "not-a-uuid"], "must be a UUID"),
+        (["schedule", "x", "--in", "5m", "--at", "2030-01-01T00:00:00+00:00"], "not both"),
+        (["cancel"], "give a SCHEDULE_ID or --key"),
+        (["run-now"], "give a SCHEDULE_ID or --key"),
+        (["show", "--key", "k", "00000000-0000-0000-0000-000000000000"], "not both"),
+        (["reschedule", "--key", "k"], "give the new time"),
+        (["scheduler", "--batch-size", "0"], "--batch-size"),
     ],
 )
 def test_bad_input_from_the_shell_exits_2_naming_the_problem(
@@ -393,3 +400,35 @@ def test_a_command_facing_an_outage_says_so_in_one_line(
         assert all(" WARNING " in line or "Redis node" in line for line in said[:-1]), said
         assert ("PostgreSQL" if down == "database" else "Redis") in said[-1], said[-1]
     assert "Traceback" not in result.stderr and "pa55word" not in result.stdout + result.stderr
+
+
+def test_show_reschedule_run_now_and_retry_take_a_key(env: dict[str, str]) -> None:
+    """Each command on one schedule takes ``--key`` (with ``--tenant``) instead of an id; a key
+    no schedule holds exits 1 saying so. Seen failing when only ``cancel`` took a key and
+    there was no ``run-now``."""
+    key = f"order-{uuid.uuid4().hex[:8]}"
+    made = _json(
+        run("schedule", "record", "--in", "1h", "--key", key, "--tenant", "acme", "--json", env=env)
+    )
+    shown = _json(run("show", "--key", key, "--tenant", "acme", "--json", env=env))
+    assert shown["id"] == made["id"] and shown["history"][0]["kind"] == "created"
+    moved = _json(
+        run("reschedule", "--key", key, "--tenant", "acme", "--in", "2h", "--json", env=env)
+    )
+    assert (moved["id"], moved["version"]) == (made["id"], 2)
+    now = _json(run("run-now", "--key", key, "--tenant", "acme", "--json", env=env))
+    assert now["version"] == 3 and now["run_at"] < moved["run_at"]
+    assert run("cancel", "--key", key, "--tenant", "acme", env=env).returncode == 0
+    retried = _json(run("retry", "--key", key, "--tenant", "acme", "--json", env=env))
+    assert (retried["id"], retried["status"], retried["version"]) == (made["id"], "scheduled", 5)
+    missing = run("show", "--key", "nobody-holds-this", env=env)
+    assert missing.returncode == 1 and "no live schedule holds key" in missing.stderr
+
+
+def test_list_by_key_without_a_tenant_says_which_tenant_it_searched(env: dict[str, str]) -> None:
+    """Keys are per tenant: ``list --key`` without ``--tenant`` says it searched the default
+    tenant's. Seen failing when it said nothing."""
+    plain = run("list", "--key", "order-1", env=env)
+    assert plain.returncode == 0 and "searched tenant 'default'" in plain.stderr, plain.stderr
+    named = run("list", "--key", "order-1", "--tenant", "acme", env=env)
+    assert named.returncode == 0 and "note:" not in named.stderr

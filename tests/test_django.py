@@ -39,10 +39,10 @@ from duejobs.scheduler import Scheduler
 from tests.conftest import ROOT
 
 try:  # Django 6 and later, as the backend does
-    from django.tasks import TaskResultStatus
+    from django.tasks import TaskResult, TaskResultStatus
     from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 except ImportError:
-    from django_tasks import TaskResultStatus
+    from django_tasks import TaskResult, TaskResultStatus
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
 SETTINGS = "tests.django_project.settings"
@@ -222,6 +222,56 @@ def test_a_task_enqueued_through_django_tasks_runs_and_returns_its_value(shop: S
     assert report.get_result(reported.id).return_value == {"report": "sales", "rows": [1, 2, 3]}
 
 
+def test_the_task_backend_sends_djangos_task_signals(shop: Shop) -> None:
+    """``task_enqueued``, ``task_started`` at each attempt, ``task_finished`` after the last,
+    as Django's own backends send them (a worker in this process, to hear them). Seen
+    failing when the backend sent none."""
+    try:
+        from django.tasks import signals
+    except ImportError:
+        from django_tasks import signals  # type: ignore[no-redef]
+    from duejobs.worker import DuejobsWorker, Runtime
+    from tests.django_project.shop.tasks import add, explode
+
+    heard: list[tuple[str, str, str]] = []
+
+    def hear(name: str) -> Callable[..., None]:
+        def receive(sender: object, task_result: TaskResult, **kwargs: object) -> None:
+            heard.append((name, task_result.id, task_result.status.value))
+
+        return receive
+
+    receivers = {name: hear(name) for name in ("enqueued", "started", "finished")}
+    for name, receiver in receivers.items():
+        getattr(signals, f"task_{name}").connect(receiver, weak=False)
+    runtime = Runtime(shop.django_app)
+    try:
+        added, failed = add.enqueue(2, 3), explode.enqueue()
+        deadline = time.monotonic() + 60
+        while not explode.get_result(failed.id).is_finished:
+            assert time.monotonic() < deadline, heard
+            Scheduler(shop.django_app).run_once()
+            DuejobsWorker(runtime, ["duejobs"]).work(burst=True, with_scheduler=False)
+            time.sleep(0.1)
+    finally:
+        runtime.close()
+        for name, receiver in receivers.items():
+            getattr(signals, f"task_{name}").disconnect(receiver)
+    of_added = [(name, status) for name, rid, status in heard if rid == added.id]
+    assert of_added == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("finished", "SUCCESSFUL"),
+    ], heard
+    of_failed = [(name, status) for name, rid, status in heard if rid == failed.id]
+    assert of_failed == [
+        ("enqueued", "READY"),
+        ("started", "RUNNING"),
+        ("started", "RUNNING"),
+        ("finished", "FAILED"),
+    ], heard
+
+
 def test_an_enqueue_in_a_rolled_back_atomic_block_leaves_no_task(
     shop: Shop, count: Callable[..., int]
 ) -> None:
@@ -371,6 +421,22 @@ def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
         app.cancel(s.id)
         assert redis_client.exists(job_key)  # not before the commit
     assert not redis_client.exists(job_key)  # removed once committed
+
+
+def test_management_commands_speak_as_manage_py_and_take_djangos_options(shop: Shop) -> None:
+    """``--help`` shows ``manage.py duejobs_worker [OPTIONS]`` without the ``--app`` the
+    command fills in; Django's standard options are accepted. Seen failing with ``Usage:
+    manage.py duejobs_worker worker``, a required ``--app``, and ``-v`` refused."""
+    helped = shop.manage("duejobs_worker", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("Usage: manage.py duejobs_worker [OPTIONS]"), helped.stdout
+    assert "--app" not in helped.stdout and "--concurrency" in helped.stdout
+    reconciled = shop.manage(
+        "duejobs_reconcile", "-v", "2", "--traceback", "--no-color", "--verbosity=0", "--json"
+    )
+    assert reconciled.returncode == 0 and reconciled.stdout.startswith("{"), reconciled.stderr
+    refused = shop.manage("duejobs_reconcile", "--no-such-flag")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: "), refused.stderr
 
 
 def test_a_dashboard_form_from_before_a_sign_out_is_refused_after_it(shop: Shop) -> None:

@@ -94,3 +94,35 @@ def test_json_logs_carry_the_schedule_identity(system: System, spawn: Callable[.
     assert failed, worker.output()
     assert failed[0]["schedule_id"] == str(s.id) and failed[0]["tenant"] == "acme"
     assert failed[0]["version"] == 1 and failed[0]["attempt"] == 1
+
+
+def test_a_read_replica_that_is_down_is_a_gauge_and_one_line_not_a_failed_pass(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """The replica out of reach: each pass still does its repairs and reports them, the
+    gauges say the replica is down (up 0, lag +Inf, so a lag alert fires too), and the log
+    has one line per refresh, no traceback. Seen failing with a "failed" pass and a
+    130-line traceback every pass, and the lag gauge frozen at 0."""
+    port = _free_port()
+    proc = spawn(
+        "reconcile",
+        "--every",
+        "0.5",
+        "--stats-every",
+        "1s",
+        "--metrics-port",
+        str(port),
+        "--json",
+        extra_env={"DUEJOBS_READ_DATABASE_URL": "postgresql://postgres:pa55word@127.0.0.1:1/x"},
+    )
+    wait_for(lambda: "duejobs_read_replica_up 0.0" in _scrape(port), 30, "the replica's gauge")
+    assert "duejobs_read_replica_lag_seconds +Inf" in _scrape(port)
+
+    def passes() -> int:
+        return sum(line.startswith("{") for line in proc.output().splitlines())
+
+    wait_for(lambda: passes() >= 3, 30, "three passes reported")
+    assert proc.stop() == 0
+    log = proc.output()
+    assert "Traceback" not in log and "pa55word" not in log, log
+    assert "stats gauges not refreshed: the read replica is unavailable" in log, log

@@ -109,6 +109,20 @@ def test_a_tenant_scoped_app_sees_only_its_own_figures(system: System) -> None:
     assert collect(app).jobs_without_schedule == 1
 
 
+def test_tenants_spelled_alike_in_job_ids_count_only_their_own_orphans(system: System) -> None:
+    """``team.a`` and ``team_a`` share their job ids' tenant part (``team_a``): a job left by
+    one is counted for that one only, by its schedule's row. Seen failing when scoped stats
+    compared the ids' spelling alone."""
+    app = system.app
+    left = app.schedule("record", {}, delay=0, tenant="team.a")
+    app.schedule("record", {}, delay=timedelta(hours=1), tenant="team_a")
+    system.scheduler.run_once()
+    with app.engine.begin() as conn:
+        app.cancel(left.id, conn=conn)  # team.a's job left behind in Redis
+    assert collect(app.tenant("team.a")).jobs_without_schedule == 1
+    assert collect(app.tenant("team_a")).jobs_without_schedule == 0
+
+
 def test_gauges_of_a_tenant_that_has_no_live_rows_are_removed(system: System) -> None:
     app = system.app
     s = app.schedule("record", {}, delay=timedelta(hours=1), tenant="vanishing")

@@ -3,6 +3,7 @@ duration flags, one-line errors, the services' defaults read from their configs.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -166,23 +167,48 @@ JSON_TEXT = JSONText()
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
 
+def _as_program(command: click.Command, args: Any, kwargs: dict[str, Any]) -> NoReturn:
+    """Run ``command`` (the group, or one command alone): bad flags are one line on stderr
+    and exit status 2 (no usage block to scroll past)."""
+    kwargs["standalone_mode"] = False
+    try:
+        code = click.Command.main(command, *args, **kwargs)
+    except click.UsageError as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(2)
+    except click.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 class _Cli(click.Group):
-    """Bad flags are one line on stderr and exit status 2 (no usage block to scroll past)."""
+    """Bad flags are one line on stderr and exit status 2 (see :func:`_as_program`)."""
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["standalone_mode"] = False
-        try:
-            code = super().main(*args, **kwargs)
-        except click.UsageError as exc:
-            click.echo(f"error: {exc.format_message()}", err=True)
-            sys.exit(2)
-        except click.Abort:
-            click.echo("aborted", err=True)
-            sys.exit(1)
-        except click.ClickException as exc:
-            click.echo(f"error: {exc.format_message()}", err=True)
-            sys.exit(exc.exit_code)
-        sys.exit(code if isinstance(code, int) else 0)
+        _as_program(self, args, kwargs)
+
+
+def run_alone(name: str, args: list[str], prog_name: str, app: str | None = None) -> NoReturn:
+    """One command of ``duejobs`` run as a program of its own (a Django management command):
+    its usage says ``prog_name [OPTIONS]``; with ``app``, ``--app`` is that App unless given,
+    and is left out of ``--help``."""
+    command = copy.copy(main.commands[name])
+    if app is not None:
+        command.params = [_defaulted(param, app) for param in command.params]
+    given = {"args": args, "prog_name": prog_name, "obj": {"data_dir": DEFAULT_DATA_DIR}}
+    _as_program(command, (), given)
+
+
+def _defaulted(param: click.Parameter, app: str) -> click.Parameter:
+    if param.name != "app_ref" or not isinstance(param, click.Option):
+        return param
+    given = copy.copy(param)
+    given.required, given.hidden, given.default = False, True, app
+    return given
 
 
 C = TypeVar("C")

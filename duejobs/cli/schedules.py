@@ -1,5 +1,5 @@
-"""Commands on schedules: ``schedule``, ``reschedule``, ``cancel``, ``retry``, ``show``,
-``list``."""
+"""Commands on schedules: ``schedule``, ``reschedule``, ``run-now``, ``cancel``, ``retry``,
+``show``, ``list``. Those on one schedule take its id or ``--key`` (with ``--tenant``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 
 import click
 
+from duejobs.app import App
 from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app, main
 from duejobs.models import Event, Schedule, Status
 from duejobs.terminal import printable
+from duejobs.validation import DEFAULT_TENANT
 
 
 def _schedule_dict(s: Schedule) -> dict[str, Any]:
@@ -59,6 +61,8 @@ def _when_options(func: F) -> F:
 
 
 def _when(delay: timedelta | None, at: str | None) -> dict[str, Any]:
+    if delay is not None and at is not None:
+        raise click.UsageError("give --in or --at, not both")
     if at is not None:
         try:
             return {"run_at": datetime.fromisoformat(at)}
@@ -67,6 +71,40 @@ def _when(delay: timedelta | None, at: str | None) -> dict[str, Any]:
     if delay is not None:
         return {"delay": delay}
     return {}
+
+
+def _one_target(schedule_id: str | None, key: str | None, tenant: str | None) -> None:
+    """A command on one schedule takes its id or its key (with --tenant), not both."""
+    if schedule_id is None and key is None:
+        raise click.UsageError("give a SCHEDULE_ID or --key")
+    if schedule_id is not None and key is not None:
+        raise click.UsageError("give a SCHEDULE_ID or --key, not both")
+    if schedule_id is not None and tenant is not None:
+        raise click.UsageError("--tenant goes with --key (an id names its schedule)")
+
+
+def _by_key(app: App, key: str, tenant: str | None, *, finished: bool = False) -> str:
+    """The id of the live schedule holding ``key`` (``finished``: of its latest failed or
+    cancelled one, which is what a retry takes), or exit 1 saying there is none."""
+    if finished:
+        page = app.list(
+            key=key,
+            tenant=tenant,
+            status=[Status.FAILED, Status.CANCELLED],
+            latest_first=True,
+            limit=1,
+        )
+        found = page.schedules[0] if page.schedules else None
+    else:
+        found = app.get_by_key(key, tenant=tenant)
+    if found is None:
+        which = "failed or cancelled" if finished else "live"
+        click.echo(f"error: no {which} schedule holds key {printable(key)}", err=True)
+        sys.exit(1)
+    return str(found.id)
+
+
+_KEY_OPTION = click.option("--key", help="The schedule holding this key, instead of an id.")
 
 
 @main.command()
@@ -116,10 +154,7 @@ def cancel(
     as_json: bool,
 ) -> None:
     """Cancel a schedule by SCHEDULE_ID or --key (exit 1 if none was scheduled or running)."""
-    if (schedule_id is None) == (key is None):
-        raise click.UsageError("give a SCHEDULE_ID or --key, not both")
-    if schedule_id is not None and tenant is not None:
-        raise click.UsageError("--tenant goes with --key (an id names its schedule)")
+    _one_target(schedule_id, key, tenant)
     with _app(ctx) as app:
         if key is not None:
             cancelled = app.cancel_by_key(key, tenant=tenant)
@@ -134,57 +169,100 @@ def cancel(
 
 
 @main.command()
-@click.argument("schedule_id")
+@click.argument("schedule_id", required=False)
+@_KEY_OPTION
+@TENANT_OPTION
 @_when_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def retry(
     ctx: click.Context,
-    schedule_id: str,
+    schedule_id: str | None,
+    key: str | None,
+    tenant: str | None,
     delay: timedelta | None,
     at: str | None,
     timezone: str | None,
     as_json: bool,
 ) -> None:
-    """Schedule a failed or cancelled schedule again: now, --in DURATION or --at TIME."""
+    """Schedule a failed or cancelled schedule again (by SCHEDULE_ID, or --key: its latest
+    failed or cancelled one): now, --in DURATION or --at TIME."""
+    _one_target(schedule_id, key, tenant)
+    when = _when(delay, at)
     with _app(ctx) as app:
-        s = app.retry(schedule_id, timezone=timezone, **_when(delay, at))
+        target = schedule_id or _by_key(app, str(key), tenant, finished=True)
+        s = app.retry(target, timezone=timezone, **when)
         _print_schedule(s, as_json)
 
 
 @main.command()
-@click.argument("schedule_id")
+@click.argument("schedule_id", required=False)
+@_KEY_OPTION
+@TENANT_OPTION
 @_when_options
 @click.option("--expected-version", type=int, help="Refuse if the schedule moved meanwhile.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def reschedule(
     ctx: click.Context,
-    schedule_id: str,
+    schedule_id: str | None,
+    key: str | None,
+    tenant: str | None,
     delay: timedelta | None,
     at: str | None,
     timezone: str | None,
     expected_version: int | None,
     as_json: bool,
 ) -> None:
-    """Move a schedule --in DURATION or --at TIME (its version goes up by one)."""
+    """Move a schedule (by SCHEDULE_ID or --key) --in DURATION or --at TIME (its version goes
+    up by one)."""
+    _one_target(schedule_id, key, tenant)
+    when = _when(delay, at)
+    if not when:
+        raise click.UsageError("give the new time: --in DURATION or --at TIME")
     with _app(ctx) as app:
-        s = app.reschedule(
-            schedule_id,
-            timezone=timezone,
-            expected_version=expected_version,
-            **_when(delay, at),
-        )
+        target = schedule_id or _by_key(app, str(key), tenant)
+        s = app.reschedule(target, timezone=timezone, expected_version=expected_version, **when)
+        _print_schedule(s, as_json)
+
+
+@main.command(name="run-now")
+@click.argument("schedule_id", required=False)
+@_KEY_OPTION
+@TENANT_OPTION
+@click.option("--expected-version", type=int, help="Refuse if the schedule moved meanwhile.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_context
+def run_now(
+    ctx: click.Context,
+    schedule_id: str | None,
+    key: str | None,
+    tenant: str | None,
+    expected_version: int | None,
+    as_json: bool,
+) -> None:
+    """Make a live schedule (by SCHEDULE_ID or --key) due now: the next scheduler pass
+    pushes it (its version goes up by one)."""
+    _one_target(schedule_id, key, tenant)
+    with _app(ctx) as app:
+        target = schedule_id or _by_key(app, str(key), tenant)
+        s = app.run_now(target, expected_version=expected_version)
         _print_schedule(s, as_json)
 
 
 @main.command()
-@click.argument("schedule_id")
+@click.argument("schedule_id", required=False)
+@_KEY_OPTION
+@TENANT_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def show(ctx: click.Context, schedule_id: str, as_json: bool) -> None:
-    """Show a schedule and its history."""
+def show(
+    ctx: click.Context, schedule_id: str | None, key: str | None, tenant: str | None, as_json: bool
+) -> None:
+    """Show a schedule (by SCHEDULE_ID, or --key: the live one holding it) and its history."""
+    _one_target(schedule_id, key, tenant)
     with _app(ctx) as app:
+        schedule_id = schedule_id or _by_key(app, str(key), tenant)
         s = app.get(schedule_id)
         events = app.history(schedule_id) if s else []
         if s is None:
@@ -265,6 +343,12 @@ def list_schedules(
     warning = page.freshness.warning()
     if warning is not None:
         click.echo(f"warning: {warning}", err=True)
+    if key is not None and tenant is None:
+        click.echo(
+            f"note: keys are per tenant: searched tenant {DEFAULT_TENANT!r}'s (--tenant for "
+            "another's)",
+            err=True,
+        )
     if as_json:
         rows = [_schedule_dict(s) for s in page.schedules]
         listed = {"schedules": rows, "next": page.next_cursor}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import signal
 import sys
 from collections.abc import Callable
@@ -12,6 +13,8 @@ from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 import click
+from redis.exceptions import RedisError
+from sqlalchemy.exc import SQLAlchemyError
 
 from duejobs.app import App
 from duejobs.cli.base import (
@@ -32,7 +35,7 @@ from duejobs.cli.base import (
     main,
     services,
 )
-from duejobs.errors import DuejobsError, describe
+from duejobs.errors import ConfigurationError, DuejobsError, describe, outage
 from duejobs.prune import PruneConfig, Pruner, PruneResult
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.scheduler import Scheduler, SchedulerConfig
@@ -112,13 +115,15 @@ def scheduler(
     _operate(log_level, log_format, metrics_port)
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref) if app_ref else App()
-        try:
-            config = SchedulerConfig(
+        config = _checked(
+            lambda: SchedulerConfig(
                 window=window,
                 batch_size=batch_size,
                 poll_interval=poll_interval,
                 concurrency=concurrency,
             )
+        )
+        try:
             loop = Scheduler(app, config)
         except DuejobsError as exc:
             _fail(exc)
@@ -253,6 +258,8 @@ def worker(
         runtime = Runtime(app, config, name=name)
         try:
             rq_worker = DuejobsWorker(runtime, [check_queue(q) for q in queues], name=name)
+        except ConfigurationError as exc:  # queues on several nodes: bad flags, exit 2
+            raise click.BadParameter(str(exc), param_hint="--queue") from exc
         except DuejobsError as exc:
             _fail(exc)
         rq_worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
@@ -328,7 +335,15 @@ def reconcile(
             if as_json or every is None:
                 _print_reconciled(result, as_json)
             if metrics_port is not None:
-                gauges.maybe_refresh()
+                try:
+                    gauges.maybe_refresh()
+                except (DuejobsError, RedisError, SQLAlchemyError) as exc:
+                    # The pass's repairs are done and counted: the figures wait for the next
+                    # pass (a replica that is down is its own gauge, duejobs_read_replica_up).
+                    said = outage(exc) or describe(exc)
+                    logging.getLogger("duejobs.reconcile").warning(
+                        "stats gauges not refreshed: %s", said
+                    )
 
         _once_or_every(reconciler, every, report)
 

@@ -120,3 +120,56 @@ class LagChart:
         return cls(
             line(lambda p: p.p50_ms), line(lambda p: p.p99_ms), top, sum(p.starts for p in points)
         )
+
+
+# Rows of each of the overview's tables per page: with 20,000 tenants the page stays small.
+ROWS = 25
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What the overview's tables show of the figures: the types and the tenants that need
+    an operator first (late, overdue, failing), one page of them, those matching a search."""
+
+    live_types: list[store.LiveFigures]
+    live_tenants: list[store.LiveFigures]
+    recent_types: list[store.Activity]
+    recent_tenants: list[store.Activity]
+    tenants: int  # the tenants the search kept, over every page
+    page: int
+    pages: int
+
+    @classmethod
+    def of(cls, figures: stats.Stats, search: str, page: int) -> Shown:
+        live = [f for f in figures.live if f.type is None and f.tenant and search in f.tenant]
+        recent = [a for a in figures.activity if a.type is None and a.tenant]
+        recent = [a for a in recent if search in (a.tenant or "")]
+        live.sort(key=lambda f: (-f.late, -f.overdue, -f.in_flight, -f.scheduled, f.tenant))
+        recent.sort(key=_trouble)
+        tenants = len({f.tenant for f in live} | {a.tenant for a in recent})
+        pages = max(1, -(-max(len(live), len(recent)) // ROWS))
+        page = min(max(page, 1), pages)
+        start = (page - 1) * ROWS
+        live_types = [f for f in figures.live if f.tenant is None and f.type is not None]
+        live_types.sort(key=lambda f: (-f.late, -f.overdue, -f.scheduled, f.type or ""))
+        recent_types = [a for a in figures.activity if a.tenant is None and a.type is not None]
+        recent_types.sort(key=_trouble)
+        return cls(
+            live_types[:ROWS],
+            live[start : start + ROWS],
+            recent_types[:ROWS],
+            recent[start : start + ROWS],
+            tenants,
+            page,
+            pages,
+        )
+
+
+def _trouble(a: store.Activity) -> tuple[float, ...]:
+    """Failures first, then retries, then the slowest to start."""
+    return (
+        -a.counts.get("failed", 0),
+        -a.counts.get("retried", 0),
+        -(a.lag_ms.get("p99") or 0.0),
+        -a.counts.get("started", 0),
+    )

@@ -62,7 +62,7 @@ from duejobs.dashboard.access import (
     not_local,
     public_origin,
 )
-from duejobs.dashboard.figures import Figures
+from duejobs.dashboard.figures import Figures, Shown
 from duejobs.dashboard.notes import answering_outages, job_note
 from duejobs.delivery import JobState
 from duejobs.errors import (
@@ -73,9 +73,12 @@ from duejobs.errors import (
 )
 from duejobs.models import Schedule, Status
 from duejobs.timespec import parse_duration
+from duejobs.validation import DEFAULT_TENANT
 
 log = logging.getLogger("duejobs.dashboard")
 _ACTIONS = ("cancel", "retry", "run-now", "reschedule")
+# Events and attempts a schedule's page shows at once (newest first; older events a page on).
+_HISTORY_PAGE = 50
 # How an async page runs a blocking call (the App's): Starlette's thread pool by default.
 Offload = Callable[..., Awaitable[Any]]
 
@@ -205,9 +208,14 @@ class Pages:
         if (no := self.refused(request)) is not None:
             return no
         reading = self.figures.read()
+        search = request.query_params.get("tenant", "").strip()
+        page = request.query_params.get("page", "1")
+        shown = Shown.of(reading.figures, search, int(page) if page.isdigit() else 1)
         return self.render(
             request,
             "overview.html",
+            shown=shown,
+            search=search,
             figures=reading.figures,
             chart=reading.chart,
             refresh=self.refresh,
@@ -237,9 +245,12 @@ class Pages:
             if page is not None and page.next_cursor
             else None
         )
+        unscoped_key = filters.get("key") and not filters.get("tenant") and self.app.scope is None
+        key_tenant = DEFAULT_TENANT if unscoped_key else None
         return self.render(
             request,
             "schedules.html",
+            key_tenant=key_tenant,
             status=400 if error else 200,
             page=page,
             error=error,
@@ -257,12 +268,18 @@ class Pages:
         found = None if schedule_id is None else self.app.get(schedule_id)
         if found is None:
             return self.render(request, "missing.html", status=404)
+        before = request.query_params.get("before", "")
+        events = self.app.history(
+            found.id, newest=_HISTORY_PAGE + 1, before=int(before) if before.isdigit() else None
+        )
         return self.render(
             request,
             "schedule.html",
             s=found,
-            events=self.app.history(found.id),
-            attempts=self.app.attempts(found.id),
+            events=events[:_HISTORY_PAGE],
+            older=events[_HISTORY_PAGE - 1].id if len(events) > _HISTORY_PAGE else None,
+            attempts=self.app.attempts(found.id, newest=_HISTORY_PAGE),
+            page_size=_HISTORY_PAGE,
             job_note=job_note(found, self._job(found)),
             # The text as written (not JSON's \uXXXX escapes); escaped as HTML like the rest.
             payload=json.dumps(found.payload, indent=2, ensure_ascii=False),

@@ -117,6 +117,7 @@ from duejobs.store.reconciliation import (
     record_repushed,
     rescue_expired,
     schedule_states,
+    schedule_tenants,
     window_page,
 )
 from duejobs.store.recurring import (
@@ -256,6 +257,7 @@ __all__ = [
     "save_recurring",
     "save_return_value",
     "schedule_states",
+    "schedule_tenants",
     "server_answers",
     "session_unlock",
     "set_quota",

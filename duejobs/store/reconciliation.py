@@ -72,6 +72,11 @@ def schedule_states(
     return {r.id: (Status(r.status), r.version) for r in rows}
 
 
+def schedule_tenants(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """The tenant of each id that exists (whose an orphan queue job is)."""
+    return {r.id: r.tenant for r in run(conn, "schedule_tenants", {"ids": list(ids)})}
+
+
 @dataclass(frozen=True)
 class OverdueRow:
     """A ``scheduled`` row already due, as stats check it against Redis."""

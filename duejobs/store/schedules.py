@@ -193,9 +193,20 @@ def cancel(
     return True, None if row.queue_job_id is None else QueueJob(row.queue_job_id, row.queue)
 
 
-def history(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> list[Event]:
-    """The schedule's events, oldest first (empty when not visible to ``tenant``)."""
-    rows = run(conn, "history", {"id": schedule_id, "tenant": tenant})
+def history(
+    conn: Connection,
+    schedule_id: uuid.UUID,
+    tenant: str | None,
+    newest: int | None = None,
+    before: int | None = None,
+) -> list[Event]:
+    """The schedule's events, oldest first; with ``newest``, that many of the latest (before
+    the event id ``before``), newest first. Empty when not visible to ``tenant``."""
+    if newest is None:
+        rows = run(conn, "history", {"id": schedule_id, "tenant": tenant})
+    else:
+        params = {"id": schedule_id, "tenant": tenant, "limit": newest, "before": before}
+        rows = run(conn, "history_newest", params)
     return [
         Event(
             id=r.id,
@@ -209,11 +220,16 @@ def history(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> lis
     ]
 
 
-def attempts(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> list[Attempt]:
-    """The schedule's attempts, oldest first (empty when not visible to ``tenant``)."""
-    return [
-        record(Attempt, r) for r in run(conn, "attempts", {"id": schedule_id, "tenant": tenant})
-    ]
+def attempts(
+    conn: Connection, schedule_id: uuid.UUID, tenant: str | None, newest: int | None = None
+) -> list[Attempt]:
+    """The schedule's attempts, oldest first; with ``newest``, that many of the latest, newest
+    first. Empty when not visible to ``tenant``."""
+    params: dict[str, object] = {"id": schedule_id, "tenant": tenant}
+    if newest is not None:
+        params["limit"] = newest
+    rows = run(conn, "attempts" if newest is None else "attempts_newest", params)
+    return [record(Attempt, r) for r in rows]
 
 
 def is_past_run_at(conn: Connection, schedule_id: uuid.UUID, tenant: str | None) -> bool | None:

@@ -8,17 +8,21 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from duejobs.cli import main
+from duejobs.cli.base import run_alone
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.contrib.django import settings_urls
 
-# Options of Django's own command line, already applied by the time a command runs.
-_DJANGO_OPTIONS = ("--settings", "--pythonpath")
+# Django's options every management command takes: applied by Django before a command runs
+# (``--settings``, ``--pythonpath``), or of no use to duejobs' commands, whose logs have
+# their own ``--log-level``. Those with a value, then the flags.
+_DJANGO_VALUED = ("--settings", "--pythonpath", "--verbosity", "-v")
+_DJANGO_FLAGS = ("--traceback", "--no-color", "--force-color", "--skip-checks")
 
 
 class CliCommand(BaseCommand):
     """``manage.py duejobs_<command> [options]`` = ``duejobs <command> [options]`` with the
-    settings' URLs (and the project's App, where the command takes one)."""
+    settings' URLs (and the project's App, where the command takes one). Django's own
+    options are accepted and dropped."""
 
     cli_command: str
     takes_app = False
@@ -27,16 +31,8 @@ class CliCommand(BaseCommand):
         parser.add_argument("options", nargs="*", help="the options of `duejobs COMMAND`")
 
     def run_from_argv(self, argv: list[str]) -> None:
-        """From ``manage.py``: every option goes to the CLI (Django's own are dropped)."""
-        given, skip = [], False
-        for arg in argv[2:]:
-            if skip:
-                skip = False
-            elif arg in _DJANGO_OPTIONS:
-                skip = True
-            elif not arg.startswith(tuple(f"{o}=" for o in _DJANGO_OPTIONS)):
-                given.append(arg)
-        self._run(given)
+        """From ``manage.py``: every option goes to the CLI but Django's own."""
+        self._run(_without_django_options(argv[2:]))
 
     def handle(self, *args: Any, **options: Any) -> None:
         """From ``call_command``: positional arguments are the CLI's options; a failure is a
@@ -54,9 +50,27 @@ class CliCommand(BaseCommand):
         os.environ[DATABASE_ENV] = database_url
         if redis_url:
             os.environ[REDIS_ENV] = redis_url
-        if self.takes_app and "--app" not in args:
-            args = ["--app", "duejobs.contrib.django:app", *args]
-        main.main(
-            args=[self.cli_command, *args],
+        run_alone(
+            self.cli_command,
+            args,
             prog_name=f"manage.py duejobs_{self.cli_command}",
+            app="duejobs.contrib.django:app" if self.takes_app else None,
         )
+
+
+def _without_django_options(args: list[str]) -> list[str]:
+    given, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _DJANGO_VALUED:
+            skip = True
+        elif not _django_own(arg):
+            given.append(arg)
+    return given
+
+
+def _django_own(arg: str) -> bool:
+    """A flag of Django's, or one of its options with its value attached (``-v2``)."""
+    valued = arg.startswith(tuple(f"{o}=" for o in _DJANGO_VALUED))
+    return arg in _DJANGO_FLAGS or valued or (arg.startswith("-v") and arg[2:].isdigit())

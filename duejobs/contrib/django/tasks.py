@@ -23,6 +23,9 @@ What maps:
   JSON or too large fails the task with an error that says so.
 * ``takes_context`` works: the context's ``task_result`` is read when the attempt starts.
 * ``async def`` tasks run to completion in the worker (``supports_async_task``).
+* Django's signals: ``task_enqueued`` when the schedule is written (in the caller's process),
+  ``task_started`` before each attempt and ``task_finished`` after the last one — its success,
+  or the failure of its last attempt — in the worker's.
 * Attempts: ``OPTIONS['MAX_ATTEMPTS']`` (default 1, Django's own behaviour: an exception fails
   the task), retried with duejobs' backoff when larger; ``OPTIONS['TIMEOUT']`` seconds
   (default 300).
@@ -39,6 +42,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from duejobs import store
@@ -53,6 +57,7 @@ try:  # Django 6.0 and later
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # the backport
     from django_tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
     from django_tasks.backends.base import BaseTaskBackend
@@ -67,6 +72,7 @@ except ImportError:  # the backport
         InvalidTaskError,
         TaskResultDoesNotExist,
     )
+    from django_tasks.signals import task_enqueued, task_finished, task_started
 
 __all__ = ["TASK_TYPE", "DuejobsBackend", "TaskResultError"]
 
@@ -97,9 +103,10 @@ class DuejobsBackend(BaseTaskBackend):
         super().__init__(alias, params)
         self.type = f"{TASK_TYPE}.{alias}"
         self.max_result_bytes = int(self.options.get("MAX_RESULT_BYTES", DEFAULT_MAX_PAYLOAD_BYTES))
+        self.max_attempts = int(self.options.get("MAX_ATTEMPTS", 1))
         get_app().handler(
             self.type,
-            max_attempts=int(self.options.get("MAX_ATTEMPTS", 1)),
+            max_attempts=self.max_attempts,
             timeout=timedelta(seconds=float(self.options.get("TIMEOUT", 300))),
         )(self._run)
 
@@ -113,7 +120,9 @@ class DuejobsBackend(BaseTaskBackend):
             schedule = app.schedule(self.type, payload, delay=0, queue=queue)
         else:
             schedule = app.schedule(self.type, payload, run_at=task.run_after, queue=queue)
-        return self._result(task, schedule, payload, store.StoredResult(None, [], []))
+        result = self._result(task, schedule, payload, store.StoredResult(None, [], []))
+        task_enqueued.send(type(self), task_result=result)
+        return result
 
     def get_result(self, result_id: str) -> TaskResult:
         """The task's result as stored now (``TaskResultDoesNotExist`` for an unknown id)."""
@@ -167,13 +176,16 @@ class DuejobsBackend(BaseTaskBackend):
 
     def _run(self, ctx: Context, payload: dict[str, Any]) -> None:
         """The handler of this backend's schedules: call the task, keep what it returned
-        (fenced: once, with the success) or what it raised (then raise it again)."""
+        (fenced: once, with the success) or what it raised (then raise it again). Sends
+        Django's ``task_started`` before each attempt and ``task_finished`` after the last
+        (its success, or the failure of its last attempt)."""
+        result = self.get_result(str(ctx.schedule_id))
+        task_started.send(type(self), task_result=result)
         try:
             task = self._task(payload["task"])
             args, kwargs = payload["args"], payload["kwargs"]
             if task.takes_context:
-                context = TaskContext(task_result=self.get_result(str(ctx.schedule_id)))
-                value = task.call(context, *args, **kwargs)
+                value = task.call(TaskContext(task_result=result), *args, **kwargs)
             else:
                 value = task.call(*args, **kwargs)
             try:
@@ -190,9 +202,19 @@ class DuejobsBackend(BaseTaskBackend):
             }
             with ctx.engine.begin() as conn:
                 store.add_error(conn, ctx.schedule_id, ctx.tenant, error)
+            if ctx.attempt >= self.max_attempts:
+                self._finished(ctx, TaskResultStatus.FAILED)
             raise
         with ctx.transaction() as conn:
             store.save_return_value(conn, ctx.schedule_id, ctx.tenant, encoded)
+        self._finished(ctx, TaskResultStatus.SUCCESSFUL)
+
+    def _finished(self, ctx: Context, status: TaskResultStatus) -> None:
+        """``task_finished`` with the result as it stands once the worker records it."""
+        result = self.get_result(str(ctx.schedule_id))
+        object.__setattr__(result, "status", status)
+        object.__setattr__(result, "finished_at", result.finished_at or timezone.now())
+        task_finished.send(type(self), task_result=result)
 
 
 def register_backends() -> None:

@@ -87,6 +87,9 @@ SELECT status, count(*) AS n FROM upd GROUP BY status
 -- name: schedule_states
 SELECT id, status, version FROM scheduled_jobs WHERE id = ANY(CAST(:ids AS uuid[]))
 
+-- name: schedule_tenants
+SELECT id, tenant FROM scheduled_jobs WHERE id = ANY(CAST(:ids AS uuid[]))
+
 -- name: overdue_rows
 SELECT queue_job_id, due_at,
        due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck, queue

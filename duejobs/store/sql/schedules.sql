@@ -124,12 +124,26 @@ SELECT {{schedule_columns}} FROM upd
 SELECT id, schedule_id, kind, version, at, detail FROM scheduled_job_events
 WHERE schedule_id = :id AND {{tenant_filter}} ORDER BY id
 
+-- name: history_newest
+-- A page of a schedule's events, newest first, before the event id :before (the primary
+-- key (schedule_id, id) serves it, however long the history).
+SELECT id, schedule_id, kind, version, at, detail FROM scheduled_job_events
+WHERE schedule_id = :id AND {{tenant_filter}} AND (CAST(:before AS bigint) IS NULL OR id < :before)
+ORDER BY id DESC LIMIT :limit
+
 -- name: attempts
 -- A schedule's attempts, every version's, in the order they started.
 SELECT version, attempt, status, worker, started_at, finished_at, next_attempt_at, error
 FROM scheduled_job_attempts
 WHERE schedule_id = :id AND {{tenant_filter}}
 ORDER BY version, attempt
+
+-- name: attempts_newest
+-- A schedule's latest attempts, newest first.
+SELECT version, attempt, status, worker, started_at, finished_at, next_attempt_at, error
+FROM scheduled_job_attempts
+WHERE schedule_id = :id AND {{tenant_filter}}
+ORDER BY version DESC, attempt DESC LIMIT :limit
 
 -- name: is_past_run_at
 SELECT run_at <= statement_timestamp() AS past FROM scheduled_jobs
