@@ -175,6 +175,10 @@ SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys} DESC LIMIT 1
     return tuple(last), int(n)
 
 
+# How long the swap waits for each table's lock before it gives up and tries again.
+SWAP_LOCK_TIMEOUT = "200ms"
+
+
 def swap(conn: Connection, staging: str) -> None:
     """Put the staging tables in the source tables' place (``conn``'s schema), in one short
     transaction: lock the source tables (waiting at most :data:`LOCK_TIMEOUT`), carry the
@@ -183,8 +187,11 @@ def swap(conn: Connection, staging: str) -> None:
     schema = schema_of(conn)
     # In the order statements take them: the recurring definitions (the materializer locks one,
     # then writes its occurrences), the four tables, then the effect ledger (written after its
-    # schedule's row is locked). The first and the last lose a foreign key here.
-    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    # schedule's row is locked). The first and the last lose a foreign key here. Each wait is
+    # short (SWAP_LOCK_TIMEOUT, under PostgreSQL's 1 s deadlock_timeout): a writer that takes
+    # them in another order finds the swap given up, to try again, rather than its own
+    # transaction ended by the deadlock check.
+    run(conn, "set_lock_timeout", {"timeout": SWAP_LOCK_TIMEOUT})
     run_composed(
         conn,
         "lock_recurring",
