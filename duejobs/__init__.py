@@ -2,20 +2,44 @@
 
 PostgreSQL holds the truth about every schedule (what, when, which version, which state);
 Redis, through RQ, only delivers work to workers.
+
+The names below are imported on first use (``from duejobs import App`` as usual), so that a
+program that only asks the command line for ``--help`` or ``--version`` loads none of
+SQLAlchemy, Redis or RQ.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from __future__ import annotations
 
-from duejobs.app import App
-from duejobs.async_app import AsyncApp
-from duejobs.errors import Permanent
-from duejobs.handlers import RetryPolicy
-from duejobs.models import Attempt, Event, EventKind, Page, Schedule, ScheduleRequest, Status
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from duejobs.app import App
+    from duejobs.async_app import AsyncApp
+    from duejobs.errors import Permanent
+    from duejobs.handlers import RetryPolicy
+    from duejobs.models import Attempt, Event, EventKind, Page, Schedule, ScheduleRequest, Status
 
 try:
     __version__ = version("duejobs")
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
+
+# Each public name and the module it lives in.
+_HOMES = {
+    "App": "duejobs.app",
+    "AsyncApp": "duejobs.async_app",
+    "Permanent": "duejobs.errors",
+    "RetryPolicy": "duejobs.handlers",
+    "Attempt": "duejobs.models",
+    "Event": "duejobs.models",
+    "EventKind": "duejobs.models",
+    "Page": "duejobs.models",
+    "Schedule": "duejobs.models",
+    "ScheduleRequest": "duejobs.models",
+    "Status": "duejobs.models",
+}
 
 __all__ = [
     "App",
@@ -30,3 +54,16 @@ __all__ = [
     "ScheduleRequest",
     "Status",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'duejobs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # imported once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])

@@ -73,9 +73,10 @@ REPLICA_UP = Gauge(
 
 
 def unanswered() -> None:
-    """The replica did not answer a read: down, and of unknown lag."""
-    REPLICA_UP.set(0)
+    """The replica did not answer a read: of unknown lag, and down (in that order: whoever
+    sees it down sees the lag unknown)."""
     REPLICA_LAG.set(math.inf)
+    REPLICA_UP.set(0)
 
 
 def measure(conn: Connection, lsn: str, max_lag: timedelta) -> Freshness:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from duejobs.cli.services import _knob_flags
 from duejobs.config import redacted, sqlalchemy_url
 from duejobs.errors import ConfigurationError
 from duejobs.worker import WorkerConfig
-from tests.conftest import Servers
+from tests.conftest import Proc, Servers, System, wait_for
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -432,3 +433,49 @@ def test_list_by_key_without_a_tenant_says_which_tenant_it_searched(env: dict[st
     assert plain.returncode == 0 and "searched tenant 'default'" in plain.stderr, plain.stderr
     named = run("list", "--key", "order-1", "--tenant", "acme", env=env)
     assert named.returncode == 0 and "note:" not in named.stderr
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_help_and_version_load_nothing_of_the_database_redis_or_rq(flag: str) -> None:
+    """The commands are imported when one runs: asking for ``--help`` or ``--version`` loads
+    click alone. Seen failing when both imported SQLAlchemy and Alembic (1.8 s, 83 MiB)."""
+    code = (
+        "import sys\nfrom duejobs.cli import main\ntry:\n"
+        f"    main([{flag!r}])\nexcept SystemExit:\n    pass\n"
+        "print('loaded:', sorted(m for m in ('sqlalchemy', 'alembic', 'redis', 'rq', "
+        "'psycopg', 'duejobs.app') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "loaded: []" in result.stdout, result.stdout
+
+
+def test_the_table_of_commands_names_each_command_its_module_and_its_help() -> None:
+    """``duejobs --help`` lists the commands from a table (without importing them): it must
+    say what each command's own help says, and name every command there is."""
+    import importlib
+
+    from duejobs.cli.group import COMMANDS
+
+    for module in {module for module, _ in COMMANDS.values()}:
+        importlib.import_module(f"duejobs.cli.{module}")
+    registered = {
+        name: (command.callback.__module__.rsplit(".", 1)[-1], command.get_short_help_str(45))
+        for name, command in main.commands.items()
+        if command.callback is not None
+    }
+    assert registered == COMMANDS
+
+
+def test_dev_runs_scheduler_worker_reconciler_and_pruner_in_one_process(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """``duejobs dev``: a schedule due now runs with no other process; SIGTERM stops it all
+    (exit 0). Seen failing before the command existed."""
+    s = system.app.schedule("record", {}, delay=0)
+    dev = spawn("dev", "--app", "tests.apps:app", "--concurrency", "2")
+    wait_for(lambda: system.status(s.id) == "succeeded", 60, "the schedule to run")
+    assert "scheduler, worker (2 slots), reconciler and pruner" in dev.output()
+    assert dev.stop() == 0, dev.output()

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import django
+import psycopg
 import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
@@ -34,9 +35,10 @@ from django.db import connection, transaction
 from django.test.utils import override_settings
 
 from duejobs import App, Status
+from duejobs.config import libpq_url
 from duejobs.errors import ConfigurationError
 from duejobs.scheduler import Scheduler
-from tests.conftest import ROOT
+from tests.conftest import ROOT, Servers
 
 try:  # Django 6 and later, as the backend does
     from django.tasks import TaskResult, TaskResultStatus
@@ -421,6 +423,37 @@ def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
         app.cancel(s.id)
         assert redis_client.exists(job_key)  # not before the commit
     assert not redis_client.exists(job_key)  # removed once committed
+
+
+def test_manage_py_migrate_makes_duejobs_tables(shop: Shop, servers: Servers) -> None:
+    """On a new database, ``manage.py migrate`` alone makes duejobs' tables (its migration
+    runs duejobs' own to the newest revision); again, it has nothing to do. Seen failing
+    when only ``manage.py duejobs_migrate`` made them."""
+    name = f"duejobs_django_{uuid.uuid4().hex[:10]}"
+    url = servers.create_database(name)
+    try:
+        env = {**shop.env, "DUEJOBS_TEST_DATABASE_URL": url}
+
+        def migrate() -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "django", "migrate", "--settings", SETTINGS],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+
+        first = migrate()
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "Applying duejobs.0001_schema... OK" in first.stdout, first.stdout
+        with psycopg.connect(libpq_url(url)) as conn:
+            made = conn.execute("SELECT to_regclass('scheduled_jobs') IS NOT NULL").fetchone()
+        assert made == (True,)
+        again = migrate()
+        assert again.returncode == 0 and "No migrations to apply" in again.stdout, again.stdout
+    finally:
+        servers.drop_database(name)
 
 
 def test_management_commands_speak_as_manage_py_and_take_djangos_options(shop: Shop) -> None:

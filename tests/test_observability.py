@@ -115,8 +115,12 @@ def test_a_read_replica_that_is_down_is_a_gauge_and_one_line_not_a_failed_pass(
         "--json",
         extra_env={"DUEJOBS_READ_DATABASE_URL": "postgresql://postgres:pa55word@127.0.0.1:1/x"},
     )
-    wait_for(lambda: "duejobs_read_replica_up 0.0" in _scrape(port), 30, "the replica's gauge")
-    assert "duejobs_read_replica_lag_seconds +Inf" in _scrape(port)
+
+    def down() -> bool:
+        body = _scrape(port)
+        return "duejobs_read_replica_up 0.0" in body and "read_replica_lag_seconds +Inf" in body
+
+    wait_for(down, 30, "the replica's gauges")
 
     def passes() -> int:
         return sum(line.startswith("{") for line in proc.output().splitlines())

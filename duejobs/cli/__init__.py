@@ -6,7 +6,6 @@ saying so in one line. Bad input exits with status 2 and a message naming the pr
 an unreachable service exits with status 1.
 """
 
-from duejobs.cli import admin, dashboard, schedules, services  # noqa: F401 - each adds its commands
-from duejobs.cli.base import main
+from duejobs.cli.group import main
 
 __all__ = ["main"]

@@ -18,8 +18,8 @@ from duejobs.cli.base import (
     _app,
     _checked,
     _fail,
-    main,
 )
+from duejobs.cli.group import main
 from duejobs.errors import DuejobsError
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
 from duejobs.partitions import DEFAULT_AHEAD, DEFAULT_PERIOD, describe

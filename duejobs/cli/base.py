@@ -3,7 +3,6 @@ duration flags, one-line errors, the services' defaults read from their configs.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import json
 import os
@@ -22,7 +21,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from duejobs import logs, metrics
 from duejobs.app import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
-from duejobs.embedded import DEFAULT_DATA_DIR, EmbeddedServices, start_embedded
+from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError, outage
 from duejobs.prune import PruneConfig
 from duejobs.reconcile import ReconcileConfig
@@ -167,50 +166,6 @@ JSON_TEXT = JSONText()
 LOG_LEVELS = click.Choice(["debug", "info", "warning", "error", "critical"], case_sensitive=False)
 
 
-def _as_program(command: click.Command, args: Any, kwargs: dict[str, Any]) -> NoReturn:
-    """Run ``command`` (the group, or one command alone): bad flags are one line on stderr
-    and exit status 2 (no usage block to scroll past)."""
-    kwargs["standalone_mode"] = False
-    try:
-        code = click.Command.main(command, *args, **kwargs)
-    except click.UsageError as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(2)
-    except click.Abort:
-        click.echo("aborted", err=True)
-        sys.exit(1)
-    except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    sys.exit(code if isinstance(code, int) else 0)
-
-
-class _Cli(click.Group):
-    """Bad flags are one line on stderr and exit status 2 (see :func:`_as_program`)."""
-
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        _as_program(self, args, kwargs)
-
-
-def run_alone(name: str, args: list[str], prog_name: str, app: str | None = None) -> NoReturn:
-    """One command of ``duejobs`` run as a program of its own (a Django management command):
-    its usage says ``prog_name [OPTIONS]``; with ``app``, ``--app`` is that App unless given,
-    and is left out of ``--help``."""
-    command = copy.copy(main.commands[name])
-    if app is not None:
-        command.params = [_defaulted(param, app) for param in command.params]
-    given = {"args": args, "prog_name": prog_name, "obj": {"data_dir": DEFAULT_DATA_DIR}}
-    _as_program(command, (), given)
-
-
-def _defaulted(param: click.Parameter, app: str) -> click.Parameter:
-    if param.name != "app_ref" or not isinstance(param, click.Option):
-        return param
-    given = copy.copy(param)
-    given.required, given.hidden, given.default = False, True, app
-    return given
-
-
 C = TypeVar("C")
 
 
@@ -250,22 +205,6 @@ def _app(
     except (DuejobsError, RedisError, OperationalError, InterfaceError) as exc:
         said = outage(exc)  # an outage in one line, naming the service
         _fail(exc if said is None else ConnectionError(said))
-
-
-@click.group(cls=_Cli)
-@click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DATA_DIR,
-    show_default=True,
-    help="Where the embedded servers of `duejobs demo` keep their data.",
-)
-@click.version_option(package_name="duejobs", prog_name="duejobs")
-@click.pass_context
-def main(ctx: click.Context, data_dir: Path) -> None:
-    """duejobs: durable delayed and scheduled jobs on PostgreSQL and RQ."""
-    ctx.ensure_object(dict)
-    ctx.obj["data_dir"] = data_dir
 
 
 def load_app(reference: str) -> App:

@@ -7,7 +7,8 @@ import os
 
 import click
 
-from duejobs.cli.base import _app, _fail, main
+from duejobs.cli.base import _app, _fail
+from duejobs.cli.group import main
 from duejobs.errors import ConfigurationError, DuejobsError
 
 DASHBOARD_PASSWORD_ENV = "DUEJOBS_DASHBOARD_PASSWORD"

@@ -11,7 +11,8 @@ from typing import Any
 import click
 
 from duejobs.app import App
-from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app, main
+from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app
+from duejobs.cli.group import main
 from duejobs.models import Event, Schedule, Status
 from duejobs.terminal import printable
 from duejobs.validation import DEFAULT_TENANT

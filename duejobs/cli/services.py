@@ -32,9 +32,9 @@ from duejobs.cli.base import (
     _operations,
     duration_option,
     load_app,
-    main,
     services,
 )
+from duejobs.cli.group import main
 from duejobs.errors import ConfigurationError, DuejobsError, describe, outage
 from duejobs.prune import PruneConfig, Pruner, PruneResult
 from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult

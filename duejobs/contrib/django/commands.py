@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from duejobs.cli.base import run_alone
+from duejobs.cli.group import run_alone
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.contrib.django import settings_urls
 

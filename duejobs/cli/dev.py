@@ -1,0 +1,77 @@
+"""``duejobs dev``: everything in one process, for development."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import click
+
+from duejobs.cli.base import POSITIVE, _app, _checked, _operate, load_app
+from duejobs.cli.group import main
+from duejobs.prune import PruneConfig, Pruner
+from duejobs.reconcile import Reconciler
+from duejobs.scheduler import Scheduler
+from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+
+# How often the reconciler and the pruner pass in development.
+RECONCILE_EVERY = timedelta(seconds=2)
+PRUNE_EVERY = timedelta(hours=1)
+
+
+@main.command()
+@click.option("--app", "app_ref", required=True, help="MODULE:APP with the handlers.")
+@click.option(
+    "--concurrency", type=click.IntRange(1, 256), default=4, show_default=True, help="Slots."
+)
+@click.option(
+    "--prune-older-than",
+    type=POSITIVE,
+    default="7d",
+    show_default=True,
+    help="The pruner deletes finished schedules older than this.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+)
+@click.pass_context
+def dev(
+    ctx: click.Context, app_ref: str, concurrency: int, prune_older_than: timedelta, log_level: str
+) -> None:
+    """Scheduler, worker, reconciler and pruner in one process, for development."""
+    _operate(log_level, "text", None)
+    config = _checked(lambda: WorkerConfig(concurrency=concurrency))
+    pruning = _checked(lambda: PruneConfig(older_than=prune_older_than))
+    with _app(ctx, migrate=True, embedded=True) as configured:
+        app = load_app(app_ref)
+        del configured  # the servers are up and the schema migrated; the handlers' App runs
+        scheduler, reconciler, pruner = Scheduler(app), Reconciler(app), Pruner(app, pruning)
+        loops = [
+            threading.Thread(target=scheduler.run, name="scheduler", daemon=True),
+            threading.Thread(
+                target=reconciler.run, args=(RECONCILE_EVERY,), name="reconciler", daemon=True
+            ),
+            threading.Thread(target=pruner.run, args=(PRUNE_EVERY,), name="pruner", daemon=True),
+        ]
+        for loop in loops:
+            loop.start()
+        click.echo(
+            f"duejobs dev: scheduler, worker ({concurrency} slots), reconciler and pruner in "
+            "this process; Ctrl-C stops them (code is not reloaded: restart to load changes)",
+            err=True,
+        )
+        runtime = Runtime(app, config)
+        try:
+            # RQ's worker in the main thread: SIGINT/SIGTERM end it (warm), then the rest.
+            DuejobsWorker(runtime).work(logging_level=log_level.upper(), with_scheduler=False)
+        finally:
+            for service in (scheduler, reconciler, pruner):
+                service.stop()
+            for loop in loops:
+                loop.join(timeout=30)
+            runtime.close()
+            scheduler.close()
+            app.close()
