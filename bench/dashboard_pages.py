@@ -68,7 +68,7 @@ def main() -> None:
             "schedules, a key": "/schedules?tenant=t0&key=k500",
             "one schedule": f"/schedules/{failed}",
         }
-        with TestClient(create_dashboard(app), client=LOCAL) as client:
+        with TestClient(create_dashboard(app), client=LOCAL, base_url="http://127.0.0.1") as client:
             first = client.get("/schedules")
             following = first.text.split('id="next" href="')[1].split('"')[0].replace("&amp;", "&")
             pages["schedules, next page"] = following
@@ -112,7 +112,8 @@ def many_tenants(url: str, app: App) -> None:
             "FROM generate_series(1, %s) g",
             (TENANTS,),
         )
-    with TestClient(create_dashboard(app, refresh=3600), client=LOCAL) as client:
+    board = create_dashboard(app, refresh=3600)
+    with TestClient(board, client=LOCAL, base_url="http://127.0.0.1") as client:
         size = len(client.get("/").content)  # the figures read once, then each page
         times = []
         for _ in range(REQUESTS):

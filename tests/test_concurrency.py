@@ -83,6 +83,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -104,6 +105,7 @@ from rq.suspension import resume, suspend
 from sqlalchemy import text
 
 from duejobs import App, Status
+from duejobs.batches import GroupCommit
 from duejobs.delivery._rq_compat import MULTI_EXECUTIONS
 from duejobs.delivery.rq_redis import WorkerRedis
 from duejobs.reconcile import Reconciler
@@ -616,14 +618,38 @@ def test_jobs_taken_together_are_prepared_in_rq_as_rq_prepares_one(
     assert system.redis.llen(queue.intermediate_queue_key) == 0
 
 
+def _first_batch_slow(monkeypatch: pytest.MonkeyPatch, kind: str, requests: int) -> None:
+    """The first batch of ``kind`` runs only once the other requests have queued behind it
+    (or 30 s have passed), as a slow commit would: on a busy machine, eight handlers
+    returning at once may otherwise reach the group commit one after another."""
+    made = GroupCommit.__init__
+
+    def init(self: GroupCommit[Any, Any], name: str, run: Any, limit: int = 64) -> None:
+        held = threading.Event()
+
+        def slow_first(batch: Any) -> Any:
+            if not held.is_set():
+                held.set()
+                deadline = time.monotonic() + 30
+                while len(self._queue) < requests - len(batch) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+            return run(batch)
+
+        made(self, name, slow_first if name == kind else run, limit)
+
+    monkeypatch.setattr(GroupCommit, "__init__", init)
+
+
 def _eight_return_together(
-    system: System, slots: Callable[[int], None], kind: str
+    system: System, slots: Callable[[int], None], kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> list[uuid.UUID]:
-    """Eight handlers that return at the same moment, in eight slots: their requests of
-    ``kind`` all batched, in fewer statements than requests; the schedules, all succeeded."""
+    """Eight handlers that return at the same moment, in eight slots, their first commit
+    slow: their requests of ``kind`` batched, in fewer statements than requests; the
+    schedules, all succeeded."""
     meeting = {"group": uuid.uuid4().hex, "parties": 8}
     ids = [system.app.schedule("meet-and-return", meeting, delay=0).id for _ in range(8)]
     system.scheduler.run_once()
+    _first_batch_slow(monkeypatch, kind, 8)
     before = _statements(kind)
     slots(8)
     after = _statements(kind)
@@ -634,20 +660,20 @@ def _eight_return_together(
 
 
 def test_outcomes_that_arrive_together_are_committed_together(
-    system: System, slots: Callable[[int], None]
+    system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _eight_return_together(system, slots, "outcome")
+    _eight_return_together(system, slots, "outcome", monkeypatch)
     events = "SELECT count(*) FROM scheduled_job_events WHERE kind = 'succeeded'"
     assert _count(system.app, events) == 8
 
 
 def test_finishes_that_arrive_together_share_one_redis_transaction(
-    system: System, slots: Callable[[int], None]
+    system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """RQ's finish of each job (its status, result, registries, the worker's counts) written
     for the jobs closing together in one MULTI/EXEC, and RQ sees each job as it sees one it
     finished alone."""
-    ids = _eight_return_together(system, slots, "redis_finish")
+    ids = _eight_return_together(system, slots, "redis_finish", monkeypatch)
     queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
     finished = set(queue.finished_job_registry.get_job_ids())
     for schedule_id in ids:

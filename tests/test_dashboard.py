@@ -36,6 +36,7 @@ from tests.conftest import Proc, System, wait_for
 # The address a request from this machine comes from (an unauthenticated dashboard answers
 # no other).
 LOCAL = ("127.0.0.1", 50000)
+HERE = "http://127.0.0.1"  # and the name it asks for: a loopback one
 MARKUP = '<script>alert("x")</script><b>bold</b>'
 
 
@@ -107,7 +108,7 @@ def test_an_action_needs_the_callers_csrf_token_and_its_origin(
 
 def test_pages_need_the_configured_credentials(app: App) -> None:
     board = create_dashboard(app, Access(user="ops", password="s3cret"))
-    with TestClient(board, client=LOCAL) as anonymous:
+    with TestClient(board, client=LOCAL, base_url=HERE) as anonymous:
         refused = anonymous.get("/")
         assert refused.status_code == 401 and "Basic" in refused.headers["www-authenticate"]
         assert anonymous.get("/", headers=_auth(password="wrong")).status_code == 401
@@ -119,14 +120,14 @@ def test_the_host_applications_own_check_decides(app: App) -> None:
         return request.headers.get("x-staff") == "yes"
 
     board = create_dashboard(app, Access(authorize=staff_only, actions=True))
-    with TestClient(board, client=LOCAL) as client:
+    with TestClient(board, client=LOCAL, base_url=HERE) as client:
         assert client.get("/").status_code == 401
         assert client.get("/", headers={"x-staff": "yes"}).status_code == 200
 
 
 def test_a_read_only_dashboard_offers_no_action_and_refuses_one(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
-    with TestClient(create_dashboard(app), client=LOCAL) as client:
+    with TestClient(create_dashboard(app), client=LOCAL, base_url=HERE) as client:
         page = client.get(f"/schedules/{s.id}")
         assert page.status_code == 200 and '<form method="post"' not in page.text
         assert client.post(f"/schedules/{s.id}/cancel", data={"csrf": "x"}).status_code == 403
@@ -156,7 +157,7 @@ def test_a_host_check_must_answer_plainly(app: App) -> None:
         Access(authorize=staff_only)
     answers: list[object] = [False, None, object(), ""]
     board = create_dashboard(app, Access(authorize=lambda request: answers[0], actions=True))
-    with TestClient(board, client=LOCAL) as client:
+    with TestClient(board, client=LOCAL, base_url=HERE) as client:
         while answers:
             assert client.get("/").status_code == 401, answers[0]
             answers.pop(0)
@@ -165,7 +166,7 @@ def test_a_host_check_must_answer_plainly(app: App) -> None:
 def test_each_caller_the_host_names_gets_a_token_of_its_own(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
     access = Access(authorize=lambda request: request.headers.get("x-user", False), actions=True)
-    with TestClient(create_dashboard(app, access), client=LOCAL) as client:
+    with TestClient(create_dashboard(app, access), client=LOCAL, base_url=HERE) as client:
         alice = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "alice"}).text)
         bob = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "bob"}).text)
         assert alice != bob
@@ -195,7 +196,7 @@ def test_a_loopback_dashboard_answers_only_its_own_names(app: App) -> None:
 def test_links_follow_the_path_the_dashboard_is_mounted_at(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
     host = Starlette(routes=[Mount("/jobs", create_dashboard(app))])
-    with TestClient(host, client=LOCAL) as client:
+    with TestClient(host, client=LOCAL, base_url=HERE) as client:
         page = client.get("/jobs/schedules").text
         assert f'href="/jobs/schedules/{s.id}"' in page and 'href="/jobs/dashboard.css"' in page
 
@@ -326,7 +327,7 @@ def test_a_schedule_page_shows_each_attempt_with_its_worker_and_error(system: Sy
     assert [(a.attempt, a.status) for a in attempts] == [(1, "failed"), (2, "succeeded")]
     assert attempts[0].error is not None and "transient failure on attempt 1" in attempts[0].error
     assert attempts[0].next_attempt_at is not None and attempts[0].worker
-    with TestClient(create_dashboard(system.app), client=LOCAL) as client:
+    with TestClient(create_dashboard(system.app), client=LOCAL, base_url=HERE) as client:
         page = client.get(f"/schedules/{s.id}").text
     assert 'class="attempt-failed"' in page and 'class="attempt-succeeded"' in page
     assert "transient failure on attempt 1" in page
@@ -336,13 +337,14 @@ def test_a_schedule_page_shows_each_attempt_with_its_worker_and_error(system: Sy
 def test_the_overview_charts_the_start_lag_of_the_last_hour(system: System) -> None:
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(3)]
     system.run_until(lambda: all(system.status(i) == "succeeded" for i in ids))
-    with TestClient(create_dashboard(system.app), client=LOCAL) as client:
+    with TestClient(create_dashboard(system.app), client=LOCAL, base_url=HERE) as client:
         page = client.get("/").text
     p50 = re.search(r'<polyline points="([^"]*)" class="p50"/>', page)
     assert p50 is not None and re.fullmatch(r"([\d.]+,[\d.]+ )+", p50[1]), page
     assert re.search(r'<circle cx="[\d.]+" cy="[\d.]+" r="2.5" class="p99"/>', page)
     assert "3 starts" in page
-    with TestClient(create_dashboard(system.app.tenant("other")), client=LOCAL) as client:
+    other = create_dashboard(system.app.tenant("other"))
+    with TestClient(other, client=LOCAL, base_url=HERE) as client:
         assert "0 starts" in client.get("/").text
 
 
@@ -378,11 +380,11 @@ def test_the_overview_reads_its_figures_at_most_once_per_refresh(app: App) -> No
         assert found is not None
         return int(found[1])
 
-    with TestClient(create_dashboard(app, refresh=3600), client=LOCAL) as client:
+    with TestClient(create_dashboard(app, refresh=3600), client=LOCAL, base_url=HERE) as client:
         assert shown(client) == 3
         app.schedule("record", {}, delay=60)
         assert shown(client) == 3  # read less than a refresh ago: not read again
-    with TestClient(create_dashboard(app, refresh=1), client=LOCAL) as client:
+    with TestClient(create_dashboard(app, refresh=1), client=LOCAL, base_url=HERE) as client:
         assert shown(client) == 4
         app.schedule("record", {}, delay=60)
         wait_for(lambda: shown(client) == 5, 30, "the figures to be read again")
@@ -391,7 +393,7 @@ def test_the_overview_reads_its_figures_at_most_once_per_refresh(app: App) -> No
 def test_a_schedule_page_shows_its_queue_job_as_redis_holds_it(system: System) -> None:
     s = system.app.schedule("record", {}, delay=0)
     cell = re.compile(r'id="queue-job">(.*?)</td>', re.S)
-    with TestClient(create_dashboard(system.app), client=LOCAL) as client:
+    with TestClient(create_dashboard(system.app), client=LOCAL, base_url=HERE) as client:
 
         def job_cell() -> str:
             found = cell.search(client.get(f"/schedules/{s.id}").text)
@@ -503,7 +505,9 @@ def test_every_page_names_the_service_that_is_down(
     )
     try:
         board = create_dashboard(broken)
-        with TestClient(board, client=LOCAL, raise_server_exceptions=False) as client:
+        with TestClient(
+            board, client=LOCAL, base_url=HERE, raise_server_exceptions=False
+        ) as client:
             pages = ["/", "/schedules", f"/schedules/{s.id}", "/recurring"]
             for path in pages:
                 answer = client.get(path)
@@ -567,7 +571,7 @@ def test_the_overview_of_20000_tenants_shows_those_that_need_an_operator_a_page_
             "UPDATE scheduled_jobs SET run_at = now() - interval '1 hour', "
             "due_at = now() - interval '1 hour' WHERE tenant = 'tenant-17042'"
         )
-    with TestClient(create_dashboard(app, refresh=3600), client=LOCAL) as client:
+    with TestClient(create_dashboard(app, refresh=3600), client=LOCAL, base_url=HERE) as client:
         page = client.get("/")
         assert page.status_code == 200 and len(page.content) < 200_000, len(page.content)
         first = re.search(r'<table id="live-tenants">.*?<tr><td>([^<]+)</td>', page.text, re.S)

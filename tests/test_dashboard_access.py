@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from duejobs import App, Status
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.dashboard.access import SESSION_COOKIE, Tokens
-from tests.test_dashboard import LOCAL, _auth, _csrf
+from tests.test_dashboard import HERE, LOCAL, _auth, _csrf
 
 ACCESS = Access(user="ops", password="s3cret", actions=True)
 SECRET = b"k" * 32
@@ -41,6 +41,11 @@ def test_wrong_passwords_from_one_address_are_throttled(app: App) -> None:
         assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) > 0
     with TestClient(board, client=("198.51.100.8", 1)) as colleague:
         assert colleague.get("/", headers=_auth()).status_code == 200
+    for n in range(1, 5):  # one holder of an IPv6 /64 is one address
+        with TestClient(board, client=(f"2001:db8::{n}", 1)) as rotating:
+            rotating.get("/", headers=_auth(password="guess"))
+    with TestClient(board, client=("2001:db8::99", 1)) as same_network:
+        assert same_network.get("/", headers=_auth()).status_code == 429
 
 
 def test_a_form_is_bound_to_the_browser_session_it_was_shown_in(app: App) -> None:
@@ -76,7 +81,8 @@ def test_a_form_expires_after_its_lifetime(app: App) -> None:
 def test_an_actions_message_shows_on_its_own_page_only(app: App) -> None:
     first = app.schedule("record", {}, delay=60)
     second = app.schedule("record", {}, delay=60)
-    with TestClient(create_dashboard(app, ACCESS), headers=_auth(), client=LOCAL) as client:
+    board = create_dashboard(app, ACCESS)
+    with TestClient(board, headers=_auth(), client=LOCAL, base_url=HERE) as client:
         token = _csrf(client.get(f"/schedules/{first.id}").text)
         done = client.post(
             f"/schedules/{first.id}/cancel", data={"csrf": token}, follow_redirects=False
@@ -84,3 +90,13 @@ def test_an_actions_message_shows_on_its_own_page_only(app: App) -> None:
         message = urlsplit(done.headers["location"]).query
         assert 'id="done"' in client.get(f"/schedules/{first.id}?{message}").text
         assert 'id="done"' not in client.get(f"/schedules/{second.id}?{message}").text
+        swapped = message.replace("done=", "failed=")  # the same text, said as a failure
+        assert 'id="failed"' not in client.get(f"/schedules/{first.id}?{swapped}").text
+
+
+def test_odd_page_numbers_and_event_ids_are_ignored_not_errors(app: App) -> None:
+    s = app.schedule("record", {}, delay=60)
+    with TestClient(create_dashboard(app, ACCESS), headers=_auth()) as client:
+        for odd in ("²", "9" * 40, "-1", "1e3"):
+            assert client.get("/", params={"page": odd}).status_code == 200, odd
+            assert client.get(f"/schedules/{s.id}", params={"before": odd}).status_code == 200

@@ -5,7 +5,8 @@ machine).
 
 Seen failing on the dashboard that trusted the address it bound to: every test but the last
 (the proxied overview answered 200 with every payload; ``--proxy``/``--public-url`` did not
-exist; ``--host 127.0.0.2`` answered 400).
+exist; ``--host 127.0.0.2`` answered 400); the rebinding case, on the check of the client's
+address and headers alone.
 """
 
 from __future__ import annotations
@@ -65,17 +66,20 @@ def test_an_unauthenticated_dashboard_refuses_what_came_through_a_proxy(
         (("127.0.0.1", 40000), {"X-Forwarded-For": "203.0.113.9"}, "X-Forwarded-For"),
         (("127.0.0.1", 40000), {"Forwarded": "for=203.0.113.9"}, "Forwarded"),
         (("127.0.0.1", 40000), {"X-Real-IP": "203.0.113.9"}, "X-Real-IP"),
+        # DNS rebinding: a page whose name now points at 127.0.0.1, read from the browser
+        (("127.0.0.1", 40000), {"Host": "attacker.example:8080"}, "by the name"),
     ],
 )
 def test_a_mounted_dashboard_without_authentication_answers_this_machine_only(
     app: App, client: tuple[str, int], headers: dict[str, str], says: str
 ) -> None:
     board = create_dashboard(app)
-    with TestClient(board, client=client) as other:
+    with TestClient(board, client=client, base_url="http://127.0.0.1") as other:
         answer = other.get("/schedules", headers=headers)
         assert answer.status_code == 403 and says in answer.text, answer.text
-    with TestClient(board, client=("127.0.0.1", 40000)) as local:
+    with TestClient(board, client=("127.0.0.1", 40000), base_url="http://127.0.0.1") as local:
         assert local.get("/schedules").status_code == 200
+        assert local.get("/schedules", headers={"Host": "[::1]:8080"}).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -138,3 +142,13 @@ def test_the_public_url_must_be_an_absolute_http_url(
     )
     assert proc.popen.wait(timeout=60) == 2
     assert "--public-url" in proc.output() and "http" in proc.output()
+
+
+def test_a_public_url_needs_the_proxys_address(spawn: Callable[..., Proc]) -> None:
+    """Without ``--proxy`` every request would come from the proxy's address, one sign-in
+    limit for all that anyone could use up."""
+    proc = spawn(
+        "dashboard", "--user", "ops", "--public-url", f"https://{PUBLIC}/x", extra_env=PASSWORD
+    )
+    assert proc.popen.wait(timeout=60) == 2
+    assert "--public-url needs --proxy" in proc.output()

@@ -39,7 +39,7 @@ from duejobs.models import CURRENT, Freshness, Page
 from duejobs.replica import REPLICA_LAG
 from duejobs.scheduler import Scheduler
 from tests.conftest import wait_for
-from tests.test_dashboard import LOCAL
+from tests.test_dashboard import HERE, LOCAL
 
 DATABASE = "duejobs_replica"
 
@@ -245,7 +245,7 @@ def test_the_async_api_lists_from_the_replica_too(pair: Pair, replicated: App) -
 def test_the_dashboard_says_when_its_replica_is_behind(pair: Pair, replicated: App) -> None:
     app = replicated
     board = create_dashboard(app, Access(), refresh=1)
-    with TestClient(board, client=LOCAL) as client:
+    with TestClient(board, client=LOCAL, base_url=HERE) as client:
         assert 'id="replica-behind"' not in client.get("/").text
         pair.on_replica("SELECT pg_wal_replay_pause()")
         app.schedule("replicated", {}, delay=timedelta(hours=1))

@@ -305,3 +305,33 @@ def test_the_cli_follows_duejobs_schema(fresh_database: str, redis_url: str) -> 
         assert app.get(shown["id"]) is not None
     finally:
         app.close()
+
+
+def test_events_and_attempts_are_stamped_with_their_statements_time(app: App) -> None:
+    """Written late in a transaction, an event and an attempt carry the moment of their own
+    statement, not the transaction's start. Seen failing with ``now()``: a claim made late
+    in its transaction stamped its ``started`` event 1.5 ms before the ``run_at`` it had
+    waited for, on a busy machine."""
+    s = app.schedule("record", {}, delay=3600)
+    with app.engine.connect() as conn:  # one transaction, rolled back at the end
+        began = conn.execute(text("SELECT now()")).scalar_one()
+        conn.execute(text("SELECT pg_sleep(0.05)"))
+        event = conn.execute(
+            text(
+                "INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail) "
+                "VALUES (:id, 'default', 'started', 1, '{}') "
+                "RETURNING at, statement_timestamp() AS stamp"
+            ),
+            {"id": s.id},
+        ).one()
+        attempt = conn.execute(
+            text(
+                "INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, "
+                "status, worker) VALUES (:id, 'default', 1, 1, 'running', 'w') "
+                "RETURNING started_at AS at, statement_timestamp() AS stamp"
+            ),
+            {"id": s.id},
+        ).one()
+        conn.rollback()
+    for row in (event, attempt):
+        assert row.at == row.stamp and row.at > began, (row, began)

@@ -85,6 +85,10 @@ def dashboard(
     for name, given in (("--actions", actions), ("--proxy", proxies), ("--public-url", public)):
         if given and not access.authenticates:
             raise click.UsageError(f"{name} needs --user and ${DASHBOARD_PASSWORD_ENV}")
+    if public is not None and not proxies:
+        # Every request would come from the proxy's address: one sign-in limit for all,
+        # which anyone could use up for everyone.
+        raise click.UsageError("--public-url needs --proxy (the proxy's address)")
     if not is_loopback(host) and not access.authenticates:
         raise click.UsageError(
             f"--host {host} is reachable from other machines: set --user and "
@@ -93,8 +97,8 @@ def dashboard(
     # A loopback dashboard answers only its own names (and the public one behind a proxy):
     # a web page that rebinds its name to 127.0.0.1 gets no answer.
     hosts = [*_LOOPBACK_NAMES, host] if is_loopback(host) else None
-    if hosts is not None and public is not None:
-        hosts.append(public[1])
+    if public is not None:  # behind a proxy: its public name, whatever the address bound
+        hosts = [*(hosts or [host]), public[1]]
     scheme = "https" if ssl_certfile else "http"
     with _app(ctx) as app:
         scoped = app.tenant(tenant) if tenant else app

@@ -105,7 +105,11 @@ def _by_key(app: App, key: str, tenant: str | None, *, finished: bool = False) -
     return str(found.id)
 
 
-_KEY_OPTION = click.option("--key", help="The schedule holding this key, instead of an id.")
+def _target_options(func: F) -> F:
+    """SCHEDULE_ID, or --key with --tenant: the schedule a command acts on."""
+    func = TENANT_OPTION(func)
+    func = click.option("--key", help="The schedule holding this key, instead of an id.")(func)
+    return click.argument("schedule_id", required=False)(func)
 
 
 @main.command()
@@ -142,9 +146,7 @@ def schedule(
 
 
 @main.command()
-@click.argument("schedule_id", required=False)
-@click.option("--key", help="Cancel the live schedule holding this key instead of an id.")
-@TENANT_OPTION
+@_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def cancel(
@@ -170,9 +172,7 @@ def cancel(
 
 
 @main.command()
-@click.argument("schedule_id", required=False)
-@_KEY_OPTION
-@TENANT_OPTION
+@_target_options
 @_when_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -197,9 +197,7 @@ def retry(
 
 
 @main.command()
-@click.argument("schedule_id", required=False)
-@_KEY_OPTION
-@TENANT_OPTION
+@_target_options
 @_when_options
 @click.option("--expected-version", type=int, help="Refuse if the schedule moved meanwhile.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -228,9 +226,7 @@ def reschedule(
 
 
 @main.command(name="run-now")
-@click.argument("schedule_id", required=False)
-@_KEY_OPTION
-@TENANT_OPTION
+@_target_options
 @click.option("--expected-version", type=int, help="Refuse if the schedule moved meanwhile.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
@@ -252,9 +248,7 @@ def run_now(
 
 
 @main.command()
-@click.argument("schedule_id", required=False)
-@_KEY_OPTION
-@TENANT_OPTION
+@_target_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def show(

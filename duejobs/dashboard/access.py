@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import inspect
 import ipaddress
+import json
 import secrets
 import threading
 import time
@@ -112,13 +113,19 @@ def is_loopback(host: str) -> bool:
 
 
 def not_local(request: Request) -> str | None:
-    """Why ``request`` did not come straight from this machine, or None if it did."""
+    """Why ``request`` did not come straight from this machine to one of its loopback names,
+    or None if it did. The name matters too: a web page whose own name the attacker points at
+    127.0.0.1 (DNS rebinding) reaches a loopback dashboard from the victim's browser, under
+    that page's name."""
     for header in PROXY_HEADERS:
         if header in request.headers:
             return f"it came through a proxy (it carries {header})"
     client = request.client.host if request.client else "an unknown address"
     if not is_loopback(client):
         return f"it came from another machine ({client})"
+    asked = request.url.hostname or ""
+    if not is_loopback(asked.strip("[]")):
+        return f"it asked for it by the name {asked!r}, not a loopback name such as 127.0.0.1"
     return None
 
 
@@ -144,6 +151,7 @@ class SignIns:
 
     def wait(self, client: str) -> float:
         """Seconds ``client`` must wait before it may try again (0: it may)."""
+        client = _network(client)
         with self._lock:
             recent = self._recent(client)
             if len(recent) < self._limit:
@@ -151,6 +159,7 @@ class SignIns:
             return max(recent[0] + SIGN_IN_WINDOW - self._clock(), 1.0)
 
     def failed(self, client: str) -> None:
+        client = _network(client)
         with self._lock:
             self._failures[client] = [*self._recent(client), self._clock()]
             self._failures.move_to_end(client)
@@ -160,6 +169,18 @@ class SignIns:
     def _recent(self, client: str) -> list[float]:
         since = self._clock() - SIGN_IN_WINDOW
         return [at for at in self._failures.get(client, []) if at > since]
+
+
+def _network(client: str) -> str:
+    """Whom failed sign-ins are counted for: an IPv4 address, or an IPv6 address's /64 (one
+    holder has the whole of it)."""
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return client
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return client
 
 
 class Tokens:
@@ -173,12 +194,12 @@ class Tokens:
 
     def csrf(self, caller: str, session: str, now: float | None = None) -> str:
         issued = str(int(time.time() if now is None else now))
-        return f"{issued}.{self.sign(f'csrf:{caller}:{session}:{issued}')}"
+        return f"{issued}.{self.sign(_csrf_text(caller, session, issued))}"
 
     def csrf_refusal(self, token: str, caller: str, session: str) -> str | None:
         """Why ``token`` is not this caller's in this session, or None if it is."""
         issued, _, mac = token.partition(".")
-        expected = self.sign(f"csrf:{caller}:{session}:{issued}")
+        expected = self.sign(_csrf_text(caller, session, issued))
         if not issued.isdigit() or not hmac.compare_digest(mac.encode(), expected.encode()):
             return "missing or wrong CSRF token"
         if time.time() - int(issued) > self._lifetime:
@@ -188,3 +209,9 @@ class Tokens:
     @staticmethod
     def new_session() -> str:
         return secrets.token_urlsafe(24)
+
+
+def _csrf_text(caller: str, session: str, issued: str) -> str:
+    """What a CSRF token signs: its parts as a JSON list, so that no two differ only in
+    where one part ends (a caller's name may hold any character)."""
+    return json.dumps(["csrf", caller, session, issued])

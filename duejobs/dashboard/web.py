@@ -167,7 +167,7 @@ class Pages:
         """A message this dashboard put in the redirect after an action on this very page
         (None for any other text: a link cannot make a page say something)."""
         text, sig = request.query_params.get(name), request.query_params.get("sig", "")
-        expected = self.tokens.sign(f"{_page(request)}:{text}")
+        expected = self.tokens.sign(f"{_page(request)}:{name}:{text}")
         if text is None or not hmac.compare_digest(sig.encode(), expected.encode()):
             return None
         return text
@@ -210,7 +210,7 @@ class Pages:
         reading = self.figures.read()
         search = request.query_params.get("tenant", "").strip()
         page = request.query_params.get("page", "1")
-        shown = Shown.of(reading.figures, search, int(page) if page.isdigit() else 1)
+        shown = Shown.of(reading.figures, search, _number(page) or 1)
         return self.render(
             request,
             "overview.html",
@@ -269,9 +269,7 @@ class Pages:
         if found is None:
             return self.render(request, "missing.html", status=404)
         before = request.query_params.get("before", "")
-        events = self.app.history(
-            found.id, newest=_HISTORY_PAGE + 1, before=int(before) if before.isdigit() else None
-        )
+        events = self.app.history(found.id, newest=_HISTORY_PAGE + 1, before=_number(before))
         return self.render(
             request,
             "schedule.html",
@@ -332,7 +330,7 @@ class Pages:
     def _after(self, request: Request, path: str, outcome: dict[str, str]) -> Response:
         """Back to ``path`` (GET), saying what the action came to in a signed message."""
         ((name, text),) = outcome.items()
-        message = urlencode({name: text, "sig": self.tokens.sign(f"{path}:{text}")})
+        message = urlencode({name: text, "sig": self.tokens.sign(f"{path}:{name}:{text}")})
         root = request.scope.get("root_path", "")
         return RedirectResponse(f"{root}{path}?{message}", status_code=303)
 
@@ -431,6 +429,11 @@ _HEADERS = {
     # Payloads, keys and errors: kept out of the browser's and any proxy's cache.
     "Cache-Control": "no-store",
 }
+
+
+def _number(text: str) -> int | None:
+    """A page or an event id from a query: ASCII digits that fit a bigint, else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 def _page(request: Request) -> str:
