@@ -53,13 +53,12 @@ from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, payload_encoder
 from duejobs.worker.context import Context
 
 try:  # Django 6.0 and later
-    from django.tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+    from django.tasks import DEFAULT_TASK_QUEUE_NAME, exceptions, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
-    from django.tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
 except ImportError:  # the backport
-    from django_tasks import DEFAULT_TASK_QUEUE_NAME, task_backends
+    from django_tasks import DEFAULT_TASK_QUEUE_NAME, exceptions, task_backends
     from django_tasks.backends.base import BaseTaskBackend
     from django_tasks.base import (
         Task,
@@ -68,11 +67,11 @@ except ImportError:  # the backport
         TaskResult,
         TaskResultStatus,
     )
-    from django_tasks.exceptions import (
-        InvalidTaskError,
-        TaskResultDoesNotExist,
-    )
     from django_tasks.signals import task_enqueued, task_finished, task_started
+
+# Django 6.1 names it InvalidTask; 6.0 and the backport, InvalidTaskError.
+InvalidTaskError = getattr(exceptions, "InvalidTask", None) or exceptions.InvalidTaskError
+TaskResultDoesNotExist = exceptions.TaskResultDoesNotExist
 
 __all__ = ["TASK_TYPE", "DuejobsBackend", "TaskResultError"]
 
