@@ -178,13 +178,14 @@ class DuejobsBackend(BaseTaskBackend):
         (fenced: once, with the success) or what it raised (then raise it again). Sends
         Django's ``task_started`` before each attempt and ``task_finished`` after the last
         (its success, or the failure of its last attempt)."""
-        result = self.get_result(str(ctx.schedule_id))
-        task_started.send(type(self), task_result=result)
+        if task_started.has_listeners(type(self)):  # the result read only for a listener
+            task_started.send(type(self), task_result=self.get_result(str(ctx.schedule_id)))
         try:
             task = self._task(payload["task"])
             args, kwargs = payload["args"], payload["kwargs"]
             if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *args, **kwargs)
+                context = TaskContext(task_result=self.get_result(str(ctx.schedule_id)))
+                value = task.call(context, *args, **kwargs)
             else:
                 value = task.call(*args, **kwargs)
             try:
@@ -210,6 +211,8 @@ class DuejobsBackend(BaseTaskBackend):
 
     def _finished(self, ctx: Context, status: TaskResultStatus) -> None:
         """``task_finished`` with the result as it stands once the worker records it."""
+        if not task_finished.has_listeners(type(self)):
+            return
         result = self.get_result(str(ctx.schedule_id))
         object.__setattr__(result, "status", status)
         object.__setattr__(result, "finished_at", result.finished_at or timezone.now())
