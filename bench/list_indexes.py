@@ -1,13 +1,15 @@
-"""What the listing indexes (migration 0007) cost a schedule's life, in one run.
+"""What the listing indexes (migrations 0007 and 0011) cost a schedule's life, in one run.
 
 LIST_ROWS (50,000) schedules across 10 tenants go through their life in bulk — created with
 `app.schedule_many`, moved to `running`, moved to `succeeded` — in a table with the listing
 indexes and in the same table without them, LIST_ROUNDS (5) rounds alternated, each after a
 TRUNCATE and a CHECKPOINT; each step's median rows/s with the indexes is divided by its median
-without. The indexes are partial on finished rows, so only the step that finishes schedules
-should pay.
+without. 0007's indexes are partial on finished rows, so only the step that finishes schedules
+should pay; 0011's type and queue indexes hold live rows too, so every step pays for them.
+LIST_INDEXES picks which are measured (a LIKE pattern on their names; default all of them).
 
     python -m bench.list_indexes
+    LIST_INDEXES='scheduled_jobs_list_%_type_idx' python -m bench.list_indexes
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from duejobs import App, ScheduleRequest
 
 ROWS = int(os.environ.get("LIST_ROWS", "50000"))
 ROUNDS = int(os.environ.get("LIST_ROUNDS", "5"))
+PATTERN = os.environ.get("LIST_INDEXES", "scheduled_jobs_list_%")
 _STEPS = {
     "running": "UPDATE scheduled_jobs SET status = 'running', attempts = 1, started_at = now()",
     "succeeded": "UPDATE scheduled_jobs SET status = 'succeeded', finished_at = now()",
@@ -62,8 +65,8 @@ def main() -> None:
         with psycopg.connect(url) as conn:
             indexes = dict(
                 conn.execute(
-                    "SELECT indexname, indexdef FROM pg_indexes "
-                    "WHERE indexname LIKE 'scheduled_jobs_list_%'"
+                    "SELECT indexname, indexdef FROM pg_indexes WHERE indexname LIKE %s",
+                    (PATTERN,),
                 ).fetchall()
             )
         runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
@@ -71,7 +74,7 @@ def main() -> None:
             for on in (True, False):
                 runs[on].append(_round(app, url, indexes, on))
         app.close()
-    print(f"{len(indexes)} listing indexes, {ROWS:,} schedules, {ROUNDS} rounds, medians")
+    print(f"{len(indexes)} listing indexes ({PATTERN}), {ROWS:,} schedules, {ROUNDS} rounds")
     for step in ("created", *_STEPS):
         with_, without = (statistics.median(r[step] for r in runs[on]) for on in (True, False))
         print(

@@ -40,7 +40,7 @@ from duejobs.app_reads import ReadAPI
 from duejobs.app_recurring import RecurringAPI
 from duejobs.app_scope import ScheduleId, schedule_id_of
 from duejobs.config import Settings
-from duejobs.core import Conn, Core, make_engine
+from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
     InvalidHandlerError,
@@ -87,6 +87,9 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
     Beyond the two URLs: ``schema`` (of duejobs' tables), ``queue`` (the default RQ queue),
     ``max_payload_bytes``, ``trace_runs`` (:mod:`duejobs.tracing`); ``read_database_url`` and
     ``read_max_lag``, a replica for the operators' reads (:mod:`duejobs.replica`);
+    ``read_timeout``, how long one statement of an operator's read (a list, the figures) may
+    run before it is stopped with :class:`~duejobs.errors.ReadTimeoutError` (default 10 s,
+    None: unbounded);
     ``redis_nodes``, queue → Redis URL for queues that live on a Redis of their own
     (``DUEJOBS_REDIS_NODES``; every other queue lives on ``redis_url``)."""
 
@@ -101,6 +104,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
         trace_runs: str = tracing.LINK,
         read_database_url: str | None = None,
         read_max_lag: timedelta = replica.DEFAULT_MAX_LAG,
+        read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT,
         redis_nodes: Mapping[str, str] | None = None,
     ) -> None:
         settings = Settings.from_env(
@@ -112,6 +116,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
             queue=queue,
             trace_runs=trace_runs,
             read_max_lag=read_max_lag,
+            read_timeout=read_timeout,
         )
         self._tenant: str | None = None
 

@@ -93,7 +93,7 @@ class ReadAPI(Scoped):
         ``queue``, ``due_from`` ≤ due_at < ``due_before``, ``recurring`` (the occurrences of
         the recurring definition of that name). ``tenant``: a scoped App lists its own tenant
         only; the unscoped App lists every tenant unless one is named. Each filter is served
-        by an index (migration 0007), so a page costs about its own size on any table.
+        by an index (migrations 0007 and 0011), so a page costs about its own size on any table.
         Refused with :class:`~duejobs.errors.InvalidListError` (or the check of the field
         named): a limit outside 1 to 1000, an unknown status, a naive or reversed range, a cursor
         this method did not hand out."""

@@ -39,7 +39,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from duejobs import replica, store, tracing
 from duejobs.config import DEFAULT_SCHEMA, Settings, check_count, check_duration, same_redis
 from duejobs.delivery import Deliverer
-from duejobs.errors import ConfigurationError, DatabaseUnavailableError, SchemaMissingError
+from duejobs.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    ReadTimeoutError,
+    SchemaMissingError,
+)
 from duejobs.handlers import Handler
 from duejobs.validation import check_queue
 
@@ -49,6 +54,8 @@ transaction."""
 
 # SQLAlchemy's default pool: 5 kept, 10 more lent at a peak.
 POOL_SIZE, POOL_OVERFLOW = 5, 10
+# How long one statement of an operator's read (a list, the figures) may run by default.
+DEFAULT_READ_TIMEOUT = timedelta(seconds=10)
 
 
 # connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
@@ -134,6 +141,8 @@ class Core:
     # The replica the operators' reads go to (duejobs.replica), and how far behind it may be.
     read_engine: Engine | None = None
     read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
+    # How long one statement of an operator's read may run (reading()); None: unbounded.
+    read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT
     _deliverer: Deliverer | None = None
     _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
 
@@ -146,6 +155,7 @@ class Core:
         queue: str,
         trace_runs: str,
         read_max_lag: timedelta,
+        read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT,
     ) -> Self:
         """The one way an App's Core is made (the App, Django's, and through
         :meth:`with_engines` the AsyncApp's): its options checked, its engine made."""
@@ -154,6 +164,8 @@ class Core:
                 f"trace_runs must be one of {', '.join(tracing.TRACE_RUNS)}, got {trace_runs!r}"
             )
         check_duration("read_max_lag", read_max_lag)
+        if read_timeout is not None:
+            check_duration("read_timeout", read_timeout)
         check_count("max_payload_bytes", max_payload_bytes, 1, 2**31 - 1)
         return cls(
             settings,
@@ -162,6 +174,7 @@ class Core:
             check_queue(queue),
             trace_runs=trace_runs,
             read_max_lag=read_max_lag,
+            read_timeout=read_timeout,
         )
 
     def with_engines(self, engine: Engine, read_engine: Engine | None) -> Core:
@@ -249,19 +262,36 @@ class Core:
     @contextlib.contextmanager
     def reading(self) -> Iterator[tuple[Connection, replica.Freshness]]:
         """A connection for an operator's read (figures, lists), and how current it is: on
-        the read replica when there is one (see :mod:`duejobs.replica`), else the primary."""
-        if self.read_engine is None:
-            with self.transaction() as conn:
-                yield conn, replica.CURRENT
-            return
-        with self.database(), self.engine.connect() as primary:
-            lsn = store.wal_position(primary)
+        the read replica when there is one (see :mod:`duejobs.replica`), else the primary.
+        Each statement is stopped past ``read_timeout`` (:class:`ReadTimeoutError`): an
+        operator's page never holds a connection and a backend for minutes."""
         try:
-            with self.database("the read replica"), self.read_engine.connect() as conn:
-                yield conn, replica.measure(conn, lsn, self.read_max_lag)
-        except DatabaseUnavailableError:
-            replica.unanswered()
+            if self.read_engine is None:
+                with self.transaction() as conn:
+                    self._bound(conn)
+                    yield conn, replica.CURRENT
+                return
+            with self.database(), self.engine.connect() as primary:
+                lsn = store.wal_position(primary)
+            try:
+                with self.database("the read replica"), self.read_engine.connect() as conn:
+                    self._bound(conn)
+                    yield conn, replica.measure(conn, lsn, self.read_max_lag)
+            except DatabaseUnavailableError as exc:
+                if not store.is_statement_timeout(getattr(exc.__cause__, "orig", None)):
+                    replica.unanswered()
+                raise
+        except DatabaseUnavailableError as exc:
+            if store.is_statement_timeout(getattr(exc.__cause__, "orig", None)):
+                raise ReadTimeoutError(
+                    f"this read ran past its limit of {self.read_timeout} (read_timeout) and was "
+                    "stopped: narrow it (a tenant, a status, a due range) or raise the limit"
+                ) from exc
             raise
+
+    def _bound(self, conn: Connection) -> None:
+        if self.read_timeout is not None:
+            store.bound_statements(conn, self.read_timeout)
 
     @contextlib.contextmanager
     def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:

@@ -130,6 +130,11 @@ class DatabaseUnavailableError(DuejobsError):
     """PostgreSQL could not be reached or dropped the connection; nothing was committed."""
 
 
+class ReadTimeoutError(DuejobsError):
+    """An operator's read (a list, the figures) ran past its time limit (``read_timeout``)
+    and was stopped; nothing was changed."""
+
+
 class ScheduleChangedError(DuejobsError):
     """The schedule was cancelled, rescheduled or rescued while this attempt ran.
 
@@ -179,7 +184,7 @@ def outage(exc: BaseException) -> str | None:
         said = f"Redis is unavailable: {exc}"
     elif isinstance(exc, (OperationalError, InterfaceError)):
         said = f"PostgreSQL is unavailable: {exc.orig}"
-    elif isinstance(exc, (DatabaseUnavailableError, SchemaMissingError)):
+    elif isinstance(exc, (DatabaseUnavailableError, SchemaMissingError, ReadTimeoutError)):
         said = str(exc)
     else:
         return None

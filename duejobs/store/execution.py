@@ -401,6 +401,11 @@ def is_missing_table(exc: BaseException | None) -> bool:
     return isinstance(exc, psycopg.errors.UndefinedTable)
 
 
+def is_statement_timeout(exc: BaseException | None) -> bool:
+    """Whether a driver error says a statement ran past its ``statement_timeout``."""
+    return isinstance(exc, psycopg.errors.QueryCanceled) and "statement timeout" in str(exc)
+
+
 def try_session_lock(conn: Connection, key: int) -> bool:
     """Take PostgreSQL's advisory lock ``key`` for the session, if no one holds it."""
     return bool(run(conn, "try_session_lock", {"key": key})[0].locked)

@@ -168,6 +168,11 @@ def wal_position(conn: Connection) -> str:
     return str(row.lsn)
 
 
+def bound_statements(conn: Connection, limit: timedelta) -> None:
+    """Stop any statement of the rest of this transaction that runs past ``limit``."""
+    run(conn, "bound_statements", {"ms": str(max(1, limit // timedelta(milliseconds=1)))})
+
+
 def replay_position(conn: Connection, lsn: str) -> ReplayPosition:
     """On a replica: whether it has replayed up to ``lsn``, and how old its last replayed
     commit is."""

@@ -10,8 +10,9 @@ Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` who
 connection duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3);
 ``DATABASE_URL`` (default: built from that alias's settings); ``READ_DATABASE_URL`` and
 ``READ_MAX_LAG`` (a streaming replica for the operators' reads and the lag, a ``timedelta``,
-past which they say they are stale: :mod:`duejobs.replica`); ``REDIS_NODES`` (queue → Redis
-URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default
+past which they say they are stale: :mod:`duejobs.replica`); ``READ_TIMEOUT`` (how long a
+statement of an operator's read may run, a ``timedelta``, default 10 s); ``REDIS_NODES``
+(queue → Redis URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default
 ``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``;
 ``TRACE_RUNS`` (``"link"`` or ``"child"``: :mod:`duejobs.tracing`). An
 unknown key or a database that is not PostgreSQL on psycopg 3 is
@@ -54,7 +55,7 @@ from sqlalchemy import URL, Connection
 from duejobs import store
 from duejobs.app import App
 from duejobs.config import Settings, check_duration
-from duejobs.core import Conn, Core
+from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.replica import DEFAULT_MAX_LAG
 from duejobs.tracing import LINK
@@ -66,7 +67,7 @@ __all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]
 F = TypeVar("F", bound=Callable[..., Any])
 _KEYS = {
     *("REDIS_URL", "REDIS_NODES", "DATABASE", "DATABASE_URL", "SCHEMA", "QUEUE"),
-    *("READ_DATABASE_URL", "READ_MAX_LAG", "MAX_PAYLOAD_BYTES", "TRACE_RUNS"),
+    *("READ_DATABASE_URL", "READ_MAX_LAG", "READ_TIMEOUT", "MAX_PAYLOAD_BYTES", "TRACE_RUNS"),
 }
 
 
@@ -163,6 +164,7 @@ class DjangoApp(App):
             queue=config.get("QUEUE", DEFAULT_QUEUE),
             trace_runs=config.get("TRACE_RUNS", LINK),
             read_max_lag=read_max_lag,
+            read_timeout=config.get("READ_TIMEOUT", DEFAULT_READ_TIMEOUT),
         )
         core.alias = alias
         self._core = core

@@ -81,6 +81,11 @@ FROM scheduled_job_events WHERE kind = 'started' AND schedule_id = ANY(CAST(:ids
 -- far has every transaction committed before this statement.
 SELECT CAST(pg_current_wal_insert_lsn() AS text) AS lsn
 
+-- name: bound_statements
+-- The time limit of each statement left in this transaction (an operator's read: a filter
+-- that finds no index, a lock held by a migration, must not run unbounded).
+SELECT set_config('statement_timeout', :ms, true)
+
 -- name: replay_position
 -- How far a replica has replayed: whether it has reached :lsn (read from the primary just
 -- before), and how long ago the last transaction it replayed was committed.
