@@ -221,14 +221,20 @@ class _Cluster:
 class Servers:
     """A PostgreSQL and ``nodes`` Redis servers of the run's own (the embedded ones, in a
     folder of its own), so that restarting them is real and touches nothing else. Each keeps
-    its address across a restart: PostgreSQL its socket, a Redis its port."""
+    its address across a restart: PostgreSQL its socket, a Redis its port. ``postgres=False``:
+    the Redis servers alone."""
 
-    def __init__(self, folder: Path, *, partitioned: bool = False, nodes: int = 1) -> None:
+    def __init__(
+        self, folder: Path, *, partitioned: bool = False, nodes: int = 1, postgres: bool = True
+    ) -> None:
         self._postgres_dir = folder / "postgres"
-        self._holder, self.database_url = self._start_postgres()
-        engine = make_engine(sqlalchemy_url(self.database_url))
-        upgrade(engine, partitioned=DAILY if partitioned else None)
-        engine.dispose()
+        self._holder: subprocess.Popen[str] | None = None
+        self.database_url = ""  # postgres=False: Redis servers only
+        if postgres:
+            self._holder, self.database_url = self._start_postgres()
+            engine = make_engine(sqlalchemy_url(self.database_url))
+            upgrade(engine, partitioned=DAILY if partitioned else None)
+            engine.dispose()
         self._redis_binary = EmbeddedRedis.binary()
         self._redis_dir = folder / "redis"
         self._redis_dir.mkdir(parents=True, exist_ok=True)
@@ -319,7 +325,7 @@ class Servers:
         return holder, holder.stdout.readline().strip()
 
     def _stop_postgres(self) -> None:
-        assert self._holder.stdin is not None
+        assert self._holder is not None and self._holder.stdin is not None
         self._holder.stdin.close()  # the only lease holder leaves: a fast shutdown
         self._holder.wait(60)
 
@@ -345,7 +351,8 @@ class Servers:
         self.wait_back()
         for node in range(len(self._redis)):
             self._kill_redis(node)
-        self._stop_postgres()
+        if self._holder is not None:
+            self._stop_postgres()
 
 
 _HOLDER = """

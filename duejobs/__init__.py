@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from duejobs.errors import Permanent
     from duejobs.handlers import RetryPolicy
     from duejobs.models import Attempt, Event, EventKind, Page, Schedule, ScheduleRequest, Status
+    from duejobs.tasks import Task
+    from duejobs.worker.context import Context
 
 try:
     __version__ = version("duejobs")
@@ -39,12 +41,15 @@ _HOMES = {
     "Schedule": "duejobs.models",
     "ScheduleRequest": "duejobs.models",
     "Status": "duejobs.models",
+    "Task": "duejobs.tasks",
+    "Context": "duejobs.worker.context",
 }
 
 __all__ = [
     "App",
     "AsyncApp",
     "Attempt",
+    "Context",
     "Event",
     "EventKind",
     "Page",
@@ -53,6 +58,7 @@ __all__ = [
     "Schedule",
     "ScheduleRequest",
     "Status",
+    "Task",
 ]
 
 

@@ -40,7 +40,7 @@ from duejobs.app_reads import ReadAPI
 from duejobs.app_recurring import RecurringAPI
 from duejobs.app_scope import ScheduleId, schedule_id_of
 from duejobs.config import Settings
-from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, make_engine
+from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.errors import (
     InvalidHandlerError,
@@ -59,6 +59,7 @@ from duejobs.models import (
     ScheduleRequest,
 )
 from duejobs.store.partitions import Partitioning
+from duejobs.tasks import TaskAPI
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -81,7 +82,7 @@ def _required_key(value: object) -> str:
     return key
 
 
-class App(ReadAPI, RecurringAPI, QuotaAPI):
+class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
     """The entry point: ``App()`` reads the URLs from the environment.
 
     Beyond the two URLs: ``schema`` (of duejobs' tables), ``queue`` (the default RQ queue),
@@ -91,7 +92,11 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
     run before it is stopped with :class:`~duejobs.errors.ReadTimeoutError` (default 10 s,
     None: unbounded);
     ``redis_nodes``, queue → Redis URL for queues that live on a Redis of their own
-    (``DUEJOBS_REDIS_NODES``; every other queue lives on ``redis_url``)."""
+    (``DUEJOBS_REDIS_NODES``; every other queue lives on ``redis_url``); ``strict_types``,
+    whether scheduling a type with no handler registered in this App is refused
+    (:class:`~duejobs.errors.UnknownTypeError`, a typo caught before it is written): by
+    default when the App has handlers; False for a producer that schedules the types of
+    another service's workers."""
 
     def __init__(
         self,
@@ -106,6 +111,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
         read_max_lag: timedelta = replica.DEFAULT_MAX_LAG,
         read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT,
         redis_nodes: Mapping[str, str] | None = None,
+        strict_types: bool | None = None,
     ) -> None:
         settings = Settings.from_env(
             database_url, redis_url, schema, read_database_url, redis_nodes
@@ -118,6 +124,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI):
             read_max_lag=read_max_lag,
             read_timeout=read_timeout,
         )
+        self._core.strict_types = check_strict_types("strict_types", strict_types)
         self._tenant: str | None = None
 
     @classmethod

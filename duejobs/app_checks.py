@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 from duejobs import store
 from duejobs.app_scope import Scoped
-from duejobs.errors import InvalidScheduleError
+from duejobs.errors import InvalidScheduleError, UnknownTypeError
 from duejobs.handlers import Handler
 from duejobs.models import ScheduleRequest
 from duejobs.timespec import as_delay, parse_when
@@ -27,11 +27,24 @@ class Placement(NamedTuple):
     queue: str
 
 
+def registration(app: Scoped, job_type: str) -> Handler | None:
+    """The handler registered for ``job_type`` in this App, None if there is none; refused
+    (:class:`UnknownTypeError`) when the App refuses unknown types."""
+    handler = app.handler_for(job_type)
+    if handler is None and app.core.refuses_unknown_types():
+        known = ", ".join(sorted(app.core.handlers)) or "none"
+        raise UnknownTypeError(
+            f"no handler for type {job_type!r} in this App (its types: {known}); a producer "
+            "that schedules another service's types is made with App(strict_types=False)"
+        )
+    return handler
+
+
 def _placement(app: Scoped, request: ScheduleRequest) -> Placement:
     """The request's checked type, tenant, registration and queue."""
     job_type = check_type(request.type)
     tenant = app._write_tenant(request.tenant)
-    handler = app.handler_for(job_type)
+    handler = registration(app, job_type)
     return Placement(job_type, tenant, handler, app._route(handler, request.queue))
 
 

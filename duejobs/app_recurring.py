@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from duejobs import store
+from duejobs.app_checks import registration
 from duejobs.app_scope import Scoped
 from duejobs.errors import (
     InvalidScheduleError,
@@ -41,6 +42,13 @@ def _choice(kind: type[E], value: object, name: str) -> E:
     except ValueError as exc:
         choices = ", ".join(repr(k.value) for k in kind)
         raise InvalidScheduleError(f"{name} must be one of {choices}, got {value!r}") from exc
+
+
+def _known(app: Scoped, job_type: object) -> str:
+    """A definition's type, checked, and refused when the App refuses unknown types."""
+    checked = check_type(job_type)
+    registration(app, checked)
+    return checked
 
 
 # What update_recurring may change: every field of a definition but its identity.
@@ -117,7 +125,7 @@ class RecurringAPI(Scoped):
         return RecurringSpec(
             tenant=tenant,
             name=name,
-            type=check_type(type),
+            type=_known(self, type),
             payload_json=encode_payload(
                 payload if payload is not None else {}, self._core.max_payload_bytes
             ),

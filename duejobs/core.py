@@ -124,6 +124,13 @@ REDIS_TIMEOUT = 10.0
 _REDIS_POOL = 100
 
 
+def check_strict_types(name: str, value: object) -> bool | None:
+    """``strict_types`` as given: True, False or None (decided by the handlers)."""
+    if value is not None and not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True, False or None, got {value!r}")
+    return value
+
+
 @dataclass
 class Core:
     """The shared parts of one App (see the module docstring)."""
@@ -141,6 +148,9 @@ class Core:
     # The replica the operators' reads go to (duejobs.replica), and how far behind it may be.
     read_engine: Engine | None = None
     read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
+    # Whether a type without a handler here is refused at schedule time (None: when this
+    # App has handlers).
+    strict_types: bool | None = None
     # How long one statement of an operator's read may run (reading()); None: unbounded.
     read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT
     _deliverer: Deliverer | None = None
@@ -225,6 +235,11 @@ class Core:
         old = self.engine
         self.engine = make_engine(self.settings.database_url, connections, self.settings.schema)
         old.dispose()
+
+    def refuses_unknown_types(self) -> bool:
+        """Whether scheduling a type with no handler registered here is refused: as asked
+        (``strict_types``), else when this App knows its handlers (it has some)."""
+        return bool(self.handlers) if self.strict_types is None else self.strict_types
 
     def handler_for(self, job_type: str) -> Handler | None:
         """The registration for ``job_type`` (no copy: the worker asks once per job)."""

@@ -38,6 +38,11 @@ class EmptyTypeError(InvalidScheduleError):
     """The job type is empty, not a string, or too long."""
 
 
+class UnknownTypeError(InvalidScheduleError):
+    """No handler is registered for the type in an App that knows its handlers (a typo), and
+    the App was not made with ``strict_types=False``."""
+
+
 class InvalidTenantError(InvalidScheduleError):
     """The tenant name is empty or has characters outside ``[A-Za-z0-9_.-]``."""
 

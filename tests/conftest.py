@@ -170,6 +170,15 @@ def app(database_url: str, redis_url: str) -> Iterator[App]:
 
 
 @pytest.fixture
+def producer(app: App, database_url: str, redis_url: str) -> Iterator[App]:
+    """An App on the same tables that schedules types it has no handler for, as a service
+    producing work for another's workers does (``strict_types=False``)."""
+    other = App(database_url, redis_url, strict_types=False)
+    yield other
+    other.close()
+
+
+@pytest.fixture
 def engine(app: App) -> Engine:
     return app.engine
 

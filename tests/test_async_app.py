@@ -338,7 +338,7 @@ def test_recurring_definitions_and_quotas_through_the_async_app(app: App) -> Non
 # What only one side has, and why: the App registers handlers, migrates and hands its engine,
 # settings and Core to the worker and the services; the AsyncApp closes with ``aclose`` and
 # names the App it was built from.
-_APP_ONLY = {"close", "core", "deliverer", "engine", "handler", "handler_for", "migrate"}
+_APP_ONLY = {"close", "core", "deliverer", "engine", "handler", "handler_for", "migrate", "task"}
 _APP_ONLY |= {"queue", "settings"}
 _ASYNC_ONLY = {"aclose", "app"}
 

@@ -424,12 +424,12 @@ def test_exhausted_attempts_fail_with_the_last_error(system: System) -> None:
 
 
 def test_a_delivery_of_an_unknown_type_goes_back_for_a_worker_that_knows_it(
-    system: System,
+    system: System, producer: App
 ) -> None:
     """A worker without the type's handler (a rolling deploy: producers first) claims
     nothing and uses no attempt: the job goes back, backing off, counted; a worker with the
     handler runs it."""
-    s = system.app.schedule("deployed-later", {}, delay=0)
+    s = producer.schedule("deployed-later", {}, delay=0)
     system.scheduler.run_once()
     before = sample("duejobs_unknown_type_deliveries_total", tenant="default")
     system.work()
@@ -448,8 +448,10 @@ def test_a_delivery_of_an_unknown_type_goes_back_for_a_worker_that_knows_it(
     assert [(a.attempt, a.status) for a in system.app.attempts(s.id)] == [(1, "succeeded")]
 
 
-def test_a_delivery_of_an_unknown_type_fails_naming_it_after_the_grace(system: System) -> None:
-    s = system.app.schedule("no-such-type", {}, delay=0)
+def test_a_delivery_of_an_unknown_type_fails_naming_it_after_the_grace(
+    system: System, producer: App
+) -> None:
+    s = producer.schedule("no-such-type", {}, delay=0)
     system.runtime = Runtime(system.app, WorkerConfig(unknown_type_grace=timedelta(seconds=1)))
     try:
         system.run_until(lambda: system.status(s.id) == "failed")

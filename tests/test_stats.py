@@ -15,6 +15,7 @@ from datetime import timedelta
 from prometheus_client import REGISTRY
 from sqlalchemy import text
 
+from duejobs import App
 from duejobs.metrics import _BoundedLabel
 from duejobs.stats import collect, observe_stats, render
 from duejobs.worker import Runtime, WorkerConfig
@@ -133,10 +134,10 @@ def test_gauges_of_a_tenant_that_has_no_live_rows_are_removed(system: System) ->
     assert REGISTRY.get_sample_value("duejobs_scheduled", {"tenant": "vanishing"}) is None
 
 
-def test_metric_labels_stay_bounded(system: System) -> None:
+def test_metric_labels_stay_bounded(system: System, producer: App) -> None:
     bounded = _BoundedLabel(2)
     assert [bounded(t) for t in ("a", "b", "c", "a")] == ["a", "b", "other", "a"]
-    s = system.app.schedule("type-nobody-handles-" + "x" * 150, {}, delay=0)
+    s = producer.schedule("type-nobody-handles-" + "x" * 150, {}, delay=0)
     labels = {"tenant": "default", "type": "unregistered", "outcome": "failed"}
     before = REGISTRY.get_sample_value("duejobs_deliveries_total", labels) or 0
     system.runtime = Runtime(system.app, WorkerConfig(unknown_type_grace=timedelta(seconds=1)))

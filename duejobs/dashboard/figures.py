@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
 from duejobs import App, stats, store
-from duejobs.errors import DuejobsError, describe
+from duejobs.errors import DuejobsError, describe, outage
 
 log = logging.getLogger("duejobs.dashboard")
 
@@ -62,8 +62,12 @@ class Figures:
     def _refresh_in_background(self) -> None:
         try:
             self._read()
-        except Exception:  # kept and shown on the page (``_read``); the thread ends
-            log.warning("reading the dashboard's figures failed", exc_info=True)
+        except Exception as exc:  # kept and shown on the page (``_read``); the thread ends
+            said = outage(exc)  # an outage is one line; anything else its traceback
+            if said is not None:
+                log.warning("reading the dashboard's figures failed: %s", said)
+            else:
+                log.warning("reading the dashboard's figures failed", exc_info=True)
 
     def _read(self) -> tuple[stats.Stats, LagChart]:
         try:

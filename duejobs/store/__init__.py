@@ -154,6 +154,7 @@ from duejobs.store.schedules import (
     reschedule,
     retry,
 )
+from duejobs.store.testing import advance_live, empty_tables, next_due_in
 
 __all__ = [
     "DEFAULT_QUOTA_TENANT",
@@ -189,6 +190,7 @@ __all__ = [
     "WindowRow",
     "activity",
     "add_error",
+    "advance_live",
     "advance_recurring",
     "advisory_lock",
     "attempts",
@@ -213,6 +215,7 @@ __all__ = [
     "drop_schema",
     "due_recurring",
     "effective_caps",
+    "empty_tables",
     "ensure_ahead",
     "expire",
     "extend_leases",
@@ -240,6 +243,7 @@ __all__ = [
     "live_quota",
     "make_partitioned",
     "mirror",
+    "next_due_in",
     "oldest_stamped",
     "outcome_of",
     "outcomes",

@@ -14,7 +14,8 @@ past which they say they are stale: :mod:`duejobs.replica`); ``READ_TIMEOUT`` (h
 statement of an operator's read may run, a ``timedelta``, default 10 s); ``REDIS_NODES``
 (queue → Redis URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default
 ``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``;
-``TRACE_RUNS`` (``"link"`` or ``"child"``: :mod:`duejobs.tracing`). An
+``TRACE_RUNS`` (``"link"`` or ``"child"``: :mod:`duejobs.tracing`); ``STRICT_TYPES``
+(``False`` for a project that schedules another service's types: see ``App(strict_types=)``). An
 unknown key or a database that is not PostgreSQL on psycopg 3 is
 :class:`~django.core.exceptions.ImproperlyConfigured`.
 
@@ -55,7 +56,7 @@ from sqlalchemy import URL, Connection
 from duejobs import store
 from duejobs.app import App
 from duejobs.config import Settings, check_duration
-from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core
+from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.replica import DEFAULT_MAX_LAG
 from duejobs.tracing import LINK
@@ -68,6 +69,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _KEYS = {
     *("REDIS_URL", "REDIS_NODES", "DATABASE", "DATABASE_URL", "SCHEMA", "QUEUE"),
     *("READ_DATABASE_URL", "READ_MAX_LAG", "READ_TIMEOUT", "MAX_PAYLOAD_BYTES", "TRACE_RUNS"),
+    "STRICT_TYPES",
 }
 
 
@@ -167,6 +169,9 @@ class DjangoApp(App):
             read_timeout=config.get("READ_TIMEOUT", DEFAULT_READ_TIMEOUT),
         )
         core.alias = alias
+        core.strict_types = check_strict_types(
+            "DUEJOBS['STRICT_TYPES']", config.get("STRICT_TYPES")
+        )
         self._core = core
         self._tenant = None
         self.alias = alias

@@ -1,0 +1,24 @@
+-- Testing users' handlers (duejobs.testing): time moved forward for the schedules, and a
+-- fresh start between two tests.
+
+-- name: advance_live
+-- Every live schedule's times moved earlier by :by, which is to duejobs what the clock
+-- moving forward by :by is: due times, intended times and the leases of running attempts.
+UPDATE scheduled_jobs
+SET run_at = run_at - CAST(:by AS interval),
+    due_at = due_at - CAST(:by AS interval),
+    lease_expires_at = lease_expires_at - CAST(:by AS interval)
+WHERE status IN ('scheduled', 'running')
+
+-- name: next_due_in
+-- How long until the next live schedule is due by the database clock (NULL: none is).
+SELECT min(due_at) - statement_timestamp() AS wait FROM scheduled_jobs WHERE status = 'scheduled'
+
+-- name: empty_tables
+-- Every schedule, its history and every definition and quota gone: a test starts afresh.
+TRUNCATE scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects,
+    scheduled_job_results, recurring_schedules, tenant_quotas
+
+-- name: empty_keys
+-- Partitioned mode's table of live keys, emptied with the rest.
+TRUNCATE scheduled_job_keys
