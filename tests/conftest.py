@@ -16,33 +16,29 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 import redis
 from prometheus_client import REGISTRY
-from psycopg import sql
 from sqlalchemy import Engine, text
 
 from duejobs import App, Schedule
-from duejobs.config import DATABASE_ENV, REDIS_ENV, libpq_url, sqlalchemy_url
+from duejobs.config import DATABASE_ENV, REDIS_ENV, sqlalchemy_url
 from duejobs.core import make_engine
 from duejobs.delivery import Push
-from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.migrate import upgrade
 from duejobs.models import Delivery
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.store.partitions import Partitioning
+from duejobs.testing.servers import TestServers
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
 from tests.apps import EFFECTS_TABLE, RUNS_TABLE, register
 
-TEST_DATA_DIR = Path(tempfile.gettempdir()) / f"duejobs-tests-{os.getuid()}"
 # DUEJOBS_TEST_PARTITIONED=1: the whole suite on partitioned mode (daily partitions).
 PARTITIONED = os.environ.get("DUEJOBS_TEST_PARTITIONED") == "1"
 _TABLES = (
@@ -52,66 +48,17 @@ _TABLES = (
 )
 
 
-class Servers:
-    """The servers of this test session and the scratch database created on one."""
-
-    def __init__(self) -> None:
-        self.embedded: EmbeddedServices | None = None
-        server_url = os.environ.get(DATABASE_ENV)
-        redis_url = os.environ.get(REDIS_ENV)
-        if not (server_url and redis_url):
-            self.embedded = start_embedded(TEST_DATA_DIR)
-            server_url, redis_url = self.embedded.database_url, self.embedded.redis_url
-        self.server_url = libpq_url(server_url)
-        self.redis_url = _redis_database_of_this_worker(redis_url)
-        self.database = f"duejobs_test_{uuid.uuid4().hex[:10]}"
-        self.database_url = self.url_for(self.database)
-
-    def url_for(self, database: str) -> str:
-        """The server URL pointing at another database."""
-        head, _, query = self.server_url.partition("?")
-        return f"{head.rsplit('/', 1)[0]}/{database}" + (f"?{query}" if query else "")
-
-    def create_database(self, name: str) -> str:
-        with psycopg.connect(self.server_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-        return self.url_for(name)
-
-    def drop_database(self, name: str) -> None:
-        with psycopg.connect(self.server_url, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+class Servers(TestServers):
+    """The servers of this test session (``DUEJOBS_DATABASE_URL`` and ``DUEJOBS_REDIS_URL``,
+    both or neither: else the embedded ones) and the scratch database created on one."""
 
     def describe(self) -> str:
-        where = self.embedded.describe() if self.embedded else "configured servers"
         mode = "partitioned mode" if PARTITIONED else "plain schema"
-        return f"{where}; test database {self.database} ({mode})"
-
-    def stop(self) -> None:
-        self.drop_database(self.database)
-        if self.embedded is not None:
-            self.embedded.stop()
-
-
-def _redis_database_of_this_worker(url: str) -> str:
-    """The Redis URL with a database of this test process's own: under pytest-xdist, worker
-    ``gwN`` takes the URL's database plus N + 1 (the tests flush their database and look at
-    its clients, so two workers never share one); alone, the URL's own."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker is None:
-        return url
-    head, _, query = url.partition("?")
-    scheme, _, rest = head.partition("://")
-    host, _, path = rest.partition("/")
-    database = int(path or 0) + int(worker.removeprefix("gw")) + 1
-    if database > 15:
-        raise pytest.UsageError(f"Redis database {database} for {worker}: use fewer workers")
-    return f"{scheme}://{host}/{database}" + (f"?{query}" if query else "")
+        return f"{super().describe()} ({mode})"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    servers = Servers()
+    servers = Servers.from_env(DATABASE_ENV, REDIS_ENV)
     servers.create_database(servers.database)
     config.stash[_SERVERS] = servers
 

@@ -396,6 +396,13 @@ def create_database(url: str, database: str) -> None:
                 conn.execute(pgsql.SQL("CREATE DATABASE {}").format(pgsql.Identifier(database)))
 
 
+def drop_database(url: str, database: str) -> None:
+    """Drop ``database`` on the server at ``url`` if it exists, ending its sessions."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        statement = pgsql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        conn.execute(statement.format(pgsql.Identifier(database)))
+
+
 def is_missing_table(exc: BaseException | None) -> bool:
     """Whether a driver error says a table does not exist (the schema was never migrated)."""
     return isinstance(exc, psycopg.errors.UndefinedTable)
