@@ -96,8 +96,40 @@ class RecurringAPI(Scoped):
             grace=grace,
             queue=queue,
         )
+        return self._apply(spec)
+
+    def declare_recurring(
+        self, name: str, *, cron: str, type: str, timezone: str = "UTC", payload: Any = None
+    ) -> None:
+        """Declare, in code, a recurring definition of the App's tenant that
+        :meth:`sync_recurring` writes (as ``@app.task(cron=...)`` does next to its task):
+        checked now, as :meth:`recurring` checks it, so a bad cron fails at import; written
+        by ``duejobs dev``, the scheduler and the worker with ``--app`` when they start."""
+        spec = self._recurring_spec(
+            name,
+            tenant=self._write_tenant(None),
+            cron=cron,
+            type=type,
+            payload=payload,
+            timezone=timezone,
+            dst_gap=DstGap.SHIFT,
+            dst_overlap=DstOverlap.ONCE,
+            misfire=Misfire.LATEST,
+            grace=timedelta(0),
+            queue=None,
+        )
+        self._core.declared_recurring[(spec.tenant, name)] = spec
+
+    def sync_recurring(self) -> list[Recurring]:
+        """Write every definition declared in code (:meth:`declare_recurring`) as
+        :meth:`recurring` would: one unchanged since the last sync changes nothing; a changed
+        one bumps its version. Definitions made otherwise are left alone."""
+        return [self._apply(spec) for spec in self._core.declared_recurring.values()]
+
+    def _apply(self, spec: RecurringSpec) -> Recurring:
+        """Write a checked definition under its row lock; drop what it supersedes in Redis."""
         with self._core.transaction(None) as c:
-            current = store.get_recurring(c, spec.tenant, name, lock=True)
+            current = store.get_recurring(c, spec.tenant, spec.name, lock=True)
             saved, jobs = self._save_recurring(c, spec, current is not None)
         for job in jobs:
             self._discard_queue_job(job)

@@ -46,6 +46,7 @@ from duejobs.errors import (
     SchemaMissingError,
 )
 from duejobs.handlers import Handler
+from duejobs.models import RecurringSpec
 from duejobs.validation import check_queue
 
 Conn: TypeAlias = Connection | store.Driver
@@ -148,6 +149,8 @@ class Core:
     # The replica the operators' reads go to (duejobs.replica), and how far behind it may be.
     read_engine: Engine | None = None
     read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
+    # The recurring definitions declared in code, by (tenant, name): App.sync_recurring.
+    declared_recurring: dict[tuple[str, str], RecurringSpec] = field(default_factory=dict)
     # Whether a type without a handler here is refused at schedule time (None: when this
     # App has handlers).
     strict_types: bool | None = None

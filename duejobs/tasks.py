@@ -52,6 +52,8 @@ class Writes(Protocol):
         self, requests: Iterable[ScheduleRequest], *, conn: Conn | None = None
     ) -> list[uuid.UUID]: ...
 
+    def declare_recurring(self, name: str, *, cron: str, type: str, timezone: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class Task(Generic[P]):
@@ -152,16 +154,30 @@ class TaskAPI:
 
     @overload
     def task(
-        self, name: str | None = None, /, **options: Any
+        self,
+        name: str | None = None,
+        /,
+        *,
+        cron: str | None = None,
+        timezone: str = "UTC",
+        **options: Any,
     ) -> Callable[[Callable[[Context, P], Any]], Task[P]]: ...
 
     def task(
-        self, name: str | Callable[[Context, P], Any] | None = None, /, **options: Any
+        self,
+        name: str | Callable[[Context, P], Any] | None = None,
+        /,
+        *,
+        cron: str | None = None,
+        timezone: str = "UTC",
+        **options: Any,
     ) -> Task[P] | Callable[[Callable[[Context, P], Any]], Task[P]]:
         """Register a function as the handler of a type and return it as a :class:`Task`:
         ``@app.task``, ``@app.task("type")`` or ``@app.task("type", max_attempts=3, ...)``
         with :meth:`App.handler`'s options (refused the same way). The type defaults to
-        ``module.function``."""
+        ``module.function``. With ``cron`` (and ``timezone``, default UTC), it also declares
+        a recurring definition of that name running the task with an empty payload
+        (:meth:`App.declare_recurring`), written when a service with ``--app`` starts."""
         app: Writes = self  # type: ignore[assignment]  # a mixin of the App only
         if callable(name):
             return self.task()(name)
@@ -169,6 +185,8 @@ class TaskAPI:
         def declare(func: Callable[[Context, P], Any]) -> Task[P]:
             job_type = name if name is not None else f"{func.__module__}.{func.__qualname__}"
             app.handler(job_type, **options)(func)
+            if cron is not None:
+                app.declare_recurring(job_type, cron=cron, type=job_type, timezone=timezone)
             return Task(app, job_type, func)
 
         return declare

@@ -339,7 +339,7 @@ def test_recurring_definitions_and_quotas_through_the_async_app(app: App) -> Non
 # settings and Core to the worker and the services; the AsyncApp closes with ``aclose`` and
 # names the App it was built from.
 _APP_ONLY = {"close", "core", "deliverer", "engine", "handler", "handler_for", "migrate", "task"}
-_APP_ONLY |= {"queue", "settings"}
+_APP_ONLY |= {"queue", "settings", "declare_recurring", "sync_recurring"}
 _ASYNC_ONLY = {"aclose", "app"}
 
 

@@ -14,8 +14,15 @@ from typing import Any
 import pytest
 
 from duejobs import App, Context, ScheduleRequest, Task
-from duejobs.errors import ConfigurationError, InvalidHandlerError, UnknownTypeError
+from duejobs.errors import (
+    ConfigurationError,
+    InvalidCronError,
+    InvalidHandlerError,
+    UnknownTypeError,
+)
 from tests.conftest import System
+from tests.test_cli import env as env
+from tests.test_cli import run
 
 
 def test_a_task_schedules_its_own_type_with_its_handlers_options(app: App) -> None:
@@ -139,3 +146,36 @@ def test_strict_types_must_be_true_false_or_none(database_url: str, redis_url: s
 
 def _request(job_type: str) -> ScheduleRequest:
     return ScheduleRequest(job_type, {}, delay=60)
+
+
+def test_a_task_with_a_cron_declares_a_definition_that_sync_recurring_writes(app: App) -> None:
+    @app.task("digest.daily", cron="0 9 * * *", timezone="Europe/Lisbon")
+    def digest(ctx: Context, payload: dict[str, Any]) -> None: ...
+
+    assert app.get_recurring("digest.daily") is None  # declared in code, written on sync
+    [written] = app.sync_recurring()
+    assert (written.name, written.cron, written.type, written.timezone) == (
+        "digest.daily",
+        "0 9 * * *",
+        "digest.daily",
+        "Europe/Lisbon",
+    )
+    [again] = app.sync_recurring()
+    assert again.version == written.version  # the same declaration changes nothing
+
+
+def test_a_task_with_a_bad_cron_fails_where_it_is_declared(app: App) -> None:
+    with pytest.raises(InvalidCronError):
+
+        @app.task("digest.broken", cron="0 25 * * *")
+        def broken(ctx: Context, payload: None) -> None: ...
+
+
+def test_a_worker_started_with_the_app_writes_its_declared_definitions(
+    env: dict[str, str], app: App
+) -> None:
+    for _ in range(2):  # twice: the second start changes nothing
+        done = run("worker", "--app", "tests.cron_app:app", "--burst", env=env)
+        assert done.returncode == 0, done.stderr
+    written = app.get_recurring("digest.daily")
+    assert written is not None and written.timezone == "Europe/Lisbon" and written.version == 1

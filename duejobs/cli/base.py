@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import re
 import sys
@@ -205,6 +206,15 @@ def _app(
     except (DuejobsError, RedisError, OperationalError, InterfaceError) as exc:
         said = outage(exc)  # an outage in one line, naming the service
         _fail(exc if said is None else ConnectionError(said))
+
+
+def sync_declared(app: App) -> None:
+    """Write the recurring definitions the App declares in code (``@app.task(cron=...)``),
+    as a service loading it starts: unchanged ones stay as they are."""
+    synced = app.sync_recurring()
+    if synced:
+        names = ", ".join(sorted(r.name for r in synced))
+        logging.getLogger("duejobs").info("recurring definitions declared in code: %s", names)
 
 
 def load_app(reference: str) -> App:

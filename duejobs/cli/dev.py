@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import click
 
-from duejobs.cli.base import POSITIVE, _app, _checked, _operate, load_app
+from duejobs.cli.base import POSITIVE, _app, _checked, _operate, load_app, sync_declared
 from duejobs.cli.group import main
 from duejobs.prune import PruneConfig, Pruner
 from duejobs.reconcile import Reconciler
@@ -47,6 +47,7 @@ def dev(
     pruning = _checked(lambda: PruneConfig(older_than=prune_older_than))
     with _app(ctx, migrate=True, embedded=True) as configured:
         app = load_app(app_ref)
+        sync_declared(app)
         del configured  # the servers are up and the schema migrated; the handlers' App runs
         scheduler, reconciler, pruner = Scheduler(app), Reconciler(app), Pruner(app, pruning)
         loops = [

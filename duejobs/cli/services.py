@@ -33,6 +33,7 @@ from duejobs.cli.base import (
     duration_option,
     load_app,
     services,
+    sync_declared,
 )
 from duejobs.cli.group import main
 from duejobs.errors import ConfigurationError, DuejobsError, describe, outage
@@ -115,6 +116,7 @@ def scheduler(
     _operate(log_level, log_format, metrics_port)
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref) if app_ref else App()
+        sync_declared(app)
         config = _checked(
             lambda: SchedulerConfig(
                 window=window,
@@ -255,6 +257,7 @@ def worker(
         if cpus:  # after the embedded servers start (they keep every CPU), before the
             pin_to_cpu(cpus[0])  # worker's threads start (they inherit it)
         app = load_app(app_ref)
+        sync_declared(app)
         runtime = Runtime(app, config, name=name)
         try:
             rq_worker = DuejobsWorker(runtime, [check_queue(q) for q in queues], name=name)
