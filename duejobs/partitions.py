@@ -218,7 +218,8 @@ def convert(
     Application writes go on throughout (each pays for its mirrored write meanwhile); only
     the last step holds them up, for as long as it takes to move catalog entries. Stopped
     midway, the source tables are as they were but for the triggers: running it again starts
-    over. One conversion at a time (an advisory lock)."""
+    over, and :func:`abort_conversion` (``duejobs partitions --abort``) removes them and the
+    staging schema. One conversion at a time (an advisory lock)."""
     schema: str = engine.get_execution_options().get(store.SCHEMA_OPTION, "public")
     staging = store.staging_schema(schema)
     with engine.connect() as holder:
@@ -228,6 +229,27 @@ def convert(
             return _convert(engine, schema, staging, settings, batch_size, report)
         finally:
             store.session_unlock(holder, _CONVERT_LOCK)
+
+
+def abort_conversion(engine: Engine) -> bool:
+    """Remove what a conversion stopped from outside (SIGKILL, a lost connection: one that
+    fails in its own process cleans up after itself) left behind — the mirroring triggers,
+    which make every write pay for a copy, and the staging schema; whether there was any.
+    Refused while a conversion runs (:class:`PartitioningError`). The source tables are as
+    they were; converting again starts over."""
+    schema: str = engine.get_execution_options().get(store.SCHEMA_OPTION, "public")
+    staging = store.staging_schema(schema)
+    with engine.connect() as holder:
+        if not store.try_session_lock(holder, _CONVERT_LOCK):
+            raise PartitioningError("a conversion to partitioned mode is running: stop it first")
+        try:
+            with engine.begin() as conn:
+                left = store.conversion_left(conn, staging)
+                store.unmirror(conn)
+                store.drop_schema(conn, staging)
+        finally:
+            store.session_unlock(holder, _CONVERT_LOCK)
+    return left
 
 
 def _convert(
@@ -276,15 +298,16 @@ def _convert(
 def _copy(engine: Engine, staging: str, batch_size: int, report: Callable[[str], None]) -> int:
     copied = 0
     for table in store.PARTITIONED:
-        after = None
+        after, rows, batches = None, 0, 0
         while True:
             with engine.begin() as conn:
                 batch = store.copy_batch(conn, staging, table, after, batch_size)
             if batch is None:
                 break
             after, n = batch
-            copied += n
-        report(f"{table}: copied ({copied:,} rows so far)")
+            rows, batches = rows + n, batches + 1
+        copied += rows
+        report(f"{table}: copied {rows:,} rows in {batches:,} batches ({copied:,} rows so far)")
     return copied
 
 

@@ -22,7 +22,7 @@ from duejobs.cli.base import (
 from duejobs.cli.group import main
 from duejobs.errors import DuejobsError
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
-from duejobs.partitions import DEFAULT_AHEAD, DEFAULT_PERIOD, describe
+from duejobs.partitions import DEFAULT_AHEAD, DEFAULT_PERIOD, abort_conversion, describe
 from duejobs.store.partitions import Partitioning
 from duejobs.timespec import spell_duration
 
@@ -73,10 +73,24 @@ def migrate(
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--abort",
+    is_flag=True,
+    help="Remove what a conversion killed midway left: its triggers and staging schema.",
+)
 @click.pass_context
-def partitions(ctx: click.Context, as_json: bool) -> None:
+def partitions(ctx: click.Context, as_json: bool, abort: bool) -> None:
     """The partitions of partitioned mode: each range's bounds, its estimated rows, whether a
     live schedule is in it and when its last one finished."""
+    if abort:
+        with _app(ctx, needs=DATABASE_ONLY) as app:
+            left = abort_conversion(app.engine)
+        click.echo(
+            "removed a stopped conversion's triggers and staging schema"
+            if left
+            else "no stopped conversion: nothing to remove"
+        )
+        return
     with _app(ctx) as app:
         mode, found = describe(app.engine)
     if mode is None:

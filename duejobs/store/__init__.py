@@ -39,6 +39,7 @@ from duejobs.store.attempts import (
 from duejobs.store.bulk import insert_schedules
 from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
 from duejobs.store.conversion import (
+    conversion_left,
     copy_batch,
     drop_schema,
     link_recurring,
@@ -204,6 +205,7 @@ __all__ = [
     "claim_runs",
     "claim_shares",
     "claim_verdict",
+    "conversion_left",
     "copy_batch",
     "count_live_up_to",
     "create_database",

@@ -129,6 +129,13 @@ def drop_schema(conn: Connection, schema: str) -> None:
     )
 
 
+def conversion_left(conn: Connection, staging: str) -> bool:
+    """Whether a conversion left mirroring triggers on the source tables (``conn``'s schema)
+    or its staging schema behind."""
+    row = run_one(conn, "conversion_left", {"schema": schema_of(conn), "staging": staging})
+    return bool(row is not None and row.left_behind)
+
+
 def unmirror(conn: Connection) -> None:
     """Remove the mirroring triggers from the source tables (``conn``'s schema), if any."""
     on_each(conn, "unmirror", "DROP TRIGGER IF EXISTS duejobs_mirror ON {}")
@@ -158,7 +165,7 @@ WITH batch AS (
     INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE
     SELECT {columns} FROM batch ON CONFLICT DO NOTHING
 )
-SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys} DESC LIMIT 1
+SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys_descending} LIMIT 1
 """
     ).format(
         columns=columns,
@@ -166,6 +173,10 @@ SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys} DESC LIMIT 1
         target=pgsql.Identifier(staging, table),
         after=after_sql,
         keys=key_list,
+        # every column of the key descending: the batch's last key, where the next resumes
+        keys_descending=pgsql.SQL(", ").join(
+            pgsql.SQL("{} DESC").format(pgsql.Identifier(k)) for k in keys
+        ),
         limit=pgsql.Literal(limit),
     )
     rows = run_composed(conn, "copy_batch", statement)

@@ -184,3 +184,13 @@ SELECT EXISTS (SELECT 1 FROM scheduled_jobs WHERE id >= :low AND id < :high)
                WHERE schedule_id >= :low AND schedule_id < :high)
     OR EXISTS (SELECT 1 FROM scheduled_job_results
                WHERE schedule_id >= :low AND schedule_id < :high) AS present
+
+-- name: conversion_left
+-- What a conversion stopped from outside leaves: mirroring triggers on the source tables of
+-- :schema, or its staging schema.
+SELECT EXISTS (
+           SELECT 1 FROM pg_trigger t
+           JOIN pg_class c ON c.oid = t.tgrelid
+           JOIN pg_namespace n ON n.oid = c.relnamespace
+           WHERE t.tgname = 'duejobs_mirror' AND n.nspname = :schema
+       ) OR EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = :staging) AS left_behind
