@@ -46,7 +46,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from duejobs import metrics, store
@@ -98,11 +98,12 @@ def create_ahead(engine: Engine) -> list[str]:
 
 @dataclass(frozen=True)
 class Behind:
-    """What :func:`drop_behind` did: the ranges dropped, those it could not drop this pass
-    because their tables were busy, and the spans of ids left to the pruner's batches
-    (:func:`batch_spans`; None in the plain schema: every id)."""
+    """What :func:`drop_behind` did: the ranges dropped and the schedules they held, those it
+    could not drop this pass because their tables were busy, and the spans of ids left to the
+    pruner's batches (:func:`batch_spans`; None in the plain schema: every id)."""
 
     dropped: list[str] = field(default_factory=list)
+    schedules_dropped: int = 0
     busy: list[str] = field(default_factory=list)
     spans: list[tuple[uuid.UUID, uuid.UUID]] | None = None
 
@@ -122,11 +123,15 @@ def drop_behind(engine: Engine, older_than: timedelta) -> Behind:
     candidates = [p for p in listed if p.droppable_by(horizon)]
     dropped: list[Partition] = []
     busy: list[str] = []
+    held = 0
     for partition in candidates:
+        with engine.connect() as conn:
+            rows = store.partition_rows(conn, partition)
         try:
             with engine.begin() as conn:
                 if store.drop_partition(conn, partition, older_than):
                     dropped.append(partition)
+                    held += rows
         except OperationalError as exc:
             if not store.is_lock_conflict(exc):
                 raise
@@ -147,9 +152,10 @@ def drop_behind(engine: Engine, older_than: timedelta) -> Behind:
                 break
     if dropped:
         metrics.PARTITIONS_DROPPED.inc(len(dropped))
-        log.info("partitions dropped: %s", ", ".join(p.name for p in dropped))
-    names = [p.name for p in dropped]
-    return Behind(names, busy, batch_spans(listed, settings.period, horizon, busy))
+        names = ", ".join(p.name for p in dropped)
+        log.info("partitions dropped: %s (%d schedules with their history)", names, held)
+    left = batch_spans(listed, settings.period, horizon, busy)
+    return Behind([p.name for p in dropped], held, busy, left)
 
 
 _LAST_ID = uuid.UUID(int=(1 << 128) - 1)
@@ -209,10 +215,11 @@ def convert(
 
     1. The partitioned tables are built empty in a staging schema (``<schema>_partitioning``)
        by the same migrations, with ranges from the oldest schedule's period on.
-    2. Triggers on the four source tables make every later write the same write there.
+    2. Triggers on the four source tables make every later write the same write there (the
+       tables locked at once, waiting at most 200 ms for each; tried again as the swap is).
     3. The rows are copied in batches of ``batch_size``, each its own short transaction; a
        row the triggers wrote already is left alone.
-    4. One short transaction locks the source tables (waiting at most ``LOCK_TIMEOUT``; tried
+    4. One short transaction locks the source tables (waiting at most 200 ms for each; tried
        again up to ``SWAP_ATTEMPTS`` times), drops them and moves the staging tables in.
 
     Application writes go on throughout (each pays for its mirrored write meanwhile); only
@@ -279,12 +286,11 @@ def _convert(
         if start not in have:
             with staged.begin() as conn:
                 store.create_range(conn, settings, start)
-    with engine.begin() as conn:
-        store.mirror(conn, staging)
+    _in_turns(engine, "mirror", lambda conn: store.mirror(conn, staging), report)
     report(f"partitioned tables built in {staging}; source writes mirrored there")
     try:
         copied = _copy(engine, staging, batch_size, report)
-        _swap(engine, staging, report)
+        _in_turns(engine, "swap", lambda conn: store.swap(conn, staging), report)
     except BaseException:
         # The source tables stay as they were; the writes stop paying for a mirror.
         with engine.begin() as conn:
@@ -311,14 +317,19 @@ def _copy(engine: Engine, staging: str, batch_size: int, report: Callable[[str],
     return copied
 
 
-def _swap(engine: Engine, staging: str, report: Callable[[str], None]) -> None:
+def _in_turns(
+    engine: Engine, what: str, step: Callable[[Connection], None], report: Callable[[str], None]
+) -> None:
+    """``step`` in a transaction of its own, again while it finds the source tables busy: it
+    waits at most 200 ms for each lock, under PostgreSQL's 1 s deadlock check, so that a
+    writer it holds up is never the transaction that check ends (up to SWAP_ATTEMPTS)."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         try:
             with engine.begin() as conn:
-                store.swap(conn, staging)
+                step(conn)
             return
         except OperationalError as exc:
             if not store.is_lock_conflict(exc) or attempt == SWAP_ATTEMPTS:
                 raise
-            report(f"swap: the tables are busy (attempt {attempt}); trying again")
+            report(f"{what}: the tables are busy (attempt {attempt}); trying again")
             time.sleep(min(attempt, 5))

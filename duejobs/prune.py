@@ -69,8 +69,10 @@ class PruneResult:
     deleted: int = 0
     batches: int = 0
     seconds: float = 0.0
-    # Partitioned mode: ranges of old schedules dropped whole before the batches.
+    # Partitioned mode: ranges of old schedules dropped whole before the batches, and the
+    # schedules they held (with their history).
     partitions_dropped: int = 0
+    schedules_dropped: int = 0
 
     @property
     def rate(self) -> float:
@@ -106,7 +108,13 @@ class Pruner:
                     break
             if self._loop.stopping:
                 break
-        result = PruneResult(deleted, batches, time.monotonic() - started, len(behind.dropped))
+        result = PruneResult(
+            deleted,
+            batches,
+            time.monotonic() - started,
+            len(behind.dropped),
+            behind.schedules_dropped,
+        )
         if deleted:
             log.info("pruned %d finished schedules in %d batches", deleted, batches)
         return result

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, Unpack, overload
 
 from duejobs.core import Conn
 from duejobs.models import Schedule, ScheduleRequest
@@ -55,6 +55,20 @@ class Writes(Protocol):
     def declare_recurring(self, name: str, *, cron: str, type: str, timezone: str) -> None: ...
 
 
+class When(TypedDict, total=False):
+    """When and how a task's schedule is written: :meth:`App.schedule
+    <duejobs.App.schedule>`'s keyword arguments."""
+
+    delay: Duration | None
+    run_at: datetime | None
+    timezone: str | None
+    key: str | None
+    tenant: str | None
+    jitter: Duration | None
+    expires_after: Duration | None
+    queue: str | None
+
+
 @dataclass(frozen=True)
 class Task(Generic[P]):
     """A registered handler of type ``type``, and the way to schedule it."""
@@ -68,82 +82,24 @@ class Task(Generic[P]):
         return self.func(ctx, payload)
 
     def schedule(
-        self,
-        payload: P,
-        *,
-        delay: Duration | None = None,
-        run_at: datetime | None = None,
-        timezone: str | None = None,
-        key: str | None = None,
-        tenant: str | None = None,
-        jitter: Duration | None = None,
-        expires_after: Duration | None = None,
-        queue: str | None = None,
-        conn: Conn | None = None,
+        self, payload: P, *, conn: Conn | None = None, **options: Unpack[When]
     ) -> Schedule:
-        """:meth:`App.schedule <duejobs.App.schedule>` of this task's type."""
-        return self.app.schedule(
-            self.type,
-            payload,
-            delay=delay,
-            run_at=run_at,
-            timezone=timezone,
-            key=key,
-            tenant=tenant,
-            jitter=jitter,
-            expires_after=expires_after,
-            queue=queue,
-            conn=conn,
-        )
+        """:meth:`App.schedule <duejobs.App.schedule>` of this task's type (the same
+        keyword arguments: ``delay``/``run_at``, ``timezone``, ``key``, ``tenant``,
+        ``jitter``, ``expires_after``, ``queue``)."""
+        return self.app.schedule(self.type, payload, conn=conn, **options)
 
-    def request(
-        self,
-        payload: P,
-        *,
-        delay: Duration | None = None,
-        run_at: datetime | None = None,
-        timezone: str | None = None,
-        key: str | None = None,
-        tenant: str | None = None,
-        jitter: Duration | None = None,
-        expires_after: Duration | None = None,
-        queue: str | None = None,
-    ) -> ScheduleRequest:
+    def request(self, payload: P, **options: Unpack[When]) -> ScheduleRequest:
         """A request of this task's type for :meth:`App.schedule_many
         <duejobs.App.schedule_many>`, when each schedule of a batch has options of its own."""
-        return ScheduleRequest(
-            self.type, payload, delay, run_at, timezone, key, tenant, jitter, expires_after, queue
-        )
+        return ScheduleRequest(self.type, payload, **options)
 
     def schedule_many(
-        self,
-        payloads: Iterable[P],
-        *,
-        delay: Duration | None = None,
-        run_at: datetime | None = None,
-        timezone: str | None = None,
-        tenant: str | None = None,
-        jitter: Duration | None = None,
-        queue: str | None = None,
-        conn: Conn | None = None,
+        self, payloads: Iterable[P], *, conn: Conn | None = None, **options: Unpack[When]
     ) -> list[uuid.UUID]:
-        """One schedule of this task's type per payload, all at the same time, at once and
-        all or nothing (:meth:`App.schedule_many <duejobs.App.schedule_many>`)."""
-        return self.app.schedule_many(
-            (
-                self.request(
-                    payload,
-                    delay=delay,
-                    run_at=run_at,
-                    timezone=timezone,
-                    tenant=tenant,
-                    jitter=jitter,
-                    queue=queue,
-                )
-                for payload in payloads
-            ),
-            conn=conn,
-        )
+        """One schedule of this task's type per payload, all with the same options, at once
+        and all or nothing (:meth:`App.schedule_many <duejobs.App.schedule_many>`)."""
+        return self.app.schedule_many((self.request(p, **options) for p in payloads), conn=conn)
 
 
 class TaskAPI:

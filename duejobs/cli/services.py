@@ -398,9 +398,15 @@ def prune(
     _operate(log_level, log_format, metrics_port)
 
     def report(result: PruneResult) -> None:
+        ranges = (
+            f"; dropped {result.partitions_dropped} ranges whole, with "
+            f"{result.schedules_dropped} finished schedules"
+            if result.partitions_dropped
+            else ""
+        )
         click.echo(
             f"pruned {result.deleted} finished schedules with their history in "
-            f"{result.seconds:.1f} s ({result.rate:,.0f} rows/s)"
+            f"{result.seconds:.1f} s ({result.rate:,.0f} rows/s){ranges}"
         )
 
     with _app(ctx) as app:

@@ -93,6 +93,7 @@ from duejobs.store.partitions import (
     ensure_ahead,
     holds_rows,
     make_partitioned,
+    partition_rows,
     partitioning,
     partitions,
 )
@@ -252,6 +253,7 @@ __all__ = [
     "outcome_of",
     "outcomes",
     "overdue_rows",
+    "partition_rows",
     "partitioning",
     "partitions",
     "prune_finished",

@@ -16,7 +16,6 @@ from duejobs.ids import time_of
 from duejobs.store.execution import run, run_composed, run_one, schema_of
 from duejobs.store.partition_keys import key_function
 from duejobs.store.partitions import (
-    LOCK_TIMEOUT,
     NAME_BYTES,
     PARTITIONED,
     SETTINGS_TABLE,
@@ -78,8 +77,16 @@ def _key_columns(conn: Connection, table: str) -> list[str]:
 def mirror(conn: Connection, staging: str) -> None:
     """Make every later write to the source tables (``conn``'s schema) write the same to
     their staging copies, in the same transaction: an insert or update as an upsert by
-    primary key, a delete as a delete. Waits at most :data:`LOCK_TIMEOUT` for each table."""
-    run(conn, "set_lock_timeout", {"timeout": LOCK_TIMEOUT})
+    primary key, a delete as a delete. The four tables are locked first, in one statement,
+    waiting at most :data:`BRIEF_LOCK_TIMEOUT` for each (see :func:`swap`)."""
+    run(conn, "set_lock_timeout", {"timeout": BRIEF_LOCK_TIMEOUT})
+    run_composed(
+        conn,
+        "lock_for_mirror",
+        pgsql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(
+            pgsql.SQL(", ").join(ident(conn, table) for table in PARTITIONED)
+        ),
+    )
     for table in PARTITIONED:
         columns = _columns(conn, table)
         keys = _key_columns(conn, table)
@@ -187,7 +194,7 @@ SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys_descending} LIMIT
 
 
 # How long the swap waits for each table's lock before it gives up and tries again.
-SWAP_LOCK_TIMEOUT = "200ms"
+BRIEF_LOCK_TIMEOUT = "200ms"
 
 
 def swap(conn: Connection, staging: str) -> None:
@@ -199,23 +206,17 @@ def swap(conn: Connection, staging: str) -> None:
     # In the order statements take them: the recurring definitions (the materializer locks one,
     # then writes its occurrences), the four tables, then the effect ledger (written after its
     # schedule's row is locked). The first and the last lose a foreign key here. Each wait is
-    # short (SWAP_LOCK_TIMEOUT, under PostgreSQL's 1 s deadlock_timeout): a writer that takes
+    # short (BRIEF_LOCK_TIMEOUT, under PostgreSQL's 1 s deadlock_timeout): a writer that takes
     # them in another order finds the swap given up, to try again, rather than its own
     # transaction ended by the deadlock check.
-    run(conn, "set_lock_timeout", {"timeout": SWAP_LOCK_TIMEOUT})
+    # One statement, so that no helper's own (longer) lock timeout applies to any of them.
+    run(conn, "set_lock_timeout", {"timeout": BRIEF_LOCK_TIMEOUT})
+    locked = ["recurring_schedules", *PARTITIONED, "scheduled_job_effects"]
     run_composed(
         conn,
-        "lock_recurring",
+        "lock_for_swap",
         pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-            ident(conn, "recurring_schedules")
-        ),
-    )
-    on_each(conn, "lock_source", "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE")
-    run_composed(
-        conn,
-        "lock_effects",
-        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-            ident(conn, "scheduled_job_effects")
+            pgsql.SQL(", ").join(ident(conn, table) for table in locked)
         ),
     )
     run(

@@ -348,6 +348,13 @@ def _partition_figures(conn: Connection, name: str) -> Any:
     return run_composed(conn, "partition_figures", statement)[0]
 
 
+def partition_rows(conn: Connection, partition: Partition) -> int:
+    """How many schedules a range holds now: read before a drop, outside its locks (the rows
+    of a range old enough to drop no longer change)."""
+    statement = pgsql.SQL("SELECT count(*) AS n FROM {}").format(ident(conn, partition.name))
+    return int(run_composed(conn, "partition_rows", statement)[0].n)
+
+
 def drop_partition(conn: Connection, partition: Partition, older_than: timedelta) -> bool:
     """Drop one range of schedules with their history, if it still holds no live row and
     nothing that finished within ``older_than``. The four tables are locked first, in the
