@@ -3,6 +3,7 @@ resume, delete; occurrences are materialized by the scheduler (:mod:`duejobs.rec
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -122,9 +123,21 @@ class RecurringAPI(Scoped):
 
     def sync_recurring(self) -> list[Recurring]:
         """Write every definition declared in code (:meth:`declare_recurring`) as
-        :meth:`recurring` would: one unchanged since the last sync changes nothing; a changed
-        one bumps its version. Definitions made otherwise are left alone."""
-        return [self._apply(spec) for spec in self._core.declared_recurring.values()]
+        :meth:`recurring` would; the stored definitions, in order. One whose stored cron,
+        time zone, type, payload and queue are those declared is left as it is — paused or
+        quarantined by an operator, it stays so; a changed one bumps its version. Definitions
+        made otherwise are left alone."""
+        written = []
+        for spec in self._core.declared_recurring.values():
+            with self._core.transaction(None) as c:
+                stored = store.get_recurring(c, spec.tenant, spec.name)
+            same = stored is not None and (
+                (stored.cron, stored.timezone, stored.type, stored.queue)
+                == (spec.cron, spec.timezone, spec.type, spec.queue)
+                and json.loads(spec.payload_json) == stored.payload
+            )
+            written.append(stored if same and stored is not None else self._apply(spec))
+        return written
 
     def _apply(self, spec: RecurringSpec) -> Recurring:
         """Write a checked definition under its row lock; drop what it supersedes in Redis."""

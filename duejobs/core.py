@@ -285,15 +285,14 @@ class Core:
         operator's page never holds a connection and a backend for minutes."""
         try:
             if self.read_engine is None:
-                with self.transaction() as conn:
-                    self._bound(conn)
+                with self.transaction() as conn, self._bounded(conn):
                     yield conn, replica.CURRENT
                 return
             with self.database(), self.engine.connect() as primary:
                 lsn = store.wal_position(primary)
             try:
-                with self.database("the read replica"), self.read_engine.connect() as conn:
-                    self._bound(conn)
+                replica_read = self.read_engine.connect
+                with self.database("the read replica"), replica_read() as conn, self._bounded(conn):
                     yield conn, replica.measure(conn, lsn, self.read_max_lag)
             except DatabaseUnavailableError as exc:
                 if not store.is_statement_timeout(getattr(exc.__cause__, "orig", None)):
@@ -307,9 +306,17 @@ class Core:
                 ) from exc
             raise
 
-    def _bound(self, conn: Connection) -> None:
-        if self.read_timeout is not None:
-            store.bound_statements(conn, self.read_timeout)
+    @contextlib.contextmanager
+    def _bounded(self, conn: Connection) -> Iterator[None]:
+        """``read_timeout`` on the read's statements, and the transaction's own limit given
+        back after them (a Django read may run inside a caller's ``atomic()``, whose later
+        statements must not inherit it; after an error the savepoint's rollback does it)."""
+        if self.read_timeout is None:
+            yield
+            return
+        before = store.bound_statements(conn, self.read_timeout)
+        yield
+        store.restore_statement_timeout(conn, before)
 
     @contextlib.contextmanager
     def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:

@@ -216,10 +216,10 @@ def convert(
     1. The partitioned tables are built empty in a staging schema (``<schema>_partitioning``)
        by the same migrations, with ranges from the oldest schedule's period on.
     2. Triggers on the four source tables make every later write the same write there (the
-       tables locked at once, waiting at most 200 ms for each; tried again as the swap is).
+       tables locked at once, waiting at most 100 ms for each; tried again as the swap is).
     3. The rows are copied in batches of ``batch_size``, each its own short transaction; a
        row the triggers wrote already is left alone.
-    4. One short transaction locks the source tables (waiting at most 200 ms for each; tried
+    4. One short transaction locks the source tables (waiting at most 100 ms for each; tried
        again up to ``SWAP_ATTEMPTS`` times), drops them and moves the staging tables in.
 
     Application writes go on throughout (each pays for its mirrored write meanwhile); only
@@ -321,7 +321,7 @@ def _in_turns(
     engine: Engine, what: str, step: Callable[[Connection], None], report: Callable[[str], None]
 ) -> None:
     """``step`` in a transaction of its own, again while it finds the source tables busy: it
-    waits at most 200 ms for each lock, under PostgreSQL's 1 s deadlock check, so that a
+    waits at most 100 ms for each of its six locks, under PostgreSQL's 1 s deadlock check, so a
     writer it holds up is never the transaction that check ends (up to SWAP_ATTEMPTS)."""
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         try:

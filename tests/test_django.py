@@ -514,3 +514,18 @@ def test_a_wrapped_postgresql_engine_is_accepted(shop: Shop) -> None:
     compared to Django's own."""
     done = shop.manage("check", settings="tests.django_project.wrapped_settings")
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_an_operators_read_inside_an_atomic_block_leaves_no_time_limit_behind(
+    shop: Shop,
+) -> None:
+    """A list inside a view's ``atomic()`` runs under ``READ_TIMEOUT``, and the view's later
+    statements do not: the transaction's own limit is given back. Seen failing when the limit
+    was set for the rest of the transaction (the view's next query capped at 10 s)."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        shop.django_app.list()
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            assert cursor.fetchone() == ("0",)

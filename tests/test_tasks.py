@@ -162,6 +162,12 @@ def test_a_task_with_a_cron_declares_a_definition_that_sync_recurring_writes(app
     )
     [again] = app.sync_recurring()
     assert again.version == written.version  # the same declaration changes nothing
+    app.pause_recurring("digest.daily")  # an operator's pause outlives the services' starts
+    [kept] = app.sync_recurring()
+    assert (kept.status.value, kept.version) == (
+        "paused",
+        app.get_recurring("digest.daily").version,
+    )  # type: ignore[union-attr]
 
 
 def test_a_task_with_a_bad_cron_fails_where_it_is_declared(app: App) -> None:

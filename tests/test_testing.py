@@ -84,6 +84,31 @@ def test_a_projects_tests_run_its_schedules_through_duejobs(
     assert any("duejobs: configured servers; test database" in line for line in result.outlines)
 
 
+def test_an_app_on_other_servers_than_the_sessions_is_refused_not_emptied(
+    pytester: pytest.Pytester,
+    servers: Servers,
+    database_url: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An App made with its own URL (a developer's database) is never emptied by the
+    fixture: the test errors, naming the database. Seen failing when the fixture truncated
+    whatever database the App was on."""
+    monkeypatch.setenv("DUEJOBS_TEST_DATABASE_URL", servers.server_url)
+    monkeypatch.setenv("DUEJOBS_TEST_REDIS_URL", redis_url)
+    monkeypatch.setenv("ELSEWHERE", database_url)
+    kept = App(database_url, redis_url).schedule("kept", {}, delay=3600)
+    pytester.makepyfile(
+        elsewhere="import os\nfrom duejobs import App\napp = App(os.environ['ELSEWHERE'])\n",
+        test_elsewhere="def test_it(duejobs_app):\n    pass\n",
+    )
+    pytester.makeini("[pytest]\nduejobs_app = elsewhere:app\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(errors=1)
+    assert any("not the session's" in line for line in result.outlines)
+    assert App(database_url, redis_url).get(kept.id) is not None
+
+
 def test_a_project_without_the_setting_is_left_alone(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

@@ -168,9 +168,16 @@ def wal_position(conn: Connection) -> str:
     return str(row.lsn)
 
 
-def bound_statements(conn: Connection, limit: timedelta) -> None:
-    """Stop any statement of the rest of this transaction that runs past ``limit``."""
-    run(conn, "bound_statements", {"ms": str(max(1, limit // timedelta(milliseconds=1)))})
+def bound_statements(conn: Connection, limit: timedelta) -> str:
+    """Stop any statement of the rest of this transaction that runs past ``limit``; the
+    limit it had (for :func:`restore_statement_timeout`)."""
+    ms = str(max(1, limit // timedelta(milliseconds=1)))
+    return str(run(conn, "bound_statements", {"ms": ms})[0].before)
+
+
+def restore_statement_timeout(conn: Connection, before: str) -> None:
+    """Give this transaction back the statement limit it had."""
+    run(conn, "restore_statement_timeout", {"before": before})
 
 
 def replay_position(conn: Connection, lsn: str) -> ReplayPosition:

@@ -29,6 +29,7 @@ Not for production: :func:`advance` rewrites every live schedule of the database
 
 from __future__ import annotations
 
+import signal
 from datetime import timedelta
 
 from duejobs import store
@@ -53,6 +54,7 @@ def run_due(app: HasCore) -> int:
     runtime = Runtime(core, WorkerConfig(concurrency=1))
     queues = sorted({core.queue, *(h.queue for h in core.handlers.values() if h.queue)})
     ran = 0
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for _ in range(MAX_ROUNDS):
             claimed = scheduler.run_once().claimed
@@ -63,6 +65,8 @@ def run_due(app: HasCore) -> int:
             ran += claimed
     finally:
         runtime.close()
+        for sig, handler in handlers.items():  # RQ's worker installs its own: Ctrl-C is pytest's
+            signal.signal(sig, handler)
     raise RuntimeError(f"schedules still due after {MAX_ROUNDS} rounds of run_due: a loop?")
 
 
@@ -96,7 +100,12 @@ def drain(app: HasCore, within: timedelta = timedelta(days=1)) -> int:
             wait = store.next_due_in(conn)
         if wait is None or wait > left:
             return ran
-        step = max(wait, timedelta(0))
+        if wait <= timedelta(0):  # due, yet run_due ran it not: no worker here serves it
+            raise RuntimeError(
+                "a schedule is due that run_due cannot run: its queue is not one of the App's "
+                "or its handlers', or its type has no handler in this App"
+            )
+        step = wait
         advance(app, step)
         left -= step
         ran += run_due(app)

@@ -85,8 +85,19 @@ def duejobs_app(pytestconfig: pytest.Config, duejobs_servers: Any) -> Iterator[A
     import redis
 
     from duejobs import store
+    from duejobs.config import same_redis
 
     app = _load(pytestconfig.getini(INI))
+    database = app.core.engine.url.database
+    if database != duejobs_servers.database or same_redis(app.settings.redis_url or "") != (
+        same_redis(duejobs_servers.redis_url)
+    ):
+        raise pytest.UsageError(  # never empty a database or a Redis the session did not make
+            f"{INI}: the App is on database {database!r} and Redis {app.settings.redis_url!r}, "
+            f"not the session's ({duejobs_servers.database!r}): make it with App() or from "
+            "DUEJOBS_DATABASE_URL / DUEJOBS_REDIS_URL, which the plugin sets"
+        )
+    app.core.quotas.clear()  # the tenants' quotas, cached, go with their rows
     with app.core.transaction() as conn:
         store.empty_tables(conn)
     client = redis.Redis.from_url(duejobs_servers.redis_url)

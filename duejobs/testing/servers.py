@@ -16,6 +16,8 @@ import uuid
 from pathlib import Path
 from typing import Self
 
+from sqlalchemy import make_url
+
 from duejobs import store
 from duejobs.config import libpq_url
 from duejobs.embedded import EmbeddedServices, start_embedded
@@ -55,8 +57,8 @@ class TestServers:
 
     def url_for(self, database: str) -> str:
         """The server URL pointing at another database."""
-        head, _, query = self.server_url.partition("?")
-        return f"{head.rsplit('/', 1)[0]}/{database}" + (f"?{query}" if query else "")
+        url = make_url(self.server_url).set(database=database)
+        return url.render_as_string(hide_password=False)
 
     def create_database(self, name: str) -> str:
         store.create_database(self.server_url, name)

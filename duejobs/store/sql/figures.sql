@@ -84,7 +84,10 @@ SELECT CAST(pg_current_wal_insert_lsn() AS text) AS lsn
 -- name: bound_statements
 -- The time limit of each statement left in this transaction (an operator's read: a filter
 -- that finds no index, a lock held by a migration, must not run unbounded).
-SELECT set_config('statement_timeout', :ms, true)
+SELECT current_setting('statement_timeout') AS before, set_config('statement_timeout', :ms, true)
+
+-- name: restore_statement_timeout
+SELECT set_config('statement_timeout', :before, true)
 
 -- name: replay_position
 -- How far a replica has replayed: whether it has reached :lsn (read from the primary just
