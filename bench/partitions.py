@@ -49,7 +49,7 @@ MODE = Partitioning(PERIOD, DEFAULT_AHEAD)
 
 # Rows made at instant t get a version 7 id of t, as duejobs' own: 48 bits of milliseconds,
 # the version, then bits of a hash.
-_FILL = """
+FILL = """
 INSERT INTO {schema}.scheduled_jobs (id, tenant, type, payload, run_at, due_at, status,
     finished_at, created_at, attempts, version, queue_job_id)
 SELECT CAST(lpad(to_hex(CAST(extract(epoch FROM t) * 1000 AS bigint)), 12, '0') || '7'
@@ -60,7 +60,7 @@ SELECT CAST(lpad(to_hex(CAST(extract(epoch FROM t) * 1000 AS bigint)), 12, '0') 
 FROM (SELECT g, CAST(:start AS timestamptz) + g * CAST(:step AS interval) AS t
       FROM generate_series(1, :n) g) AS rows
 """
-_HISTORY = """
+HISTORY = """
 INSERT INTO {schema}.scheduled_job_events (schedule_id, tenant, kind, version, at)
 SELECT id, tenant, k, 1, created_at FROM {schema}.scheduled_jobs,
        unnest(ARRAY['created', 'succeeded']) AS k WHERE status = 'succeeded';
@@ -86,7 +86,7 @@ def _fill(app: App, schema: str, partitioned: bool) -> None:
                 store.ensure_ahead(conn, MODE, day)
                 day += (MODE.ahead + 1) * MODE.period
         step = timedelta(days=DAYS) / ROWS
-        fill = text(_FILL.format(schema=schema))
+        fill = text(FILL.format(schema=schema))
         conn.execute(
             fill,
             {
@@ -98,7 +98,7 @@ def _fill(app: App, schema: str, partitioned: bool) -> None:
                 "n": ROWS,
             },
         )
-        for statement in _HISTORY.format(schema=schema).split(";"):
+        for statement in HISTORY.format(schema=schema).split(";"):
             conn.execute(text(statement))
 
 
@@ -107,7 +107,7 @@ def _due(app: App, schema: str, round_: int) -> None:
     with app.engine.begin() as conn:
         now = store.database_now(conn)
         conn.execute(
-            text(_FILL.format(schema=schema)),
+            text(FILL.format(schema=schema)),
             {
                 "salt": f"d{schema}{round_}",
                 "status": "scheduled",

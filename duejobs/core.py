@@ -132,6 +132,17 @@ def check_strict_types(name: str, value: object) -> bool | None:
     return value
 
 
+def redis_client(url: str, connections: int = _REDIS_POOL) -> Redis:
+    """A client of the deliverer's kind: bounded waits (``REDIS_TIMEOUT``) and one retry."""
+    return Redis.from_url(
+        url,
+        max_connections=connections,
+        socket_timeout=REDIS_TIMEOUT,
+        socket_connect_timeout=REDIS_TIMEOUT,
+        retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 1),
+    )
+
+
 @dataclass
 class Core:
     """The shared parts of one App (see the module docstring)."""
@@ -216,13 +227,7 @@ class Core:
                 for url in (default, *(url for _, url in self.settings.redis_nodes)):
                     server = same_redis(url)
                     if server not in clients:  # one client per server, however spelt
-                        clients[server] = Redis.from_url(
-                            url,
-                            max_connections=size,
-                            socket_timeout=REDIS_TIMEOUT,
-                            socket_connect_timeout=REDIS_TIMEOUT,
-                            retry=Retry(ExponentialBackoff(cap=1.0, base=0.05), 1),
-                        )
+                        clients[server] = redis_client(url, size)
                 nodes = {q: clients[same_redis(url)] for q, url in self.settings.redis_nodes}
                 self._deliverer = Deliverer(clients[same_redis(default)], self.queue, nodes)
         return self._deliverer

@@ -250,10 +250,9 @@ def abort_conversion(engine: Engine) -> bool:
         if not store.try_session_lock(holder, _CONVERT_LOCK):
             raise PartitioningError("a conversion to partitioned mode is running: stop it first")
         try:
-            with engine.begin() as conn:
+            with engine.connect() as conn:
                 left = store.conversion_left(conn, staging)
-                store.unmirror(conn)
-                store.drop_schema(conn, staging)
+            _remove_staging(engine, staging, lambda _: None)
         finally:
             store.session_unlock(holder, _CONVERT_LOCK)
     return left
@@ -270,8 +269,7 @@ def _convert(
     with engine.begin() as conn:
         if store.partitioning(conn) is not None:
             return 0
-        store.unmirror(conn)  # a conversion stopped midway starts over
-        store.drop_schema(conn, staging)
+    _remove_staging(engine, staging, report)  # a conversion stopped midway starts over
     staged = engine.execution_options(**{store.SCHEMA_OPTION: staging})
     upgrade(staged)
     with staged.begin() as conn:
@@ -286,19 +284,25 @@ def _convert(
         if start not in have:
             with staged.begin() as conn:
                 store.create_range(conn, settings, start)
-    _in_turns(engine, "mirror", lambda conn: store.mirror(conn, staging), report)
-    report(f"partitioned tables built in {staging}; source writes mirrored there")
     try:
+        _in_turns(engine, "mirror", lambda conn: store.mirror(conn, staging), report)
+        report(f"partitioned tables built in {staging}; source writes mirrored there")
         copied = _copy(engine, staging, batch_size, report)
         _in_turns(engine, "swap", lambda conn: store.swap(conn, staging), report)
     except BaseException:
         # The source tables stay as they were; the writes stop paying for a mirror.
-        with engine.begin() as conn:
-            store.unmirror(conn)
-            store.drop_schema(conn, staging)
+        _remove_staging(engine, staging, report)
         raise
     report(f"{schema}: partitioned mode")
     return copied
+
+
+def _remove_staging(engine: Engine, staging: str, report: Callable[[str], None]) -> None:
+    """The mirroring triggers removed (tried again while the tables are busy), then the
+    staging schema dropped (no source table locked)."""
+    _in_turns(engine, "unmirror", store.unmirror, report)
+    with engine.begin() as conn:
+        store.drop_schema(conn, staging)
 
 
 def _copy(engine: Engine, staging: str, batch_size: int, report: Callable[[str], None]) -> int:

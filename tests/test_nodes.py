@@ -34,11 +34,11 @@ from sqlalchemy import text
 from duejobs import App, core, stats
 from duejobs.config import parse_redis_nodes
 from duejobs.delivery import DuejobsWorker, rq_worker
-from duejobs.delivery.deliverer import NODE_ERRORS
+from duejobs.delivery.nodes import NODE_ERRORS
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import ConfigurationError
 from duejobs.reconcile import Reconciler
-from duejobs.scheduler import Scheduler
+from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.worker import Runtime, WorkerConfig
 from tests.apps import register
 from tests.conftest import Proc, wait_for
@@ -167,7 +167,8 @@ def test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other(
     app: App, database_url: str, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A paused node (as one that is partitioned away) is given up after its clients'
-    timeout and one retry, well before it answers again; the others' jobs are pushed."""
+    timeout and one retry (or the node wait, if shorter), well before it answers again; the
+    others' jobs are pushed."""
     monkeypatch.setattr(core, "REDIS_TIMEOUT", 0.3)
     spread = register(
         App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url, "c": nodes[2].url})
@@ -184,12 +185,71 @@ def test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other(
         with nodes[0].client() as client:
             assert client.lrange("rq:queue:a", 0, -1) == [spread.get(on_a.id).queue_job_id.encode()]  # type: ignore[union-attr]
         wait_for(nodes[2].answers, 10, "node c to answer again")
-        assert Reconciler(spread).run_once().repushed == 1  # its job, pushed again
+        reconciler = Reconciler(spread)  # its job, pushed again once a probe finds c back
+        wait_for(lambda: reconciler.run_once().repushed == 1, 10, "c's job to be pushed again")
         with nodes[2].client() as client:
             assert client.llen("rq:queue:c") == 1
         assert spread.get(on_c.id) is not None
     finally:
         spread.close()
+
+
+def test_a_node_that_hangs_costs_the_other_queues_passes_no_wait(
+    app: App, database_url: str, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node c hangs (paused, as one partitioned away) while its clients would wait 2 s and
+    retry once: the pass that meets it gives it up within the node wait (1 s), and the
+    passes after it push queue a's jobs without calling c at all. Seen failing before each
+    node had its own wait and a down node was skipped: 8 s for the first pass, 4 s for each
+    later one (every promotion waited on c)."""
+    monkeypatch.setattr(core, "REDIS_TIMEOUT", 2.0)
+    spread = register(
+        App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url, "c": nodes[2].url})
+    )
+    try:
+        spread.schedule("record", {}, delay=0, queue="c")
+        with nodes[2].client() as client:
+            client.execute_command("CLIENT", "PAUSE", 30_000, "ALL")
+        scheduler = Scheduler(spread)
+        started = time.monotonic()
+        scheduler.run_once()
+        first = time.monotonic() - started
+        assert first < 3.0, f"the pass that met the paused node took {first:.1f} s"
+        started = time.monotonic()
+        for i in range(5):
+            spread.schedule("record", {"i": i}, delay=0, queue="a")
+            assert scheduler.run_once().queued == 1
+        later = time.monotonic() - started
+        assert later < 1.5, f"five passes took {later:.1f} s: they waited on the paused node"
+        with nodes[0].client() as client:
+            assert client.llen("rq:queue:a") == 5
+    finally:
+        spread.close()
+
+
+def test_a_batch_whose_rows_all_wait_on_a_down_node_holds_up_no_other_queue(
+    spread: App, nodes: list[Node]
+) -> None:
+    """Node b is down and the oldest due rows are all b's: the batches that hold only b's
+    rows leave them to the reconciler and the same pass goes on to a's and c's, instead of
+    failing (and backing off) on b's rows at every pass. Once b is back, the reconciler
+    pushes its rows and every job runs once. Seen failing with a push that raised when every
+    node *it* needed was down: each pass failed on b's rows and a's and c's never moved."""
+    for i in range(4):
+        spread.schedule("record", {"i": i}, delay=0, queue="b")
+    for queue in ("a", "c"):
+        spread.schedule("record", {}, delay=0, queue=queue)
+    nodes[1].kill()
+    passed = Scheduler(spread, SchedulerConfig(batch_size=2, concurrency=1)).run_once()
+    assert passed.queued == 2
+    with nodes[0].client() as a, nodes[2].client() as c:
+        assert a.llen("rq:queue:a") == 1 and c.llen("rq:queue:c") == 1
+    nodes[1].start()
+    reconciler = Reconciler(spread)
+    wait_for(lambda: reconciler.run_once().repushed == 4, 10, "b's rows to be pushed again")
+    for queue in QUEUES:
+        _drain(spread, queue)
+    assert _succeeded(spread) == 6
 
 
 def test_a_server_named_twice_is_one_node(database_url: str, nodes: list[Node], app: App) -> None:
@@ -364,6 +424,86 @@ def test_a_queue_moved_to_another_node_loses_nothing_and_runs_nothing_twice(
     finally:
         before.close()
         after.close()
+
+
+def _drain_node(spawn: Callable[..., Proc], url: str, env: dict[str, str]) -> tuple[int, str]:
+    proc = spawn("nodes", "drain", url, extra_env=env)
+    code = proc.popen.wait(60)
+    return code, proc.output()
+
+
+def _left(node: Node, queue: str) -> int:
+    with node.client() as client:
+        return int(client.llen(f"rq:queue:{queue}") + client.zcard(f"rq:scheduled:{queue}"))
+
+
+def test_the_documented_queue_move_leaves_nothing_on_a_node_that_left(
+    app: App, database_url: str, nodes: list[Node], spawn: Callable[..., Proc]
+) -> None:
+    """docs/scaling.md's steps, literally: queue b lives on the second node, then moves to
+    the third, and the second leaves the configuration with b's jobs waiting on it (queued
+    and in its scheduled registry), one of them rescheduled after the move. ``duejobs nodes
+    drain`` puts every delivery still wanted on the third node and leaves nothing on the
+    second; the new node's workers run each job once. Before the command existed the second
+    node kept its jobs for good."""
+    before = register(App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url}))
+    after = register(App(database_url, nodes[0].url, redis_nodes={"b": nodes[2].url}))
+    try:
+        made = [
+            before.schedule("record", {"i": i}, delay=timedelta(milliseconds=100 * i), queue="b")
+            for i in range(20)
+        ]
+        Scheduler(before).run_once()
+        assert _left(nodes[1], "b") == 20
+        # Steps 1 and 2: the services use the new mapping; one schedule changes after it.
+        after.reschedule(made[0].id, delay=0)
+        Scheduler(after).run_once()
+        # Step 3.
+        env = {"DUEJOBS_REDIS_URL": nodes[0].url, "DUEJOBS_REDIS_NODES": f"b={nodes[2].url}"}
+        code, said = _drain_node(spawn, nodes[1].url, env)
+        assert code == 0, said
+        assert "19 pushed onto their queues' nodes, 1 no longer needed" in said, said
+        assert _left(nodes[1], "b") == 0
+        assert _left(nodes[2], "b") == 20
+        # Step 4: nothing runs on the old node; the drain again finds nothing.
+        assert "no job running" in said, said
+        code, said = _drain_node(spawn, nodes[1].url, env)
+        assert code == 0 and "nothing left behind" in said, said
+        wait_for(lambda: after.now() > made[-1].due_at, 10, "every job to fall due")
+        Scheduler(after).run_once()
+        _drain(after, "b")
+        assert _succeeded(after) == 20
+        with after.engine.connect() as conn:
+            ran = text("SELECT count(*), count(DISTINCT effect_key) FROM test_effects")
+            assert tuple(conn.execute(ran).one()) == (20, 20)
+        assert [_left(node, "b") for node in nodes] == [0, 0, 0]
+    finally:
+        before.close()
+        after.close()
+
+
+def test_a_drain_whose_push_fails_takes_nothing_off_the_old_node(
+    app: App, database_url: str, nodes: list[Node], spawn: Callable[..., Proc]
+) -> None:
+    """The new node is down when the drain runs: it fails naming the node, and every job
+    stays on the old node for the drain run once the new node answers."""
+    before = register(App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url}))
+    try:
+        for i in range(5):
+            before.schedule("record", {"i": i}, delay=0, queue="b")
+        Scheduler(before).run_once()
+    finally:
+        before.close()
+    nodes[2].kill()
+    env = {"DUEJOBS_REDIS_URL": nodes[0].url, "DUEJOBS_REDIS_NODES": f"b={nodes[2].url}"}
+    code, said = _drain_node(spawn, nodes[1].url, env)
+    assert code == 1, said
+    assert f"127.0.0.1:{nodes[2].port}/0" in said and "Traceback" not in said, said
+    assert _left(nodes[1], "b") == 5
+    nodes[2].start()
+    code, said = _drain_node(spawn, nodes[1].url, env)
+    assert code == 0 and "5 pushed" in said, said
+    assert (_left(nodes[1], "b"), _left(nodes[2], "b")) == (0, 5)
 
 
 @pytest.mark.parametrize(

@@ -372,6 +372,35 @@ def test_a_conversion_killed_midway_is_removed_by_partitions_abort(
         assert store.partitioning(conn) == DAILY
 
 
+def test_a_failed_conversion_removes_its_triggers_while_a_writer_holds_a_table(
+    plain: App,
+) -> None:
+    """A conversion fails after its mirror is in place while a writer's transaction is open
+    on a source table: its cleanup waits briefly for the tables, tries again once the writer
+    is done, removes the triggers and the staging schema, and the conversion's own error is
+    what the caller gets. Seen failing when the cleanup dropped the triggers table by table
+    under a 2 s lock wait: a lock timeout replaced the error and the triggers stayed (every
+    write still paying for a mirror)."""
+    schema = plain.engine.get_execution_options()["duejobs_schema"]
+    plain.schedule("record", {}, delay=60)
+    holder = plain.engine.connect()
+
+    def report(line: str) -> None:
+        if line.startswith("scheduled_jobs: copied"):
+            holder.execute(text(f"LOCK TABLE {schema}.scheduled_job_events IN ROW EXCLUSIVE MODE"))
+            raise RuntimeError("stopped midway")
+        if line.startswith("unmirror: the tables are busy"):
+            holder.rollback()  # the writer's transaction ends: the next attempt goes through
+
+    try:
+        with pytest.raises(RuntimeError, match="stopped midway"):
+            convert(plain.engine, DAILY, batch_size=100, report=report)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert not _left_behind(plain)
+
+
 def test_migrate_partitioned_on_a_filled_schema_converts_it(plain: App) -> None:
     first = plain.schedule("record", {}, delay=60, key="k")
     plain.migrate(partitioned=DAILY)

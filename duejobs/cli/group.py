@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dev": ("dev", "Scheduler, worker, reconciler and pruner..."),
     "list": ("schedules", "List schedules by due time, a page at a..."),
     "migrate": ("admin", "Create or upgrade the schema (idempotent,..."),
+    "nodes": ("nodes", "Redis nodes (DUEJOBS_REDIS_NODES): drain..."),
     "partitions": ("admin", "The partitions of partitioned mode: each..."),
     "prune": ("services", "Delete finished schedules (and their..."),
     "quota": ("admin", "Set TENANT's quotas ('*' sets the..."),

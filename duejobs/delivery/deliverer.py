@@ -4,37 +4,25 @@ for what it promises)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from prometheus_client import Counter
 from redis import Redis
-from redis.commands.core import Script
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 
-from duejobs.delivery.scripts import (
-    DEFER_SCRIPT,
-    LIVE_SCRIPT,
-    PROMOTE_SCRIPT,
-    PUSH_SCRIPT,
-    REMOVE_SCRIPT,
-)
+from duejobs.delivery.nodes import NODE_WAIT, Node
+from duejobs.delivery.scripts import TAKE_OFF_SCRIPT
 from duejobs.models import Delivery
 
 log = logging.getLogger("duejobs.delivery")
 T = TypeVar("T")
-
-NODE_ERRORS = Counter(
-    "duejobs_redis_node_errors",
-    "Calls to one Redis node that failed while other nodes went on.",
-    ["node"],
-)
 
 DEFAULT_QUEUE = "duejobs"
 JOB_FUNCTION = "duejobs.worker.perform"
@@ -91,31 +79,8 @@ WORKER_PREFIX = "rq:worker:"  # a live RQ worker's key (it expires when the work
 # from Redis and claiming its row (the claim's lock wait is bounded, an early delivery waits at
 # most a second). A worker merely slow there meets a second delivery, which it skips.
 STUCK_AFTER = timedelta(seconds=15)
-
-
-@dataclass(frozen=True)
-class _Node:
-    """One Redis server, with the scripts registered on it."""
-
-    redis: Redis
-    push: Script
-    live: Script
-    promote: Script
-    remove: Script
-    defer: Script
-
-    @classmethod
-    def on(cls, redis: Redis) -> _Node:
-        scripts = (PUSH_SCRIPT, LIVE_SCRIPT, PROMOTE_SCRIPT, REMOVE_SCRIPT, DEFER_SCRIPT)
-        return cls(redis, *(redis.register_script(script) for script in scripts))
-
-    @property
-    def label(self) -> str:
-        """Where the node is, without its password (for logs and metrics)."""
-        kwargs = self.redis.connection_pool.connection_kwargs
-        if "path" in kwargs:
-            return str(kwargs["path"])
-        return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+# What :meth:`Deliverer.job_state` reads of a job hash.
+JOB_FIELDS = ("status", "origin", "worker_name")
 
 
 class Deliverer:
@@ -123,14 +88,19 @@ class Deliverer:
     schedule is routed to — each queue on its Redis node (``nodes``: queue → client; every
     other queue on ``connection``).
 
-    With several nodes, one that fails does not stop the others: a push, a promotion, a
-    check of jobs, a count or a scan of waiting jobs goes on with the nodes that answer, logs
-    the one that did not and counts it in ``duejobs_redis_node_errors_total{node}``, and
-    raises only when every node it needed failed (a job on a failed node counts as not
-    live: no worker can take it). A job that could not be pushed is found missing by the
-    reconciler, which pushes it again once its node answers. A node that refuses connections
-    fails at once; one that hangs, after twice the clients' socket timeout (``REDIS_TIMEOUT``
-    of :mod:`duejobs.core`, 10 s, and one retry) — until then it delays the pass it is in."""
+    With several nodes, one that fails does not stop the others: every call that spans nodes
+    (a push, a promotion, a check of jobs, a count or a scan of waiting jobs) runs on each
+    node in that node's own threads, waits for each at most ``NODE_WAIT`` (1 s), and goes on
+    with the nodes that answered; a node that failed or did not answer is *down* and gets no
+    call at all until a probe finds it back (:mod:`~duejobs.delivery.nodes`). So a node that
+    is refused, or hangs, costs the others one wait of at most 1 s, once. A job for a node
+    that is down counts as not live (no worker can take it), and a push of rows all bound for
+    nodes that are down pushes nothing without failing: the scheduler marks those rows
+    pushed and goes on to the next batch, and the reconciler pushes them again once their node
+    answers. A call raises only when no node answered and the failure is the caller's: the
+    only node failed, every node is down, or a node refused the call (an error that is not
+    an outage).
+    """
 
     def __init__(
         self,
@@ -143,20 +113,18 @@ class Deliverer:
         self._queues: dict[str, tuple[Queue, list[Any]]] = {}
         self._push_keys: dict[str, list[str]] = {}
         self._prefix = Job.redis_job_namespace_prefix
-        self._default = _Node.on(connection)
-        by_client = {id(connection): self._default}
-        self._homes = {
-            queue: by_client.setdefault(id(client), _Node.on(client))
-            for queue, client in (nodes or {}).items()
-        }
+        clients = {id(c): c for c in (connection, *(nodes or {}).values())}
+        by_client = {key: Node(client, threads=len(clients) > 1) for key, client in clients.items()}
+        self._default = by_client[id(connection)]
+        self._homes = {queue: by_client[id(client)] for queue, client in (nodes or {}).items()}
         self._nodes = list(by_client.values())
 
     def close(self) -> None:
         """Close the connections to every node."""
         for node in self._nodes:
-            node.redis.close()
+            node.close()
 
-    def _node(self, queue: str | None) -> _Node:
+    def _node(self, queue: str | None) -> Node:
         return self._homes.get(queue or self.queue.name, self._default)
 
     @property
@@ -183,21 +151,28 @@ class Deliverer:
             ]
         return self._push_keys[name]
 
-    def _each(self, nodes: Iterable[_Node], work: Callable[[_Node], T]) -> list[T]:
-        """``work`` on each node, going on past a node that fails (logged and counted);
-        raises the error when every node failed."""
+    def _each(self, nodes: Iterable[Node], work: Callable[[Node], T]) -> list[T]:
+        """``work`` on each node at once, going on past a node that fails or is down (see
+        :mod:`~duejobs.delivery.nodes`); raises only when no node answered and none of the
+        deliverer's nodes is up — with one node, when it failed."""
+        started = [(node, node.start(work)) for node in nodes]
+        deadline = time.monotonic() + NODE_WAIT
         done: list[T] = []
         failures: list[RedisError] = []
-        for node in nodes:
+        for node, future in started:
             try:
-                done.append(work(node))
+                done.append(node.finish(future, deadline))
             except RedisError as exc:
                 failures.append(exc)
-                NODE_ERRORS.labels(node.label).inc()
-                log.warning("Redis node %s failed (%s); the other nodes go on", node.label, exc)
-        if failures and not done:
+        if failures and not done and self._cannot_go_on(failures):
             raise failures[0]
         return done
+
+    def _cannot_go_on(self, failures: Sequence[RedisError]) -> bool:
+        """Whether the failures of a call no node answered are the caller's to handle: the
+        only node failed, every node is down, or a node refused the call (not an outage)."""
+        outages = all(isinstance(f, (ConnectionError, TimeoutError)) for f in failures)
+        return len(self._nodes) == 1 or not outages or all(node.down for node in self._nodes)
 
     @staticmethod
     def _constant_fields(queue: Queue) -> list[Any]:
@@ -230,7 +205,7 @@ class Deliverer:
             f'{delivery.attempt},"{delivery.tenant}"],{{}}]'
         )
 
-    def _queues_on(self, node: _Node) -> list[str]:
+    def _queues_on(self, node: Node) -> list[str]:
         """The queues on ``node``: those it is configured for, and every queue duejobs has
         pushed to there (a queue moved away keeps its leftovers promoted and counted)."""
         known = {m.decode() if isinstance(m, bytes) else m for m in node.redis.smembers(QUEUES_KEY)}
@@ -247,14 +222,14 @@ class Deliverer:
         """Push a batch, one round trip per queue it names: due ones (``due_at <= now``) onto
         their queue, the rest into its scheduled registry; due ones marked ``front`` go to the
         front of the queue, in the batch's order. ``now`` is the database clock."""
-        by_node: dict[int, tuple[_Node, dict[str, list[Push]]]] = {}
+        by_node: dict[int, tuple[Node, dict[str, list[Push]]]] = {}
         for p in pushes:
             name = p.delivery.queue or self.queue.name
             node = self._node(name)
             by_node.setdefault(id(node), (node, {}))[1].setdefault(name, []).append(p)
         stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
 
-        def push_on(node: _Node, by_queue: dict[str, list[Push]]) -> PushResult:
+        def push_on(node: Node, by_queue: dict[str, list[Push]]) -> PushResult:
             queued = deferred = present = 0
             created: set[str] = set()
             for name, batch in by_queue.items():
@@ -285,7 +260,7 @@ class Deliverer:
         up to ``limit`` per queue, on every node."""
         stamp = utcformat(datetime.now(UTC))
 
-        def promote_on(node: _Node) -> int:
+        def promote_on(node: Node) -> int:
             moved = 0
             for name in self._queues_on(node):
                 queue, _ = self._routed(name)
@@ -304,12 +279,12 @@ class Deliverer:
         [, its queue]) — to a worker, by the same test a push makes (one round trip per
         node; a job without a queue is looked for on the default queue's node)."""
         answers: list[bool] = [False] * len(jobs)  # a node that fails hands out nothing
-        by_node: dict[int, tuple[_Node, list[int]]] = {}
+        by_node: dict[int, tuple[Node, list[int]]] = {}
         for i, job in enumerate(jobs):
             node = self._node(job[3] if len(job) > 3 else None)
             by_node.setdefault(id(node), (node, []))[1].append(i)
 
-        def check_on(node: _Node) -> None:
+        def check_on(node: Node) -> None:
             indexes = by_node[id(node)][1]
             args: list[Any] = [
                 self._prefix,
@@ -330,8 +305,8 @@ class Deliverer:
         self, queue_job_id: str, due_at: datetime, stuck: bool, queue: str | None = None
     ) -> JobState:
         """One job as Redis holds it, and whether a worker can still take it (:meth:`live`)."""
-        redis = self._node(queue).redis
-        fields = redis.hmget(self._prefix + queue_job_id, "status", "origin", "worker_name")
+        key = self._prefix + queue_job_id
+        fields = self._node(queue).call(lambda node: node.redis.hmget(key, *JOB_FIELDS))
         status, origin, worker = (v.decode() if isinstance(v, bytes) else v for v in fields)
         (live,) = self.live([(queue_job_id, due_at, stuck, queue)])
         return JobState(status, origin, worker or None, live)
@@ -340,7 +315,7 @@ class Deliverer:
         """(jobs waiting on the queues, jobs in their scheduled registries), all queues of
         every node."""
 
-        def count_on(node: _Node) -> tuple[int, int]:
+        def count_on(node: Node) -> tuple[int, int]:
             names = self._queues_on(node)
             with node.redis.pipeline(transaction=False) as pipe:
                 for name in names:
@@ -354,32 +329,65 @@ class Deliverer:
 
     def waiting_job_ids(self, chunk: int = 1000) -> Iterator[list[str]]:
         """The ids of jobs waiting on the queues or in their scheduled registries, in chunks,
-        node by node (a node that fails is skipped, logged and counted; the error is raised
-        when every node failed)."""
+        node by node (a node that fails or is down is skipped; the error is raised when no
+        node could be read)."""
         failures: list[RedisError] = []
         for node in self._nodes:
             try:
                 yield from self._waiting_on(node, chunk)
             except RedisError as exc:
                 failures.append(exc)
-                NODE_ERRORS.labels(node.label).inc()
-                log.warning("Redis node %s failed (%s); its waiting jobs skipped", node.label, exc)
         if len(failures) == len(self._nodes):
             raise failures[0]
 
-    def _waiting_on(self, node: _Node, chunk: int) -> Iterator[list[str]]:
-        for name in self._queues_on(node):
-            for key, read in (
-                (self._routed(name)[0].key, node.redis.lrange),
-                (SCHEDULED_PREFIX + name, node.redis.zrange),
-            ):
-                start = 0
-                while True:
-                    ids = read(key, start, start + chunk - 1)
-                    if not ids:
-                        break
-                    yield [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
-                    start += chunk
+    def _waiting_on(self, node: Node, chunk: int) -> Iterator[list[str]]:
+        for name in node.call(self._queues_on):
+            yield from self._waiting_in(node, name, chunk)
+
+    def _waiting_in(self, node: Node, name: str, chunk: int) -> Iterator[list[str]]:
+        """The ids waiting on queue ``name`` of ``node``: its list, then its registry."""
+        for key, read in (
+            (self._routed(name)[0].key, node.redis.lrange),
+            (SCHEDULED_PREFIX + name, node.redis.zrange),
+        ):
+            start = 0
+            while True:
+                ids = node.call(_reading(read, key, start, start + chunk - 1))
+                if not ids:
+                    break
+                yield [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+                start += chunk
+
+    def home_of(self, queue: str) -> str:
+        """Where ``queue`` lives now (its node's address, no password)."""
+        return self._node(queue).label
+
+    def left_behind(self, redis: Redis, chunk: int = 1000) -> dict[str, list[str]]:
+        """The jobs waiting on the node ``redis`` (its queue lists and scheduled registries)
+        of each duejobs queue that lives on another node now: what a queue that moved left
+        behind. Nothing of a queue that still lives there."""
+        here = Node(redis, threads=False)
+        found: dict[str, list[str]] = {}
+        for name in self._queues_on(here):
+            if self._node(name).label == here.label:
+                continue
+            ids = [i for part in self._waiting_in(here, name, chunk) for i in part]
+            if ids:
+                found[name] = ids
+        return found
+
+    def take_off(self, redis: Redis, queue: str, job_ids: Sequence[str]) -> int:
+        """Take the waiting jobs ``job_ids`` off ``queue`` on the node ``redis`` (a worker
+        there that started one keeps it); how many were still waiting."""
+        keys = [self._routed(queue)[0].key, SCHEDULED_PREFIX + queue]
+        return int(redis.eval(TAKE_OFF_SCRIPT, 0, self._prefix, *keys, *job_ids))
+
+    def started_on(self, redis: Redis) -> int:
+        """Jobs of duejobs' queues that workers on the node ``redis`` have started and not
+        finished."""
+        here = Node(redis, threads=False)
+        names = self._queues_on(here)
+        return sum(redis.zcard(self._routed(n)[0].started_job_registry.key) for n in names)
 
     def defer(self, queue_job_id: str, due_at: datetime, queue: str | None = None) -> bool:
         """Put a job that just ran back into its queue's scheduled registry for ``due_at``.
@@ -387,10 +395,9 @@ class Deliverer:
         For a delivery that came too early: its job keeps its id (the row still names it), so
         nothing can push a second one. Called after RQ has finished with the job.
         """
-        deferred = self._node(queue).defer(
-            keys=[SCHEDULED_PREFIX + (queue or self.queue.name)],
-            args=[self._prefix + queue_job_id, queue_job_id, due_at.timestamp()],
-        )
+        keys = [SCHEDULED_PREFIX + (queue or self.queue.name)]
+        args: list[Any] = [self._prefix + queue_job_id, queue_job_id, due_at.timestamp()]
+        deferred = self._node(queue).call(lambda node: node.defer(keys=keys, args=args))
         return bool(deferred)
 
     def remove(self, queue_job_id: str, queue: str | None = None) -> bool:
@@ -405,3 +412,10 @@ class Deliverer:
         ]
         nodes = [self._node(queue)] if queue is not None else self._nodes
         return any(self._each(nodes, lambda node: bool(node.remove(keys=[], args=args))))
+
+
+def _reading(
+    read: Callable[[str, int, int], list[Any]], key: str, start: int, end: int
+) -> Callable[[Node], list[Any]]:
+    """A range read of ``key``, as a call to its node."""
+    return lambda _node: read(key, start, end)

@@ -22,7 +22,6 @@ from duejobs.store.partitions import (
     carry_rights,
     drop_foreign_keys_to,
     ident,
-    on_each,
     table_rights,
 )
 
@@ -79,14 +78,7 @@ def mirror(conn: Connection, staging: str) -> None:
     their staging copies, in the same transaction: an insert or update as an upsert by
     primary key, a delete as a delete. The four tables are locked first, in one statement,
     waiting at most :data:`BRIEF_LOCK_TIMEOUT` for each (see :func:`swap`)."""
-    run(conn, "set_lock_timeout", {"timeout": BRIEF_LOCK_TIMEOUT})
-    run_composed(
-        conn,
-        "lock_for_mirror",
-        pgsql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(
-            pgsql.SQL(", ").join(ident(conn, table) for table in PARTITIONED)
-        ),
-    )
+    _lock_sources(conn, "lock_for_mirror", "SHARE ROW EXCLUSIVE")
     for table in PARTITIONED:
         columns = _columns(conn, table)
         keys = _key_columns(conn, table)
@@ -144,8 +136,33 @@ def conversion_left(conn: Connection, staging: str) -> bool:
 
 
 def unmirror(conn: Connection) -> None:
-    """Remove the mirroring triggers from the source tables (``conn``'s schema), if any."""
-    on_each(conn, "unmirror", "DROP TRIGGER IF EXISTS duejobs_mirror ON {}")
+    """Remove the mirroring triggers from the source tables (``conn``'s schema), if any.
+    With none there, nothing is locked (a conversion starting, or one that failed before its
+    mirror, holds no writer up); else the four tables are locked first, in one statement,
+    waiting at most :data:`BRIEF_LOCK_TIMEOUT` for each (see :func:`swap`)."""
+    row = run_one(conn, "mirrored", {"schema": schema_of(conn)})
+    if row is None or not row.mirrored:
+        return
+    _lock_sources(conn, "unmirror", "ACCESS EXCLUSIVE")
+    for table in PARTITIONED:
+        run_composed(
+            conn,
+            "unmirror",
+            pgsql.SQL("DROP TRIGGER IF EXISTS duejobs_mirror ON {}").format(ident(conn, table)),
+        )
+
+
+def _lock_sources(conn: Connection, what: str, mode: str) -> None:
+    """Lock the four source tables in ``mode``, in one statement, waiting at most
+    :data:`BRIEF_LOCK_TIMEOUT` for each."""
+    run(conn, "set_lock_timeout", {"timeout": BRIEF_LOCK_TIMEOUT})
+    run_composed(
+        conn,
+        what,
+        pgsql.SQL("LOCK TABLE {} IN " + mode + " MODE").format(
+            pgsql.SQL(", ").join(ident(conn, table) for table in PARTITIONED)
+        ),
+    )
 
 
 def copy_batch(

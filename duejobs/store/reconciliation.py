@@ -45,6 +45,15 @@ def window_page(
     return [WindowRow.of(r, was_pushed=r.was_pushed) for r in rows]
 
 
+def pending_deliveries(conn: Connection, jobs: Sequence[tuple[str, uuid.UUID]]) -> list[Delivery]:
+    """Of the queue jobs ``jobs`` — (job id, its schedule id) — those whose schedule is
+    ``scheduled`` and still names that job: the deliveries they stand for."""
+    if not jobs:
+        return []
+    params = {"ids": [s for _, s in jobs], "jobs": [j for j, _ in jobs]}
+    return [Delivery.of(r) for r in run(conn, "pending_deliveries", params)]
+
+
 def record_repushed(conn: Connection, rows: Sequence[WindowRow]) -> None:
     """History for rows whose queue job had vanished and was pushed again."""
     if rows:

@@ -185,6 +185,15 @@ SELECT EXISTS (SELECT 1 FROM scheduled_jobs WHERE id >= :low AND id < :high)
     OR EXISTS (SELECT 1 FROM scheduled_job_results
                WHERE schedule_id >= :low AND schedule_id < :high) AS present
 
+-- name: mirrored
+-- Whether mirroring triggers sit on the source tables of :schema.
+SELECT EXISTS (
+    SELECT 1 FROM pg_trigger t
+    JOIN pg_class c ON c.oid = t.tgrelid
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE t.tgname = 'duejobs_mirror' AND n.nspname = :schema
+) AS mirrored
+
 -- name: conversion_left
 -- What a conversion stopped from outside leaves: mirroring triggers on the source tables of
 -- :schema, or its staging schema.

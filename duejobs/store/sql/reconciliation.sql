@@ -95,3 +95,11 @@ SELECT queue_job_id, due_at,
        due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck, queue
 FROM scheduled_jobs WHERE status = 'scheduled' AND {{tenant_filter}}
   AND due_at <= statement_timestamp() ORDER BY due_at LIMIT :limit
+
+-- name: pending_deliveries
+-- The scheduled rows of :ids (schedule ids) whose recorded queue job is still one of :jobs:
+-- the deliveries a job left on a node its queue moved off still stands for.
+SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at, s.queue, s.queue_job_id
+FROM scheduled_jobs s
+WHERE s.id = ANY(CAST(:ids AS uuid[])) AND s.status = 'scheduled'
+  AND s.queue_job_id = ANY(CAST(:jobs AS text[]))

@@ -1,0 +1,88 @@
+"""Draining a Redis node that queues moved off (``duejobs nodes drain URL``).
+
+When ``DUEJOBS_REDIS_NODES`` moves a queue to another node, the jobs already waiting for it
+on the old node (its list and its scheduled registry) stay there: nothing promotes or serves
+a node the configuration no longer names. :func:`drain_node` moves them: for each queue found
+on the node at ``url`` that lives on another node now, it reads the waiting ids, pushes the
+deliveries they still stand for onto the queue's node — under the same deterministic ids, so
+a job already there is left alone — and only then takes the old copies off. A job whose
+schedule has finished, been cancelled or changed since (an orphan) is taken off alone.
+
+What it promises: nothing is taken off the old node before its delivery is on the new one
+(a push that does not reach the new node stops the drain with an error, the old copies left
+where they are); nothing runs twice — a worker still serving the old node that takes a job
+meanwhile runs it, and the copy on the new node is skipped by the worker's claim (one attempt
+per delivery); the queues that still live on that node are not touched, so a node that stays
+configured for other queues can be drained of the ones that left it.
+
+What it does not do: stop the old node's workers. A job they have started runs to its end
+there; :class:`DrainResult` says how many, and those workers may stop once it is 0. Safe to
+run again: a node with nothing left behind is reported empty.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from duejobs import store
+from duejobs.core import HasCore, redis_client
+from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
+from duejobs.delivery.nodes import NodeDown, node_label
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    """What one drain did on one node."""
+
+    node: str  # its address, without a password
+    found: dict[str, int]  # jobs left behind, by queue
+    moved: int  # deliveries pushed onto their queue's node (or found there already)
+    dropped: int  # jobs whose schedule no longer needed them, taken off alone
+    taken_off: int  # jobs taken off the old node (moved or dropped)
+    started: int  # jobs workers on the old node have started and not finished
+
+
+def drain_node(app: HasCore, url: str, chunk: int = 1000) -> DrainResult:
+    """Move what queues that left the node at ``url`` left behind onto their nodes now
+    (see the module docstring)."""
+    core = app.core
+    deliverer = core.deliverer()
+    old = redis_client(url, connections=2)
+    try:
+        left = deliverer.left_behind(old, chunk)
+        moved = dropped = taken = 0
+        for queue, ids in left.items():
+            for start in range(0, len(ids), chunk):
+                part = ids[start : start + chunk]
+                pushed = _push_home(app, part)
+                taken += deliverer.take_off(old, queue, part)
+                moved += pushed
+                dropped += len(part) - pushed
+        started = deliverer.started_on(old)
+        found = {queue: len(ids) for queue, ids in left.items()}
+        return DrainResult(node_label(old), found, moved, dropped, taken, started)
+    finally:
+        old.close()
+
+
+def _push_home(app: HasCore, job_ids: list[str]) -> int:
+    """Push the deliveries ``job_ids`` still stand for onto their queues' nodes; how many.
+    Raises when a node they go to is down: nothing may be taken off the old node then."""
+    core = app.core
+    deliverer = core.deliverer()
+    jobs: list[tuple[str, uuid.UUID]] = [
+        (job, parsed[0]) for job in job_ids if (parsed := parse_job_id(job)) is not None
+    ]
+    with core.engine.connect() as conn:
+        deliveries = store.pending_deliveries(conn, jobs)
+        now = store.database_now(conn)
+    stuck_since = now - STUCK_AFTER
+    pushed = deliverer.push([Push(d, stuck=d.when_due < stuck_since) for d in deliveries], now)
+    if pushed.queued + pushed.deferred + pushed.present < len(deliveries):
+        homes = sorted({deliverer.home_of(d.queue) for d in deliveries})
+        raise NodeDown(
+            f"a push to {', '.join(homes)} did not go through: nothing taken off the old node "
+            "in this batch; run the drain again once every node answers"
+        )
+    return len(deliveries)
