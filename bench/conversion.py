@@ -50,12 +50,12 @@ class Writer(threading.Thread):
         self.timings: list[tuple[float, float]] = []
         self.last: dict[str, str] = {}  # schedule id -> the status its last change left
         self.errors: list[BaseException] = []
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
         made: list[str] = []
         i = 0
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             i += 1
             started = time.perf_counter()
             try:
@@ -75,7 +75,7 @@ class Writer(threading.Thread):
             self.timings.append((time.perf_counter() - started, time.monotonic()))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(60)
 
 
@@ -147,7 +147,7 @@ def one_size(database_url: str, redis_url: str, rows: int) -> None:
             found = dict(
                 conn.execute(
                     text(
-                        "SELECT CAST(id AS text), status FROM scheduled_jobs "
+                        f"SELECT CAST(id AS text), status FROM {schema}.scheduled_jobs "
                         "WHERE id = ANY(CAST(:ids AS uuid[]))"
                     ),
                     {"ids": list(writer.last)},

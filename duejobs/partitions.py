@@ -309,9 +309,11 @@ def _copy(engine: Engine, staging: str, batch_size: int, report: Callable[[str],
     copied = 0
     for table in store.PARTITIONED:
         after, rows, batches = None, 0, 0
-        while True:
+        with engine.connect() as conn:
+            upto = store.last_key(conn, table)  # later rows: written since, mirrored already
+        while upto is not None:
             with engine.begin() as conn:
-                batch = store.copy_batch(conn, staging, table, after, batch_size)
+                batch = store.copy_batch(conn, staging, table, after, upto, batch_size)
             if batch is None:
                 break
             after, n = batch

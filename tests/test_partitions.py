@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import Connection, text
@@ -319,6 +320,39 @@ def test_the_conversion_copies_each_table_in_whole_batches(plain: App) -> None:
     }
     assert batches["scheduled_jobs"] <= 200 // 50 + 1, said
     assert batches["scheduled_job_events"] <= 400 // 50 + 1, said
+
+
+def test_the_copy_stops_at_the_rows_there_when_the_mirror_began(
+    plain: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer adds a schedule (and its events) before each batch of the copy: the copy
+    stops at the last key there was when the mirror began — what came later the mirror wrote
+    already — so the events take rows / 50 batches and every schedule ends up converted.
+    Seen failing when the copy read on until a batch came back empty: it chased the writer
+    down the table, one small batch per write (20 batches of schedules for 4 of rows), and a
+    writer that never paused would have kept it copying for good."""
+    ids = plain.schedule_many([ScheduleRequest("record", {}, delay=3600) for _ in range(200)])
+    for made in ids:
+        plain.reschedule(made, delay=7200)
+    copy_batch = store.copy_batch
+    written: list[uuid.UUID] = []
+
+    def writing_between_batches(*args: Any) -> Any:
+        if len(written) < 20:
+            written.append(plain.schedule("record", {}, delay=3600).id)
+        return copy_batch(*args)
+
+    monkeypatch.setattr(store, "copy_batch", writing_between_batches)
+    said: list[str] = []
+    convert(plain.engine, DAILY, batch_size=50, report=said.append)
+    batches = {
+        table: int(n)
+        for table, n in re.findall(r"^(\w+): copied .* in (\d+) batches", "\n".join(said), re.M)
+    }
+    assert batches["scheduled_jobs"] <= 200 // 50 + 1, said
+    assert batches["scheduled_job_events"] <= 400 // 50 + 1, said
+    assert len(written) > 10, written  # writes came during the copy of every table
+    assert _rows(plain, "scheduled_jobs", [*ids, *written]) == 200 + len(written)
 
 
 _KILLED_CONVERSION = """

@@ -165,26 +165,52 @@ def _lock_sources(conn: Connection, what: str, mode: str) -> None:
     )
 
 
+def _descending(keys: list[str]) -> pgsql.Composed:
+    """``ORDER BY`` the whole key, greatest first (every column descending)."""
+    return pgsql.SQL(", ").join(pgsql.SQL("{} DESC").format(pgsql.Identifier(k)) for k in keys)
+
+
+def last_key(conn: Connection, table: str) -> tuple[Any, ...] | None:
+    """The greatest primary key of ``table`` now (None: empty). Read once the mirror is in
+    place, it bounds the copy: a row with a greater key was written since, and the mirror
+    wrote it already."""
+    names = _key_columns(conn, table)
+    statement = pgsql.SQL("SELECT {keys} FROM {source} ORDER BY {descending} LIMIT 1").format(
+        keys=pgsql.SQL(", ").join(map(pgsql.Identifier, names)),
+        source=ident(conn, table),
+        descending=_descending(names),
+    )
+    rows = run_composed(conn, "last_key", statement)
+    return tuple(rows[0]) if rows else None
+
+
 def copy_batch(
-    conn: Connection, staging: str, table: str, after: tuple[Any, ...] | None, limit: int
+    conn: Connection,
+    staging: str,
+    table: str,
+    after: tuple[Any, ...] | None,
+    upto: tuple[Any, ...],
+    limit: int,
 ) -> tuple[tuple[Any, ...], int] | None:
-    """Copy the next ``limit`` rows of ``table`` (by primary key, after ``after``) into its
-    staging copy, leaving alone a row the mirror wrote already (it is newer); the last key
-    read and how many rows were read, or None once there are no more. Each row is locked
-    ``FOR KEY SHARE`` while it is copied, so a delete of it (which the mirror carries over)
-    waits for the copy."""
+    """Copy the next ``limit`` rows of ``table`` (by primary key, after ``after``, up to
+    ``upto`` included) into its staging copy, leaving alone a row the mirror wrote already (it
+    is newer); the last key read and how many rows were read, or None once there are no more.
+    Each row is locked ``FOR KEY SHARE`` while it is copied, so a delete of it (which the
+    mirror carries over) waits for the copy."""
     keys = _key_columns(conn, table)
     columns = pgsql.SQL(", ").join(map(pgsql.Identifier, _columns(conn, table)))
     key_list = pgsql.SQL(", ").join(map(pgsql.Identifier, keys))
-    after_sql: pgsql.SQL | pgsql.Composed = pgsql.SQL("true")
+
+    def row(values: tuple[Any, ...]) -> pgsql.Composed:
+        return pgsql.SQL(", ").join(map(pgsql.Literal, values))
+
+    bounds = pgsql.SQL("({}) <= ({})").format(key_list, row(upto))
     if after is not None:
-        after_sql = pgsql.SQL("({}) > ({})").format(
-            key_list, pgsql.SQL(", ").join(map(pgsql.Literal, after))
-        )
+        bounds = pgsql.SQL("({}) > ({}) AND {}").format(key_list, row(after), bounds)
     statement = pgsql.SQL(
         """
 WITH batch AS (
-    SELECT {columns} FROM {source} WHERE {after} ORDER BY {keys} LIMIT {limit} FOR KEY SHARE
+    SELECT {columns} FROM {source} WHERE {bounds} ORDER BY {keys} LIMIT {limit} FOR KEY SHARE
 ), copied AS (
     INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE
     SELECT {columns} FROM batch ON CONFLICT DO NOTHING
@@ -195,12 +221,10 @@ SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys_descending} LIMIT
         columns=columns,
         source=ident(conn, table),
         target=pgsql.Identifier(staging, table),
-        after=after_sql,
+        bounds=bounds,
         keys=key_list,
         # every column of the key descending: the batch's last key, where the next resumes
-        keys_descending=pgsql.SQL(", ").join(
-            pgsql.SQL("{} DESC").format(pgsql.Identifier(k)) for k in keys
-        ),
+        keys_descending=_descending(keys),
         limit=pgsql.Literal(limit),
     )
     rows = run_composed(conn, "copy_batch", statement)
