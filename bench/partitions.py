@@ -8,7 +8,7 @@ and an attempt, as a delivered schedule leaves — and, before each round's clai
 schemas taking turns within a round (a neighbour's burst on a shared machine falls on both):
 
 * claim — the scheduler's passes until PART_DUE due rows are claimed and pushed (batches of
-  1,000); the partitioned schema's rows/s beside the plain one's. Target: >= 0.8x.
+  1,000); the partitioned schema's rows/s beside the plain one's. Target: >= 0.9x.
 * retention — ``duejobs prune`` with a horizon one period later at each round (PART_DAYS
   less one, two, three periods): in partitioned mode the range the horizon has just passed
   dropped whole, in the plain schema the same rows deleted in batches of 1,000; the schedules
@@ -100,6 +100,12 @@ def _fill(app: App, schema: str, partitioned: bool) -> None:
         )
         for statement in HISTORY.format(schema=schema).split(";"):
             conn.execute(text(statement))
+    # Settled as a table in service is: visibility map set, statistics current. Measured
+    # straight after the fill instead, the first rounds ran beside autovacuum's first passes
+    # over the new rows (more tables in partitioned mode, so more of them).
+    with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        for table in ("scheduled_jobs", "scheduled_job_events", "scheduled_job_attempts"):
+            conn.execute(text(f"VACUUM (ANALYZE) {schema}.{table}"))
 
 
 def _due(app: App, schema: str, round_: int) -> None:
@@ -168,7 +174,9 @@ def _rounds(apps: dict[str, App]) -> dict[str, dict[str, list[float]]]:
     rates: dict[str, dict[str, list[float]]] = {s: {} for s in apps}
     order = list(apps)
     for operation in ("claim", "retention", "bulk"):
-        for round_ in range(ROUNDS):
+        # Each retention round drops the next period's range: the history holds so many.
+        rounds = min(ROUNDS, DAYS // PERIOD.days - 1) if operation == "retention" else ROUNDS
+        for round_ in range(rounds):
             for schema in order if round_ % 2 == 0 else order[::-1]:
                 app = apps[schema]
                 if operation == "claim":
@@ -181,6 +189,12 @@ def _rounds(apps: dict[str, App]) -> dict[str, dict[str, list[float]]]:
                 else:
                     rate = _bulk_rate(app, round_ + 1)
                 rates[schema].setdefault(operation, []).append(rate)
+            plain, parted = rates["plain"][operation][-1], rates["parted"][operation][-1]
+            print(
+                f"  {operation} round {round_ + 1}: partitioned {parted:,.0f}/s, "
+                f"plain {plain:,.0f}/s ({parted / plain:.2f}x)",
+                flush=True,
+            )
     return rates
 
 
@@ -211,11 +225,12 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
             parted["claim"],
             plain["claim"],
             "rows/s",
-            ">= 0.8x the plain schema",
-            parted["claim"] >= 0.8 * plain["claim"],
+            ">= 0.9x the plain schema",
+            parted["claim"] >= 0.9 * plain["claim"],
         ),
         Figure(
-            f"partitioned: retention, {dropped} ranges dropped in {ROUNDS} passes (prune beside)",
+            f"partitioned: retention, {dropped} ranges dropped in "
+            f"{len(rates['parted']['retention'])} passes (prune beside)",
             parted["retention"],
             plain["retention"],
             "rows/s",

@@ -50,17 +50,20 @@ def drain_node(app: HasCore, url: str, chunk: int = 1000) -> DrainResult:
     deliverer = core.deliverer()
     old = redis_client(url, connections=2)
     try:
-        left = deliverer.left_behind(old, chunk)
+        moved_off = deliverer.moved_off(old)
+        found: dict[str, int] = {}
         moved = dropped = taken = 0
-        for queue, ids in left.items():
+        for queue in moved_off:
+            ids = deliverer.waiting_in(old, queue, chunk)
+            if ids:
+                found[queue] = len(ids)
             for start in range(0, len(ids), chunk):
                 part = ids[start : start + chunk]
                 pushed = _push_home(app, part)
                 taken += deliverer.take_off(old, queue, part)
                 moved += pushed
                 dropped += len(part) - pushed
-        started = deliverer.started_on(old)
-        found = {queue: len(ids) for queue, ids in left.items()}
+        started = deliverer.started_in(old, moved_off)
         return DrainResult(node_label(old), found, moved, dropped, taken, started)
     finally:
         old.close()

@@ -328,14 +328,23 @@ def _in_turns(
 ) -> None:
     """``step`` in a transaction of its own, again while it finds the source tables busy: it
     waits at most 100 ms for each of its six locks, under PostgreSQL's 1 s deadlock check, so a
-    writer it holds up is never the transaction that check ends (up to SWAP_ATTEMPTS)."""
+    writer it holds up is never the transaction that check ends (up to SWAP_ATTEMPTS). When
+    an autovacuum worker is what holds the tables, the next attempt first waits it out in a
+    mode no write or read conflicts with (:func:`duejobs.store.wait_out_autovacuum`): on a
+    filled table that worker can run for minutes, longer than every brief attempt together."""
+    vacuumed: list[str] = []
     for attempt in range(1, SWAP_ATTEMPTS + 1):
         try:
             with engine.begin() as conn:
+                if vacuumed:
+                    store.wait_out_autovacuum(conn, vacuumed)
                 step(conn)
             return
         except OperationalError as exc:
             if not store.is_lock_conflict(exc) or attempt == SWAP_ATTEMPTS:
                 raise
-            report(f"{what}: the tables are busy (attempt {attempt}); trying again")
-            time.sleep(min(attempt, 5))
+            with engine.connect() as conn:
+                vacuumed = store.autovacuumed(conn)
+            why = f"; autovacuum holds {', '.join(vacuumed)}: waiting it out" if vacuumed else ""
+            report(f"{what}: the tables are busy (attempt {attempt}){why}; trying again")
+            time.sleep(0.1 if vacuumed else min(attempt, 5))

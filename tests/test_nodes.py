@@ -506,6 +506,25 @@ def test_a_drain_whose_push_fails_takes_nothing_off_the_old_node(
     assert (_left(nodes[1], "b"), _left(nodes[2], "b")) == (0, 5)
 
 
+def test_a_drain_of_a_node_spelt_another_way_leaves_its_own_queues_alone(
+    spread: App, nodes: list[Node], spawn: Callable[..., Proc]
+) -> None:
+    """The default node named ``localhost`` where the configuration says ``127.0.0.1``: the
+    drain tells the servers apart by what they are, not by how their URLs are spelt, so the
+    queues that live there keep their jobs. Seen failing when queues were compared by the
+    address as spelt: every job of the default node was taken off."""
+    for queue in ("a", "b"):
+        spread.schedule("record", {}, delay=0, queue=queue)
+    Scheduler(spread).run_once()
+    env = {
+        "DUEJOBS_REDIS_URL": nodes[0].url,
+        "DUEJOBS_REDIS_NODES": f"b={nodes[1].url},c={nodes[2].url}",
+    }
+    code, said = _drain_node(spawn, f"redis://localhost:{nodes[0].port}/0", env)
+    assert code == 0 and "nothing left behind" in said, said
+    assert _left(nodes[0], "a") == 1
+
+
 @pytest.mark.parametrize(
     ("spec", "named"),
     [

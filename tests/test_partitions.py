@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from duejobs import App, ScheduleRequest, store
+from duejobs import App, ScheduleRequest, partitions, store
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at, stamped, time_of
 from duejobs.partitions import convert, create_ahead, drop_behind
@@ -33,7 +33,7 @@ from duejobs.prune import PruneConfig, Pruner
 from duejobs.reconcile import Reconciler
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
 from tests.apps import register
-from tests.conftest import ROOT, full_scans, reads_index, sample
+from tests.conftest import ROOT, full_scans, reads_index, sample, wait_for
 
 DAILY = Partitioning(timedelta(days=1), 2)
 
@@ -304,22 +304,31 @@ def test_a_filled_schema_moves_to_partitioned_mode_while_it_is_written(plain: Ap
     assert not again.created or expected[made[1]][0] == "cancelled"
 
 
+def _converted_in_batches_of_50(app: App) -> dict[str, int]:
+    """Convert ``app``'s schema 50 rows a batch; each table's batches, as reported."""
+    said: list[str] = []
+    convert(app.engine, DAILY, batch_size=50, report=said.append)
+    found = re.findall(r"^(\w+): copied .* in (\d+) batches", "\n".join(said), re.M)
+    return {table: int(n) for table, n in found}
+
+
+def _rescheduled_once(app: App, n: int) -> list[uuid.UUID]:
+    """``n`` schedules, each rescheduled once: two events each."""
+    ids = app.schedule_many([ScheduleRequest("record", {}, delay=3600) for _ in range(n)])
+    for made in ids:
+        app.reschedule(made, delay=7200)
+    return ids
+
+
 def test_the_conversion_copies_each_table_in_whole_batches(plain: App) -> None:
     """200 schedules, each rescheduled once (400 events, keyed by schedule and id), copied
     50 rows a batch: every table in about rows / 50 batches. Seen failing when the copy
     resumed from its batch's last key sorted descending on the key's last column only: the
     events advanced by one schedule a batch (201 batches)."""
-    ids = plain.schedule_many([ScheduleRequest("record", {}, delay=3600) for _ in range(200)])
-    for made in ids:
-        plain.reschedule(made, delay=7200)
-    said: list[str] = []
-    convert(plain.engine, DAILY, batch_size=50, report=said.append)
-    batches = {
-        table: int(n)
-        for table, n in re.findall(r"^(\w+): copied .* in (\d+) batches", "\n".join(said), re.M)
-    }
-    assert batches["scheduled_jobs"] <= 200 // 50 + 1, said
-    assert batches["scheduled_job_events"] <= 400 // 50 + 1, said
+    _rescheduled_once(plain, 200)
+    batches = _converted_in_batches_of_50(plain)
+    assert batches["scheduled_jobs"] <= 200 // 50 + 1, batches
+    assert batches["scheduled_job_events"] <= 400 // 50 + 1, batches
 
 
 def test_the_copy_stops_at_the_rows_there_when_the_mirror_began(
@@ -327,13 +336,11 @@ def test_the_copy_stops_at_the_rows_there_when_the_mirror_began(
 ) -> None:
     """A writer adds a schedule (and its events) before each batch of the copy: the copy
     stops at the last key there was when the mirror began — what came later the mirror wrote
-    already — so the events take rows / 50 batches and every schedule ends up converted.
+    already — so each table takes rows / 50 batches and every schedule ends up converted.
     Seen failing when the copy read on until a batch came back empty: it chased the writer
     down the table, one small batch per write (20 batches of schedules for 4 of rows), and a
     writer that never paused would have kept it copying for good."""
-    ids = plain.schedule_many([ScheduleRequest("record", {}, delay=3600) for _ in range(200)])
-    for made in ids:
-        plain.reschedule(made, delay=7200)
+    ids = _rescheduled_once(plain, 200)
     copy_batch = store.copy_batch
     written: list[uuid.UUID] = []
 
@@ -343,16 +350,67 @@ def test_the_copy_stops_at_the_rows_there_when_the_mirror_began(
         return copy_batch(*args)
 
     monkeypatch.setattr(store, "copy_batch", writing_between_batches)
-    said: list[str] = []
-    convert(plain.engine, DAILY, batch_size=50, report=said.append)
-    batches = {
-        table: int(n)
-        for table, n in re.findall(r"^(\w+): copied .* in (\d+) batches", "\n".join(said), re.M)
-    }
-    assert batches["scheduled_jobs"] <= 200 // 50 + 1, said
-    assert batches["scheduled_job_events"] <= 400 // 50 + 1, said
+    batches = _converted_in_batches_of_50(plain)
+    assert batches["scheduled_jobs"] <= 200 // 50 + 1, batches
+    assert batches["scheduled_job_events"] <= 400 // 50 + 1, batches
     assert len(written) > 10, written  # writes came during the copy of every table
     assert _rows(plain, "scheduled_jobs", [*ids, *written]) == 200 + len(written)
+
+
+@contextlib.contextmanager
+def _autovacuum_every_second(app: App) -> Iterator[None]:
+    """The server's autovacuum launcher waking every second (it wakes every minute by
+    default), for the time of a test; needs a superuser."""
+    with app.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if not conn.execute(
+            text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+        ).scalar():
+            pytest.skip("setting autovacuum_naptime needs a superuser")
+        conn.execute(text("ALTER SYSTEM SET autovacuum_naptime = '1s'"))
+        conn.execute(text("SELECT pg_reload_conf()"))
+        try:
+            yield
+        finally:
+            conn.execute(text("ALTER SYSTEM RESET autovacuum_naptime"))
+            conn.execute(text("SELECT pg_reload_conf()"))
+
+
+@pytest.mark.serial
+def test_a_conversion_gets_past_an_autovacuum_holding_its_tables(
+    plain: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An autovacuum worker crawls through ``scheduled_jobs`` (its cost limit set to the
+    least, so it runs for a minute) as the conversion comes: the brief lock wait gives up, the
+    next attempt first waits past PostgreSQL's deadlock check in a mode no write conflicts
+    with, which ends the autovacuum, and the conversion goes through within three attempts.
+    Seen failing when every attempt waited 100 ms: autovacuum yields only to a lock request
+    that waited ``deadlock_timeout``, so each attempt gave up while it ran. Serial: it changes
+    the server's autovacuum interval; about 12 s (waiting for the launcher to start the
+    worker, and the worker's first pages)."""
+    schema = plain.engine.get_execution_options()["duejobs_schema"]
+    plain.schedule_many([ScheduleRequest("record", {}, delay=3600) for _ in range(5000)])
+    with _tx(plain) as conn:
+        conn.execute(text(f"UPDATE {schema}.scheduled_jobs SET updated_at = now()"))
+        conn.execute(
+            text(
+                f"ALTER TABLE {schema}.scheduled_jobs SET (autovacuum_vacuum_threshold = 0, "
+                "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_cost_delay = 100, "
+                "autovacuum_vacuum_cost_limit = 1, autovacuum_enabled = true)"
+            )
+        )
+    monkeypatch.setattr(partitions, "SWAP_ATTEMPTS", 3)
+    said: list[str] = []
+    with _autovacuum_every_second(plain):
+
+        def vacuuming() -> bool:
+            with _tx(plain) as conn:
+                return "scheduled_jobs" in store.autovacuumed(conn)
+
+        wait_for(vacuuming, 60, "an autovacuum worker on the schedules")
+        convert(plain.engine, DAILY, batch_size=1000, report=said.append)
+    assert any("autovacuum holds scheduled_jobs" in line for line in said), said
+    with _tx(plain) as conn:
+        assert store.partitioning(conn) == DAILY
 
 
 _KILLED_CONVERSION = """
@@ -922,6 +980,39 @@ def test_the_cli_migrates_partitioned_and_shows_the_partitions(
     assert [p["name"] for p in shown["partitions"]][-1] == "scheduled_jobs_default"
     refused = cli("migrate", "--partitioned", "--partition-period", "90m")
     assert refused.returncode == 2 and "--partition-period" in refused.stderr
+
+
+def test_the_claims_count_of_a_tenants_due_rows_reads_its_own_index_on_a_busy_partition(
+    parted: App,
+) -> None:
+    """20,000 rows due now for ten tenants, all in the current partition: the claim's walk
+    counts each tenant's due rows on the per-tenant index, reading about the rows it counts.
+    Seen failing (`python -m bench.partitions` at a million rows, 0.85x the plain schema)
+    before the claim's transaction turned bitmap scans off and the count took the index's
+    order: on that partition the planner read the due_at index and filtered out the other
+    tenants' rows (9,000 a tenant at each batch), or read the tenant's rows by bitmap and
+    sorted them."""
+    with _tx(parted) as conn:
+        now = store.database_now(conn)
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, tenant, type, payload, run_at, due_at) "
+                "SELECT CAST(lpad(to_hex(CAST(extract(epoch FROM t) * 1000 AS bigint)), 12, '0') "
+                "       || '7' || substr(md5(g::text), 1, 19) AS uuid), 't' || (g % 10), 'x', "
+                "       '{}', t, t "
+                "FROM (SELECT g, CAST(:start AS timestamptz) + g * interval '3 ms' AS t "
+                "      FROM generate_series(1, 20000) g) AS rows"
+            ),
+            {"start": now - timedelta(minutes=1)},
+        )
+        conn.execute(text("ANALYZE scheduled_jobs"))
+        conn.execute(text(store.QUERIES["claim_plan"].sql))  # as the claim's transaction does
+        walk = text("EXPLAIN (ANALYZE) " + store.QUERIES["claim_walk"].sql)
+        params = {"window": timedelta(minutes=15), "limit": 1000, "after": "", "front_lane": 2}
+        plan = "\n".join(conn.execute(walk, params).scalars())
+    removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
+    assert sum(removed) < 100, plan
+    assert "Bitmap" not in plan and "claim_tenant_idx" in plan, plan
 
 
 @pytest.mark.slow

@@ -164,15 +164,19 @@ class Deliverer:
                 done.append(node.finish(future, deadline))
             except RedisError as exc:
                 failures.append(exc)
-        if failures and not done and self._cannot_go_on(failures):
+        if failures and not done and self._cannot_go_on(failures, len(started)):
             raise failures[0]
         return done
 
-    def _cannot_go_on(self, failures: Sequence[RedisError]) -> bool:
+    def _cannot_go_on(self, failures: Sequence[RedisError], called: int) -> bool:
         """Whether the failures of a call no node answered are the caller's to handle: the
-        only node failed, every node is down, or a node refused the call (not an outage)."""
+        only node failed, every node is down, or every node refused the call (an error that
+        is not an outage). A refusal by some of the nodes is logged and counted, and the
+        caller goes on (its rows there are the reconciler's, as a node down's are)."""
+        if len(self._nodes) == 1 or all(node.down for node in self._nodes):
+            return True
         outages = all(isinstance(f, (ConnectionError, TimeoutError)) for f in failures)
-        return len(self._nodes) == 1 or not outages or all(node.down for node in self._nodes)
+        return not outages and called == len(self._nodes)
 
     @staticmethod
     def _constant_fields(queue: Queue) -> list[Any]:
@@ -362,19 +366,26 @@ class Deliverer:
         """Where ``queue`` lives now (its node's address, no password)."""
         return self._node(queue).label
 
-    def left_behind(self, redis: Redis, chunk: int = 1000) -> dict[str, list[str]]:
-        """The jobs waiting on the node ``redis`` (its queue lists and scheduled registries)
-        of each duejobs queue that lives on another node now: what a queue that moved left
-        behind. Nothing of a queue that still lives there."""
+    def moved_off(self, redis: Redis) -> list[str]:
+        """The duejobs queues on the node ``redis`` that live on another node now, told by
+        the servers themselves (run id and database), however their URLs are spelt. Raises
+        when a queue's node does not answer: whether it is that same server cannot be told."""
         here = Node(redis, threads=False)
-        found: dict[str, list[str]] = {}
+        this = _server_of(redis)
+        homes: dict[int, tuple[str, int]] = {}
+        moved = []
         for name in self._queues_on(here):
-            if self._node(name).label == here.label:
-                continue
-            ids = [i for part in self._waiting_in(here, name, chunk) for i in part]
-            if ids:
-                found[name] = ids
-        return found
+            home = self._node(name)
+            if id(home) not in homes:
+                homes[id(home)] = home.call(lambda node: _server_of(node.redis))
+            if homes[id(home)] != this:
+                moved.append(name)
+        return moved
+
+    def waiting_in(self, redis: Redis, queue: str, chunk: int = 1000) -> list[str]:
+        """The ids waiting on ``queue`` of the node ``redis``: its list, then its registry."""
+        here = Node(redis, threads=False)
+        return [i for part in self._waiting_in(here, queue, chunk) for i in part]
 
     def take_off(self, redis: Redis, queue: str, job_ids: Sequence[str]) -> int:
         """Take the waiting jobs ``job_ids`` off ``queue`` on the node ``redis`` (a worker
@@ -382,12 +393,12 @@ class Deliverer:
         keys = [self._routed(queue)[0].key, SCHEDULED_PREFIX + queue]
         return int(redis.eval(TAKE_OFF_SCRIPT, 0, self._prefix, *keys, *job_ids))
 
-    def started_on(self, redis: Redis) -> int:
-        """Jobs of duejobs' queues that workers on the node ``redis`` have started and not
-        finished."""
-        here = Node(redis, threads=False)
-        names = self._queues_on(here)
-        return sum(redis.zcard(self._routed(n)[0].started_job_registry.key) for n in names)
+    def started_in(self, redis: Redis, queues: Sequence[str]) -> int:
+        """Jobs of ``queues`` that live workers on the node ``redis`` have started and not
+        finished (entries of a dead worker, past their expiry, left out)."""
+        now = redis.time()[0]
+        keys = [self._routed(name)[0].started_job_registry.key for name in queues]
+        return sum(int(redis.zcount(key, now, "+inf")) for key in keys)
 
     def defer(self, queue_job_id: str, due_at: datetime, queue: str | None = None) -> bool:
         """Put a job that just ran back into its queue's scheduled registry for ``due_at``.
@@ -412,6 +423,13 @@ class Deliverer:
         ]
         nodes = [self._node(queue)] if queue is not None else self._nodes
         return any(self._each(nodes, lambda node: bool(node.remove(keys=[], args=args))))
+
+
+def _server_of(redis: Redis) -> tuple[str, int]:
+    """Which server and database a client reaches: the server's run id, and the database."""
+    return str(redis.info("server")["run_id"]), int(
+        redis.connection_pool.connection_kwargs.get("db", 0)
+    )
 
 
 def _reading(

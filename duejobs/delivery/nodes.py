@@ -76,7 +76,7 @@ def node_label(redis: Redis) -> str:
     """Where a Redis client connects, without its password (for logs, metrics, messages)."""
     kwargs = redis.connection_pool.connection_kwargs
     if "path" in kwargs:
-        return str(kwargs["path"])
+        return f"{kwargs['path']}/{kwargs.get('db', 0)}"
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
@@ -130,7 +130,11 @@ class Node:
             NODE_ERRORS.labels(self.label).inc()
             future.set_exception(NodeDown(f"Redis node {self.label} is down"))
             return future
-        return self._lane.submit(work, self)
+        try:
+            return self._lane.submit(work, self)
+        except RuntimeError:  # closed: no call is made any more
+            future.set_exception(NodeDown(f"Redis node {self.label}: its client is closed"))
+            return future
 
     def finish(self, future: Future[T], deadline: float) -> T:
         """The answer of a call :meth:`start` made, waited for until ``deadline`` (a
@@ -140,6 +144,7 @@ class Node:
         except NodeDown:
             raise
         except FutureTimeout:
+            future.cancel()  # not started yet (behind a hung call): never sent
             error = NodeDown(f"Redis node {self.label} did not answer within {NODE_WAIT:g} s")
             self._went_down(error)
             raise error from None

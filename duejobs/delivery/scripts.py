@@ -163,13 +163,18 @@ return 0
 
 
 # Takes waiting jobs off a queue of a node the queue has left (``duejobs nodes drain``): each
-# id out of the queue list (ARGV[2]) and the scheduled registry (ARGV[3]), and its hash
+# id out of the scheduled registry (ARGV[3]) or the queue list (ARGV[2]: the first entry, a
+# job is there once; the list is not scanned for an id the registry held), and its hash
 # (prefix ARGV[1]) deleted unless a worker has started it. Returns how many ids were there.
 TAKE_OFF_SCRIPT = """
 local taken = 0
 for i = 4, #ARGV do
     local id = ARGV[i]
-    if redis.call('LREM', ARGV[2], 0, id) + redis.call('ZREM', ARGV[3], id) > 0 then
+    local n = redis.call('ZREM', ARGV[3], id)
+    if n == 0 then
+        n = redis.call('LREM', ARGV[2], 1, id)
+    end
+    if n > 0 then
         taken = taken + 1
         local status = redis.call('HGET', ARGV[1] .. id, 'status')
         if not status or status == 'queued' or status == 'scheduled' then

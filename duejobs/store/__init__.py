@@ -39,6 +39,8 @@ from duejobs.store.attempts import (
 from duejobs.store.bulk import insert_schedules
 from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
 from duejobs.store.conversion import (
+    BRIEF_LOCK_TIMEOUT,
+    autovacuumed,
     conversion_left,
     copy_batch,
     drop_schema,
@@ -49,6 +51,7 @@ from duejobs.store.conversion import (
     staging_schema,
     swap,
     unmirror,
+    wait_out_autovacuum,
 )
 from duejobs.store.execution import (
     AsyncDriver,
@@ -163,6 +166,7 @@ from duejobs.store.schedules import (
 from duejobs.store.testing import advance_live, empty_tables, next_due_in
 
 __all__ = [
+    "BRIEF_LOCK_TIMEOUT",
     "DEFAULT_QUOTA_TENANT",
     "FRAGMENTS",
     "PARTITIONED",
@@ -200,6 +204,7 @@ __all__ = [
     "advance_recurring",
     "advisory_lock",
     "attempts",
+    "autovacuumed",
     "bookkeeping_session",
     "bound_statements",
     "bounded_locks",
@@ -290,6 +295,7 @@ __all__ = [
     "try_session_lock",
     "unmirror",
     "use_schema",
+    "wait_out_autovacuum",
     "wal_position",
     "walk_tenants",
     "window_page",

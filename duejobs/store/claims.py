@@ -31,6 +31,7 @@ def walk_tenants(
     """The database clock, and up to ``limit`` tenants after ``after`` (in name order) with
     rows due within ``window`` waiting to be pushed (the query ``claim_walk``)."""
     params = {"window": window, "limit": limit, "after": after, "front_lane": front_lane}
+    run(conn, "claim_plan")
     walk = run(conn, "claim_walk", params)
     tenants = [
         TenantDue(w.tenant, w.due, w.cap, w.locked, w.inflight, w.sparse)

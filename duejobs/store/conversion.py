@@ -5,6 +5,7 @@ batches of what was there, then a swap in one short transaction (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -24,6 +25,11 @@ from duejobs.store.partitions import (
     ident,
     table_rights,
 )
+
+# How long the swap waits for each table's lock before it gives up and tries again.
+BRIEF_LOCK_TIMEOUT = "100ms"  # x the six tables locked: under the 1 s deadlock_timeout
+# The tables the swap locks, in the order statements take them (see :func:`swap`).
+LOCKED_BY_SWAP = ["recurring_schedules", *PARTITIONED, "scheduled_job_effects"]
 
 
 def staging_schema(schema: str) -> str:
@@ -234,8 +240,33 @@ SELECT {keys}, count(*) OVER () AS n FROM batch ORDER BY {keys_descending} LIMIT
     return tuple(last), int(n)
 
 
-# How long the swap waits for each table's lock before it gives up and tries again.
-BRIEF_LOCK_TIMEOUT = "100ms"  # x the six tables locked: under the 1 s deadlock_timeout
+def autovacuumed(conn: Connection) -> list[str]:
+    """The tables of ``conn``'s schema a conversion step locks that an autovacuum worker holds
+    now (one running to prevent wraparound left out: it yields to no one)."""
+    rows = run(conn, "autovacuumed_tables", {"schema": schema_of(conn), "names": LOCKED_BY_SWAP})
+    return [r.name for r in rows]
+
+
+def wait_out_autovacuum(conn: Connection, tables: Sequence[str]) -> None:
+    """Take ``tables`` in SHARE UPDATE EXCLUSIVE mode, waiting PostgreSQL's
+    ``deadlock_timeout`` and half a second: an autovacuum worker holding one yields to a
+    request that has waited ``deadlock_timeout`` (PostgreSQL ends it), and, held to the end
+    of the transaction, the lock keeps a new one off until the step that follows has locked
+    the tables.
+
+    Why: the steps' own waits (:data:`BRIEF_LOCK_TIMEOUT`) stay under ``deadlock_timeout``,
+    so that a writer they hold up is never the one the deadlock check ends; autovacuum never
+    yields to them, and on a filled table a vacuum or an analyze can run for minutes. This
+    mode conflicts with no write and no read, so the longer wait holds up no application's
+    statement, and the transaction holds nothing else while it waits."""
+    run(conn, "wait_past_deadlock_check")
+    run_composed(
+        conn,
+        "wait_out_autovacuum",
+        pgsql.SQL("LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE").format(
+            pgsql.SQL(", ").join(ident(conn, table) for table in tables)
+        ),
+    )
 
 
 def swap(conn: Connection, staging: str) -> None:
@@ -249,10 +280,11 @@ def swap(conn: Connection, staging: str) -> None:
     # schedule's row is locked). The first and the last lose a foreign key here. Each wait is
     # short (BRIEF_LOCK_TIMEOUT, under PostgreSQL's 1 s deadlock_timeout): a writer that takes
     # them in another order finds the swap given up, to try again, rather than its own
-    # transaction ended by the deadlock check.
+    # transaction ended by the deadlock check (an autovacuum in the way: see
+    # :func:`wait_out_autovacuum`).
     # One statement, so that no helper's own (longer) lock timeout applies to any of them.
     run(conn, "set_lock_timeout", {"timeout": BRIEF_LOCK_TIMEOUT})
-    locked = ["recurring_schedules", *PARTITIONED, "scheduled_job_effects"]
+    locked = LOCKED_BY_SWAP
     run_composed(
         conn,
         "lock_for_swap",

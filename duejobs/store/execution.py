@@ -409,8 +409,11 @@ def is_missing_table(exc: BaseException | None) -> bool:
 
 
 def is_statement_timeout(exc: BaseException | None) -> bool:
-    """Whether a driver error says a statement ran past its ``statement_timeout``."""
-    return isinstance(exc, psycopg.errors.QueryCanceled) and "statement timeout" in str(exc)
+    """Whether a driver error says a statement was stopped: past its ``statement_timeout``,
+    or cancelled (``pg_cancel_backend``). Both are SQLSTATE 57014; only the server's message
+    tells them apart, and it is translated under a non-English ``lc_messages``, so an
+    operator's read bounded by ``read_timeout`` reads a cancel as that bound."""
+    return isinstance(exc, psycopg.errors.QueryCanceled)
 
 
 def try_session_lock(conn: Connection, key: int) -> bool:

@@ -1,5 +1,16 @@
 -- The scheduler's claim: due rows shared fairly among tenants, under their in-flight caps.
 
+-- name: claim_plan
+-- For the claim's transaction (the walk, then the claim of the shares): no bitmap scan and no
+-- sort where an index gives the order. Every read of the claim takes a tenant's rows in
+-- (tenant, due_at) order, at most a batch of them, from the per-tenant index. On a partition
+-- that holds most of the due rows (the current one, in partitioned mode) the planner otherwise
+-- read a tenant's rows by bitmap, or its due_at index filtering out the other tenants', and
+-- sorted them: the walk took 5x its time at a million rows (30 ms against 5.4 ms; the plain
+-- schema's walk got faster too). tests/test_partitions.py pins the plan.
+SELECT set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
+       set_config('enable_sort', 'off', true) AS sort
+
 -- name: claim_walk
 -- First half of a claim: walk the tenants that have rows waiting to be pushed, in name order
 -- after a cursor, one index probe each (the recursion is evaluated only as far as the LIMIT
@@ -21,11 +32,14 @@ WITH RECURSIVE tenants (tenant) AS (
 ), capped AS (
     SELECT t.tenant, {{quota(max_inflight, t.tenant)}} AS cap
     FROM tenants t WHERE t.tenant IS NOT NULL
-), walked AS (
+), walked AS MATERIALIZED (  -- each tenant's count once (inlined, it ran twice: filter, output)
     SELECT p.tenant, p.cap,
            (SELECT count(*) FROM (
                 SELECT 1 FROM scheduled_jobs s
                 WHERE {{tenant_due(s, p.tenant, p.cap)}}
+                -- in the per-tenant index's order: on a partition holding most due rows the
+                -- planner would otherwise read its due_at index and filter out other tenants
+                ORDER BY s.tenant, s.due_at
                 LIMIT :limit) AS d) AS due
     FROM capped p
 ), picked AS (

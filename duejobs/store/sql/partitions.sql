@@ -185,6 +185,28 @@ SELECT EXISTS (SELECT 1 FROM scheduled_jobs WHERE id >= :low AND id < :high)
     OR EXISTS (SELECT 1 FROM scheduled_job_results
                WHERE schedule_id >= :low AND schedule_id < :high) AS present
 
+-- name: autovacuumed_tables
+-- Which of :names in :schema an autovacuum worker holds a lock on (a table's TOAST table held
+-- counts as the table), unless it runs to prevent wraparound (that one yields to no one).
+SELECT c.relname AS name
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = :schema AND c.relname = ANY(CAST(:names AS text[]))
+  AND EXISTS (
+      SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE l.locktype = 'relation' AND l.granted AND a.backend_type = 'autovacuum worker'
+        AND l.relation IN (c.oid, c.reltoastrelid)
+        AND a.query NOT LIKE '%to prevent wraparound%'
+  )
+ORDER BY c.relname
+
+-- name: wait_past_deadlock_check
+-- This transaction's lock waits: PostgreSQL's deadlock_timeout and half a second (autovacuum
+-- yields to a lock request that has waited deadlock_timeout).
+SELECT set_config('lock_timeout', CAST(CAST(extract(epoch FROM
+           CAST(current_setting('deadlock_timeout') AS interval)) * 1000 + 500 AS int) AS text)
+           || 'ms', true) AS lock_timeout
+
 -- name: mirrored
 -- Whether mirroring triggers sit on the source tables of :schema.
 SELECT EXISTS (
