@@ -792,10 +792,13 @@ def main(seeds: list[str]) -> int:
     outage_missed = False
     if nodes > 1:  # what one node down costs the queues on the others, as a figure
         from bench import node_outage
-        from bench.common import scratch_database
 
-        with scratch_database() as (database_url, _):
-            for figure in node_outage.run(database_url):
-                print(figure.line(), flush=True)
-                outage_missed |= not figure.ok
+        with tempfile.TemporaryDirectory(prefix="duejobs-outage-db-") as folder:
+            servers = Servers(Path(folder))  # a PostgreSQL of its own, as the seeds had
+            try:
+                for figure in node_outage.run(servers.database_url):
+                    print(figure.line(), flush=True)
+                    outage_missed |= not figure.ok
+            finally:
+                servers.stop()
     return 1 if bad or model_failed or outage_missed else 0
