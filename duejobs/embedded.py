@@ -228,6 +228,12 @@ class EmbeddedPostgres(EmbeddedServer):
                     "pip install 'duejobs[embedded]' or set the URL"
                 ) from exc
             server = get_server(self.folder / "data", cleanup_mode=None)
+            # pgserver keeps one handle per data folder for the life of the process and hands
+            # it back as it is: after this process stopped that server (stop, then start
+            # again), the handle still names the stopped one. Its start() starts a server
+            # that is not running and leaves a running one be.
+            if not store.server_answers(str(server.get_uri())):
+                server.start()
         url = str(server.get_uri())
         pid = server.get_pid()
         assert pid is not None

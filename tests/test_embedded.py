@@ -83,6 +83,21 @@ def test_embedded_servers_are_real_postgresql_and_redis(tmp_path: Path) -> None:
     assert _wait_gone(pids)
 
 
+def test_a_process_that_stopped_the_servers_starts_them_again(tmp_path: Path) -> None:
+    """Start, stop, start again in one process (a test run's fixtures, a bench's steps): the
+    second start serves a running PostgreSQL. Seen failing when the handle pgserver keeps
+    for a data folder (one per process) was taken as is: it still named the server stopped,
+    and the database could not be reached ("No such file" for its socket)."""
+    first = start_embedded(tmp_path)
+    first.stop()
+    second = start_embedded(tmp_path)
+    try:
+        with psycopg.connect(second.database_url, autocommit=True) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        second.stop()
+
+
 def test_a_second_process_reuses_the_running_servers(tmp_path: Path) -> None:
     proc, urls = _holder(tmp_path)
     services = start_embedded(tmp_path)
