@@ -39,10 +39,11 @@ each reconciler pass: below one period, the coming partitions are not being made
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -217,8 +218,9 @@ def convert(
        by the same migrations, with ranges from the oldest schedule's period on.
     2. Triggers on the four source tables make every later write the same write there (the
        tables locked at once, waiting at most 100 ms for each; tried again as the swap is).
-    3. The rows are copied in batches of ``batch_size``, each its own short transaction; a
-       row the triggers wrote already is left alone.
+    3. The rows there when the triggers began are copied in batches of ``batch_size``, each
+       its own short transaction, up to the greatest key there was then (later rows the
+       triggers wrote); a row the triggers wrote already is left alone.
     4. One short transaction locks the source tables (waiting at most 100 ms for each; tried
        again up to ``SWAP_ATTEMPTS`` times), drops them and moves the staging tables in.
 
@@ -227,15 +229,10 @@ def convert(
     midway, the source tables are as they were but for the triggers: running it again starts
     over, and :func:`abort_conversion` (``duejobs partitions --abort``) removes them and the
     staging schema. One conversion at a time (an advisory lock)."""
-    schema: str = engine.get_execution_options().get(store.SCHEMA_OPTION, "public")
+    schema = _schema_of(engine)
     staging = store.staging_schema(schema)
-    with engine.connect() as holder:
-        if not store.try_session_lock(holder, _CONVERT_LOCK):
-            raise PartitioningError("another conversion to partitioned mode is running")
-        try:
-            return _convert(engine, schema, staging, settings, batch_size, report)
-        finally:
-            store.session_unlock(holder, _CONVERT_LOCK)
+    with _alone(engine, "another conversion to partitioned mode is running"):
+        return _convert(engine, schema, staging, settings, batch_size, report)
 
 
 def abort_conversion(engine: Engine) -> bool:
@@ -244,18 +241,30 @@ def abort_conversion(engine: Engine) -> bool:
     which make every write pay for a copy, and the staging schema; whether there was any.
     Refused while a conversion runs (:class:`PartitioningError`). The source tables are as
     they were; converting again starts over."""
+    staging = store.staging_schema(_schema_of(engine))
+    with _alone(engine, "a conversion to partitioned mode is running: stop it first"):
+        with engine.connect() as conn:
+            left = store.conversion_left(conn, staging)
+        _remove_staging(engine, staging, lambda _: None)
+    return left
+
+
+def _schema_of(engine: Engine) -> str:
     schema: str = engine.get_execution_options().get(store.SCHEMA_OPTION, "public")
-    staging = store.staging_schema(schema)
+    return schema
+
+
+@contextlib.contextmanager
+def _alone(engine: Engine, refusal: str) -> Iterator[None]:
+    """The conversion's advisory lock held for the block: one conversion, or removal of one,
+    at a time (``refusal`` when another holds it)."""
     with engine.connect() as holder:
         if not store.try_session_lock(holder, _CONVERT_LOCK):
-            raise PartitioningError("a conversion to partitioned mode is running: stop it first")
+            raise PartitioningError(refusal)
         try:
-            with engine.connect() as conn:
-                left = store.conversion_left(conn, staging)
-            _remove_staging(engine, staging, lambda _: None)
+            yield
         finally:
             store.session_unlock(holder, _CONVERT_LOCK)
-    return left
 
 
 def _convert(

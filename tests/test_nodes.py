@@ -252,6 +252,23 @@ def test_a_batch_whose_rows_all_wait_on_a_down_node_holds_up_no_other_queue(
     assert _succeeded(spread) == 6
 
 
+def test_a_node_that_refuses_writes_holds_up_no_other_queue(spread: App, nodes: list[Node]) -> None:
+    """Node c answers but refuses every write (out of memory, no eviction), and the oldest
+    due rows are all c's: the batch that holds only them is logged and counted and the pass
+    goes on to queue a's row, instead of failing at every pass. Seen failing when a refusal
+    by the only node a batch needed failed the pass whatever the other nodes could do."""
+    for _ in range(2):
+        spread.schedule("record", {}, delay=0, queue="c")
+    spread.schedule("record", {}, delay=0, queue="a")
+    with nodes[2].client() as client:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1")
+    passed = Scheduler(spread, SchedulerConfig(batch_size=2, concurrency=1)).run_once()
+    assert passed.queued == 1
+    with nodes[0].client() as a:
+        assert a.llen("rq:queue:a") == 1
+
+
 def test_a_server_named_twice_is_one_node(database_url: str, nodes: list[Node], app: App) -> None:
     """The default node spelt differently in the node table: one node, counted once."""
     short = nodes[0].url.removesuffix("/0")

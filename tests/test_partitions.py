@@ -413,6 +413,30 @@ def test_a_conversion_gets_past_an_autovacuum_holding_its_tables(
         assert store.partitioning(conn) == DAILY
 
 
+def test_one_conversion_at_a_time_and_no_abort_while_one_runs(plain: App) -> None:
+    """While a conversion copies, a second conversion and ``partitions --abort`` are refused
+    with an error naming the running one, and the first goes through. Seen failing with the
+    advisory lock not taken: the abort removed the running conversion's triggers and
+    staging schema under it."""
+    plain.schedule("record", {}, delay=60)
+    refused: list[str] = []
+
+    def report(line: str) -> None:
+        if "mirrored" in line:  # under way: its triggers in place, the copy next
+            for attempt in (
+                lambda: convert(plain.engine, DAILY),
+                lambda: partitions.abort_conversion(plain.engine),
+            ):
+                with pytest.raises(PartitioningError, match="is running") as error:
+                    attempt()
+                refused.append(str(error.value))
+
+    convert(plain.engine, DAILY, batch_size=100, report=report)
+    assert len(refused) == 2, refused
+    with _tx(plain) as conn:
+        assert store.partitioning(conn) == DAILY
+
+
 _KILLED_CONVERSION = """
 import os, signal, sys
 from datetime import timedelta

@@ -5,7 +5,7 @@ batches of what was there, then a swap in one short transaction (see
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -84,7 +84,7 @@ def mirror(conn: Connection, staging: str) -> None:
     their staging copies, in the same transaction: an insert or update as an upsert by
     primary key, a delete as a delete. The four tables are locked first, in one statement,
     waiting at most :data:`BRIEF_LOCK_TIMEOUT` for each (see :func:`swap`)."""
-    _lock_sources(conn, "lock_for_mirror", "SHARE ROW EXCLUSIVE")
+    _lock_briefly(conn, "lock_for_mirror", PARTITIONED, "SHARE ROW EXCLUSIVE")
     for table in PARTITIONED:
         columns = _columns(conn, table)
         keys = _key_columns(conn, table)
@@ -149,7 +149,7 @@ def unmirror(conn: Connection) -> None:
     row = run_one(conn, "mirrored", {"schema": schema_of(conn)})
     if row is None or not row.mirrored:
         return
-    _lock_sources(conn, "unmirror", "ACCESS EXCLUSIVE")
+    _lock_briefly(conn, "unmirror", PARTITIONED, "ACCESS EXCLUSIVE")
     for table in PARTITIONED:
         run_composed(
             conn,
@@ -158,15 +158,19 @@ def unmirror(conn: Connection) -> None:
         )
 
 
-def _lock_sources(conn: Connection, what: str, mode: str) -> None:
-    """Lock the four source tables in ``mode``, in one statement, waiting at most
-    :data:`BRIEF_LOCK_TIMEOUT` for each."""
+def _lock_briefly(conn: Connection, what: str, tables: Iterable[str], mode: str) -> None:
+    """Lock ``tables`` in ``mode``, in one statement (so that no helper's own, longer, lock
+    timeout applies to any of them), waiting at most :data:`BRIEF_LOCK_TIMEOUT` for each."""
     run(conn, "set_lock_timeout", {"timeout": BRIEF_LOCK_TIMEOUT})
+    _lock(conn, what, tables, mode)
+
+
+def _lock(conn: Connection, what: str, tables: Iterable[str], mode: str) -> None:
     run_composed(
         conn,
         what,
         pgsql.SQL("LOCK TABLE {} IN " + mode + " MODE").format(
-            pgsql.SQL(", ").join(ident(conn, table) for table in PARTITIONED)
+            pgsql.SQL(", ").join(ident(conn, table) for table in tables)
         ),
     )
 
@@ -260,13 +264,7 @@ def wait_out_autovacuum(conn: Connection, tables: Sequence[str]) -> None:
     mode conflicts with no write and no read, so the longer wait holds up no application's
     statement, and the transaction holds nothing else while it waits."""
     run(conn, "wait_past_deadlock_check")
-    run_composed(
-        conn,
-        "wait_out_autovacuum",
-        pgsql.SQL("LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE").format(
-            pgsql.SQL(", ").join(ident(conn, table) for table in tables)
-        ),
-    )
+    _lock(conn, "wait_out_autovacuum", tables, "SHARE UPDATE EXCLUSIVE")
 
 
 def swap(conn: Connection, staging: str) -> None:
@@ -282,16 +280,7 @@ def swap(conn: Connection, staging: str) -> None:
     # them in another order finds the swap given up, to try again, rather than its own
     # transaction ended by the deadlock check (an autovacuum in the way: see
     # :func:`wait_out_autovacuum`).
-    # One statement, so that no helper's own (longer) lock timeout applies to any of them.
-    run(conn, "set_lock_timeout", {"timeout": BRIEF_LOCK_TIMEOUT})
-    locked = LOCKED_BY_SWAP
-    run_composed(
-        conn,
-        "lock_for_swap",
-        pgsql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
-            pgsql.SQL(", ").join(ident(conn, table) for table in locked)
-        ),
-    )
+    _lock_briefly(conn, "lock_for_swap", LOCKED_BY_SWAP, "ACCESS EXCLUSIVE")
     run(
         conn,
         "carry_identity",
