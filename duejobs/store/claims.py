@@ -1,5 +1,8 @@
 """The scheduler's claim, in two statements: the walk over tenants with due rows, then the
-claim of each one's share (how the batch is shared is the scheduler's decision)."""
+claim of each one's share (how the batch is shared is the scheduler's decision).
+
+Both run prepared, with their generic plan (the query ``claim_plan`` says why): planned once
+per connection, not at every batch."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def walk_tenants(
     rows due within ``window`` waiting to be pushed (the query ``claim_walk``)."""
     params = {"window": window, "limit": limit, "after": after, "front_lane": front_lane}
     run(conn, "claim_plan")
-    walk = run(conn, "claim_walk", params)
+    walk = run(conn, "claim_walk", params, prepare=True)
     tenants = [
         TenantDue(w.tenant, w.due, w.cap, w.locked, w.inflight, w.sparse)
         for w in walk
@@ -64,5 +67,6 @@ def claim_shares(
             "shares": [share for _, share, _ in shares],
             "caps": [cap for _, _, cap in shares],
         },
+        prepare=True,
     )
     return [ClaimedRow.of(r, turn=r.turn) for r in rows]

@@ -186,8 +186,8 @@ class _AwaitedCursor:
     def rowcount(self) -> int:
         return self._cursor.rowcount
 
-    def execute(self, query: Any, params: Any) -> None:
-        await_only(self._cursor.execute(query, params))
+    def execute(self, query: Any, params: Any, *, prepare: bool | None = None) -> None:
+        await_only(self._cursor.execute(query, params, prepare=prepare))
 
     def fetchall(self) -> list[Any]:
         return await_only(self._cursor.fetchall())
@@ -222,15 +222,25 @@ def _query(conn: Connection, name: str) -> Query:
     return (QUERIES if schema == "public" else in_schema(schema))[name]
 
 
-def run(conn: Connection, name: str, params: dict[str, Any] | None = None) -> list[Any]:
-    """Run the statement ``name``; its rows (none for a statement without a result)."""
+def run(
+    conn: Connection,
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    prepare: bool | None = None,
+) -> list[Any]:
+    """Run the statement ``name``; its rows (none for a statement without a result).
+
+    ``prepare=True`` prepares it on the connection from its first run (psycopg otherwise
+    prepares a statement at its fifth), unless the caller's connection disables prepared
+    statements (``prepare_threshold=None``, as behind a pooler that cannot keep them)."""
     query = _query(conn, name)
     driver = _driver(conn)
     try:
         with driver.cursor(row_factory=namedtuple_row) as cursor:
             if isinstance(conn, _Lent) and conn.json_as_text:
                 cursor.adapters.register_loader("jsonb", JsonbLoader)
-            cursor.execute(query.driver_sql, params or {})
+            cursor.execute(query.driver_sql, params or {}, prepare=prepare)
             return cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:
         raise _surfaced(conn, driver, name, params, exc) from exc
