@@ -298,7 +298,9 @@ def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") 
     tenant whose previous job still waits (a slow moment) keeps its place at the front
     instead of falling behind the backlog, where each of its jobs would then find the
     previous one still waiting. The caller pushes the rows to Redis before committing and
-    rolls back if the push fails, so a row is never marked pushed without a real queue job."""
+    rolls back if the push fails, so a row is never marked pushed without a real queue job.
+    The claim's planner settings (the query ``claim_plan``: index scans only, generic plans)
+    hold to the end of the caller's transaction."""
     now, tenants = store.walk_tenants(conn, window, limit, after, FRONT_LANE)
     if not tenants and after:  # the end of the names: start again from the first
         now, tenants = store.walk_tenants(conn, window, limit, "", FRONT_LANE)

@@ -2,7 +2,9 @@
 claim of each one's share (how the batch is shared is the scheduler's decision).
 
 Both run prepared, with their generic plan (the query ``claim_plan`` says why): planned once
-per connection, not at every batch."""
+per connection, not at every batch (again after an invalidation, such as an ANALYZE of the
+table, or a rolled-back transaction, after which psycopg prepares them anew). The claim's
+planner settings last to the end of the caller's transaction."""
 
 from __future__ import annotations
 

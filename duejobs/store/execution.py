@@ -232,8 +232,9 @@ def run(
     """Run the statement ``name``; its rows (none for a statement without a result).
 
     ``prepare=True`` prepares it on the connection from its first run (psycopg otherwise
-    prepares a statement at its fifth), unless the caller's connection disables prepared
-    statements (``prepare_threshold=None``, as behind a pooler that cannot keep them)."""
+    prepares a statement at its sixth), unless the connection disables prepared statements
+    (a caller's own, ``conn=``, made with ``prepare_threshold=None``). psycopg drops a
+    connection's prepared statements at a rollback: the next run prepares it again."""
     query = _query(conn, name)
     driver = _driver(conn)
     try:
