@@ -1057,19 +1057,25 @@ def test_the_claims_count_of_a_tenants_due_rows_reads_its_own_index_on_a_busy_pa
     assert "Bitmap" not in plan and "claim_tenant_idx" in plan, plan
 
 
+_PARAM = re.compile(r"(?<!:):(\w+)")  # a statement's `:name` (not a `::type` cast)
+
+
+def _param_names(name: str) -> list[str]:
+    """The parameters of the statement ``name``, in the order they first appear."""
+    return list(dict.fromkeys(_PARAM.findall(store.QUERIES[name].sql)))
+
+
 def _generic_plan(conn: Connection, name: str) -> None:
     """Prepare the statement ``name`` as ``generic`` and make its generic plan now, as the
     claim's transaction makes it at the first run on a connection."""
-    sql = store.QUERIES[name].sql
-    params = list(dict.fromkeys(re.findall(r"(?<!:):(\w+)", sql)))
-    numbered = re.sub(r"(?<!:):(\w+)", lambda m: f"${params.index(m[1]) + 1}", sql)
+    names = _param_names(name)
+    numbered = _PARAM.sub(lambda m: f"${names.index(m[1]) + 1}", store.QUERIES[name].sql)
     conn.exec_driver_sql("PREPARE generic AS " + numbered)
-    conn.exec_driver_sql("EXPLAIN EXECUTE generic(" + ", ".join(["NULL"] * len(params)) + ")")
+    conn.exec_driver_sql("EXPLAIN EXECUTE generic(" + ", ".join(["NULL"] * len(names)) + ")")
 
 
 def _run_generic(conn: Connection, name: str, params: dict[str, Any]) -> str:
     """EXPLAIN ANALYZE of the plan :func:`_generic_plan` kept, run with ``params``."""
-    names = list(dict.fromkeys(re.findall(r"(?<!:):(\w+)", store.QUERIES[name].sql)))
     types = conn.execute(
         text(
             "SELECT unnest(parameter_types)::text FROM pg_prepared_statements "
@@ -1079,7 +1085,7 @@ def _run_generic(conn: Connection, name: str, params: dict[str, Any]) -> str:
     driver = conn.connection.driver_connection
     args = ", ".join(
         f"CAST({sql.Literal(params[n]).as_string(driver)} AS {t})"
-        for n, t in zip(names, types, strict=True)
+        for n, t in zip(_param_names(name), types, strict=True)
     )
     explain = f"EXPLAIN (ANALYZE) EXECUTE generic({args})"
     plan = "\n".join(row[0] for row in conn.exec_driver_sql(explain))
