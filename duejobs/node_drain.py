@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 
 from duejobs import store
-from duejobs.core import HasCore, redis_client
+from duejobs.core import Core, HasCore, redis_client
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.delivery.nodes import NodeDown, node_label
 
@@ -59,7 +59,7 @@ def drain_node(app: HasCore, url: str, chunk: int = 1000) -> DrainResult:
                 found[queue] = len(ids)
             for start in range(0, len(ids), chunk):
                 part = ids[start : start + chunk]
-                pushed = _push_home(app, part)
+                pushed = _push_home(core, part)
                 taken += deliverer.take_off(old, queue, part)
                 moved += pushed
                 dropped += len(part) - pushed
@@ -69,10 +69,9 @@ def drain_node(app: HasCore, url: str, chunk: int = 1000) -> DrainResult:
         old.close()
 
 
-def _push_home(app: HasCore, job_ids: list[str]) -> int:
+def _push_home(core: Core, job_ids: list[str]) -> int:
     """Push the deliveries ``job_ids`` still stand for onto their queues' nodes; how many.
     Raises when a node they go to is down: nothing may be taken off the old node then."""
-    core = app.core
     deliverer = core.deliverer()
     jobs: list[tuple[str, uuid.UUID]] = [
         (job, parsed[0]) for job in job_ids if (parsed := parse_job_id(job)) is not None

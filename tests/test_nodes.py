@@ -499,11 +499,22 @@ def test_the_documented_queue_move_leaves_nothing_on_a_node_that_left(
         after.close()
 
 
+def _refusing_writes(node: Node, refusing: bool) -> None:
+    """Node ``node`` refuses every write (out of memory, no eviction), or no longer."""
+    with node.client() as client:
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", "1" if refusing else "0")
+
+
+@pytest.mark.parametrize("failure", ["down", "refusing writes"])
 def test_a_drain_whose_push_fails_takes_nothing_off_the_old_node(
-    app: App, database_url: str, nodes: list[Node], spawn: Callable[..., Proc]
+    app: App, database_url: str, nodes: list[Node], spawn: Callable[..., Proc], failure: str
 ) -> None:
-    """The new node is down when the drain runs: it fails naming the node, and every job
-    stays on the old node for the drain run once the new node answers."""
+    """The new node is down, or answers but refuses writes, when the drain runs: it fails
+    naming the node, and every job stays on the old node for the drain run once the new
+    node takes them. Seen failing (refusing writes) with the check of the push removed:
+    the push to a node that refuses leaves the other nodes going on, so the drain took the
+    five jobs off the old node with none on the new one."""
     before = register(App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url}))
     try:
         for i in range(5):
@@ -511,13 +522,19 @@ def test_a_drain_whose_push_fails_takes_nothing_off_the_old_node(
         Scheduler(before).run_once()
     finally:
         before.close()
-    nodes[2].kill()
+    if failure == "down":
+        nodes[2].kill()
+    else:
+        _refusing_writes(nodes[2], True)
     env = {"DUEJOBS_REDIS_URL": nodes[0].url, "DUEJOBS_REDIS_NODES": f"b={nodes[2].url}"}
     code, said = _drain_node(spawn, nodes[1].url, env)
     assert code == 1, said
     assert f"127.0.0.1:{nodes[2].port}/0" in said and "Traceback" not in said, said
     assert _left(nodes[1], "b") == 5
-    nodes[2].start()
+    if failure == "down":
+        nodes[2].start()
+    else:
+        _refusing_writes(nodes[2], False)
     code, said = _drain_node(spawn, nodes[1].url, env)
     assert code == 0 and "5 pushed" in said, said
     assert (_left(nodes[1], "b"), _left(nodes[2], "b")) == (0, 5)

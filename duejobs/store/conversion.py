@@ -23,6 +23,7 @@ from duejobs.store.partitions import (
     carry_rights,
     drop_foreign_keys_to,
     ident,
+    on_each,
     table_rights,
 )
 
@@ -150,12 +151,7 @@ def unmirror(conn: Connection) -> None:
     if row is None or not row.mirrored:
         return
     _lock_briefly(conn, "unmirror", PARTITIONED, "ACCESS EXCLUSIVE")
-    for table in PARTITIONED:
-        run_composed(
-            conn,
-            "unmirror",
-            pgsql.SQL("DROP TRIGGER IF EXISTS duejobs_mirror ON {}").format(ident(conn, table)),
-        )
+    on_each(conn, "unmirror", "DROP TRIGGER IF EXISTS duejobs_mirror ON {}")  # held: no wait
 
 
 def _lock_briefly(conn: Connection, what: str, tables: Iterable[str], mode: str) -> None:
