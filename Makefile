@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo dist test test-all test-under-load lint docs browser test-django6 test-rq2 bench mutation clean
+.PHONY: demo dist test test-all test-under-load lint docs browser pgbouncer test-django6 test-rq2 bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,12 +56,22 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 		echo "browser: chromium could not be installed; the browser tests will be skipped"
 
+# Debian's PgBouncer for the tests of duejobs behind a connection pooler, installed the same way
+# (those tests are skipped, saying so, where it cannot be).
+pgbouncer:
+	@command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null 2>&1 || \
+		{ apt-get update -q >/dev/null 2>&1 && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null 2>&1; }; }; } || \
+		echo "pgbouncer: PgBouncer could not be installed; the pooler tests will be skipped"
+
 # The contributor's command: lint, types, the docs and every test on the default stack: in
 # two pytest-xdist workers (a whole test file per worker; each worker has its own database
 # and its own Redis database on the shared servers), then the tests marked serial (they
 # start, pause or kill servers of their own) in one process. PYTEST_ARGS= runs all in one.
 PYTEST_ARGS ?= -n 2 --dist loadfile
-test: lint docs browser
+test: lint docs browser pgbouncer
 	$(BIN)/pytest $(PYTEST_ARGS) -m "not serial"
 	$(BIN)/pytest -m serial
 

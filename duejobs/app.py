@@ -96,7 +96,10 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
     whether scheduling a type with no handler registered in this App is refused
     (:class:`~duejobs.errors.UnknownTypeError`, a typo caught before it is written): by
     default when the App has handlers; False for a producer that schedules the types of
-    another service's workers."""
+    another service's workers; ``prepared_statements`` (``DUEJOBS_PREPARED_STATEMENTS``),
+    ``"auto"`` (the default: kept on a connection to PostgreSQL itself, off through a
+    connection pooler), ``"on"`` or ``"off"``
+    (:class:`~duejobs.config.PreparedStatements`)."""
 
     def __init__(
         self,
@@ -112,9 +115,10 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT,
         redis_nodes: Mapping[str, str] | None = None,
         strict_types: bool | None = None,
+        prepared_statements: str | None = None,
     ) -> None:
         settings = Settings.from_env(
-            database_url, redis_url, schema, read_database_url, redis_nodes
+            database_url, redis_url, schema, read_database_url, redis_nodes, prepared_statements
         )
         self._core = Core.build(
             settings,

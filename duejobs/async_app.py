@@ -95,10 +95,15 @@ class AsyncApp:
     def __init__(self, app: App, *, pool_size: int = POOL_SIZE) -> None:
         shared = app.core
         where = shared.settings
-        self._engine: AsyncEngine = make_async_engine(where.database_url, pool_size, where.schema)
+        prepared = where.prepared_statements
+        self._engine: AsyncEngine = make_async_engine(
+            where.database_url, pool_size, where.schema, prepared
+        )
         self._read_engine: AsyncEngine | None = None
         if where.read_database_url is not None:  # the operators' reads go there
-            self._read_engine = make_async_engine(where.read_database_url, pool_size, where.schema)
+            self._read_engine = make_async_engine(
+                where.read_database_url, pool_size, where.schema, prepared
+            )
         self._core = shared.with_engines(
             self._engine.sync_engine,
             None if self._read_engine is None else self._read_engine.sync_engine,

@@ -10,14 +10,16 @@ library :class:`~duejobs.App` never invents a database: without a URL it raises
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from enum import StrEnum
 
 from redis.connection import parse_url
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from duejobs.errors import ConfigurationError, DuejobsError
 from duejobs.validation import check_queue
@@ -27,6 +29,7 @@ READ_DATABASE_ENV = "DUEJOBS_READ_DATABASE_URL"
 REDIS_NODES_ENV = "DUEJOBS_REDIS_NODES"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
 SCHEMA_ENV = "DUEJOBS_SCHEMA"
+PREPARED_STATEMENTS_ENV = "DUEJOBS_PREPARED_STATEMENTS"
 DEFAULT_SCHEMA = "public"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -39,6 +42,39 @@ def check_schema(name: object) -> str:
             f"schema must be a lower-case identifier (a-z, 0-9, _; not pg_*), got {name!r}"
         )
     return name
+
+
+class PreparedStatements(StrEnum):
+    """Whether duejobs' connections keep prepared statements (``DUEJOBS_PREPARED_STATEMENTS``).
+
+    A prepared statement lives in one server session. A pooler in transaction mode hands each
+    transaction whichever server session is free (PgBouncer before 1.21, or without
+    ``max_prepared_statements``): a statement prepared in one is missing, or is another
+    client's statement of the same name, in the next. ``auto`` keeps them on a connection
+    that reaches PostgreSQL itself and turns them off on one that reaches a pooler (told
+    apart at connect: a pooler answers with a process id of its own); ``on`` keeps them
+    everywhere (a pooler that keeps them: session mode, PgBouncer 1.21+ with
+    ``max_prepared_statements``); ``off`` never prepares (the partitioned claim then plans
+    its two statements at each batch: docs/deployment.md gives what that costs).
+    """
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+def check_prepared_statements(value: object) -> PreparedStatements:
+    """``prepared_statements`` as given, or a :class:`ConfigurationError` naming it."""
+    if isinstance(value, PreparedStatements):
+        return value
+    try:
+        return PreparedStatements(value.lower() if isinstance(value, str) else "")
+    except ValueError:
+        choices = ", ".join(p.value for p in PreparedStatements)
+        raise ConfigurationError(
+            f"prepared_statements ({PREPARED_STATEMENTS_ENV}) must be one of {choices}, "
+            f"got {value!r}"
+        ) from None
 
 
 def check_count(name: str, value: object, low: int, high: int) -> None:
@@ -66,9 +102,10 @@ _SECRET_PARAMETERS = ("password", "sslpassword", "passfile", "sslkey")
 
 def redacted(url: str) -> str:
     """The URL as it may appear in a message or a log: its password, and any query
-    parameter that carries a secret, replaced by ``***``."""
+    parameter that carries a secret, replaced by ``***``. A libpq connection string
+    (``host=... password=...``) is shown as the URL it is read as."""
     try:
-        parsed = make_url(url)
+        parsed = _parsed(url)
     except Exception:  # not even a URL: show its scheme at most
         return url.split("://", 1)[0] + "://…" if "://" in url else "(not a URL)"
     query = {k: ("***" if k.lower() in _SECRET_PARAMETERS else v) for k, v in parsed.query.items()}
@@ -79,17 +116,48 @@ def _authority(url: str) -> str:
     return url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0]
 
 
+def _parsed(url: str) -> URL:
+    """The URL as SQLAlchemy reads it; one only libpq reads — several hosts each with its
+    port (``postgresql://u@h1:5432,h2:5432/db``), or a ``key=value`` connection string —
+    read by libpq itself and written as SQLAlchemy takes it: the hosts and ports, comma
+    separated, as query parameters that reach libpq unchanged."""
+    if "://" in url:
+        with contextlib.suppress(ValueError):
+            return make_url(url)
+    from duejobs.store.connecting import libpq_reading  # the store alone speaks to libpq
+
+    scheme, _, rest = url.rpartition("://")
+    base = scheme.split("+", 1)[0]  # libpq knows postgresql:// and postgres:// alone
+    parts = libpq_reading(f"{base}://{rest}" if scheme else url)
+    if not scheme and not parts:
+        raise ValueError("an empty connection string")
+    if not all(p.isdigit() for p in str(parts.get("port", "")).split(",") if p):
+        raise ValueError("a port that is not a number")
+    user, password, dbname = parts.pop("user", None), parts.pop("password", None), None
+    dbname = parts.pop("dbname", None)
+    return URL.create(
+        scheme or "postgresql",
+        username=str(user) if user else None,
+        password=str(password) if password else None,
+        database=str(dbname) if dbname else None,
+        query={k: str(v) for k, v in parts.items()},
+    )
+
+
 def sqlalchemy_url(url: str) -> str:
     """A PostgreSQL URL in the form SQLAlchemy needs to use psycopg 3. Any spelling
     SQLAlchemy reads as PostgreSQL is accepted (``postgres://``, ``postgresql://``,
-    ``postgresql+psycopg2://``, ...); the password never appears in an error."""
+    ``postgresql+psycopg2://``, ...), and every form libpq reads: several hosts
+    (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``), a service
+    (``postgresql:///?service=name``), a ``key=value`` connection string. The password never
+    appears in an error."""
     if _authority(url).count("@") > 1:  # read otherwise, part of the password becomes the host
         raise ConfigurationError(
             "the database URL has more than one '@' before its host: percent-encode the "
             "user name and password (@ is %40)"
         )
     try:
-        parsed = make_url(url)
+        parsed = _parsed(url)
     except Exception:
         raise ConfigurationError(
             f"not a database URL: {redacted(url)} (expected postgresql://user:pass@host/db)"
@@ -186,6 +254,7 @@ class Settings:
     schema: str = DEFAULT_SCHEMA  # where duejobs' tables live (DUEJOBS_SCHEMA)
     read_database_url: str | None = None  # a streaming replica of database_url
     redis_nodes: tuple[tuple[str, str], ...] = ()  # (queue, URL): queues on another Redis
+    prepared_statements: PreparedStatements = PreparedStatements.AUTO
 
     @classmethod
     def from_env(
@@ -195,6 +264,7 @@ class Settings:
         schema: str | None = None,
         read_database_url: str | None = None,
         redis_nodes: Mapping[str, str] | None = None,
+        prepared_statements: str | None = None,
     ) -> Settings:
         """Explicit arguments first, then the environment; no database URL is a clear error."""
         db = database_url or os.environ.get(DATABASE_ENV)
@@ -210,6 +280,11 @@ class Settings:
             schema = os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
         where = check_schema(schema)
         read = read_database_url or os.environ.get(READ_DATABASE_ENV)
+        prepared = (
+            os.environ.get(PREPARED_STATEMENTS_ENV) or "auto"
+            if prepared_statements is None
+            else prepared_statements
+        )
         return cls(
             database_url=sqlalchemy_url(db),
             redis_url=redis,
@@ -218,6 +293,7 @@ class Settings:
             redis_nodes=parse_redis_nodes(
                 redis_nodes if redis_nodes is not None else os.environ.get(REDIS_NODES_ENV)
             ),
+            prepared_statements=check_prepared_statements(prepared),
         )
 
     def require_redis(self) -> str:

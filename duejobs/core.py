@@ -5,8 +5,9 @@ An :class:`~duejobs.App` is a facade over one :class:`Core` (its tenant scopes s
 scheduler, the worker, the reconciler, the pruner and the figures take either and use the
 Core alone, so none of them depends on the App's public API.
 
-Promises: one engine per Core, whose sessions speak UTC and whose pooled connections are
-checked for a server-side close without a round trip; one Redis client, made on first use;
+Promises: one engine per Core, whose connections carry no session setting (a pooler may hand
+their server sessions to anyone) and whose pooled connections are checked for a server-side
+close without a round trip; one Redis client, made on first use;
 :meth:`Core.transaction` commits or rolls back as one, and an outage inside it surfaces as
 :class:`~duejobs.errors.DatabaseUnavailableError`, a schema never migrated as
 :class:`~duejobs.errors.SchemaMissingError`.
@@ -26,7 +27,7 @@ from typing import Any, Protocol, Self, TypeAlias
 from redis import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import (
     DBAPIError,
     DisconnectionError,
@@ -37,7 +38,14 @@ from sqlalchemy.exc import (
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from duejobs import replica, store, tracing
-from duejobs.config import DEFAULT_SCHEMA, Settings, check_count, check_duration, same_redis
+from duejobs.config import (
+    DEFAULT_SCHEMA,
+    PreparedStatements,
+    Settings,
+    check_count,
+    check_duration,
+    same_redis,
+)
 from duejobs.delivery import Deliverer
 from duejobs.errors import (
     ConfigurationError,
@@ -60,58 +68,108 @@ DEFAULT_READ_TIMEOUT = timedelta(seconds=10)
 
 
 # connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
-# jit off: every statement duejobs runs is short, but one over a partitioned table plans a
-# node per partition, and its estimated cost can pass PostgreSQL's jit_above_cost: the
-# scheduler's claim at ten million rows then spent ~160 ms compiling for each batch of 1,000,
-# half its time, to run ~170 ms.
-_CONNECT_ARGS = {"options": "-c timezone=UTC -c jit=off", "connect_timeout": 10}
+# No startup ``options``: a pooler refuses them (PgBouncer: "unsupported startup parameter"),
+# and a session setting would outlive duejobs' transaction on a pooled server session. What a
+# statement needs is set for its transaction alone (jit and the plan settings in the claim's
+# query claim_plan, the worker's lock limit and commit durability in bookkeeping_settings);
+# durations cross as absolute time (duejobs.store.adapters) and instants are read as UTC, so
+# no statement depends on the session's time zone.
+_CONNECT_ARGS: dict[str, Any] = {"connect_timeout": 10}
 
 
 def make_engine(
-    database_url: str, pool_size: int = POOL_SIZE, schema: str = DEFAULT_SCHEMA
+    database_url: str,
+    pool_size: int = POOL_SIZE,
+    schema: str = DEFAULT_SCHEMA,
+    prepared: PreparedStatements = PreparedStatements.AUTO,
 ) -> Engine:
-    """An engine whose sessions speak UTC, compile no statement (JIT off), and notice dropped
-    connections before use; its connections reach duejobs' tables in ``schema``."""
+    """An engine whose connections carry no session setting, notice being dropped before use,
+    and keep prepared statements as ``prepared`` says; they reach duejobs' tables in
+    ``schema``."""
+    url, connect_args, prepared = _driver_options(database_url, prepared)
     engine = create_engine(
-        database_url,
-        connect_args=_CONNECT_ARGS,
+        url,
+        connect_args=connect_args,
         pool_size=pool_size,
         max_overflow=POOL_OVERFLOW,
         execution_options={store.SCHEMA_OPTION: schema},
     )
+    event.listen(engine, "connect", store.Connected(prepared).on_connect)
     event.listen(engine, "checkout", _discard_if_closed_by_server)
     return engine
 
 
 def make_async_engine(
-    database_url: str, pool_size: int = POOL_SIZE, schema: str = DEFAULT_SCHEMA
+    database_url: str,
+    pool_size: int = POOL_SIZE,
+    schema: str = DEFAULT_SCHEMA,
+    prepared: PreparedStatements = PreparedStatements.AUTO,
 ) -> AsyncEngine:
     """:func:`make_engine`'s engine on psycopg's async connections (for an event loop)."""
+    url, connect_args, prepared = _driver_options(database_url, prepared)
     engine = create_async_engine(
-        database_url,
-        connect_args=_CONNECT_ARGS,
+        url,
+        connect_args=connect_args,
         pool_size=pool_size,
         max_overflow=POOL_OVERFLOW,
         execution_options={store.SCHEMA_OPTION: schema},
     )
+    event.listen(engine.sync_engine, "connect", store.Connected(prepared).on_connect)
     event.listen(engine.sync_engine, "checkout", _discard_if_closed_by_server)
     return engine
 
 
-def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-    """Replace a pooled connection the server closed, without a round trip.
+def _driver_options(
+    database_url: str, prepared: PreparedStatements
+) -> tuple[str, dict[str, Any], PreparedStatements]:
+    """The URL, psycopg's arguments and the prepared-statement mode for an engine. psycopg's
+    own ``prepare_threshold`` in the URL is honoured: ``None`` (or empty) turns preparing off
+    as ``prepared_statements="off"`` does, a count is psycopg's threshold (SQLAlchemy would
+    hand either to psycopg as text, which it refuses)."""
+    url = make_url(database_url)
+    threshold = url.query.get("prepare_threshold")
+    args = dict(_CONNECT_ARGS)
+    if threshold is None:
+        return database_url, args, prepared
+    url = url.difference_update_query(["prepare_threshold"])
+    text = threshold if isinstance(threshold, str) else threshold[-1]
+    if text.strip().lower() in ("", "none", "null"):
+        prepared = PreparedStatements.OFF
+    elif text.strip().isdigit():
+        args["prepare_threshold"] = int(text)
+    else:
+        raise ConfigurationError(
+            f"prepare_threshold in the database URL must be a count or None, got {text!r}"
+        )
+    return url.render_as_string(hide_password=False), args, prepared
+
+
+def closed_by_server(dbapi_connection: Any) -> bool:
+    """Whether an idle connection was ended by the server, told without a round trip.
 
     An idle connection has nothing to read; when the server ends it (a restart, an
-    administrator, an idle timeout) its socket turns readable. Checking that costs a system
-    call, where a ``SELECT 1`` before every use would cost a round trip per ``schedule()``.
-    A silently lost network path is not seen here; its first statement fails instead.
-    """
+    administrator, an idle timeout, a pooler's restart) its socket turns readable. Checking
+    that costs a system call, where a ``SELECT 1`` before every use would cost a round trip
+    per ``schedule()``. A silently lost network path is not seen here; its first statement
+    fails instead."""
     driver = getattr(dbapi_connection, "driver_connection", dbapi_connection)  # async: adapted
-    pgconn = driver.pgconn
     if driver.closed:
-        raise DisconnectionError("connection closed")
-    readable, _, _ = select.select([pgconn.socket], [], [], 0)
-    if readable:
+        return True
+    readable, _, _ = select.select([driver.pgconn.socket], [], [], 0)
+    return bool(readable)
+
+
+def connection_ended(conn: Connection) -> bool:
+    """Whether a connection kept idle outside the pool (a worker's own) can no longer serve:
+    invalidated, closed, or ended by the server (:func:`closed_by_server`)."""
+    if conn.invalidated or conn.closed:
+        return True
+    return closed_by_server(conn.connection.dbapi_connection)
+
+
+def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """Replace a pooled connection the server closed (:func:`closed_by_server`)."""
+    if closed_by_server(dbapi_connection):
         raise DisconnectionError("the server closed this connection")
 
 
@@ -196,7 +254,11 @@ class Core:
         check_count("max_payload_bytes", max_payload_bytes, 1, 2**31 - 1)
         return cls(
             settings,
-            make_engine(settings.database_url, schema=settings.schema),
+            make_engine(
+                settings.database_url,
+                schema=settings.schema,
+                prepared=settings.prepared_statements,
+            ),
             max_payload_bytes,
             check_queue(queue),
             trace_runs=trace_runs,
@@ -212,7 +274,9 @@ class Core:
     def __post_init__(self) -> None:
         if self.read_engine is None and self.settings.read_database_url is not None:
             url, schema = self.settings.read_database_url, self.settings.schema
-            self.read_engine = make_engine(url, schema=schema)
+            self.read_engine = make_engine(
+                url, schema=schema, prepared=self.settings.prepared_statements
+            )
 
     @property
     def core(self) -> Core:
@@ -244,7 +308,12 @@ class Core:
         if connections <= POOL_SIZE + POOL_OVERFLOW:
             return
         old = self.engine
-        self.engine = make_engine(self.settings.database_url, connections, self.settings.schema)
+        self.engine = make_engine(
+            self.settings.database_url,
+            connections,
+            self.settings.schema,
+            self.settings.prepared_statements,
+        )
         old.dispose()
 
     def refuses_unknown_types(self) -> bool:

@@ -257,8 +257,17 @@ def _schema_of(engine: Engine) -> str:
 @contextlib.contextmanager
 def _alone(engine: Engine, refusal: str) -> Iterator[None]:
     """The conversion's advisory lock held for the block: one conversion, or removal of one,
-    at a time (``refusal`` when another holds it)."""
+    at a time (``refusal`` when another holds it). The lock is the session's, held across
+    the conversion's many transactions: refused through a pooler, which may hand that
+    session to anyone between two of them (run the conversion with a URL to PostgreSQL
+    itself)."""
     with engine.connect() as holder:
+        if store.behind_pooler(holder.connection.dbapi_connection):
+            raise PartitioningError(
+                "the conversion holds a lock for its whole session, which a connection pooler "
+                "may hand to another client: run it with a database URL that reaches "
+                "PostgreSQL itself"
+            )
         if not store.try_session_lock(holder, _CONVERT_LOCK):
             raise PartitioningError(refusal)
         try:

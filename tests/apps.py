@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 import duejobs
 from duejobs.worker import Context
+from tests.support.faults import end_idle_connections
 
 EFFECTS_TABLE = """
 CREATE TABLE IF NOT EXISTS test_effects (
@@ -92,7 +93,10 @@ def stall_once(ctx: Context, payload: Any) -> None:
 
 def traced(ctx: Context, payload: Any) -> None:
     """Records its run (start and end, outside any fence), sleeps ``seconds``, fails on the
-    first ``fail_times`` attempts, then applies its effect through ``ctx.transaction()``."""
+    first ``fail_times`` attempts, then applies its effect through ``ctx.transaction()``.
+    With ``end_idle``, after ``before`` seconds, it first ends every other idle session on
+    the database: the worker's parked connections, the pool's, the heartbeat's
+    (tests.support.faults)."""
     with ctx.engine.begin() as conn:
         run_id = conn.execute(
             text(
@@ -107,6 +111,10 @@ def traced(ctx: Context, payload: Any) -> None:
             },
         ).scalar_one()
     try:
+        time.sleep(float(payload.get("before", 0)))
+        if payload.get("end_idle"):
+            with ctx.engine.begin() as conn:
+                end_idle_connections(conn)
         time.sleep(float(payload.get("seconds", 0)))
         if ctx.attempt <= int(payload.get("fail_times", 0)):
             raise RuntimeError(f"failure on attempt {ctx.attempt}, as planned")
@@ -186,6 +194,14 @@ def meet(ctx: Context, payload: Any) -> None:
     record(ctx, payload)
 
 
+def meet_traced(ctx: Context, payload: Any) -> None:
+    """``traced``, once its whole group has arrived: the group's handlers return together."""
+    waiting = _arrive(payload)
+    while not _all_here(*waiting):
+        time.sleep(0.01)
+    traced(ctx, payload)
+
+
 _MET: collections.defaultdict[str, threading.Event] = collections.defaultdict(threading.Event)
 
 
@@ -250,6 +266,7 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("meet", max_attempts=1)(meet)
     app.handler("meet-async", max_attempts=1)(meet_async)
     app.handler("meet-and-return", max_attempts=1)(meet_and_return)
+    app.handler("meet-traced", max_attempts=1)(meet_traced)
     app.handler("spin", timeout=timedelta(seconds=1), max_attempts=1)(spin)
     app.handler("snooze", timeout=timedelta(seconds=1), max_attempts=1)(snooze)
     app.handler("hold", timeout=timedelta(seconds=60))(hold)

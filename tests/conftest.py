@@ -39,6 +39,8 @@ from duejobs.testing.servers import TestServers
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
 from tests.apps import EFFECTS_TABLE, RUNS_TABLE, register
 
+# The time zone of every session on the test database (see database_url).
+SESSION_ZONE = "America/New_York"
 # DUEJOBS_TEST_PARTITIONED=1: the whole suite on partitioned mode (daily partitions).
 PARTITIONED = os.environ.get("DUEJOBS_TEST_PARTITIONED") == "1"
 _TABLES = (
@@ -89,6 +91,9 @@ def database_url(servers: Servers) -> str:
     with engine.begin() as conn:
         conn.execute(text(EFFECTS_TABLE))
         conn.execute(text(RUNS_TABLE))
+        # Sessions in a zone with summer time, as on a server whose postgresql.conf names
+        # the local zone: duejobs sets none of its own, so no promise may depend on it.
+        conn.execute(text(f"ALTER DATABASE {servers.database} SET TimeZone = '{SESSION_ZONE}'"))
     engine.dispose()
     return sqlalchemy_url(servers.database_url)
 

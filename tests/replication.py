@@ -1,19 +1,24 @@
-"""A real streaming replica for the tests that read from one: a primary and a hot standby
-made with PostgreSQL's own tools (``initdb``, ``pg_basebackup -R``, ``pg_ctl``) from the
-embedded PostgreSQL's binaries, on Unix sockets, each of which a test may stop and start.
+"""A real streaming replica for the tests that read from one or fail over to one: a primary
+and a hot standby made with PostgreSQL's own tools (``initdb``, ``pg_basebackup -R``,
+``pg_ctl``) from the embedded PostgreSQL's binaries, on Unix sockets, each of which a test may
+stop and start; the primary may be killed as a lost host is (SIGKILL, every process of it) and
+the standby promoted.
 
 Use the module-scoped ``pair`` fixture by importing it (``from tests.replication import
-pair``).
+pair``), or :func:`streaming_pair` for one of a test's own (synchronous replication if asked).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
+import signal
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -37,6 +42,11 @@ class Pair:
     stop_standby: Callable[[], None]
     stop_primary: Callable[[], None]
     start_primary: Callable[[], None]
+    crash_primary: Callable[[], None]
+    promote_standby: Callable[[], None]
+    # Both servers, the one that accepts writes taken (libpq's several hosts): what a
+    # service reaches the pair through, before and after a failover.
+    failover_url: str
 
     def on_replica(self, sql: str) -> None:
         with psycopg.connect(self._standby_admin_url) as conn:
@@ -73,8 +83,16 @@ def _server_tools() -> tuple[Any, Any]:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    with streaming_pair(tmp_path_factory.mktemp("replica")) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def streaming_pair(base: Path, synchronous: bool = False) -> Iterator[Pair]:
+    """A primary and its streaming standby with data under ``base``; with ``synchronous``
+    the primary's commits wait for the standby (``synchronous_standby_names = '*'``)."""
     get_server, pgexec = _server_tools()
-    base = tmp_path_factory.mktemp("replica")
+    base.mkdir(parents=True, exist_ok=True)
     primary = get_server(base / "primary", cleanup_mode="stop")
     info = primary.get_postmaster_info()
     standby = base / "standby"
@@ -106,6 +124,17 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     def stop_standby() -> None:
         pgexec("pg_ctl", ("-m", "fast", "-w", "-D", str(standby), "stop"), **run_as)
 
+    def crash_primary() -> None:
+        """SIGKILL to the primary and every process of it at once: a host lost."""
+        postmaster = primary.get_pid()
+        assert postmaster is not None
+        for pid in [postmaster, *_children(postmaster)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def promote_standby() -> None:
+        pgexec("pg_ctl", ("-w", "-t", "60", "-D", str(standby), "promote"), **run_as)
+
     made = Pair(
         info.get_uri(database=DATABASE),
         replica_url,
@@ -113,12 +142,32 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
         stop_standby,
         primary.stop,
         primary.start,  # the same data directory and socket: the same URL
+        crash_primary,
+        promote_standby,
+        f"postgresql://postgres:@/{DATABASE}?host={info.socket_dir},{standby}"
+        f"&port={info.port},5432&target_session_attrs=read-write",
     )
     start_standby()
+    if synchronous:
+        with psycopg.connect(info.get_uri(database="postgres"), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            conn.execute("SELECT pg_reload_conf()")
     try:
         yield made
     finally:
         if made.standby_answers():
             stop_standby()
-        primary.cleanup()
+        with contextlib.suppress(Exception):  # a primary the test killed has nothing to stop
+            primary.cleanup()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a postmaster's backends and helpers)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found

@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, text
 
-from duejobs import App, EventKind, ScheduleRequest, Status
+from duejobs import App, EventKind, ScheduleRequest, Status, store
 from duejobs.errors import DatabaseUnavailableError
 from duejobs.reconcile import Reconciler, orphan_jobs
 from duejobs.scheduler import Scheduler, SchedulerConfig
@@ -413,6 +413,8 @@ def test_durable_bookkeeping_decides_whether_the_workers_commits_wait_for_the_di
     runtime = Runtime(app, WorkerConfig(durable_bookkeeping=durable))
     try:
         with runtime.bookkeeping.connection() as conn:
-            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == expected
+            assert store.bookkeeping_durability(conn).synchronous_commit == expected
+            # for its statements alone: the session itself keeps the server's setting
+            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
     finally:
         runtime.close()

@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from duejobs import App, EventKind, ScheduleRequest, Status
 from duejobs.config import libpq_url
@@ -377,3 +377,38 @@ def test_dropped_database_connection_is_replaced_transparently(app: App) -> None
         wait_for(gone, 30, "the terminated backends to end")
     s = app.schedule("x", {}, delay=60)
     assert app.get(s.id) is not None
+
+
+# 200 days from any day of the year cross a change of Lisbon's offset (summer time): read as
+# calendar days in that zone, the delay would be an hour off.
+_LONG_DELAY = timedelta(days=200)
+
+
+def _delayed_by(s: object, delay: timedelta) -> bool:
+    """Whether the schedule's run_at is ``delay`` after its creation (created_at is stamped a
+    moment after the statement's time, from which the delay counts)."""
+    return abs(s.run_at - s.created_at - delay) < timedelta(minutes=1)  # type: ignore[attr-defined]
+
+
+def test_a_delay_is_absolute_time_in_a_callers_session_with_summer_time(
+    app: App, database_url: str
+) -> None:
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        conn.execute("SET TimeZone = 'Europe/Lisbon'")
+        s = app.schedule("record", {}, delay=_LONG_DELAY, conn=conn)
+    assert _delayed_by(s, _LONG_DELAY)
+
+
+def test_a_delay_is_absolute_time_on_a_server_whose_sessions_observe_summer_time(
+    database_url: str, app: App
+) -> None:
+    # The server's default zone, as a connection option: what a postgresql.conf sets.
+    zone = {"options": "-c TimeZone=Europe/Lisbon"}
+    url = make_url(database_url).update_query_dict(zone).render_as_string(hide_password=False)
+    lisbon = App(url)
+    try:
+        assert lisbon.now().utcoffset() == timedelta(0)  # instants read as UTC
+        s = lisbon.schedule("record", {}, delay=_LONG_DELAY)
+        assert _delayed_by(s, _LONG_DELAY)
+    finally:
+        lisbon.close()

@@ -260,6 +260,7 @@ def worker(
         sync_declared(app)
         runtime = Runtime(app, config, name=name)
         try:
+            runtime.warn_if_outcomes_can_be_lost()
             rq_worker = DuejobsWorker(runtime, [check_queue(q) for q in queues], name=name)
         except ConfigurationError as exc:  # queues on several nodes: bad flags, exit 2
             raise click.BadParameter(str(exc), param_hint="--queue") from exc

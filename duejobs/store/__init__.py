@@ -19,9 +19,11 @@ from __future__ import annotations
 from duejobs.models import Delivery
 from duejobs.store.attempts import (
     Closing,
+    Durability,
     RunClaim,
     SkipReason,
-    bookkeeping_session,
+    attempt_closed,
+    bookkeeping_durability,
     bounded_locks,
     change_since_claim,
     claim_runs,
@@ -31,6 +33,7 @@ from duejobs.store.attempts import (
     extend_leases,
     fail_unknown_type,
     finish,
+    for_bookkeeping,
     record_deferred,
     record_effect,
     record_stale,
@@ -38,6 +41,7 @@ from duejobs.store.attempts import (
 )
 from duejobs.store.bulk import insert_schedules
 from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
+from duejobs.store.connecting import Connected, absolute_durations, behind_pooler
 from duejobs.store.conversion import (
     BRIEF_LOCK_TIMEOUT,
     autovacuumed,
@@ -54,8 +58,6 @@ from duejobs.store.conversion import (
     wait_out_autovacuum,
 )
 from duejobs.store.execution import (
-    AsyncDriver,
-    Driver,
     advisory_lock,
     create_database,
     database_now,
@@ -63,7 +65,6 @@ from duejobs.store.execution import (
     is_lock_conflict,
     is_missing_table,
     is_statement_timeout,
-    lent,
     server_answers,
     session_unlock,
     try_session_lock,
@@ -86,6 +87,7 @@ from duejobs.store.figures import (
     status_counts,
     wal_position,
 )
+from duejobs.store.lent import AsyncDriver, Driver, lent
 from duejobs.store.listing import ListFilter, Position, list_schedules
 from duejobs.store.partition_keys import time_key_insert
 from duejobs.store.partitions import (
@@ -179,8 +181,10 @@ __all__ = [
     "AttemptRecord",
     "ClaimedRow",
     "Closing",
+    "Connected",
     "Delivery",
     "Driver",
+    "Durability",
     "LagPoint",
     "ListFilter",
     "LiveFigures",
@@ -198,14 +202,17 @@ __all__ = [
     "StoredResult",
     "TenantDue",
     "WindowRow",
+    "absolute_durations",
     "activity",
     "add_error",
     "advance_live",
     "advance_recurring",
     "advisory_lock",
+    "attempt_closed",
     "attempts",
     "autovacuumed",
-    "bookkeeping_session",
+    "behind_pooler",
+    "bookkeeping_durability",
     "bound_statements",
     "bounded_locks",
     "cancel",
@@ -234,6 +241,7 @@ __all__ = [
     "extend_leases",
     "fail_unknown_type",
     "finish",
+    "for_bookkeeping",
     "get_recurring",
     "get_schedule",
     "history",

@@ -16,7 +16,7 @@ from duejobs.models import (
     EventKind,
     Status,
 )
-from duejobs.store.execution import record, run, run_count, run_one
+from duejobs.store.execution import record, run, run_count, run_one, with_local_settings
 
 # -- the delivery path: worker ---------------------------------------------------------------
 
@@ -250,6 +250,14 @@ def finish(conn: Connection, closings: Sequence[Closing]) -> list[bool]:
     ]
 
 
+def attempt_closed(conn: Connection, delivery: Delivery) -> Status | None:
+    """What the delivery's attempt was closed as by :func:`finish` (``scheduled``: failed,
+    with a retry to come), or None while it is not closed that way."""
+    params = {"id": delivery.schedule_id, "version": delivery.version, "attempt": delivery.attempt}
+    row = run_one(conn, "attempt_closed", params)
+    return None if row is None else Status(row.closed_as)
+
+
 def record_stale(conn: Connection, delivery: Delivery, reason: SkipReason) -> None:
     """Record that a running attempt lost its schedule (cancelled, superseded, rescued):
     its result is not applied, and the history says so."""
@@ -265,16 +273,30 @@ def record_stale(conn: Connection, delivery: Delivery, reason: SkipReason) -> No
     )
 
 
-def bookkeeping_session(conn: Connection, lock_timeout: timedelta, durable: bool) -> None:
-    """Set up a worker's bookkeeping connection (see the query ``bookkeeping_session``)."""
-    run(
-        conn,
-        "bookkeeping_session",
-        {
-            "lock_timeout": f"{max(1, int(lock_timeout.total_seconds() * 1000))}ms",
-            "synchronous_commit": "on" if durable else "off",
-        },
-    )
+def for_bookkeeping(conn: Connection, lock_timeout: timedelta, durable: bool) -> Connection:
+    """``conn`` as a worker's bookkeeping connection: in autocommit, each statement with the
+    query ``bookkeeping_settings`` ahead of it, in its own transaction."""
+    params = {
+        "lock_timeout": f"{max(1, int(lock_timeout.total_seconds() * 1000))}ms",
+        "synchronous_commit": "on" if durable else "off",
+    }
+    return with_local_settings(conn, "bookkeeping_settings", params)
+
+
+@dataclass(frozen=True)
+class Durability:
+    """How a worker's bookkeeping commits: ``synchronous_commit`` as its statements run, and
+    the server's ``synchronous_standby_names`` (empty: no synchronous replication)."""
+
+    synchronous_commit: str
+    standbys: str
+
+
+def bookkeeping_durability(conn: Connection) -> Durability:
+    """Read on a bookkeeping connection (see :func:`for_bookkeeping`)."""
+    row = run_one(conn, "bookkeeping_durability")
+    assert row is not None
+    return Durability(row.synchronous_commit, row.standbys)
 
 
 def bounded_locks(conn: Connection) -> None:

@@ -15,21 +15,57 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeAlias, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import namedtuple_row
-from psycopg.types.json import JsonbLoader
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
-from sqlalchemy.util import await_only
 
+from duejobs.store.lent import Awaited, Lent, adapted
 from duejobs.store.queries import QUERIES, SCHEMA_OPTION, TABLES, Query, in_schema
 
 T = TypeVar("T")
+# A connection's execution option: (statement name, parameters) of a ``set_config(..., true)``
+# statement run ahead of each of its statements (see :func:`with_local_settings`).
+LOCAL_SETTINGS_OPTION = "duejobs_local_settings"
+
+
+def with_local_settings(conn: Connection, name: str, params: dict[str, Any]) -> Connection:
+    """``conn``, in autocommit, with the statement ``name`` (settings made with
+    ``set_config(..., true)``) sent ahead of each of its statements, in the same round trip
+    and the same transaction: the settings hold for that statement and end with it, so a
+    pooler that hands the server session to another client hands over none of them."""
+    return conn.execution_options(
+        isolation_level="AUTOCOMMIT", **{LOCAL_SETTINGS_OPTION: (name, params)}
+    )
+
+
+@contextlib.contextmanager
+def _settings_first(
+    conn: Connection, driver: psycopg.Connection[Any]
+) -> Iterator[Callable[[], None]]:
+    """Around one statement on ``conn``: its local settings sent first, in one pipeline (the
+    statements up to the pipeline's sync are one transaction: PostgreSQL's extended protocol
+    commits an implicit transaction at the sync, not after each statement). Yields what to
+    call once the statement is sent, before its result is read."""
+    options = {} if isinstance(conn, Lent) else conn.get_execution_options()
+    setup = options.get(LOCAL_SETTINGS_OPTION)
+    if setup is None:
+        yield _nothing
+        return
+    assert driver.autocommit, "local settings are for autocommit connections"
+    name, params = setup
+    with driver.pipeline() as pipeline:
+        driver.execute(_query(conn, name).driver_sql, params)
+        yield pipeline.sync
+
+
+def _nothing() -> None:
+    """No pipeline to sync."""
 
 
 def _driver(conn: Connection) -> psycopg.Connection[Any]:
@@ -38,180 +74,21 @@ def _driver(conn: Connection) -> psycopg.Connection[Any]:
 
     Under an async engine (:class:`~duejobs.AsyncApp`) the connection is psycopg's
     ``AsyncConnection`` and this code runs in the greenlet SQLAlchemy's ``run_sync`` gives it:
-    :class:`_Awaited` awaits each call there, so the event loop serves other coroutines while
-    PostgreSQL works."""
+    :class:`~duejobs.store.lent.Awaited` awaits each call there, so the event loop serves
+    other coroutines while PostgreSQL works."""
     driver = conn.connection.driver_connection
     assert isinstance(driver, psycopg.Connection | psycopg.AsyncConnection)
     if not driver.autocommit and not conn.in_transaction():
         conn.begin()
     if isinstance(driver, psycopg.AsyncConnection):
         # The part of psycopg.Connection's API this module uses, with the same results.
-        return cast("psycopg.Connection[Any]", _Awaited(driver))
+        return cast("psycopg.Connection[Any]", Awaited(driver))
     return driver
-
-
-AsyncDriver: TypeAlias = psycopg.AsyncConnection[Any]
-Driver: TypeAlias = psycopg.Connection[Any] | AsyncDriver
-"""A caller's own psycopg connection, given as ``conn=`` instead of SQLAlchemy's."""
-
-
-def lent(conn: object, *, awaited: bool = False, schema: str = "public") -> Connection:
-    """The connection the store runs on for a caller's ``conn=``: SQLAlchemy's as it is, a
-    plain psycopg one through :class:`_Lent` (``awaited``: psycopg's ``AsyncConnection``,
-    for :class:`~duejobs.AsyncApp`). Either way the caller's transaction holds the
-    statements, which reach duejobs' tables in ``schema``. Anything else is a ``TypeError``
-    naming what was given."""
-    if isinstance(conn, _Lent):
-        return cast(Connection, conn)
-    if isinstance(conn, psycopg.AsyncConnection if awaited else psycopg.Connection):
-        return cast(Connection, _Lent(conn, schema))
-    if isinstance(conn, Connection) and not awaited:
-        if conn.get_execution_options().get(SCHEMA_OPTION, "public") != schema:
-            conn.execution_options(**{SCHEMA_OPTION: schema})
-        return conn
-    wanted = (
-        "a SQLAlchemy AsyncConnection or AsyncSession or a psycopg AsyncConnection"
-        if awaited
-        else "a SQLAlchemy Connection or a psycopg Connection"
-    )
-    given = f"{type(conn).__module__}.{type(conn).__qualname__}"
-    raise TypeError(f"conn= takes {wanted}, got {given}")
-
-
-class _Lent:
-    """A caller's psycopg connection offering what the store calls on SQLAlchemy's.
-
-    It is only lent: the store never begins, commits, rolls back or closes the caller's
-    transaction (a broken connection stays the caller's to close). One outside any
-    transaction in autocommit mode is refused: each statement would commit on its own, and
-    a schedule and its history event must commit together."""
-
-    def __init__(self, driver: Driver, schema: str) -> None:
-        self.schema = schema
-        idle = driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        if driver.autocommit and idle:
-            raise TypeError(
-                "conn= is a psycopg connection in autocommit mode outside a transaction: "
-                "open one first (with conn.transaction(): ...)"
-            )
-        self.driver_connection = driver
-        # Some callers load jsonb as text (Django does, for its JSONField): the store's own
-        # statements decode it, on their cursors only.
-        jsonb = driver.adapters.types["jsonb"].oid
-        loader = driver.adapters.get_loader(jsonb, psycopg.pq.Format.TEXT)
-        self.json_as_text = not (loader and issubclass(loader, JsonbLoader))
-
-    @property
-    def connection(self) -> _Lent:
-        return self
-
-    def in_transaction(self) -> bool:
-        return True  # psycopg begins one at the first statement
-
-    def invalidate(self, exc: BaseException) -> None:
-        """Nothing: the connection is the caller's."""
-
-    def begin_nested(self) -> contextlib.AbstractContextManager[Any]:
-        """A savepoint, released at the end of the block or rolled back on an error.
-
-        On a connection whose transaction has not begun yet, psycopg's ``transaction()``
-        would begin one and commit it at the end of the block: the caller's transaction is
-        begun first (by a statement, as the caller's next one would begin it), so that the
-        block stays a savepoint inside it."""
-        driver = self.driver_connection
-        idle = driver.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-        if isinstance(driver, psycopg.AsyncConnection):
-            if idle:
-                await_only(driver.execute("SELECT 1"))
-            return _entered(driver.transaction())
-        if idle:
-            driver.execute("SELECT 1")
-        return driver.transaction()
-
-
-@contextlib.contextmanager
-def _entered(manager: contextlib.AbstractAsyncContextManager[T]) -> Iterator[T]:
-    """An async context manager entered and left from synchronous code in the greenlet."""
-    value = await_only(manager.__aenter__())
-    try:
-        yield value
-    except BaseException as exc:
-        if not await_only(manager.__aexit__(type(exc), exc, exc.__traceback__)):
-            raise
-    else:
-        await_only(manager.__aexit__(None, None, None))
-
-
-class _Awaited:
-    """psycopg's ``AsyncConnection`` offering what this module calls on a ``Connection``."""
-
-    def __init__(self, driver: psycopg.AsyncConnection[Any]) -> None:
-        self._driver = driver
-
-    @property
-    def closed(self) -> bool:
-        return self._driver.closed
-
-    @property
-    def autocommit(self) -> bool:
-        return self._driver.autocommit
-
-    @contextlib.contextmanager
-    def cursor(self, **options: Any) -> Iterator[_AwaitedCursor]:
-        with _entered(self._driver.cursor(**options)) as cursor:
-            yield _AwaitedCursor(cursor)
-
-    @contextlib.contextmanager
-    def pipeline(self) -> Iterator[None]:
-        with _entered(self._driver.pipeline()):
-            yield
-
-    def execute(self, query: Any, params: Any) -> None:
-        await_only(self._driver.execute(query, params))
-
-
-class _AwaitedCursor:
-    def __init__(self, cursor: psycopg.AsyncCursor[Any]) -> None:
-        self._cursor = cursor
-
-    @property
-    def description(self) -> Any:
-        return self._cursor.description
-
-    @property
-    def adapters(self) -> Any:
-        return self._cursor.adapters
-
-    @property
-    def rowcount(self) -> int:
-        return self._cursor.rowcount
-
-    def execute(self, query: Any, params: Any, *, prepare: bool | None = None) -> None:
-        await_only(self._cursor.execute(query, params, prepare=prepare))
-
-    def fetchall(self) -> list[Any]:
-        return await_only(self._cursor.fetchall())
-
-    @contextlib.contextmanager
-    def copy(self, statement: Any) -> Iterator[_AwaitedCopy]:
-        with _entered(self._cursor.copy(statement)) as copy:
-            yield _AwaitedCopy(copy)
-
-
-class _AwaitedCopy:
-    def __init__(self, copy: psycopg.AsyncCopy) -> None:
-        self._copy = copy
-
-    def set_types(self, types: Sequence[str]) -> None:
-        self._copy.set_types(types)
-
-    def write_row(self, row: Sequence[Any]) -> None:
-        await_only(self._copy.write_row(row))
 
 
 def _schema(conn: Connection) -> str:
     """The schema of duejobs' tables for statements on ``conn``."""
-    if isinstance(conn, _Lent):
+    if isinstance(conn, Lent):
         return conn.schema
     schema: str = conn.get_execution_options().get(SCHEMA_OPTION, "public")
     return schema
@@ -238,10 +115,14 @@ def run(
     query = _query(conn, name)
     driver = _driver(conn)
     try:
-        with driver.cursor(row_factory=namedtuple_row) as cursor:
-            if isinstance(conn, _Lent) and conn.json_as_text:
-                cursor.adapters.register_loader("jsonb", JsonbLoader)
+        with (
+            _settings_first(conn, driver) as sent,
+            driver.cursor(row_factory=namedtuple_row) as cursor,
+        ):
+            if isinstance(conn, Lent):
+                adapted(conn, cursor)
             cursor.execute(query.driver_sql, params or {}, prepare=prepare)
+            sent()
             return cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:
         raise _surfaced(conn, driver, name, params, exc) from exc
@@ -258,8 +139,11 @@ def run_count(conn: Connection, name: str, params: dict[str, Any] | None = None)
     query = _query(conn, name)
     driver = _driver(conn)
     try:
-        with driver.cursor() as cursor:
+        with _settings_first(conn, driver) as sent, driver.cursor() as cursor:
+            if isinstance(conn, Lent):
+                adapted(conn, cursor)
             cursor.execute(query.driver_sql, params or {})
+            sent()
             return cursor.rowcount
     except psycopg.Error as exc:
         raise _surfaced(conn, driver, name, params, exc) from exc
@@ -316,10 +200,13 @@ def copying(
         pgsql.SQL(" (FORMAT BINARY)" if types is not None else ""),
     )
     try:
-        with driver.cursor() as cursor, cursor.copy(statement) as copy:
-            if types is not None:
-                copy.set_types(types)
-            yield copy
+        with driver.cursor() as cursor:
+            if isinstance(conn, Lent):
+                adapted(conn, cursor)
+            with cursor.copy(statement) as copy:
+                if types is not None:
+                    copy.set_types(types)
+                yield copy
     except psycopg.Error as exc:
         raise _surfaced(conn, driver, f"COPY {table}", None, exc) from exc
 

@@ -72,11 +72,15 @@ FRAGMENTS = {
     # costs a third of building every field and stripping the nulls.
     "created_detail": (
         "CASE WHEN timezone IS NULL AND local_run_at IS NULL AND key IS NULL "
-        "AND due_at = run_at THEN jsonb_build_object('run_at', run_at) "
+        "AND due_at = run_at THEN jsonb_build_object('run_at', {{utc(run_at)}}) "
         "ELSE jsonb_strip_nulls(jsonb_build_object("
-        "'run_at', run_at, 'timezone', timezone, 'local_run_at', local_run_at, "
-        "'key', key, 'due_at', CASE WHEN due_at <> run_at THEN due_at END)) END"
+        "'run_at', {{utc(run_at)}}, 'timezone', timezone, 'local_run_at', local_run_at, "
+        "'key', key, 'due_at', {{utc(CASE WHEN due_at <> run_at THEN due_at END)}})) END"
     ),
+    # An instant as a history detail writes it, in UTC whatever the session's time zone (a
+    # timestamptz in JSON takes the session's offset): 2031-06-01T07:00:00+00:00; NULL stays
+    # NULL.
+    "utc": "(to_jsonb(CAST({0} AS timestamptz) AT TIME ZONE 'UTC') #>> '{{}}') || '+00:00'",
     # Why an attempt is not (or no longer) the current one of its schedule, or NULL: for a
     # delivery about to start (:current_status 'scheduled', :current_attempts the one before)
     # and for an attempt running (:current_status 'running', :current_attempts its own).

@@ -8,9 +8,12 @@ back for the next, so a process holds as many as run at once — a few, however 
 (the group commit of :mod:`duejobs.batches` runs one statement for many of them) — not one
 per slot.
 
-What they promise: :class:`Bookkeeping` drops a broken connection (the error surfaces; the
-next step opens a new one) and never returns one to the App's pool, since its session
-settings must not reach anyone else's transactions.
+What they promise: each step's statement carries its own limits for its own transaction (a
+row lock waited for at most ``claim_lock_timeout``; the commit durable only with
+``durable_bookkeeping``), so nothing outlives it on a pooled server session; an idle
+connection the server ended meanwhile (``idle_session_timeout``, a pooler's restart, a
+failover, an administrator) is replaced before the step, not found dead by it; a connection
+that broke during a step is dropped (the error surfaces; the next step opens a new one).
 """
 
 from __future__ import annotations
@@ -21,15 +24,24 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from duejobs import store
-from duejobs.core import Core
+from duejobs.core import Core, connection_ended
 
 
 def lock_busy(exc: DBAPIError) -> bool:
     """The statement gave up waiting for a row lock (``lock_timeout``)."""
     return getattr(exc.orig, "sqlstate", None) == "55P03"
+
+
+def unreachable(exc: DBAPIError) -> bool:
+    """The database was not reached (a refused or timed-out connect) or the connection broke
+    (ended by the server, a pooler, a failover): worth another try on a fresh connection,
+    unlike a statement's own error or a lock timeout."""
+    if lock_busy(exc):
+        return False
+    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
 
 
 class Bookkeeping:
@@ -58,17 +70,15 @@ class Bookkeeping:
     def connection(self) -> Iterator[Connection]:
         with self._lock:
             conn = self._idle.pop() if self._idle else None
-        if conn is None or conn.invalidated or conn.closed:
-            conn = self._core.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        if conn is not None and connection_ended(conn):
+            self._discard(conn)
+            conn = None
+        if conn is None:
+            # A row lock held by an application's open transaction must not hold the worker.
+            new = self._core.engine.connect()
+            conn = store.for_bookkeeping(new, self._lock_timeout, self._durable)
             with self._lock:
                 self._open.add(conn)
-            try:
-                # A row lock held by an application's open transaction must not hold the
-                # worker.
-                store.bookkeeping_session(conn, self._lock_timeout, self._durable)
-            except BaseException:
-                self._discard(conn)
-                raise
         try:
             yield conn
         except BaseException as exc:

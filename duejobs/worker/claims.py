@@ -15,6 +15,8 @@ What it promises:
 * no handler starts on a claim made ahead that the reconciler may take back before the
   heartbeat's first renewal: one older than a heartbeat is renewed under the row lock first,
   and once rescued it is never used (``lapsed``: the attempt the rescue pushed runs instead);
+* a claim whose connection broke is made once more on a fresh one; one whose commit landed
+  though its answer was lost is then found taken, never made twice;
 * a delivery that came early waits for its time when that is within ``max_early_wait`` (by
   the database's own reading of how far away it is), then claims again; one whose row an
   application transaction holds waits at most ``claim_lock_timeout``.
@@ -39,7 +41,7 @@ from duejobs.batches import GroupCommit
 from duejobs.core import Core
 from duejobs.models import Delivery
 from duejobs.store import RunClaim, SkipReason
-from duejobs.worker.bookkeeping import Bookkeeping, lock_busy
+from duejobs.worker.bookkeeping import Bookkeeping, lock_busy, unreachable
 from duejobs.worker.config import WorkerConfig
 
 log = logging.getLogger("duejobs.worker")
@@ -141,7 +143,7 @@ class Claimer:
         give_up = time.monotonic() + self._config.max_early_wait.total_seconds()
         locked_until = time.monotonic() + self._config.claim_lock_timeout.total_seconds()
         while True:
-            claim = self._claims.submit(delivery)
+            claim = self._submit(delivery)
             if claim is not None:
                 return claim
             try:
@@ -164,6 +166,19 @@ class Claimer:
             if time.monotonic() + remaining > give_up:
                 return verdict
             time.sleep(remaining)
+
+    def _submit(self, delivery: Delivery) -> RunClaim | None:
+        """The delivery's claim in a batch; made once more, on a fresh connection, when the
+        batch's connection broke (ended by the server, a pooler or a failover). A claim that
+        committed though its answer was lost is then found taken (``duplicate``): never made
+        twice; its attempt is rescued when its lease ends."""
+        try:
+            return self._claims.submit(delivery)
+        except DBAPIError as exc:
+            if not unreachable(exc):
+                raise
+            log.warning("the claim was not made (%s); claiming again", exc.orig)
+            return self._claims.submit(delivery)
 
     def _in_time(self, delivery: Delivery, claim: RunClaim, asked_at: float) -> RunClaim:
         """A claim made ahead, if its handler may still start on it: made less than a

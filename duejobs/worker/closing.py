@@ -9,12 +9,17 @@ schedule changed meanwhile (cancelled, rescheduled, rescued), the attempt is rec
 
 What it promises: a finished handler's outcome is kept while an application transaction holds
 its row — the close waits for the lock in rounds of ``claim_lock_timeout``, up to the lease —
-and a handler past its timeout and grace has its attempt closed as timed out on a
+and while its connection drops or the database cannot be reached (terminated, a pooler
+restarting, a failover): the outcome is recorded again on a fresh connection, in capped
+backoff, up to the lease; an outcome that a lost answer hides is found committed (the
+attempt's own row says so) and not applied twice, nor recorded stale. A group commit that
+broke is retried outcome by outcome, so one dead connection never fails the outcomes it
+carried. A handler past its timeout and grace has its attempt closed as timed out on a
 connection of its own (:meth:`Completer.overrun`), within ``_CLOSE_WITHIN`` seconds.
 
-What it does not promise: an outcome recorded when the database is unreachable or the row
-stays locked past the lease (the error surfaces; the lease expires and the reconciler rescues
-the attempt).
+What it does not promise: an outcome recorded when the database stays unreachable, or the row
+stays locked, past the lease (the error surfaces; the lease expires and the reconciler
+rescues the attempt, whose handler then runs again: docs/guarantees.md).
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from duejobs.errors import HandlerTimeoutError, describe
 from duejobs.handlers import Handler
 from duejobs.models import Status
 from duejobs.store import Closing, SkipReason
-from duejobs.worker.bookkeeping import Bookkeeping, lock_busy
+from duejobs.worker.bookkeeping import Bookkeeping, lock_busy, unreachable
 from duejobs.worker.config import EXIT_WEDGED, Outcome, WorkerConfig
 from duejobs.worker.context import Context
 from duejobs.worker.slot_pool import SlotPool
@@ -52,6 +57,9 @@ _CLOSED = {
 }
 # How long the watchdog tries to record a timed-out attempt before the process ends anyway.
 _CLOSE_WITHIN = 5.0
+# The waits between tries of an outcome whose connection broke: the first at once (a
+# connection the server ended is replaced by a working one), then doubling up to a second.
+_RETRY_FIRST, _RETRY_MOST = 0.05, 1.0
 
 
 class Completer:
@@ -146,16 +154,33 @@ class Completer:
             return store.finish(conn, closings)
 
     def _record(self, ctx: Context, closing: Closing, conn: Connection | None) -> Outcome:
-        if conn is None and self._closings.submit(closing):
-            return _CLOSED[closing.outcome]
+        landed = False  # a try whose answer was lost may have committed
+        if conn is None:
+            try:
+                if self._closings.submit(closing):
+                    return _CLOSED[closing.outcome]
+            except DBAPIError as exc:
+                if not unreachable(exc):
+                    raise
+                landed = True
+                log.warning("the outcome was not recorded (%s); recording it again", exc.orig)
         give_up = time.monotonic() + self._config.lease.total_seconds()
+        wait = 0.0
         while True:
             try:
-                closed = self._close_locked(closing, conn)
+                closed = self._close_locked(closing, conn, landed)
             except DBAPIError as exc:
-                if conn is not None or not lock_busy(exc) or time.monotonic() > give_up:
+                broken = unreachable(exc)
+                if conn is not None or not (broken or lock_busy(exc)):
                     raise
+                if time.monotonic() + wait > give_up:
+                    raise
+                landed = landed or broken
                 closed = None
+                if broken:
+                    time.sleep(wait)
+                    wait = min(_RETRY_MOST, max(_RETRY_FIRST, 2 * wait))
+                    continue
             if closed is not None:
                 return closed
             if time.monotonic() > give_up:
@@ -165,10 +190,17 @@ class Completer:
                 )
             log.info("row %s is locked; recording the outcome again", ctx.schedule_id)
 
-    def _close_locked(self, closing: Closing, conn: Connection | None) -> Outcome | None:
+    def _close_locked(
+        self, closing: Closing, conn: Connection | None, landed: bool
+    ) -> Outcome | None:
         """Wait for the row's lock, then close the attempt or record it stale. None: the
-        row was locked again before the close (only between two autocommit statements)."""
+        row was locked again before the close (only between two autocommit statements).
+        ``landed``: an earlier try's answer was lost, so the attempt may be closed already,
+        by that try: then it is not closed again, nor recorded stale."""
         with contextlib.nullcontext(conn) if conn else self._bookkeeping.connection() as conn:
+            closed_as = store.attempt_closed(conn, closing.delivery) if landed else None
+            if closed_as is not None:
+                return _CLOSED[closed_as]
             change = store.change_since_claim(conn, closing.delivery, lock=True)
             if change is None:
                 return _CLOSED[closing.outcome] if store.finish(conn, [closing])[0] else None

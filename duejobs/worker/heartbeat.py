@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
 from duejobs import store
-from duejobs.core import Core
+from duejobs.core import Core, connection_ended
 from duejobs.models import Delivery
 
 log = logging.getLogger("duejobs.worker")
@@ -101,16 +102,24 @@ class Heartbeat:
 
     def _renew(self, due: list[Watched]) -> None:
         """One statement for every lease due, on the heartbeat's own connection (never
-        waiting for the App's pool, which the handlers use)."""
-        try:
-            if self._conn is None or self._conn.invalidated or self._conn.closed:
-                self._conn = self._core.engine.connect().execution_options(
-                    isolation_level="AUTOCOMMIT"
-                )
-            store.extend_leases(self._conn, [w.delivery for w in due], self._lease)
-        except Exception:  # keep beating; the next beat may reach the database
-            log.warning("could not renew %d leases", len(due), exc_info=True)
-            self._close_connection()
+        waiting for the App's pool, which the handlers use). A connection the server ended
+        is replaced before the beat, and one that broke during it is replaced and the beat
+        made again at once: a dropped connection costs no beat."""
+        for last_try in (False, True):
+            try:
+                if self._conn is None or connection_ended(self._conn):
+                    self._close_connection()
+                    self._conn = self._core.engine.connect().execution_options(
+                        isolation_level="AUTOCOMMIT"
+                    )
+                store.extend_leases(self._conn, [w.delivery for w in due], self._lease)
+                return
+            except Exception as exc:  # keep beating; the next beat may reach the database
+                self._close_connection()
+                broken = isinstance(exc, DBAPIError) and exc.connection_invalidated
+                if last_try or not broken:
+                    log.warning("could not renew %d leases", len(due), exc_info=True)
+                    return
 
     def _close_connection(self) -> None:
         if self._conn is not None:

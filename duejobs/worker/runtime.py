@@ -165,6 +165,22 @@ class Runtime:
         ).inc()
         return Delivered(outcome.value, put_back_at)
 
+    def warn_if_outcomes_can_be_lost(self) -> None:
+        """Say at start, once, when a failover can lose outcomes this worker acknowledged:
+        the server waits for synchronous standbys (``synchronous_standby_names``) but the
+        bookkeeping commits do not (no ``durable_bookkeeping``), so the last claims and
+        outcomes before a failover may be missing on the promoted standby, and those
+        schedules run again (docs/deployment.md)."""
+        with self.bookkeeping.connection() as conn:
+            durability = store.bookkeeping_durability(conn)
+        if durability.standbys and durability.synchronous_commit == "off":
+            log.warning(
+                "PostgreSQL waits for synchronous standbys (%s), but this worker's claims and "
+                "outcomes do not (--durable-bookkeeping is off): after a failover the last of "
+                "them may be missing, and those schedules run again",
+                durability.standbys,
+            )
+
     def _type_label(self, job_type: str) -> str:
         """A type label from a bounded set: the types this worker has handlers for."""
         if not job_type:

@@ -85,7 +85,7 @@ FROM verdict
 -- has no handler for (unknown_type) —: the history says so.
 INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
 SELECT id, tenant, 'requeued', version,
-       jsonb_build_object('reason', CAST(:reason AS text), 'due_at', due_at,
+       jsonb_build_object('reason', CAST(:reason AS text), 'due_at', {{utc(due_at)}},
                           'attempt', :attempt, 'worker', CAST(:worker AS text))
 FROM scheduled_jobs
 WHERE id = :id AND version = :version AND status = 'scheduled'
@@ -101,7 +101,7 @@ WITH upd AS (
 )
 INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
 SELECT id, tenant, 'requeued', version,
-       jsonb_build_object('reason', 'unknown_type', 'due_at', due_at, 'attempt', :attempt,
+       jsonb_build_object('reason', 'unknown_type', 'due_at', {{utc(due_at)}}, 'attempt', :attempt,
                           'worker', CAST(:worker AS text))
 FROM upd
 
@@ -214,10 +214,19 @@ WITH req AS (
     SELECT id, tenant, event, version,
            jsonb_strip_nulls(jsonb_build_object(
                'attempt', attempt, 'error', error,
-               'next_attempt_at', CASE WHEN status = 'scheduled' THEN due_at END))
+               'next_attempt_at', {{utc(CASE WHEN status = 'scheduled' THEN due_at END)}}))
     FROM upd
 )
 SELECT id, version, attempt FROM upd
+
+-- name: attempt_closed
+-- How a running attempt was closed, if it was: what a worker whose answer to `finish` was lost
+-- (its connection broke) reads to tell a commit that landed from one that did not.
+SELECT CASE WHEN status = 'succeeded' THEN 'succeeded'
+            WHEN next_attempt_at IS NOT NULL THEN 'scheduled' ELSE 'failed' END AS closed_as
+FROM scheduled_job_attempts
+WHERE schedule_id = :id AND version = :version AND attempt = :attempt
+  AND status IN ('succeeded', 'failed')
 
 -- name: record_stale
 -- A running attempt whose schedule moved on: its result is not applied, the history says so.
@@ -233,11 +242,20 @@ SELECT schedule_id, tenant, 'skipped', :version,
        jsonb_build_object('reason', :reason, 'attempt', :attempt, 'while', 'running')
 FROM att
 
--- name: bookkeeping_session
--- A worker's bookkeeping connection: it gives up on a row lock an application holds after
--- :lock_timeout, and its commits wait for the WAL flush only with durable bookkeeping.
-SELECT set_config('lock_timeout', :lock_timeout, false) AS lock_timeout,
-       set_config('synchronous_commit', :synchronous_commit, false) AS synchronous_commit
+-- name: bookkeeping_settings
+-- Ahead of each statement of a worker's bookkeeping, in its transaction: it gives up on a row
+-- lock an application holds after :lock_timeout, and its commit waits for the WAL flush only
+-- with durable bookkeeping. For that transaction alone: a pooled server session's next client
+-- sees neither.
+SELECT set_config('lock_timeout', :lock_timeout, true) AS lock_timeout,
+       set_config('synchronous_commit', :synchronous_commit, true) AS synchronous_commit
+
+-- name: bookkeeping_durability
+-- How a bookkeeping statement commits (its own settings ahead of it), and the standbys the
+-- server waits for on a durable commit: read at a worker's start, to say what a failover can
+-- lose.
+SELECT current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('synchronous_standby_names') AS standbys
 
 -- name: bounded_locks
 -- This transaction gives up on a row lock after a second (the heartbeat's and the

@@ -99,7 +99,7 @@ WITH new AS (
 ), event AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'created', version,
-           jsonb_build_object('run_at', run_at, 'recurring', CAST(:name AS text),
+           jsonb_build_object('run_at', {{utc(run_at)}}, 'recurring', CAST(:name AS text),
                               'recurring_version', CAST(:version AS integer))
     FROM new
 )

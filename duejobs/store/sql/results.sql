@@ -20,7 +20,7 @@ SET errors = scheduled_job_results.errors || EXCLUDED.errors,
 SELECT r.return_value, r.errors,
        COALESCE((SELECT jsonb_agg(jsonb_build_object(
                           'worker', a.worker, 'status', a.status,
-                          'started_at', a.started_at, 'finished_at', a.finished_at)
+                          'started_at', {{utc(a.started_at)}}, 'finished_at', {{utc(a.finished_at)}})
                         ORDER BY a.version, a.attempt)
                  FROM scheduled_job_attempts a
                  WHERE a.schedule_id = :id

@@ -57,7 +57,7 @@ WITH cur AS (
 ), event AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'rescheduled', version,
-           jsonb_build_object('old_run_at', old_run_at, 'new_run_at', run_at,
+           jsonb_build_object('old_run_at', {{utc(old_run_at)}}, 'new_run_at', {{utc(run_at)}},
                               'old_version', old_version, 'timezone', timezone,
                               'local_run_at', local_run_at)
     FROM upd
@@ -114,7 +114,7 @@ WITH cur AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'rescheduled', version,
            jsonb_build_object('retry', true, 'old_status', old_status,
-                              'old_run_at', old_run_at, 'new_run_at', run_at,
+                              'old_run_at', {{utc(old_run_at)}}, 'new_run_at', {{utc(run_at)}},
                               'old_version', old_version)
     FROM upd
 )
@@ -151,6 +151,10 @@ WHERE id = :id AND {{tenant_filter}}
 
 -- name: database_now
 SELECT statement_timestamp() AS now
+
+-- name: backend_pid
+-- The server process of this session: a pooler's connection reports another (store.connecting).
+SELECT pg_backend_pid() AS pid
 
 -- name: advisory_lock
 SELECT pg_advisory_xact_lock(:key)

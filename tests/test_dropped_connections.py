@@ -1,0 +1,134 @@
+"""A connection ended under the worker — by ``idle_session_timeout``, a pooler's restart, a
+failover, an administrator — at each step of an attempt: the claim, the heartbeat, the
+effect fence, the close, the group commit. Each attempt still runs its handler once and is
+closed by the worker itself (no lease left to expire, no rescue, no second run).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from rq.registry import FailedJobRegistry
+from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
+
+from duejobs import EventKind, store
+from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from tests.conftest import System, sample
+from tests.support.faults import end_session_in
+
+
+def _schedule(system: System, n: int, **payload: Any) -> list[uuid.UUID]:
+    return [system.app.schedule("traced", payload, delay=timedelta(0)).id for _ in range(n)]
+
+
+def _ran_once_each_on_attempt_one(system: System, ids: list[uuid.UUID]) -> None:
+    """Each schedule succeeded on its first attempt, closed by the worker (no reconciler ran
+    here), its handler run once and its effect applied once."""
+    for schedule_id in ids:
+        assert system.status(schedule_id) == "succeeded"
+    with system.app.engine.connect() as conn:
+        runs = conn.execute(text("SELECT schedule_id, attempt FROM test_runs")).all()
+    assert sorted(runs) == sorted((i, 1) for i in ids)
+    applied = sorted(key.split(":", 1)[1] for key, _ in system.effects())  # type:id:attempt
+    assert applied == sorted(f"{i}:1" for i in ids)
+
+
+def _failed_in_rq(system: System) -> int:
+    return FailedJobRegistry(system.app.queue, connection=system.redis).count
+
+
+def test_a_claim_whose_connection_broke_is_made_again_on_a_fresh_one(system: System) -> None:
+    ids = _schedule(system, 1)
+    system.scheduler.run_once()
+    claim = "OLD.status = 'scheduled' AND NEW.status = 'running'"
+    with end_session_in(system.app.engine, "scheduled_jobs", claim):
+        system.work()
+    _ran_once_each_on_attempt_one(system, ids)
+
+
+def test_a_finished_handler_whose_parked_connections_were_ended_is_closed_once(
+    system: System,
+) -> None:
+    # The handler ends every idle session, then applies its effect (the fence on a pooled
+    # connection the server ended) and returns (the close on the claim's parked connection).
+    ids = _schedule(system, 3, end_idle=True)
+    system.scheduler.run_once()
+    system.work()
+    _ran_once_each_on_attempt_one(system, ids)
+    assert _failed_in_rq(system) == 0
+
+
+def test_a_heartbeat_whose_connection_was_ended_renews_at_its_next_beat(
+    system: System, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "duejobs.worker")
+    # Beats every 0.2 s: the heartbeat's connection made and parked before the end, then a
+    # second of beats after it.
+    ids = _schedule(system, 1, before=0.6, end_idle=True, seconds=1.0)
+    system.scheduler.run_once()
+    system.work()
+    _ran_once_each_on_attempt_one(system, ids)
+    assert [r.getMessage() for r in caplog.records if "renew" in r.getMessage()] == []
+
+
+def test_a_group_commit_whose_connection_died_records_every_outcome_it_carried(
+    system: System,
+) -> None:
+    # Four handlers that return together and apply nothing themselves: the worker's close,
+    # batched, is the only statement that closes their attempts, and the first is ended.
+    runtime = Runtime(system.app, WorkerConfig(concurrency=4, heartbeat=timedelta(seconds=1)))
+    ids = [
+        system.app.schedule("meet-and-return", {"group": "gc", "parties": 4}, delay=0).id
+        for _ in range(4)
+    ]
+    system.scheduler.run_once()
+    closed = "OLD.status = 'running' AND NEW.status = 'succeeded'"
+    try:
+        with end_session_in(system.app.engine, "scheduled_job_attempts", closed):
+            DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+    finally:
+        runtime.close()
+    for schedule_id in ids:
+        s = system.app.get(schedule_id)
+        assert s is not None and s.status.value == "succeeded" and s.attempts == 1
+        assert [e.kind for e in system.app.history(schedule_id)].count(EventKind.SUCCEEDED) == 1
+    assert _failed_in_rq(system) == 0
+
+
+def test_an_outcome_committed_whose_answer_was_lost_is_not_recorded_again(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    finish = store.finish
+    lost = []
+
+    def commit_then_lose_the_answer(conn: Any, closings: Any) -> list[bool]:
+        closed = finish(conn, closings)  # autocommit: it has committed
+        if not lost:
+            lost.append(closings)
+            conn.invalidate()
+            raise OperationalError(
+                "finish", {}, ConnectionError("lost"), connection_invalidated=True
+            )
+        return closed
+
+    monkeypatch.setattr(store, "finish", commit_then_lose_the_answer)
+    # A handler with no fence of its own: the worker's close is the only finish.
+    s = system.app.schedule("record-loosely", {}, delay=timedelta(0))
+    counted = {"tenant": "default", "type": "record-loosely"}
+    succeeded = sample("duejobs_deliveries_total", outcome="succeeded", **counted)
+    system.scheduler.run_once()
+    system.work()
+    assert lost  # the fault happened
+    # counted as the success it was (not as a schedule that moved on meanwhile)
+    assert sample("duejobs_deliveries_total", outcome="succeeded", **counted) == succeeded + 1
+    assert system.status(s.id) == "succeeded"
+    assert len(system.effects()) == 1
+    kinds = [e.kind for e in system.app.history(s.id)]
+    assert kinds.count(EventKind.SUCCEEDED) == 1
+    assert EventKind.SKIPPED not in kinds  # not recorded stale either
+    assert _failed_in_rq(system) == 0

@@ -1,0 +1,153 @@
+"""The promises as deployed: a seeded workload through PgBouncer (transaction and session
+mode) and through a failover pair (a streaming standby promoted after its primary is
+killed), with the services as processes and a fault in the middle. Each counts lost
+schedules, handlers run twice, early starts and services that exited, and prints the time
+from the fault to the first job finished after it (docs/deployment.md, docs/benchmarks.md).
+
+Each takes 10-20 s: a few seconds of schedules, the fault, and the recovery waited for.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from duejobs import App
+from duejobs.config import sqlalchemy_url
+from duejobs.core import make_engine
+from duejobs.migrate import upgrade
+from tests.apps import EFFECTS_TABLE, RUNS_TABLE
+from tests.conftest import Proc, Servers
+from tests.replication import Pair, streaming_pair
+from tests.support.pgbouncer import start_pgbouncer
+from tests.support.topology import Counts, run_workload
+
+pytestmark = pytest.mark.serial
+
+
+def _report(capsys: pytest.CaptureFixture[str], name: str, counts: Counts) -> None:
+    with capsys.disabled():
+        print(f"\n{counts.line(name)}")
+
+
+def _end_every_session(url: str) -> None:
+    """Every session on the database ended (``pg_terminate_backend``), idle or not."""
+    engine = make_engine(sqlalchemy_url(url))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("mode", "pool"), [("transaction", 20), ("session", 60)])
+def test_through_pgbouncer_a_pooler_restart_and_ended_sessions_lose_nothing(
+    mode: str,
+    pool: int,
+    servers: Servers,
+    database_url: str,
+    app: App,
+    spawn: Callable[..., Proc],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with start_pgbouncer(servers.server_url, mode, pool_size=pool) as bouncer:
+
+        def fault() -> None:
+            bouncer.restart()
+            time.sleep(1)
+            _end_every_session(database_url)
+
+        counts = run_workload(
+            spawn, bouncer.url_for(servers.database), database_url, fault, seed=45
+        )
+    _report(capsys, f"PgBouncer 1.18, {mode} mode", counts)
+    assert (counts.lost, counts.twice, counts.rescued, counts.early) == (0, 0, 0, 0), (
+        counts.evidence
+    )
+    assert counts.exited == []
+
+
+@pytest.fixture
+def failover_pair(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Pair]:
+    with streaming_pair(tmp_path / "pair", synchronous=request.param) as made:
+        engine = make_engine(sqlalchemy_url(made.primary_url))
+        upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(text(EFFECTS_TABLE))
+            conn.execute(text(RUNS_TABLE))
+        engine.dispose()
+        yield made
+
+
+@pytest.mark.parametrize("failover_pair", [True], indirect=True)
+def test_a_primary_killed_and_its_synchronous_standby_promoted_lose_nothing(
+    failover_pair: Pair,
+    redis_client: object,
+    spawn: Callable[..., Proc],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pair = failover_pair
+
+    def fault() -> None:
+        pair.crash_primary()
+        pair.promote_standby()
+
+    counts = run_workload(
+        spawn,
+        pair.failover_url,
+        pair.failover_url,
+        fault,
+        seed=46,
+        worker_flags=("--durable-bookkeeping",),
+    )
+    _report(capsys, "failover, synchronous standby, durable bookkeeping", counts)
+    assert (counts.lost, counts.twice, counts.rescued, counts.early) == (0, 0, 0, 0), (
+        counts.evidence
+    )
+    assert counts.exited == []
+
+
+@pytest.mark.parametrize("failover_pair", [False], indirect=True)
+def test_a_primary_killed_and_its_asynchronous_standby_promoted_lose_nothing(
+    failover_pair: Pair,
+    redis_client: object,
+    spawn: Callable[..., Proc],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Asynchronous replication: what the standby had not received is gone with the primary.
+    A schedule whose claim or outcome was among it runs again (rescued, or claimed again):
+    the documented exception, counted; none is lost, none starts early."""
+    pair = failover_pair
+
+    def fault() -> None:
+        pair.crash_primary()
+        pair.promote_standby()
+
+    counts = run_workload(spawn, pair.failover_url, pair.failover_url, fault, seed=47)
+    _report(capsys, "failover, asynchronous standby", counts)
+    assert (counts.lost, counts.early) == (0, 0)
+    assert counts.exited == []
+
+
+def test_the_worker_says_when_a_failover_can_lose_its_outcomes(
+    tmp_path: Path, redis_client: object, spawn: Callable[..., Proc]
+) -> None:
+    with streaming_pair(tmp_path / "pair", synchronous=True) as pair:
+        upgrade(make_engine(sqlalchemy_url(pair.primary_url)))
+        env = {"DUEJOBS_DATABASE_URL": pair.primary_url}
+        quiet = spawn(
+            "worker", "--app", "tests.apps:app", "--burst", "--durable-bookkeeping", extra_env=env
+        )
+        warned = spawn("worker", "--app", "tests.apps:app", "--burst", extra_env=env)
+        assert quiet.popen.wait(60) == 0 and warned.popen.wait(60) == 0
+    assert "synchronous standbys" in warned.output()
+    assert "synchronous standbys" not in quiet.output()
