@@ -17,10 +17,12 @@ import time
 from bench import (
     bulk,
     concurrency,
+    durability,
     fairness,
     lag,
     partitions,
     peer,
+    prepared,
     scheduler_throughput,
     worker_throughput,
 )
@@ -48,6 +50,8 @@ def main() -> int:
         fairness,
         bulk,
         partitions,
+        prepared,
+        durability,
     )
     chosen = sys.argv[1:]
     with scratch_database() as (database_url, redis_url):

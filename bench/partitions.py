@@ -70,13 +70,16 @@ ANALYZE {schema}.scheduled_jobs, {schema}.scheduled_job_events, {schema}.schedul
 """
 
 
-def _app(database_url: str, redis_url: str, schema: str, partitioned: bool) -> App:
-    app = App(database_url=database_url, redis_url=redis_url, schema=schema)
+def make_app(
+    database_url: str, redis_url: str, schema: str, partitioned: bool, **options: str
+) -> App:
+    """An App on ``schema`` (``options``: the App's own, prepared statements say), migrated."""
+    app = App(database_url=database_url, redis_url=redis_url, schema=schema, **options)
     app.migrate(partitioned=MODE if partitioned else None)
     return app
 
 
-def _fill(app: App, schema: str, partitioned: bool) -> None:
+def fill(app: App, schema: str, partitioned: bool) -> None:
     with app.engine.begin() as conn:
         now = store.database_now(conn)
         start = now - timedelta(days=DAYS)
@@ -108,7 +111,7 @@ def _fill(app: App, schema: str, partitioned: bool) -> None:
             conn.execute(text(f"VACUUM (ANALYZE) {schema}.{table}"))
 
 
-def _due(app: App, schema: str, round_: int) -> None:
+def add_due(app: App, schema: str, round_: int) -> None:
     """DUE schedules due now, the last minute's, for one round's claim."""
     with app.engine.begin() as conn:
         now = store.database_now(conn)
@@ -126,7 +129,7 @@ def _due(app: App, schema: str, round_: int) -> None:
         conn.execute(text(f"ANALYZE {schema}.scheduled_jobs"))
 
 
-def _claim_rate(app: App) -> float:
+def claim_rate(app: App) -> float:
     scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
     started, pushed = time.perf_counter(), 0
     while pushed < DUE:
@@ -180,8 +183,8 @@ def _rounds(apps: dict[str, App]) -> dict[str, dict[str, list[float]]]:
             for schema in order if round_ % 2 == 0 else order[::-1]:
                 app = apps[schema]
                 if operation == "claim":
-                    _due(app, schema, round_)
-                    rate = _claim_rate(app)
+                    add_due(app, schema, round_)
+                    rate = claim_rate(app)
                 elif operation == "retention":
                     older_than = timedelta(days=DAYS) - (round_ + 1) * PERIOD
                     rate, dropped = _retention_rate(app, schema, older_than)
@@ -201,12 +204,12 @@ def _rounds(apps: dict[str, App]) -> dict[str, dict[str, list[float]]]:
 def run(database_url: str, redis_url: str) -> list[Figure]:
     flush = redis.Redis.from_url(redis_url)
     apps = {
-        schema: _app(database_url, redis_url, schema, partitioned)
+        schema: make_app(database_url, redis_url, schema, partitioned)
         for schema, partitioned in (("plain", False), ("parted", True))
     }
     try:
         for schema, app in apps.items():
-            _fill(app, schema, schema == "parted")
+            fill(app, schema, schema == "parted")
         flush.flushdb()
         create_ahead(apps["parted"].engine)
         rates = _rounds(apps)

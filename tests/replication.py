@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import signal
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -55,6 +56,19 @@ class Pair:
     @property
     def _standby_admin_url(self) -> str:
         return self.replica_url.replace("/" + DATABASE, "/postgres", 1)
+
+    def accepting_writes(self) -> float:
+        """Wait (a minute at most) until the failover URL reaches a server that accepts
+        writes; the time.time() it did."""
+        deadline = time.monotonic() + 60
+        while True:
+            with (
+                contextlib.suppress(psycopg.OperationalError),
+                psycopg.connect(self.failover_url, connect_timeout=2),
+            ):
+                return time.time()
+            assert time.monotonic() < deadline, "no server accepted writes after a minute"
+            time.sleep(0.05)
 
     def standby_answers(self) -> bool:
         try:

@@ -97,9 +97,10 @@ def test_a_primary_killed_and_its_synchronous_standby_promoted_lose_nothing(
 ) -> None:
     pair = failover_pair
 
-    def fault() -> None:
+    def fault() -> float:
         pair.crash_primary()
         pair.promote_standby()
+        return pair.accepting_writes()
 
     counts = run_workload(
         spawn,
@@ -128,9 +129,10 @@ def test_a_primary_killed_and_its_asynchronous_standby_promoted_lose_nothing(
     the documented exception, counted; none is lost, none starts early."""
     pair = failover_pair
 
-    def fault() -> None:
+    def fault() -> float:
         pair.crash_primary()
         pair.promote_standby()
+        return pair.accepting_writes()
 
     counts = run_workload(spawn, pair.failover_url, pair.failover_url, fault, seed=47)
     _report(capsys, "failover, asynchronous standby", counts)

@@ -42,14 +42,19 @@ class Counts:
     early: int
     exited: list[str]
     recovery: float
+    # seconds from the moment the servers were back (a promoted standby accepting writes)
+    # to that first run's end, when the fault says when that was
+    after_back: float | None = None
     evidence: str = ""  # the history of a schedule counted above, to read on a failure
 
     def line(self, name: str) -> str:
+        back = "" if self.after_back is None else f" ({self.after_back:.1f} s after the "
+        back += "" if self.after_back is None else "servers were back)"
         return (
             f"{name}: {self.schedules} schedules, {self.lost} lost, {self.twice} run twice "
             f"in one attempt, {self.rescued} rescued and run again, {self.early} early, "
             f"{len(self.exited)} services exited; first job {self.recovery:.1f} s after the "
-            "fault"
+            f"fault{back}"
         )
 
 
@@ -57,7 +62,7 @@ def run_workload(
     spawn: Callable[..., Proc],
     url: str,
     read_url: str,
-    fault: Callable[[], None],
+    fault: Callable[[], float | None],
     *,
     seed: int,
     schedules: int = 200,
@@ -65,7 +70,8 @@ def run_workload(
     worker_flags: tuple[str, ...] = (),
 ) -> Counts:
     """Schedules spread over ``spread`` seconds through ``url``, the services started on it,
-    ``fault()`` a third of the way in, then every schedule waited for (two minutes at most);
+    ``fault()`` a third of the way in (returning, if it knows, the time.time() at which the
+    servers were back), then every schedule waited for (two minutes at most);
     the counts are read through ``read_url`` (the server that holds the data after the
     fault)."""
     rng = random.Random(seed)
@@ -100,7 +106,7 @@ def run_workload(
     }
     time.sleep(1 + spread / 3)
     faulted_at = time.time()
-    fault()
+    back_at = fault()
     reader = App(read_url, strict_types=False)
     try:
         deadline = time.monotonic() + 120
@@ -108,6 +114,10 @@ def run_workload(
             time.sleep(0.5)
         exited = [name for name, proc in services.items() if proc.popen.poll() is not None]
         counts = _count(reader, ids, faulted_at, exited)
+        if back_at is not None:
+            counts = dataclasses.replace(
+                counts, after_back=counts.recovery - (back_at - faulted_at)
+            )
         logs = "\n".join(
             f"--- {name}\n{_troubles(proc.output())}" for name, proc in services.items()
         )
@@ -188,5 +198,12 @@ def _count(app: App, ids: list[uuid.UUID], faulted_at: float, exited: list[str])
         for e in (app.history(rescued_ids[0]) if rescued_ids else [])
     )
     return Counts(
-        len(ids), lost, int(twice), len(rescued_ids), int(early), exited, recovery, evidence
+        len(ids),
+        lost,
+        int(twice),
+        len(rescued_ids),
+        int(early),
+        exited,
+        recovery,
+        evidence=evidence,
     )
