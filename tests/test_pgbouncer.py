@@ -9,6 +9,9 @@ it: whatever one client left on it, the next one reads.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -186,3 +189,30 @@ def test_the_online_conversion_is_refused_through_a_pooler(pooled: App) -> None:
     # It holds a session lock across its transactions, which the pooler may hand on.
     with pytest.raises(PartitioningError, match="reaches PostgreSQL itself"):
         partitions.abort_conversion(pooled.engine)
+
+
+def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "duejobs", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_cli_takes_prepared_statements_for_every_command(
+    database_url: str, redis_url: str, app: App
+) -> None:
+    schedule = ("schedule", "remind", "--in", "30m", "--json")
+    urls = {
+        "DUEJOBS_DATABASE_URL": database_url,
+        "DUEJOBS_REDIS_URL": redis_url,
+        "DUEJOBS_PREPARED_STATEMENTS": "maybe",
+    }
+    refused = _cli(*schedule, **urls)
+    assert refused.returncode != 0 and "DUEJOBS_PREPARED_STATEMENTS" in refused.stderr
+    given = _cli("--prepared-statements", "off", *schedule, **urls)  # the flag decides
+    assert given.returncode == 0, given.stderr
+    bad = _cli("--prepared-statements", "sometimes", *schedule, **urls)
+    assert bad.returncode == 2 and "--prepared-statements" in bad.stderr

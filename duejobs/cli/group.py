@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -86,12 +87,23 @@ class _Cli(click.Group):
     show_default=True,
     help="Where the embedded servers of `duejobs demo` keep their data.",
 )
+@click.option(
+    "--prepared-statements",
+    type=click.Choice(["auto", "on", "off"]),
+    default=None,
+    help="Whether connections keep prepared statements (DUEJOBS_PREPARED_STATEMENTS; "
+    "default auto: none through a connection pooler).",
+)
 @click.version_option(package_name="duejobs", prog_name="duejobs")
 @click.pass_context
-def main(ctx: click.Context, data_dir: Path) -> None:
+def main(ctx: click.Context, data_dir: Path, prepared_statements: str | None) -> None:
     """duejobs: durable delayed and scheduled jobs on PostgreSQL and RQ."""
     ctx.ensure_object(dict)
     ctx.obj["data_dir"] = data_dir
+    if prepared_statements is not None:  # for every App of this process, --app's included
+        from duejobs.config import PREPARED_STATEMENTS_ENV  # (not imported for --help)
+
+        os.environ[PREPARED_STATEMENTS_ENV] = prepared_statements
 
 
 def run_alone(name: str, args: list[str], prog_name: str, app: str | None = None) -> NoReturn:
