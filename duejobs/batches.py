@@ -14,8 +14,8 @@ callers it answered and the next leader, however many slots wait.
 What it promises: each request gets the answer of the one commit that carried it, or the
 error that commit met; an answer is handed out only after the commit, so a slot acknowledges
 a delivery to RQ only once its outcome is in the database. A commit that failed (an outage)
-fails every request it carried, as each would have failed alone: the rows stay as they were
-(``running`` until its lease ends, for the reconciler's rescue).
+fails every request it carried, as each would have failed alone; each caller decides what to
+do next (the worker records its outcomes again one by one: :mod:`duejobs.worker.closing`).
 
 What it does not do: wait to fill a batch (no timer; under load batches fill by themselves),
 or retry. Knob: ``limit``, the most requests one statement carries.

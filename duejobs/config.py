@@ -48,12 +48,12 @@ class PreparedStatements(StrEnum):
     """Whether duejobs' connections keep prepared statements (``DUEJOBS_PREPARED_STATEMENTS``).
 
     A prepared statement lives in one server session. A pooler in transaction mode hands each
-    transaction whichever server session is free (PgBouncer before 1.21, or without
+    transaction whichever server session is free (PgBouncer before 1.22, or without
     ``max_prepared_statements``): a statement prepared in one is missing, or is another
     client's statement of the same name, in the next. ``auto`` keeps them on a connection
     that reaches PostgreSQL itself and turns them off on one that reaches a pooler (told
     apart at connect: a pooler answers with a process id of its own); ``on`` keeps them
-    everywhere (a pooler that keeps them: session mode, PgBouncer 1.21+ with
+    everywhere (a pooler that keeps them: session mode, PgBouncer 1.22+ with
     ``max_prepared_statements``); ``off`` never prepares (the partitioned claim then plans
     its two statements at each batch: docs/deployment.md gives what that costs).
     """
@@ -121,7 +121,7 @@ def _parsed(url: str) -> URL:
     port (``postgresql://u@h1:5432,h2:5432/db``), or a ``key=value`` connection string —
     read by libpq itself and written as SQLAlchemy takes it: the hosts and ports, comma
     separated, as query parameters that reach libpq unchanged."""
-    if "://" in url:
+    if "://" in url and "," not in _authority(url):  # several hosts: libpq's reading alone
         with contextlib.suppress(ValueError):
             return make_url(url)
     from duejobs.store.connecting import libpq_reading  # the store alone speaks to libpq
@@ -137,7 +137,7 @@ def _parsed(url: str) -> URL:
     dbname = parts.pop("dbname", None)
     return URL.create(
         scheme or "postgresql",
-        username=str(user) if user else None,
+        username=str(user) if user else ("" if password else None),  # keeps a lone password
         password=str(password) if password else None,
         database=str(dbname) if dbname else None,
         query={k: str(v) for k, v in parts.items()},
@@ -151,7 +151,8 @@ def sqlalchemy_url(url: str) -> str:
     (``postgresql://u@h1:5432,h2:5432/db?target_session_attrs=read-write``), a service
     (``postgresql:///?service=name``), a ``key=value`` connection string. The password never
     appears in an error."""
-    if _authority(url).count("@") > 1:  # read otherwise, part of the password becomes the host
+    # read otherwise, part of the password becomes the host (a key=value string names each)
+    if "://" in url and _authority(url).count("@") > 1:
         raise ConfigurationError(
             "the database URL has more than one '@' before its host: percent-encode the "
             "user name and password (@ is %40)"

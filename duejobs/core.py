@@ -74,7 +74,18 @@ DEFAULT_READ_TIMEOUT = timedelta(seconds=10)
 # query claim_plan, the worker's lock limit and commit durability in bookkeeping_settings);
 # durations cross as absolute time (duejobs.store.adapters) and instants are read as UTC, so
 # no statement depends on the session's time zone.
-_CONNECT_ARGS: dict[str, Any] = {"connect_timeout": 10}
+# Keepalives and a TCP user timeout: a server whose host is gone (a lost machine, a network
+# partition; not a killed process, whose host answers at once) is noticed within half a
+# minute, where the kernel alone retransmits for about fifteen, a worker's bookkeeping and its
+# heartbeat waiting all that time. Each applies unless the URL gives its own.
+_CONNECT_ARGS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
 
 
 def make_engine(
@@ -128,7 +139,7 @@ def _driver_options(
     hand either to psycopg as text, which it refuses)."""
     url = make_url(database_url)
     threshold = url.query.get("prepare_threshold")
-    args = dict(_CONNECT_ARGS)
+    args = {k: v for k, v in _CONNECT_ARGS.items() if k not in url.query}
     if threshold is None:
         return database_url, args, prepared
     url = url.difference_update_query(["prepare_threshold"])

@@ -10,9 +10,11 @@ from urllib.parse import quote
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+from sqlalchemy import make_url
 
 from duejobs import App
 from duejobs.config import libpq_url, redacted
+from duejobs.core import make_engine
 from duejobs.errors import ConfigurationError, DatabaseUnavailableError
 
 # A port nothing listens on: libpq moves on to the next host at once.
@@ -80,3 +82,34 @@ def test_no_password_of_a_key_value_string_reaches_a_message() -> None:
 def test_a_port_that_is_not_a_number_is_refused(url: str) -> None:
     with pytest.raises(ConfigurationError, match="not a database URL"):
         App(url)
+
+
+def test_a_server_whose_host_is_gone_is_noticed_within_half_a_minute(
+    database_url: str, app: App
+) -> None:
+    # TCP keepalives and a user timeout on every connection, unless the URL says otherwise
+    def parameters(url: str) -> dict[str, str]:
+        engine = make_engine(url)
+        try:
+            with engine.connect() as conn:
+                return dict(conn.connection.driver_connection.info.get_parameters())  # type: ignore[union-attr]
+        finally:
+            engine.dispose()
+
+    given = parameters(database_url)
+    assert (given["keepalives_idle"], given["tcp_user_timeout"]) == ("10", "30000")
+    own = make_url(database_url).update_query_dict({"tcp_user_timeout": "5000"})
+    assert parameters(own.render_as_string(hide_password=False))["tcp_user_timeout"] == "5000"
+
+
+@pytest.mark.parametrize(
+    ("url", "reads"),
+    [
+        ("postgres://u:pw@[::1]:5432,[::2]:5433/db", {"host": "::1,::2", "port": "5432,5433"}),
+        ("postgresql://:pw@h1:1,h2:2/db", {"password": "pw", "host": "h1,h2"}),
+        ("host=h user=app@srv password=p@ss dbname=db", {"user": "app@srv", "password": "p@ss"}),
+    ],
+)
+def test_libpq_reads_each_form_as_duejobs_passes_it_on(url: str, reads: dict[str, str]) -> None:
+    parts = conninfo_to_dict(libpq_url(url))
+    assert {k: parts.get(k) for k in reads} == reads

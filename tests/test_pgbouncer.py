@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from sqlalchemy import make_url, text
 
-from duejobs import App, partitions, store
+from duejobs import App, ScheduleRequest, partitions, store
 from duejobs.config import libpq_url
 from duejobs.errors import ConfigurationError, PartitioningError
 from duejobs.migrate import upgrade
@@ -69,6 +69,8 @@ def _probe(url: str) -> dict[str, str]:
         }
         prepared = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0]
         values["prepared statements"] = str(prepared)
+        temporary = "SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()"
+        values["temporary tables"] = str(conn.execute(temporary).fetchone()[0])
     return values
 
 
@@ -111,12 +113,15 @@ def test_nothing_duejobs_sets_is_read_by_another_client_of_the_pooler(
 ) -> None:
     url = bouncer.url_for(servers.database)
     before = _probe(libpq_url(servers.database_url))  # the server's own defaults
-    before["prepared statements"] = "0"
+    before["prepared statements"] = before["temporary tables"] = "0"
     ids = [pooled.schedule("traced", {"n": n}, delay=timedelta(0)).id for n in range(30)]
     _drain(pooled, ids)
     # Bookkeeping with a lock limit, a claim with its plan settings, figures bounded by a
-    # statement timeout: each through the one server connection the probe reads next.
+    # statement timeout, keyed schedules staged in bulk: each through the one server
+    # connection the probe reads next.
     pooled.list(limit=10)
+    keyed = [ScheduleRequest("record", {}, delay=3600, key=f"k{n}") for n in range(3)]
+    pooled.schedule_many(keyed)
     assert _probe(url) == before
 
 

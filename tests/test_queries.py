@@ -69,6 +69,8 @@ def test_each_shared_rule_is_spelled_in_its_fragment_only(rule: str, spelled: st
         ("-- name: a\nSELECT {{nowhere}}\n", "unknown fragment"),
         ("SELECT 1\n-- name: a\nSELECT 2\n", "before the first"),
         ("-- name: a\n-- only a comment\n", "is empty"),
+        ("-- name: a\nSELECT {{utc(a, b)}}\n", "takes 1 arguments"),
+        ("-- name: a\nSELECT {{utc(f(g(x)))}}\n", "left unexpanded"),
     ],
 )
 def test_a_malformed_query_file_is_refused_when_loaded(text: str, error: str) -> None:

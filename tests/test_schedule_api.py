@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
-from sqlalchemy import make_url, text
+from sqlalchemy import create_engine, make_url, text
 
 from duejobs import App, EventKind, ScheduleRequest, Status
 from duejobs.config import libpq_url
@@ -412,3 +412,16 @@ def test_a_delay_is_absolute_time_on_a_server_whose_sessions_observe_summer_time
         assert _delayed_by(s, _LONG_DELAY)
     finally:
         lisbon.close()
+
+
+def test_a_delay_is_absolute_time_on_a_callers_own_engine_with_summer_time(
+    app: App, database_url: str
+) -> None:
+    theirs = create_engine(database_url)  # the application's own engine, not duejobs'
+    try:
+        with theirs.begin() as conn:
+            conn.exec_driver_sql("SET LOCAL TimeZone = 'Europe/Lisbon'")
+            s = app.schedule("record", {}, delay=_LONG_DELAY, conn=conn)
+    finally:
+        theirs.dispose()
+    assert _delayed_by(s, _LONG_DELAY)

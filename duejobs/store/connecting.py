@@ -27,7 +27,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from psycopg.adapt import AdaptersMap
+from psycopg.adapt import AdaptersMap, PyFormat
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.datetime import TimedeltaBinaryDumper, TimedeltaDumper
 
@@ -58,6 +58,12 @@ class _AbsoluteDurationBinary(TimedeltaBinaryDumper):
 
     def dump(self, obj: timedelta) -> bytes:
         return _INTERVAL.pack(_microseconds(obj), 0, 0)
+
+
+def sends_absolute_durations(adapters: AdaptersMap) -> bool:
+    """Whether ``adapters`` send a timedelta as :func:`absolute_durations` does (duejobs' own
+    connections), or as psycopg does (a caller's)."""
+    return adapters.get_dumper(timedelta, PyFormat.BINARY) is _AbsoluteDurationBinary
 
 
 def absolute_durations(adapters: AdaptersMap) -> None:
@@ -107,7 +113,7 @@ class Connected:
                 log.info(
                     "PostgreSQL at %s:%s is reached through a connection pooler: prepared "
                     "statements off (DUEJOBS_PREPARED_STATEMENTS=on keeps them where the "
-                    "pooler does: session mode, PgBouncer 1.21+ with max_prepared_statements)",
+                    "pooler does: session mode, PgBouncer 1.22+ with max_prepared_statements)",
                     driver.info.host,
                     driver.info.port,
                 )

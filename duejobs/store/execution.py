@@ -25,6 +25,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError, StatementError
 
+from duejobs.store.connecting import absolute_durations, sends_absolute_durations
 from duejobs.store.lent import Awaited, Lent, adapted
 from duejobs.store.queries import QUERIES, SCHEMA_OPTION, TABLES, Query, in_schema
 
@@ -119,13 +120,21 @@ def run(
             _settings_first(conn, driver) as sent,
             driver.cursor(row_factory=namedtuple_row) as cursor,
         ):
-            if isinstance(conn, Lent):
-                adapted(conn, cursor)
+            _as_ours(conn, driver, cursor)
             cursor.execute(query.driver_sql, params or {}, prepare=prepare)
             sent()
             return cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:
         raise _surfaced(conn, driver, name, params, exc) from exc
+
+
+def _as_ours(conn: Connection, driver: psycopg.Connection[Any], cursor: Any) -> None:
+    """A cursor on a caller's connection (``conn=``, SQLAlchemy's or psycopg's) reading and
+    writing as duejobs' own do: durations as absolute time, jsonb decoded."""
+    if isinstance(conn, Lent):
+        adapted(conn, cursor)
+    elif not sends_absolute_durations(driver.adapters):
+        absolute_durations(cursor.adapters)
 
 
 def run_one(conn: Connection, name: str, params: dict[str, Any] | None = None) -> Any | None:
@@ -140,8 +149,7 @@ def run_count(conn: Connection, name: str, params: dict[str, Any] | None = None)
     driver = _driver(conn)
     try:
         with _settings_first(conn, driver) as sent, driver.cursor() as cursor:
-            if isinstance(conn, Lent):
-                adapted(conn, cursor)
+            _as_ours(conn, driver, cursor)
             cursor.execute(query.driver_sql, params or {})
             sent()
             return cursor.rowcount
@@ -201,8 +209,7 @@ def copying(
     )
     try:
         with driver.cursor() as cursor:
-            if isinstance(conn, Lent):
-                adapted(conn, cursor)
+            _as_ours(conn, driver, cursor)
             with cursor.copy(statement) as copy:
                 if types is not None:
                     copy.set_types(types)

@@ -131,18 +131,30 @@ class Awaited:
     def autocommit(self) -> bool:
         return self._driver.autocommit
 
+    @property
+    def adapters(self) -> Any:
+        return self._driver.adapters
+
     @contextlib.contextmanager
     def cursor(self, **options: Any) -> Iterator[AwaitedCursor]:
         with _entered(self._driver.cursor(**options)) as cursor:
             yield AwaitedCursor(cursor)
 
     @contextlib.contextmanager
-    def pipeline(self) -> Iterator[None]:
-        with _entered(self._driver.pipeline()):
-            yield
+    def pipeline(self) -> Iterator[AwaitedPipeline]:
+        with _entered(self._driver.pipeline()) as pipeline:
+            yield AwaitedPipeline(pipeline)
 
     def execute(self, query: Any, params: Any) -> None:
         await_only(self._driver.execute(query, params))
+
+
+class AwaitedPipeline:
+    def __init__(self, pipeline: psycopg.AsyncPipeline) -> None:
+        self._pipeline = pipeline
+
+    def sync(self) -> None:
+        await_only(self._pipeline.sync())
 
 
 class AwaitedCursor:

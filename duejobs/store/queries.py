@@ -15,6 +15,7 @@ then, not at the first call. The name is what a plan test EXPLAINs and what an e
 from __future__ import annotations
 
 import re
+import string
 from dataclasses import dataclass
 from importlib.resources import files
 
@@ -172,11 +173,18 @@ def _expand(name: str, sql: str) -> str:
         except KeyError:
             raise ValueError(f"query {name}: unknown fragment {match[0]}") from None
         args = _split_args(match[2]) if match[2] is not None else []
+        wanted = {field for _, field, _, _ in string.Formatter().parse(body) if field}
+        if args and len(args) != len(wanted):
+            raise ValueError(f"query {name}: {match[0]} takes {len(wanted)} arguments")
         return body.format(*args) if args else body
 
     for _ in range(5):  # fragments may use fragments, a few levels deep
         expanded = _FRAGMENT.sub(fragment, sql)
         if expanded == sql:
+            if "{{" in sql:  # a fragment the pattern could not read (arguments nested deep)
+                raise ValueError(
+                    f"query {name}: a fragment left unexpanded: {sql[sql.index('{{') :][:60]}"
+                )
             return sql
         sql = expanded
     raise ValueError(f"query {name}: fragments nested too deep")

@@ -58,12 +58,13 @@ shutdown) — the row stays ``running`` until its lease expires and the reconcil
 or PostgreSQL itself crashes, or fails over to a standby that had not received them — the
 worker's claim and outcome commits use ``synchronous_commit = off`` (about 1 ms per job
 less), so the last fraction of a second of them can be lost and the schedule runs again; or
-the database stays unreachable past the lease after the handler returned. A dropped
-connection alone never does: parked connections are checked before use, an outcome is
-recorded again on a fresh connection until its lease ends, and one whose commit landed
-though its answer was lost is recognised (:mod:`duejobs.worker.closing`). Effects committed
-through ``ctx.transaction()`` use the application's durable commits and stay exactly-once in
-every case.
+the database stays unreachable past the lease after the handler returned. A connection
+dropped around the handler never does: parked connections are checked before use, an outcome
+is recorded again on a fresh connection until its lease ends, and one whose commit landed
+though its answer was lost is recognised (:mod:`duejobs.worker.closing`). One dropped inside
+the handler's own ``ctx.transaction()`` fails that attempt, retried by the type's policy.
+Effects committed through ``ctx.transaction()`` use the application's durable commits and stay
+exactly-once in every case.
 
 A claim waits at most ``claim_lock_timeout`` (2 s) for a row lock an application
 transaction holds; then the delivery goes back to the scheduled registry for a second later,

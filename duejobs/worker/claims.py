@@ -47,6 +47,8 @@ from duejobs.worker.config import WorkerConfig
 log = logging.getLogger("duejobs.worker")
 # Threads that run the claims of deliveries taken together (:meth:`Claimer.claim_ahead`).
 _CLAIMERS = 4
+# Seconds before a claim whose connection broke or was refused is made again.
+_CLAIM_AGAIN_AFTER = 0.2
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ class Claimer:
             if not unreachable(exc):
                 raise
             log.warning("the claim was not made (%s); claiming again", exc.orig)
+            time.sleep(_CLAIM_AGAIN_AFTER)  # a pooler or a server coming back
             return self._claims.submit(delivery)
 
     def _in_time(self, delivery: Delivery, claim: RunClaim, asked_at: float) -> RunClaim:

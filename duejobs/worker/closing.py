@@ -164,7 +164,9 @@ class Completer:
                     raise
                 landed = True
                 log.warning("the outcome was not recorded (%s); recording it again", exc.orig)
-        give_up = time.monotonic() + self._config.lease.total_seconds()
+        # The heartbeat stopped when the handler returned, its last renewal at most a beat
+        # before: past a lease less a beat from now the reconciler may rescue the attempt.
+        give_up = time.monotonic() + (self._config.lease - self._config.heartbeat).total_seconds()
         wait = 0.0
         while True:
             try:

@@ -21,6 +21,8 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from duejobs import metrics, store, tracing
 from duejobs.config import redacted
 from duejobs.core import HasCore
@@ -171,8 +173,12 @@ class Runtime:
         bookkeeping commits do not (no ``durable_bookkeeping``), so the last claims and
         outcomes before a failover may be missing on the promoted standby, and those
         schedules run again (docs/deployment.md)."""
-        with self.bookkeeping.connection() as conn:
-            durability = store.bookkeeping_durability(conn)
+        try:
+            with self.bookkeeping.connection() as conn:
+                durability = store.bookkeeping_durability(conn)
+        except DBAPIError as exc:  # the database down at start: the worker waits it out
+            log.warning("could not read how PostgreSQL commits (%s); going on", exc.orig)
+            return
         if durability.standbys and durability.synchronous_commit == "off":
             log.warning(
                 "PostgreSQL waits for synchronous standbys (%s), but this worker's claims and "

@@ -244,11 +244,13 @@ FROM att
 
 -- name: bookkeeping_settings
 -- Ahead of each statement of a worker's bookkeeping, in its transaction: it gives up on a row
--- lock an application holds after :lock_timeout, and its commit waits for the WAL flush only
--- with durable bookkeeping. For that transaction alone: a pooled server session's next client
--- sees neither.
+-- lock an application holds after :lock_timeout, its commit waits for the WAL flush only
+-- with durable bookkeeping, and nothing is compiled (JIT: a statement over a partitioned table
+-- can pass jit_above_cost, and each is short). For that transaction alone: a pooled server
+-- session's next client sees none of it.
 SELECT set_config('lock_timeout', :lock_timeout, true) AS lock_timeout,
-       set_config('synchronous_commit', :synchronous_commit, true) AS synchronous_commit
+       set_config('synchronous_commit', :synchronous_commit, true) AS synchronous_commit,
+       set_config('jit', 'off', true) AS jit
 
 -- name: bookkeeping_durability
 -- How a bookkeeping statement commits (its own settings ahead of it), and the standbys the

@@ -1,12 +1,13 @@
 -- Schedules many at a time: a binary COPY, keyed rows through a staging table.
 
 -- name: create_staging
--- Session-local, emptied at each commit: keyed rows of a batch wait here to be moved.
+-- Keyed rows of a batch wait here to be moved (emptied after each batch). Dropped at the
+-- commit: nothing of it stays on a session a pooler hands on.
 CREATE TEMPORARY TABLE IF NOT EXISTS duejobs_staging (
     ord integer, id uuid, tenant text, type text, key text, payload text,
     run_at timestamptz, delay interval, jitter_offset interval, expires_after interval,
     max_attempts integer, timezone text, local_run_at timestamp, queue text
-) ON COMMIT DELETE ROWS
+) ON COMMIT DROP
 
 -- name: move_staged
 -- The staged rows into the table (database clock for delays, keys held by a live schedule
