@@ -357,7 +357,12 @@ def test_the_claim_never_takes_a_row_a_millisecond_before_it_is_due(system: Syst
         while len(started) < len(rows):
             assert time.monotonic() < deadline, "the rows were not all claimed"
             claims = store.claim_runs(
-                conn, deliveries, worker="test", lease=timedelta(minutes=1), types=["record"]
+                conn,
+                deliveries,
+                worker="test",
+                lease=timedelta(minutes=1),
+                types=["record"],
+                claim="test",
             )
             for delivery, claim in zip(deliveries, claims, strict=True):
                 if claim is not None:

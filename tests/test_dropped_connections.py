@@ -132,3 +132,32 @@ def test_an_outcome_committed_whose_answer_was_lost_is_not_recorded_again(
     assert kinds.count(EventKind.SUCCEEDED) == 1
     assert EventKind.SKIPPED not in kinds  # not recorded stale either
     assert _failed_in_rq(system) == 0
+
+
+def test_a_claim_committed_whose_answer_was_lost_runs_its_handler_on_that_attempt(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without it, the attempt would wait for its lease and be rescued (a type with one
+    # attempt: failed for good, its handler never run).
+    claim_runs = store.claim_runs
+    lost = []
+
+    def commit_then_lose_the_answer(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        claimed = claim_runs(conn, *args, **kwargs)  # autocommit: it has committed
+        if not lost:
+            lost.append(claimed)
+            conn.invalidate()
+            raise OperationalError(
+                "claim_runs", {}, ConnectionError("lost"), connection_invalidated=True
+            )
+        return claimed
+
+    monkeypatch.setattr(store, "claim_runs", commit_then_lose_the_answer)
+    ids = _schedule(system, 1)
+    system.scheduler.run_once()
+    system.work()
+    assert lost  # the fault happened
+    _ran_once_each_on_attempt_one(system, ids)
+    kinds = [e.kind for e in system.app.history(ids[0])]
+    assert EventKind.SKIPPED not in kinds  # not taken for a duplicate of itself
+    assert _failed_in_rq(system) == 0

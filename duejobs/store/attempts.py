@@ -59,6 +59,7 @@ def claim_runs(
     worker: str,
     lease: timedelta,
     types: Sequence[str],
+    claim: str,
 ) -> list[RunClaim | None]:
     """Turn the deliveries that can run now into running attempts, in one statement: each
     one's row (of its tenant) ``scheduled`` at the delivered version, this being its next
@@ -67,8 +68,10 @@ def claim_runs(
     The answers follow the deliveries' order, each matched by (schedule id, version,
     attempt) — copies of one schedule at other versions may come in the same batch; None for
     one left untouched (see :func:`claim_verdict`), and for a second copy of a delivery
-    claimed once."""
+    claimed once. ``claim`` names the statement in each ``started`` event
+    (:func:`claim_landed`)."""
     params = {
+        "claim": claim,
         "ids": [d.schedule_id for d in deliveries],
         "tenants": [d.tenant for d in deliveries],
         "versions": [d.version for d in deliveries],
@@ -82,6 +85,20 @@ def claim_runs(
         for row in run(conn, "claim_runs", params)
     }
     return [claimed.pop((d.schedule_id, d.version, d.attempt), None) for d in deliveries]
+
+
+def claim_landed(conn: Connection, delivery: Delivery, claim: str) -> RunClaim | None:
+    """The delivery's claim made by the statement named ``claim`` (see :func:`claim_runs`)
+    when that statement committed though its answer was lost; None when it did not."""
+    params = {
+        "id": delivery.schedule_id,
+        "tenant": delivery.tenant,
+        "version": delivery.version,
+        "attempt": delivery.attempt,
+        "claim": claim,
+    }
+    row = run_one(conn, "claim_landed", params)
+    return None if row is None else record(RunClaim, row, skip=None, unknown_since=None)
 
 
 def claim_verdict(

@@ -15,8 +15,10 @@ What it promises:
 * no handler starts on a claim made ahead that the reconciler may take back before the
   heartbeat's first renewal: one older than a heartbeat is renewed under the row lock first,
   and once rescued it is never used (``lapsed``: the attempt the rescue pushed runs instead);
-* a claim whose connection broke is made once more on a fresh one; one whose commit landed
-  though its answer was lost is then found taken, never made twice;
+* a claim whose statement lost its answer (the connection broken, the database unreachable)
+  is looked for by the statement's name, recorded in its ``started`` event: one that
+  committed is used, once, by one copy of the delivery; one that did not is made again on a
+  fresh connection;
 * a delivery that came early waits for its time when that is within ``max_early_wait`` (by
   the database's own reading of how far away it is), then claims again; one whose row an
   application transaction holds waits at most ``claim_lock_timeout``.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -88,6 +91,9 @@ class Claimer:
         # threads of their own, so the thread that takes jobs goes on taking while they
         # commit; a few of them, so batches that queue meanwhile share the next statement.
         self._ahead: dict[Delivery, list[_ClaimAhead]] = {}
+        # Deliveries whose claim statement lost its answer (the database unreachable or the
+        # connection broken as it ran), with that statement's name: it may have committed.
+        self._unanswered: dict[Delivery, str] = {}
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_CLAIMERS, thread_name_prefix="duejobs-claim")
 
@@ -145,7 +151,7 @@ class Claimer:
         give_up = time.monotonic() + self._config.max_early_wait.total_seconds()
         locked_until = time.monotonic() + self._config.claim_lock_timeout.total_seconds()
         while True:
-            claim = self._submit(delivery)
+            claim = self._landed(delivery) or self._submit(delivery)
             if claim is not None:
                 return claim
             try:
@@ -170,18 +176,33 @@ class Claimer:
             time.sleep(remaining)
 
     def _submit(self, delivery: Delivery) -> RunClaim | None:
-        """The delivery's claim in a batch; made once more, on a fresh connection, when the
-        batch's connection broke (ended by the server, a pooler or a failover). A claim that
-        committed though its answer was lost is then found taken (``duplicate``): never made
-        twice; its attempt is rescued when its lease ends."""
+        """The delivery's claim in a batch; when the batch's statement lost its answer (ended
+        by the server, a pooler or a failover), the claim it may have committed, else made
+        once more on a fresh connection."""
         try:
             return self._claims.submit(delivery)
         except DBAPIError as exc:
             if not unreachable(exc):
                 raise
-            log.warning("the claim was not made (%s); claiming again", exc.orig)
+            log.warning("the claim was not answered (%s); claiming again", exc.orig)
             time.sleep(_CLAIM_AGAIN_AFTER)  # a pooler or a server coming back
-            return self._claims.submit(delivery)
+            return self._landed(delivery) or self._claims.submit(delivery)
+
+    def _landed(self, delivery: Delivery) -> RunClaim | None:
+        """The claim a statement that lost its answer made of the delivery, if it committed
+        one; asked once (a copy of the delivery taken beside it finds none, and claims alone:
+        ``duplicate``)."""
+        with self._lock:
+            claim = self._unanswered.pop(delivery, None)
+        if claim is None:
+            return None
+        try:
+            with self._bookkeeping.connection() as conn:
+                return store.claim_landed(conn, delivery, claim)
+        except BaseException:
+            with self._lock:  # still unknown: asked again at the next try
+                self._unanswered.setdefault(delivery, claim)
+            raise
 
     def _in_time(self, delivery: Delivery, claim: RunClaim, asked_at: float) -> RunClaim:
         """A claim made ahead, if its handler may still start on it: made less than a
@@ -205,10 +226,22 @@ class Claimer:
             raise
 
     def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
-        with self._bookkeeping.connection() as conn:
-            return store.claim_runs(
-                conn, deliveries, worker=self._name, lease=self._config.lease, types=self.types()
-            )
+        claim = uuid.uuid4().hex
+        try:
+            with self._bookkeeping.connection() as conn:
+                return store.claim_runs(
+                    conn,
+                    deliveries,
+                    worker=self._name,
+                    lease=self._config.lease,
+                    types=self.types(),
+                    claim=claim,
+                )
+        except DBAPIError as exc:
+            if unreachable(exc):  # it may have committed: each delivery asks (_landed)
+                with self._lock:
+                    self._unanswered.update(dict.fromkeys(deliveries, claim))
+            raise
 
     def types(self) -> list[str]:
         """The types this worker has handlers for: the only ones it claims."""

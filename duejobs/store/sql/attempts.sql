@@ -5,6 +5,8 @@
 -- now (scheduled at the delivered version, this its next attempt, due by the database clock,
 -- not expired, of a type the worker has a handler for) and not locked by another transaction. The others are left untouched for
 -- claim_verdict, which waits for a lock, says why a delivery cannot run and records it.
+-- Each `started` event names the statement's :claim, by which a worker that lost the answer
+-- finds the claims it made (claim_landed).
 WITH req AS (
     SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS text[]),
                          CAST(:versions AS integer[]), CAST(:attempts AS integer[]))
@@ -35,13 +37,26 @@ WITH req AS (
     INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'started', version,
            jsonb_build_object(
-               'attempt', attempts, 'worker', :worker, 'type', type,
+               'attempt', attempts, 'worker', :worker, 'type', type, 'claim', CAST(:claim AS text),
                'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
     FROM upd
 )
 SELECT id, version, attempts AS attempt, type, payload, run_at, due_at,
        statement_timestamp() AS db_now, trace_context
 FROM upd
+
+-- name: claim_landed
+-- A delivery's claim made by the statement named :claim, whose answer the worker lost (its
+-- connection broke after the commit): the row still running at that attempt, as claim_runs
+-- would have returned it; nothing when that statement did not commit it.
+SELECT j.id, j.version, j.attempts AS attempt, j.type, j.payload, j.run_at, j.due_at,
+       statement_timestamp() AS db_now, j.trace_context
+FROM scheduled_jobs j
+WHERE j.id = :id AND j.tenant = :tenant AND j.version = :version AND j.attempts = :attempt
+  AND j.status = 'running'
+  AND EXISTS (SELECT 1 FROM scheduled_job_events e
+              WHERE e.schedule_id = j.id AND e.kind = 'started' AND e.version = :version
+                AND e.detail ->> 'claim' = :claim)
 
 -- name: claim_verdict
 -- Why a delivery claim_runs left unclaimed cannot run now, waiting for a row lock held
