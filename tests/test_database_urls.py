@@ -40,7 +40,8 @@ def test_a_url_with_several_hosts_reaches_the_one_that_answers(database_url: str
     p = _parts(database_url)
     hosts = f"{DEAD[0]}:{DEAD[1]},{quote(p['host'], safe='')}:{p['port']}"
     user = quote(p["user"]) + (f":{quote(p['password'])}" if p.get("password") else "")
-    _works(f"postgresql://{user}@{hosts}/{p['dbname']}?target_session_attrs=read-write")
+    attributes = "target_session_attrs=read-write&load_balance_hosts=random"
+    _works(f"postgresql://{user}@{hosts}/{p['dbname']}?{attributes}")
 
 
 def test_a_key_value_connection_string_is_a_database_url(database_url: str, app: App) -> None:

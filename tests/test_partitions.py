@@ -1209,6 +1209,7 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
                     worker="w",
                     lease=timedelta(seconds=20),
                     types=["record"],
+                    claim="c",
                 ),
                 "scheduled_jobs_pkey",
             ),

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
@@ -51,13 +50,6 @@ class PgBouncer:
 
     def url_for(self, database: str) -> str:
         return f"postgresql://duejobs:secret-pw@127.0.0.1:{self.port}/{database}"
-
-    def admin(self, command: str) -> list[tuple[object, ...]]:
-        """A command of PgBouncer's admin console (``SHOW POOLS``, ``RECONNECT``...)."""
-        url = f"postgresql://pgbouncer@127.0.0.1:{self.port}/pgbouncer"
-        with psycopg.connect(url, autocommit=True, prepare_threshold=None) as conn:
-            cursor = conn.execute(command)
-            return cursor.fetchall() if cursor.description else []
 
     def log(self) -> str:
         path = self.folder / "pgbouncer.log"
@@ -133,7 +125,7 @@ def start_pgbouncer(
         "[pgbouncer]\n"
         f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
         f"logfile = {folder / 'pgbouncer.log'}\npidfile = {folder / 'pgbouncer.pid'}\n"
-        f"auth_type = any\npool_mode = {mode}\nadmin_users = pgbouncer\n"
+        f"auth_type = any\npool_mode = {mode}\n"
         f"default_pool_size = {pool_size}\nmin_pool_size = 0\nreserve_pool_size = 0\n"
         "max_client_conn = 1000\nserver_reset_query_always = 0\n"
         "ignore_startup_parameters = extra_float_digits\n"
