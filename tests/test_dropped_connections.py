@@ -38,6 +38,28 @@ def _ran_once_each_on_attempt_one(system: System, ids: list[uuid.UUID]) -> None:
     assert applied == sorted(f"{i}:1" for i in ids)
 
 
+def _answer_lost_once(monkeypatch: pytest.MonkeyPatch, statement: str) -> list[object]:
+    """The store's ``statement`` (run on the worker's autocommit connection, so committed when
+    it returns) has its first answer lost, its connection broken: what the worker sees when
+    the server or a pooler drops the connection between the commit and the reply. The list
+    fills when that happened."""
+    real = getattr(store, statement)
+    lost: list[object] = []
+
+    def commit_then_lose_the_answer(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        answer = real(conn, *args, **kwargs)
+        if not lost:
+            lost.append(answer)
+            conn.invalidate()
+            raise OperationalError(
+                statement, {}, ConnectionError("lost"), connection_invalidated=True
+            )
+        return answer
+
+    monkeypatch.setattr(store, statement, commit_then_lose_the_answer)
+    return lost
+
+
 def _failed_in_rq(system: System) -> int:
     return FailedJobRegistry(system.app.queue, connection=system.redis).count
 
@@ -103,20 +125,7 @@ def test_a_group_commit_whose_connection_died_records_every_outcome_it_carried(
 def test_an_outcome_committed_whose_answer_was_lost_is_not_recorded_again(
     system: System, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    finish = store.finish
-    lost = []
-
-    def commit_then_lose_the_answer(conn: Any, closings: Any) -> list[bool]:
-        closed = finish(conn, closings)  # autocommit: it has committed
-        if not lost:
-            lost.append(closings)
-            conn.invalidate()
-            raise OperationalError(
-                "finish", {}, ConnectionError("lost"), connection_invalidated=True
-            )
-        return closed
-
-    monkeypatch.setattr(store, "finish", commit_then_lose_the_answer)
+    lost = _answer_lost_once(monkeypatch, "finish")
     # A handler with no fence of its own: the worker's close is the only finish.
     s = system.app.schedule("record-loosely", {}, delay=timedelta(0))
     counted = {"tenant": "default", "type": "record-loosely"}
@@ -139,20 +148,7 @@ def test_a_claim_committed_whose_answer_was_lost_runs_its_handler_on_that_attemp
 ) -> None:
     # Without it, the attempt would wait for its lease and be rescued (a type with one
     # attempt: failed for good, its handler never run).
-    claim_runs = store.claim_runs
-    lost = []
-
-    def commit_then_lose_the_answer(conn: Any, *args: Any, **kwargs: Any) -> Any:
-        claimed = claim_runs(conn, *args, **kwargs)  # autocommit: it has committed
-        if not lost:
-            lost.append(claimed)
-            conn.invalidate()
-            raise OperationalError(
-                "claim_runs", {}, ConnectionError("lost"), connection_invalidated=True
-            )
-        return claimed
-
-    monkeypatch.setattr(store, "claim_runs", commit_then_lose_the_answer)
+    lost = _answer_lost_once(monkeypatch, "claim_runs")
     ids = _schedule(system, 1)
     system.scheduler.run_once()
     system.work()

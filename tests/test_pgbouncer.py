@@ -9,9 +9,6 @@ it: whatever one client left on it, the next one reads.
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -28,6 +25,7 @@ from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
 from tests.apps import register
 from tests.conftest import Servers
+from tests.support.cli import run_cli
 from tests.support.pgbouncer import PgBouncer, start_pgbouncer
 
 # What a statement of duejobs' sets, and what another client must never read from it.
@@ -196,16 +194,6 @@ def test_the_online_conversion_is_refused_through_a_pooler(pooled: App) -> None:
         partitions.abort_conversion(pooled.engine)
 
 
-def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "duejobs", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_the_cli_takes_prepared_statements_for_every_command(
     database_url: str, redis_url: str, app: App
 ) -> None:
@@ -215,9 +203,9 @@ def test_the_cli_takes_prepared_statements_for_every_command(
         "DUEJOBS_REDIS_URL": redis_url,
         "DUEJOBS_PREPARED_STATEMENTS": "maybe",
     }
-    refused = _cli(*schedule, **urls)
+    refused = run_cli(*schedule, **urls)
     assert refused.returncode != 0 and "DUEJOBS_PREPARED_STATEMENTS" in refused.stderr
-    given = _cli("--prepared-statements", "off", *schedule, **urls)  # the flag decides
+    given = run_cli("--prepared-statements", "off", *schedule, **urls)  # the flag decides
     assert given.returncode == 0, given.stderr
-    bad = _cli("--prepared-statements", "sometimes", *schedule, **urls)
+    bad = run_cli("--prepared-statements", "sometimes", *schedule, **urls)
     assert bad.returncode == 2 and "--prepared-statements" in bad.stderr
