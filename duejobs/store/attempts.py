@@ -71,6 +71,7 @@ def claim_runs(
     claimed once. ``claim`` names the statement in each ``started`` event
     (:func:`claim_landed`)."""
     params = {
+        "synchronous_commit": None,  # a bookkeeping connection gives its own
         "claim": claim,
         "ids": [d.schedule_id for d in deliveries],
         "tenants": [d.tenant for d in deliveries],
@@ -253,6 +254,7 @@ def finish(conn: Connection, closings: Sequence[Closing]) -> list[bool]:
     or rescued meanwhile) or when another transaction holds its row now (see
     :func:`change_since_claim` with ``lock``)."""
     params = {
+        "synchronous_commit": None,  # a bookkeeping connection gives its own
         "ids": [c.delivery.schedule_id for c in closings],
         "versions": [c.delivery.version for c in closings],
         "attempts": [c.delivery.attempt for c in closings],

@@ -47,21 +47,28 @@ def with_local_settings(conn: Connection, name: str, params: dict[str, Any]) -> 
 
 @contextlib.contextmanager
 def _settings_first(
-    conn: Connection, driver: psycopg.Connection[Any]
+    conn: Connection, driver: psycopg.Connection[Any], query: Query, params: dict[str, Any]
 ) -> Iterator[Callable[[], None]]:
     """Around one statement on ``conn``: its local settings sent first, in one pipeline (the
     statements up to the pipeline's sync are one transaction: PostgreSQL's extended protocol
     commits an implicit transaction at the sync, not after each statement). Yields what to
-    call once the statement is sent, before its result is read."""
+    call once the statement is sent, before its result is read. A statement that sets one of
+    them itself (it names its parameter: the worker's hot path, which waits for no lock) is
+    given their values in ``params`` and runs alone, without the pipeline's cost."""
     options = {} if isinstance(conn, Lent) else conn.get_execution_options()
     setup = options.get(LOCAL_SETTINGS_OPTION)
     if setup is None:
         yield _nothing
         return
     assert driver.autocommit, "local settings are for autocommit connections"
-    name, params = setup
+    name, settings = setup
+    own = {k: v for k, v in settings.items() if f"%({k})s" in query.driver_sql}
+    if own:
+        params.update(own)
+        yield _nothing
+        return
     with driver.pipeline() as pipeline:
-        driver.execute(_query(conn, name).driver_sql, params)
+        driver.execute(_query(conn, name).driver_sql, settings)
         yield pipeline.sync
 
 
@@ -116,12 +123,13 @@ def run(
     query = _query(conn, name)
     driver = _driver(conn)
     try:
+        params = dict(params or {})
         with (
-            _settings_first(conn, driver) as sent,
+            _settings_first(conn, driver, query, params) as sent,
             driver.cursor(row_factory=namedtuple_row) as cursor,
         ):
             _as_ours(conn, driver, cursor)
-            cursor.execute(query.driver_sql, params or {}, prepare=prepare)
+            cursor.execute(query.driver_sql, params, prepare=prepare)
             sent()
             return cursor.fetchall() if cursor.description else []
     except psycopg.Error as exc:
@@ -148,9 +156,10 @@ def run_count(conn: Connection, name: str, params: dict[str, Any] | None = None)
     query = _query(conn, name)
     driver = _driver(conn)
     try:
-        with _settings_first(conn, driver) as sent, driver.cursor() as cursor:
+        params = dict(params or {})
+        with _settings_first(conn, driver, query, params) as sent, driver.cursor() as cursor:
             _as_ours(conn, driver, cursor)
-            cursor.execute(query.driver_sql, params or {})
+            cursor.execute(query.driver_sql, params)
             sent()
             return cursor.rowcount
     except psycopg.Error as exc:

@@ -7,10 +7,17 @@
 -- claim_verdict, which waits for a lock, says why a delivery cannot run and records it.
 -- Each `started` event names the statement's :claim, by which a worker that lost the answer
 -- finds the claims it made (claim_landed).
+-- Its commit's durability is its own (:synchronous_commit, the worker's bookkeeping setting;
+-- NULL: the transaction's as it is):
+-- on the worker's hot path it runs alone, without bookkeeping_settings ahead of it (it waits
+-- for no lock: SKIP LOCKED).
 WITH req AS (
-    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS text[]),
-                         CAST(:versions AS integer[]), CAST(:attempts AS integer[]))
-        AS r(id, tenant, version, attempt)
+    SELECT r.* FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS text[]),
+                           CAST(:versions AS integer[]), CAST(:attempts AS integer[]))
+        AS r(id, tenant, version, attempt),
+        (SELECT set_config('synchronous_commit',
+                           COALESCE(:synchronous_commit, current_setting('synchronous_commit')),
+                           true)) AS durability
 ), ready AS (
     SELECT j.id, r.attempt
     FROM req r
@@ -189,13 +196,16 @@ RETURNING 1
 -- a retry (run_at never moves; due_at carries the next attempt's time), each with its
 -- attempt row and event. An attempt no longer current is left alone, and so is one whose row
 -- another transaction holds now: the worker waits for that lock, then closes it or records
--- it stale.
+-- it stale. Its commit's durability is its own, as claim_runs' is.
 WITH req AS (
-    SELECT * FROM unnest(CAST(:ids AS uuid[]), CAST(:versions AS integer[]),
-                         CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
-                         CAST(:events AS text[]), CAST(:errors AS text[]),
-                         CAST(:retry_ins AS interval[]))
-        AS r(id, version, attempt, status, event, error, retry_in)
+    SELECT r.* FROM unnest(CAST(:ids AS uuid[]), CAST(:versions AS integer[]),
+                           CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
+                           CAST(:events AS text[]), CAST(:errors AS text[]),
+                           CAST(:retry_ins AS interval[]))
+        AS r(id, version, attempt, status, event, error, retry_in),
+        (SELECT set_config('synchronous_commit',
+                           COALESCE(:synchronous_commit, current_setting('synchronous_commit')),
+                           true)) AS durability
 ), mine AS (
     SELECT r.*
     FROM req r
