@@ -31,15 +31,16 @@ from duejobs.store.queries import QUERIES, SCHEMA_OPTION, TABLES, Query, in_sche
 
 T = TypeVar("T")
 # A connection's execution option: (statement name, parameters) of a ``set_config(..., true)``
-# statement run ahead of each of its statements (see :func:`with_local_settings`).
+# statement run ahead of its statements (see :func:`with_local_settings`).
 LOCAL_SETTINGS_OPTION = "duejobs_local_settings"
 
 
 def with_local_settings(conn: Connection, name: str, params: dict[str, Any]) -> Connection:
     """``conn``, in autocommit, with the statement ``name`` (settings made with
     ``set_config(..., true)``) sent ahead of each of its statements, in the same round trip
-    and the same transaction: the settings hold for that statement and end with it, so a
-    pooler that hands the server session to another client hands over none of them."""
+    and the same transaction — or, to a statement that sets one of them itself, given as its
+    parameters (see :func:`_settings_first`): the settings hold for that statement and end
+    with it, so a pooler that hands the server session to another client hands over none."""
     return conn.execution_options(
         isolation_level="AUTOCOMMIT", **{LOCAL_SETTINGS_OPTION: (name, params)}
     )
