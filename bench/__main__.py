@@ -24,6 +24,7 @@ from bench import (
     peer,
     prepared,
     scheduler_throughput,
+    worker_ab,
     worker_throughput,
 )
 from bench.common import Figure, scratch_database
@@ -52,6 +53,7 @@ def main() -> int:
         partitions,
         prepared,
         durability,
+        worker_ab,
     )
     chosen = sys.argv[1:]
     with scratch_database() as (database_url, redis_url):

@@ -73,12 +73,13 @@ def _cpu() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def _run(args: list[str], env: dict[str, str]) -> int:
-    """Run a burst worker command to its end; the largest RSS of its tree meanwhile."""
+def _run(args: list[str], env: dict[str, str], root: Path = ROOT) -> int:
+    """Run a burst worker command to its end (the code of the checkout at ``root``); the
+    largest RSS of its tree meanwhile."""
     proc = subprocess.Popen(
         args,
-        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(root)},
+        cwd=root,
         stdout=subprocess.DEVNULL,
     )
     peak = 0
@@ -99,8 +100,18 @@ def _run(args: list[str], env: dict[str, str]) -> int:
     return peak
 
 
-def _bare(redis: Redis, env: dict[str, str], function: str, n: int, pool: int) -> tuple[float, int]:
-    """(jobs/s, peak RSS) of bare RQ: one SimpleWorker, or ``rq worker-pool -n POOL``."""
+def commands(redis: Redis) -> int:
+    """Commands Redis has run since its statistics were last reset (``INFO commandstats``,
+    which counts those a script runs), the ``INFO`` asking it left out."""
+    stats = redis.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values()) - 1
+
+
+def _bare(
+    redis: Redis, env: dict[str, str], function: str, n: int, pool: int
+) -> tuple[float, int, float]:
+    """(jobs/s, peak RSS, Redis commands per job) of bare RQ: one SimpleWorker, or
+    ``rq worker-pool -n POOL``."""
     redis.flushdb()
     queue = Queue("bare", connection=redis, serializer=JSONSerializer)
     for start in range(0, n, 1000):
@@ -110,6 +121,7 @@ def _bare(redis: Redis, env: dict[str, str], function: str, n: int, pool: int) -
                 for i in range(start, min(start + 1000, n))
             ]
         )
+    redis.config_resetstat()
     if pool:
         url = env["DUEJOBS_REDIS_URL"]
         command = ["worker-pool", "bare", "-n", str(pool), "-b", "-S", "json", "-u", url]
@@ -117,12 +129,13 @@ def _bare(redis: Redis, env: dict[str, str], function: str, n: int, pool: int) -
     else:
         pinned = {**env, "BENCH_PIN_CPU": str(PIN_CPU)} if PIN_CPU is not None else env
         rss = _run([sys.executable, "-m", "bench.procs", "bare", "bare"], pinned)
+    per_job = commands(redis) / n
     with redis.pipeline(transaction=False) as pipe:
         for i in range(n):
             pipe.hmget(f"rq:job:bare-{i}", "started_at", "ended_at")
         stamps = [(utcparse(s.decode()), utcparse(e.decode())) for s, e in pipe.execute()]
     span = (max(e for _, e in stamps) - min(s for s, _ in stamps)).total_seconds()
-    return n / span, rss
+    return n / span, rss, per_job
 
 
 def _commits(app: App) -> int:
@@ -146,11 +159,18 @@ def _commits(app: App) -> int:
         )
 
 
-def _ours(
-    app: App, redis: Redis, env: dict[str, str], job_type: str, n: int, slots: int
-) -> tuple[float, int, float]:
+def ours(
+    app: App,
+    redis: Redis,
+    env: dict[str, str],
+    job_type: str,
+    n: int,
+    slots: int,
+    root: Path = ROOT,
+) -> tuple[float, int, float, float, float]:
     """(jobs/s, peak RSS, PostgreSQL commits per job, CPU milliseconds per job, start-up
-    included) of one duejobs worker process with ``slots`` slots."""
+    included, Redis commands per job) of one duejobs worker process with ``slots`` slots,
+    running the code of the checkout at ``root``."""
     redis.flushdb()
     fill_due(libpq_url(app.settings.database_url), n, job_type=job_type, offset="-1 second")
     scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
@@ -162,7 +182,9 @@ def _ours(
     if slots > 1 and PIN_CPU is not None:
         worker += ["--cpus", str(PIN_CPU)]
     cpu = _cpu()
-    rss = _run([sys.executable, "-m", "duejobs", *worker, "--log-level", "warning"], env)
+    redis.config_resetstat()
+    rss = _run([sys.executable, "-m", "duejobs", *worker, "--log-level", "warning"], env, root)
+    per_job = commands(redis) / n
     cpu = _cpu() - cpu
     commits = _commits(app) - before
     with app.engine.connect() as conn:
@@ -171,7 +193,7 @@ def _ours(
             "extract(epoch FROM max(finished_at) - min(started_at)) FROM scheduled_jobs"
         ).one()
     assert done == n, done
-    return n / float(span), rss, commits / n, 1000 * cpu / n
+    return n / float(span), rss, commits / n, 1000 * cpu / n, per_job
 
 
 def _median_rounds(
@@ -190,25 +212,35 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     redis = Redis.from_url(redis_url)
     app = App(database_url=database_url, redis_url=redis_url)
     try:
-        (noop, _, noop_commits, noop_cpu), (bare_noop, _), (_, _, one_commits, _) = _median_rounds(
+        sixteen, bare, one = _median_rounds(
             [
-                lambda: _ours(app, redis, env, "noop", NOOP, 16),
+                lambda: ours(app, redis, env, "noop", NOOP, 16),
                 lambda: _bare(redis, env, "bench.bare_jobs.noop", NOOP, 0),
-                lambda: _ours(app, redis, env, "noop", NOOP, 1),
+                lambda: ours(app, redis, env, "noop", NOOP, 1),
             ]
         )
-        (nap, nap_rss, nap_commits, nap_cpu), (bare_nap, _), (pool_nap, pool_rss) = _median_rounds(
-            [
-                lambda: _ours(app, redis, env, "nap", NAP, 32),
-                lambda: _bare(redis, env, "bench.bare_jobs.nap", NAP_BARE, 0),
-                lambda: _bare(redis, env, "bench.bare_jobs.nap", NAP, 8),
-            ]
+        noop, _, noop_commits, noop_cpu, noop_commands = sixteen
+        bare_noop, _, bare_commands = bare
+        one_commits, one_commands = one[2], one[4]
+        (nap, nap_rss, nap_commits, nap_cpu, _), (bare_nap, *_), (pool_nap, pool_rss, _) = (
+            _median_rounds(
+                [
+                    lambda: ours(app, redis, env, "nap", NAP, 32),
+                    lambda: _bare(redis, env, "bench.bare_jobs.nap", NAP_BARE, 0),
+                    lambda: _bare(redis, env, "bench.bare_jobs.nap", NAP, 8),
+                ]
+            )
         )
     finally:
         app.close()
     print(
         f"  CPU per job of the worker process, start-up included: no-op x 16 slots "
         f"{noop_cpu:.2f} ms, 50 ms x 32 slots {nap_cpu:.2f} ms",
+        flush=True,
+    )
+    print(
+        f"  Redis commands per no-op job: 16 slots {noop_commands:.1f} at {noop:.0f} jobs/s, "
+        f"1 slot {one_commands:.1f}; a bare SimpleWorker {bare_commands:.1f}",
         flush=True,
     )
     mib = 1024 * 1024
@@ -236,6 +268,22 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
             "jobs/s",
             ">= 1.0x the pool",
             nap >= pool_nap,
+        ),
+        Figure(
+            "slots: Redis commands/job, 16 slots, no-op",
+            noop_commands,
+            bare_commands,
+            "cmds",
+            "<= 12 per job",
+            noop_commands <= 12,
+        ),
+        Figure(
+            "slots: Redis commands/job, 1 slot, no-op",
+            one_commands,
+            bare_commands,
+            "cmds",
+            "<= 12 per job",
+            one_commands <= 12,
         ),
         Figure(
             "slots: PostgreSQL commits/job, 16 slots, no-op",

@@ -4,7 +4,7 @@ same database — throughput, and a check that nothing was pushed or run twice o
 * schedulers: HZ_ROWS (20,000) rows across 20 tenants made due at once while N `duejobs
   scheduler` processes run; the time until every row is pushed; then Redis must hold exactly
   one queue job per row and the table exactly one `enqueued` event per row;
-* workers: HZ_JOBS (3,000) jobs pushed, then N burst DuejobsWorker processes drain them
+* workers: HZ_JOBS (3,000) jobs pushed, then N burst duejobs worker processes drain them
   (bare RQ SimpleWorkers beside, same N); every row must end `succeeded` with one attempt.
 
 Each figure is the rate with N processes beside the rate with one; the machine has 2 cores,

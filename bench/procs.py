@@ -2,7 +2,7 @@
 
 Prints one JSON line with the wall-clock span of its burst (time.time(), comparable across
 processes on one machine). KIND is `bare` (an RQ SimpleWorker on a queue of bare jobs) or
-`duejobs` (a DuejobsWorker with the bench App)."""
+`duejobs` (a duejobs worker with the bench App)."""
 
 from __future__ import annotations
 
@@ -70,19 +70,21 @@ def main() -> None:
     if pinned:  # as the duejobs worker beside it is pinned (bench/concurrency.py)
         os.sched_setaffinity(0, {int(pinned)})
     redis = Redis.from_url(os.environ["DUEJOBS_REDIS_URL"])
+    serve = sys.argv[3:4] == ["serve"]  # keep listening until SIGTERM, as in production
     if kind == "bare":
-        worker = SimpleWorker([queue], connection=redis, serializer=JSONSerializer)
+        bare = SimpleWorker([queue], connection=redis, serializer=JSONSerializer)
+        work = lambda: bare.work(burst=not serve, logging_level="WARNING", with_scheduler=False)  # noqa: E731
     else:
         from bench.jobs import app
-        from duejobs.worker import DuejobsWorker, Runtime
+        from duejobs.worker import Runtime, Worker
 
         assert app is not None
-        worker = DuejobsWorker(Runtime(app))
+        ours = Worker(Runtime(app))
+        work = lambda: ours.work(burst=not serve)  # noqa: E731
     import bench.jobs  # noqa: F401  (loaded before timing, as a real worker would be)
 
-    serve = sys.argv[3:4] == ["serve"]  # keep listening until SIGTERM, as in production
     start = time.time()
-    worker.work(burst=not serve, logging_level="WARNING", with_scheduler=False)
+    work()
     print(json.dumps({"start": start, "end": time.time()}))
 
 

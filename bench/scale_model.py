@@ -35,9 +35,8 @@ from redis import Redis
 from bench.common import scratch_database
 from duejobs import App
 from duejobs.config import libpq_url
-from duejobs.delivery import DuejobsWorker
 from duejobs.scheduler import Scheduler, SchedulerConfig
-from duejobs.worker import Runtime, WorkerConfig
+from duejobs.worker import Runtime, Worker, WorkerConfig
 
 JOBS = int(os.environ.get("MODEL_JOBS", "20000"))
 RATE = float(os.environ.get("MODEL_RATE", "10000"))
@@ -117,7 +116,7 @@ def run_model(database_url: str, redis_url: str) -> list[str]:
         time.sleep(1.2)  # every job due
         Scheduler(app).run_once()  # promotion
         runtime = Runtime(app, WorkerConfig(concurrency=SLOTS))
-        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        Worker(runtime).work(burst=True)
         runtime.close()
         return app
 

@@ -21,7 +21,8 @@ import time
 
 import psycopg
 from redis import Redis
-from rq import Queue, Worker
+from rq import Queue
+from rq import Worker as RQWorker
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.utils import utcparse
@@ -98,7 +99,7 @@ def _bare_peak(redis: Redis, env: dict[str, str]) -> float:
     queue = Queue("bare", connection=redis, serializer=JSONSerializer)
     workers = serve_workers("bare", "bare", 2, env)
     try:
-        wait_until(lambda: len(Worker.all(connection=redis)) == 2, 60, "two bare workers")
+        wait_until(lambda: len(RQWorker.all(connection=redis)) == 2, 60, "two bare workers")
         instant = time.time()
         for start in range(0, PEAK, 1000):
             datas = [

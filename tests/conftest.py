@@ -36,8 +36,11 @@ from duejobs.models import Delivery
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.store.partitions import Partitioning
 from duejobs.testing.servers import TestServers
-from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import Runtime, Worker, WorkerConfig
 from tests.apps import EFFECTS_TABLE, RUNS_TABLE, register
+from tests.support import wait_for
+
+__all__ = ["wait_for"]  # re-exported: tests import it from here too
 
 # The time zone of every session on the test database (see database_url).
 SESSION_ZONE = "America/New_York"
@@ -171,7 +174,7 @@ class System:
 
     def work(self) -> None:
         """An RQ worker (real RQ, this process) that drains the queue and returns."""
-        DuejobsWorker(self.runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        Worker(self.runtime).work(burst=True)
 
     def run_until(self, done: Callable[[], bool], timeout: float = 20.0) -> None:
         """Scheduler pass, then worker drain, until ``done()`` or the deadline."""
@@ -278,14 +281,6 @@ def full_scans(plan: str, tables: str = "scheduled_jobs") -> list[str]:
         if cost is not None and float(cost[1]) >= 1.0:
             found.append(line.strip())
     return found
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def job_id(tenant: str, schedule_id: uuid.UUID, version: int, attempt: int) -> str:

@@ -29,7 +29,7 @@ from bench.chaos import Servers
 from duejobs import App, Status
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler
-from duejobs.worker import Context, DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import Context, Runtime, Worker, WorkerConfig
 from tests.apps import EFFECTS_TABLE, register
 
 # Starts, pauses, kills or restarts servers of its own on free ports: run on its own
@@ -69,7 +69,7 @@ def _config(durable: bool) -> WorkerConfig:
 def _work(app: App, durable: bool) -> None:
     runtime = Runtime(app, _config(durable))
     try:
-        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        Worker(runtime).work(burst=True)
     finally:
         runtime.close()
 
@@ -149,16 +149,16 @@ def test_a_worker_whose_redis_goes_away_between_two_jobs_keeps_working(
     app = _app(servers)
     runtime = Runtime(app, _config(durable=True))
     try:
-        worker = DuejobsWorker(runtime)
-        worker.register_birth()
+        worker = Worker(runtime)
+        worker.wire.register()
         servers.stop_redis()
-        try:
-            worker.heartbeat()  # what RQ's loop does between two jobs: it must not end it
+        try:  # the worker's beat between two jobs: let go, not raised
+            assert worker.waits.call("a beat", worker.wire.beat, lambda: True) is None
         finally:
             servers.start_redis()
         s = app.schedule("note", {}, delay=0)
         assert Scheduler(app).run_once().queued == 1
-        worker.work(burst=True, with_scheduler=False, logging_level="WARNING")
+        worker.work(burst=True)
         stored = app.get(s.id)
         assert stored is not None and stored.status is Status.SUCCEEDED
     finally:

@@ -34,7 +34,7 @@ from duejobs.delivery import parse_job_id
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
 from duejobs.stats import collect, render
-from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
+from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig
 from tests.conftest import System, job_id, push_of, sample
 
 
@@ -573,9 +573,9 @@ def test_two_workers_in_one_process_each_run_their_own_apps_handlers(
     system.scheduler.run_once()  # pushed onto the queue of its App
     runtime = Runtime(other, WorkerConfig())
     try:
-        theirs = DuejobsWorker(runtime)
-        DuejobsWorker(system.runtime)  # another worker made since, in the same process
-        theirs.work(burst=True, with_scheduler=False, logging_level="WARNING")
+        theirs = Worker(runtime)
+        Worker(system.runtime)  # another worker made since, in the same process
+        theirs.work(burst=True)
     finally:
         runtime.close()
         other.close()
@@ -586,9 +586,7 @@ def test_a_plain_rq_worker_never_runs_a_schedule_and_says_why(system: System) ->
     s = system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
     queue = system.scheduler.deliverer.queue
-    SimpleWorker([queue], connection=system.redis, serializer=JSONSerializer).work(
-        burst=True, with_scheduler=False, logging_level="CRITICAL"
-    )
+    SimpleWorker([queue], connection=system.redis, serializer=JSONSerializer).work(burst=True)
     job = Job.fetch(
         system.app.get(s.id).queue_job_id,  # type: ignore[union-attr,arg-type]
         connection=system.redis,

@@ -231,7 +231,7 @@ def test_the_task_backend_sends_djangos_task_signals(shop: Shop) -> None:
         from django.tasks import signals
     except ImportError:
         from django_tasks import signals  # type: ignore[no-redef]
-    from duejobs.worker import DuejobsWorker, Runtime
+    from duejobs.worker import Runtime, Worker
     from tests.django_project.shop.tasks import add, explode
 
     heard: list[tuple[str, str, str]] = []
@@ -252,7 +252,7 @@ def test_the_task_backend_sends_djangos_task_signals(shop: Shop) -> None:
         while not explode.get_result(failed.id).is_finished:
             assert time.monotonic() < deadline, heard
             Scheduler(shop.django_app).run_once()
-            DuejobsWorker(runtime, ["duejobs"]).work(burst=True, with_scheduler=False)
+            Worker(runtime, ["duejobs"]).work(burst=True)
             time.sleep(0.1)
     finally:
         runtime.close()

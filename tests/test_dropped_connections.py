@@ -17,7 +17,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from duejobs import EventKind, store
-from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import Runtime, Worker, WorkerConfig
 from tests.conftest import System, sample
 from tests.support.faults import end_session_in
 
@@ -112,7 +112,7 @@ def test_a_group_commit_whose_connection_died_records_every_outcome_it_carried(
     closed = "OLD.status = 'running' AND NEW.status = 'succeeded'"
     try:
         with end_session_in(system.app.engine, "scheduled_job_attempts", closed):
-            DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+            Worker(runtime).work(burst=True)
     finally:
         runtime.close()
     for schedule_id in ids:

@@ -47,7 +47,7 @@ from duejobs import App, EventKind, ScheduleRequest, Status, store
 from duejobs.errors import DatabaseUnavailableError
 from duejobs.reconcile import Reconciler, orphan_jobs
 from duejobs.scheduler import Scheduler, SchedulerConfig
-from duejobs.worker import Context, DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import Context, Runtime, Worker, WorkerConfig
 from tests.apps import register
 from tests.conftest import System, push_of, sample, wait_for
 
@@ -308,9 +308,7 @@ def test_a_worker_takes_its_queues_in_the_order_given(system: System) -> None:
     low = [app.schedule("record", {}, delay=0, queue="zz-low").id for _ in range(3)]
     high = [app.schedule("record", {}, delay=0, queue="aa-high").id for _ in range(3)]
     system.scheduler.run_once()
-    DuejobsWorker(system.runtime, ["zz-low", "aa-high"]).work(
-        burst=True, with_scheduler=False, logging_level="WARNING"
-    )
+    Worker(system.runtime, ["zz-low", "aa-high"]).work(burst=True)
     with app.engine.connect() as conn:
         order = list(
             conn.execute(
@@ -360,7 +358,7 @@ def test_a_worker_that_loses_the_database_fails_the_rq_job_and_leaves_the_row(
     register(broken)
     runtime = Runtime(broken, WorkerConfig())
     try:
-        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="CRITICAL")
+        Worker(runtime).work(burst=True)
     finally:
         runtime.close()
         broken.close()

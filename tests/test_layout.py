@@ -3,20 +3,24 @@
 * only the store speaks SQL: SQLAlchemy's SQL constructs (``text``, ``select``, ...,
   ``sqlalchemy.sql``) and psycopg are imported by the ``duejobs/store/`` package alone
   (connections, engines and error classes may be named anywhere);
-* only the delivery side knows RQ: ``rq`` is imported by the ``duejobs/delivery/`` package
-  alone (the RQ worker class included; the worker's ``Runtime`` knows nothing of RQ);
+* only RQ's wire code knows RQ: ``rq`` is imported by the push side (the
+  ``duejobs/delivery/`` package) and the worker's :mod:`duejobs.worker.rq_wire` alone;
+* RQ is read and written through its public names: no class subclasses one of RQ's, and no
+  private RQ name (``_state``, ``Job._execute``...) is imported, read or written;
 * the App is a facade: no module imports ``duejobs.app`` but the public package and the CLI
   (the services take the :class:`~duejobs.core.Core` an App hands them);
 * tests use public or explicitly exported names of the store: no ``store._...``;
 * no module is over 500 lines: a module that grows past it holds more than one role;
 * no import cycle inside ``duejobs/``, imports made for type checking included (a cycle is
   one for readers and type checkers even where Python would import it);
-* the worker is built on the delivery side and not the reverse: ``duejobs/worker/`` imports
-  no ``rq`` (the RQ adapter is :mod:`duejobs.delivery.rq_worker`), and ``duejobs/delivery/``
+* the worker is built on the delivery side and not the reverse: ``duejobs/delivery/``
   imports nothing from ``duejobs/worker/``.
 
 Seen failing against a build broken on purpose: ``from sqlalchemy import text`` in
-``duejobs/demo.py`` (as it was) → ``test_only_the_store_speaks_sql``.
+``duejobs/demo.py`` (as it was) → ``test_only_the_store_speaks_sql``; the worker that
+subclassed RQ's (``DuejobsWorker(SimpleWorker)``, ``DeliveryJob(Job)``, ``_state``,
+``_status``, ``_ordered_queues``) → ``test_no_class_subclasses_one_of_rqs`` and
+``test_no_private_rq_name_is_read_or_written``.
 """
 
 from __future__ import annotations
@@ -130,6 +134,15 @@ def _modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "store" not in p.relative_to(PACKAGE).parts)
 
 
+def _rq_modules() -> list[Path]:
+    """The package's modules that import RQ."""
+    return [p for p in _modules() if any(m.split(".")[0] == "rq" for m, _n in _imports(p))]
+
+
+def _private(name: str | None) -> bool:
+    return bool(name) and name.startswith("_") and not name.startswith("__")  # type: ignore[union-attr]
+
+
 def _speaks_sql(module: str, name: str | None) -> bool:
     top = module.split(".")[0]
     if top == "psycopg":
@@ -146,11 +159,40 @@ def test_only_the_store_speaks_sql(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
-def test_only_the_delivery_side_knows_rq(path: Path) -> None:
-    if path.parent.name == "delivery":
+def test_only_rqs_wire_code_knows_rq(path: Path) -> None:
+    if path.parent.name == "delivery" or path == PACKAGE / "worker" / "rq_wire.py":
         return
     offending = [m for m, _n in _imports(path) if m.split(".")[0] == "rq"]
-    assert offending == [], f"{path.name} imports {offending}: RQ belongs in duejobs/delivery/"
+    assert offending == [], f"{path.name} imports {offending}: RQ belongs in its wire code"
+
+
+@pytest.mark.parametrize("path", _rq_modules(), ids=lambda p: p.name)
+def test_no_class_subclasses_one_of_rqs(path: Path) -> None:
+    from_rq = {n for m, n in _imports(path) if m.split(".")[0] == "rq" and n}
+    modules = {m.split(".")[-1] for m, n in _imports(path) if m.split(".")[0] == "rq" and not n}
+    offending = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                named = ast.unparse(base)
+                if named in from_rq or named.split(".")[0] in modules | {"rq"}:
+                    offending.append(f"{node.name}({named})")
+    assert offending == [], f"{path.name}: {offending} subclass RQ's classes"
+
+
+@pytest.mark.parametrize("path", _rq_modules(), ids=lambda p: p.name)
+def test_no_private_rq_name_is_read_or_written(path: Path) -> None:
+    """In a module that knows RQ, no name starting with one underscore is imported from RQ
+    or reached on anything but the module's own objects (``self``, ``cls``)."""
+    offending = [
+        f"import {n}" for m, n in _imports(path) if m.split(".")[0] == "rq" and _private(n)
+    ]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                offending.append(f"{ast.unparse(node)} (line {node.lineno})")
+    assert offending == [], f"{path.name} reaches private names: {offending}"
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
@@ -193,12 +235,6 @@ def test_the_import_graph_sees_a_cycle_made_on_purpose() -> None:
     """The check above, held against a graph with a cycle of three."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c"]]
-
-
-@pytest.mark.parametrize("path", sorted((PACKAGE / "worker").glob("*.py")), ids=lambda p: p.name)
-def test_the_worker_imports_no_rq(path: Path) -> None:
-    offending = [m for m, _n in _imports(path) if m.split(".")[0] == "rq"]
-    assert offending == [], f"{path.name} imports {offending}: RQ belongs in duejobs/delivery/"
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "delivery").glob("*.py")), ids=lambda p: p.name)

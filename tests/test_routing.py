@@ -14,7 +14,7 @@ from sqlalchemy import text
 from duejobs import App, ScheduleRequest
 from duejobs.errors import InvalidQueueError
 from duejobs.reconcile import Reconciler, orphan_jobs
-from duejobs.worker import DuejobsWorker
+from duejobs.worker import Worker
 from tests import apps
 from tests.conftest import System
 
@@ -25,8 +25,8 @@ def queued(system: System, queue: str) -> list[str]:
 
 def work(system: System, *queues: str) -> None:
     """A real RQ worker on ``queues`` only, draining them and returning."""
-    worker = DuejobsWorker(system.runtime, list(queues))
-    worker.work(burst=True, with_scheduler=False, logging_level="WARNING")
+    worker = Worker(system.runtime, list(queues))
+    worker.work(burst=True)
 
 
 @pytest.fixture

@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -40,16 +39,16 @@ from pathlib import Path
 
 import pytest
 import redis
-from rq import Queue, Worker
+from rq import Queue
+from rq import Worker as RQWorker
 from rq.command import send_stop_job_command
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
-from duejobs.delivery._rq_compat import create_execution
-from duejobs.delivery.rq_job import DeliveryJob
 from duejobs.reconcile import Reconciler
+from duejobs.worker.rq_wire import delivery_of
 from tests.conftest import Proc, System, push_of, wait_for
 from tests.test_processes import WORKER
 
@@ -128,8 +127,10 @@ def test_a_running_job_is_started_in_rq_by_its_worker(
     job = _job(system, s.id)
     wait_for(lambda: job.get_status() == JobStatus.STARTED, 30, "RQ to see the job started")
     assert _started_ids(_queue(system).started_job_registry) == [job.id]
-    (rq_worker,) = Worker.all(connection=system.redis)
-    assert rq_worker.get_current_job_id() == job.id and rq_worker.get_state() == "busy"
+    (rq_worker,) = RQWorker.all(connection=system.redis)
+    job.refresh()
+    assert job.worker_name == rq_worker.name and rq_worker.get_state() == "busy"
+    assert system.redis.hget(rq_worker.key, "current_job") == job.id.encode()  # RQ 2's field
     system.redis.set(release, 1)
     assert worker.popen.wait(timeout=60) == 0, worker.output()
 
@@ -141,7 +142,7 @@ def test_a_one_slot_worker_shows_busy_while_a_job_runs_and_idle_between_jobs(
     jobs (RQ writes it after a job and again before the next dequeue)."""
 
     def states() -> list[str]:
-        return [w.get_state() for w in Worker.all(connection=system.redis)]
+        return [w.get_state() for w in RQWorker.all(connection=system.redis)]
 
     spawn(*WORKER)
     for _ in range(2):
@@ -193,19 +194,16 @@ def test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed(
 
 
 def test_a_job_the_worker_reads_is_the_job_rq_reads(system: System) -> None:
-    """The worker reads a job's hash its own way (its timestamps with the ISO parser, the
-    worker's serializer not checked again for each job) and gets what RQ gets from it."""
+    """The worker reads a job's delivery from its hash its own way (the data field alone)
+    and gets what RQ reads from it."""
     s = system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
-    system.work()
-    job_id = _job(system, s.id).id
-    theirs = Job.fetch(job_id, connection=system.redis, serializer=JSONSerializer)
-    ours = DeliveryJob.fetch(job_id, connection=system.redis, serializer=JSONSerializer)
-    for name in ("created_at", "enqueued_at", "started_at", "ended_at", "last_heartbeat"):
-        assert getattr(ours, name) == getattr(theirs, name) is not None, name
-        assert getattr(ours, name).tzinfo == getattr(theirs, name).tzinfo, name
-    assert ours.serializer is theirs.serializer is JSONSerializer
-    assert ours.to_dict() == theirs.to_dict()
+    job = _job(system, s.id)
+    delivery = delivery_of(system.redis.hget(job.key, "data"), job.origin)
+    assert [str(delivery.schedule_id), delivery.version, delivery.attempt, delivery.tenant] == [
+        *job.args
+    ]
+    assert delivery.queue == job.origin
 
 
 def test_a_skipped_delivery_finishes_in_rq_with_the_reason_it_was_skipped(
@@ -255,40 +253,19 @@ def test_rq_info_counts_duejobs_queues_and_workers(system: System, redis_url: st
 def test_rqs_stop_job_command_leaves_a_duejobs_worker_running(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
-    """A job runs in the worker's own process: RQ's "stop job" cannot end it without ending
-    the worker, and is ignored (RQ 3's SimpleWorker does the same)."""
+    """A job runs in the worker's own process and the worker hears no RQ command: RQ's
+    "stop job" neither stops the job nor ends the worker (cancel the schedule instead)."""
     release = f"test:release:{uuid.uuid4().hex}"
     s = system.app.schedule("hold", {"until": release}, delay=0)
     system.scheduler.run_once()
-    worker = spawn(*WORKER, "--log-level", "debug")
+    worker = spawn(*WORKER)
     job = _job(system, s.id)
     wait_for(lambda: job.get_status() == JobStatus.STARTED, 30, "the job to start")
     send_stop_job_command(system.redis, job.id, serializer=JSONSerializer)
-    heard = f"command to stop job {job.id}"
-    wait_for(lambda: heard in worker.output(), 30, "the worker to receive the command")
     system.redis.set(release, 1)
     wait_for(lambda: system.status(s.id) == "succeeded", 30, "the job to finish")
     assert worker.popen.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()
-
-
-def test_a_worker_stops_listening_for_rqs_commands_at_once(system: System) -> None:
-    """The thread that hears RQ's commands (stop job, shutdown) is stopped by redis-py with no
-    time limit, and RQ 3.0 lets it sleep 60 s between reads: one that had handled its
-    unsubscription before it was told to stop held the worker's warm stop for a minute (a
-    demo's worker outliving its 30 s, on a busy machine). Seen failing with RQ 3.0's own
-    ``subscribe``."""
-    from duejobs.worker import DuejobsWorker, Runtime
-
-    worker = DuejobsWorker(Runtime(system.app))
-    worker.subscribe()
-    assert worker.pubsub is not None
-    worker.pubsub.unsubscribe()  # the listener handles the reply: it waits unsubscribed
-    wait_for(lambda: not worker.pubsub.subscribed, 10, "the listener to see its unsubscription")
-    stopping = threading.Thread(target=worker.unsubscribe, daemon=True)
-    stopping.start()
-    stopping.join(timeout=5)
-    assert not stopping.is_alive(), "the listener thread held the stop"
 
 
 def test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry(
@@ -300,7 +277,7 @@ def test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry(
     # A worker takes the job, starts it as RQ does, and dies before its entry expires.
     system.redis.lrem(queue.key, 0, job.id)
     with system.redis.pipeline() as pipe:
-        create_execution(job, 60, pipe, "ghost")
+        pipe.zadd(queue.started_job_registry.key, {f"{job.id}:run": time.time() + 60})
         job.set_status(JobStatus.STARTED, pipeline=pipe)
         pipe.hset(job.key, "worker_name", "ghost")
         pipe.execute()
@@ -311,14 +288,6 @@ def test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry(
     assert system.status(s.id) == "succeeded"
 
 
-_SHORT_TTL_WORKER = """
-from duejobs.worker import DuejobsWorker, Runtime
-from tests.apps import app
-# A 10 s worker TTL makes RQ's socket timeout 11 s: a Redis that answers later meets it.
-DuejobsWorker(Runtime(app), worker_ttl=10).work(with_scheduler=False, logging_level="WARNING")
-"""
-
-
 @pytest.mark.slow
 @pytest.mark.serial  # pauses the whole Redis server: never beside another test process
 def test_a_worker_waits_out_a_redis_that_answers_too_late(
@@ -326,20 +295,21 @@ def test_a_worker_waits_out_a_redis_that_answers_too_late(
 ) -> None:
     """A Redis that stops answering (paused, overloaded, failing over) for longer than the
     worker's socket timeout must not end the worker. (The test pauses the whole server.)"""
-    worker = spawn(code=_SHORT_TTL_WORKER)
+    worker = spawn(*WORKER)
     # Idle, i.e. in its dequeue: a worker still starting up fails on a Redis timeout (its
     # supervisor starts it again), which is not what this test is about.
     wait_for(
-        lambda: [w.get_state() for w in Worker.all(connection=system.redis)] == ["idle"],
+        lambda: [w.get_state() for w in RQWorker.all(connection=system.redis)] == ["idle"],
         30,
         "the worker to start and wait for jobs",
     )
-    # Past two socket timeouts: a heartbeat's (let go) and then a dequeue's.
+    # Past the worker's socket timeout (REDIS_TIMEOUT, 10 s) and its one retry.
     system.redis.execute_command("CLIENT", "PAUSE", 25_000, "ALL")
     with redis.Redis.from_url(redis_url, socket_timeout=60) as patient:
         patient.ping()  # answered when the pause ends
     s = system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
     wait_for(lambda: system.status(s.id) == "succeeded", 30, "the worker to run the job")
-    assert "retrying in" in worker.output().lower(), worker.output()
+    assert "waiting for it" in worker.output(), worker.output()
+    assert worker.popen.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()

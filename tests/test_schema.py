@@ -20,14 +20,13 @@ from sqlalchemy.exc import IntegrityError
 from duejobs import App, ScheduleRequest, store
 from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.delivery import DuejobsWorker
 from duejobs.errors import ConfigurationError, SchemaMissingError
 from duejobs.migrate import current_revision, head_revision, upgrade
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import FRONT_LANE, Scheduler
 from duejobs.stats import collect
 from duejobs.store.queries import PARTITIONED_MODE_TABLES
-from duejobs.worker import Runtime, WorkerConfig
+from duejobs.worker import Runtime, Worker, WorkerConfig
 from tests.apps import EFFECTS_TABLE, register
 from tests.conftest import PARTITIONED, Servers, full_scans, reads_index
 
@@ -247,7 +246,7 @@ def test_every_part_runs_with_its_tables_in_a_schema_of_its_own(
 
         Scheduler(app).run_once()
         runtime = Runtime(app, WorkerConfig())
-        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        Worker(runtime).work(burst=True)
         runtime.close()
         assert [app.get(i).status.value for i in ids] == ["succeeded"] * 5  # type: ignore[union-attr]
         assert Reconciler(app).run_once().fixed == 0

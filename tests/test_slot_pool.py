@@ -122,21 +122,6 @@ def test_a_stop_ends_the_wait_for_a_take() -> None:
     pool.close()
 
 
-def test_the_last_slot_to_free_says_the_pool_is_idle() -> None:
-    pool = SlotPool(2, take_window=0)
-    idle = threading.Event()
-    pool.on_idle = idle.set
-    first, second = threading.Event(), threading.Event()
-    _blocked(pool, "a", first)
-    _blocked(pool, "b", second)
-    first.set()
-    wait_for(lambda: pool.busy == 1, 10, "one slot to free")
-    assert not idle.is_set()
-    second.set()
-    wait_for(idle.is_set, 10, "the pool to say it is idle")
-    pool.close()
-
-
 def test_a_warm_stop_waits_for_the_running_slots() -> None:
     pool = SlotPool(2, take_window=0)
     release = threading.Event()

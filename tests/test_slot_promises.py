@@ -9,13 +9,12 @@ Seen failing against today's builds and builds broken on purpose:
   version's claim and ran; the current one was skipped as a duplicate, then rescued and run
   again) →
   ``test_a_superseded_copy_taken_with_the_current_version_never_runs_in_its_place``;
-* the start of a job taken with others retried for a lease counted from when its turn came,
-  and its claim made ahead used past its lease (handlers ran twice, beside the rescued
-  attempt) → ``test_a_start_held_up_past_its_claims_lease_never_runs_the_handler_twice``;
-* a batch take that met a job hash without its data quitting RQ's loop (a slotted worker
+* jobs whose take's answer was lost, found again once Redis answered, beside a reconciler
+  (none may run twice) → ``test_jobs_taken_while_redis_loses_the_answers_run_once_past_a_lease``;
+* a batch take that met a job hash without its data ending the loop (a slotted worker
   exited 0 with good jobs left unrun) →
   ``test_a_half_written_job_hash_is_passed_over_and_the_jobs_taken_with_it_run``; an error
-  ending RQ's loop reported as a clean stop → ``test_a_worker_ended_by_an_error_exits_non_zero``;
+  ending the loop reported as a clean stop → ``test_a_worker_ended_by_an_error_exits_non_zero``;
 * a task left by an ``async def`` handler that swallows its cancellation running on into the
   slot's next handler → ``test_a_leftover_task_that_refuses_cancellation_never_runs_again``;
 * ``retry()`` that loses a key race raising the driver's ``IntegrityError`` →
@@ -34,8 +33,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.commands.core import Script
 from rq import Queue
-from rq.job import Job
 from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
@@ -43,8 +42,9 @@ from duejobs import App
 from duejobs.errors import KeyInUseError
 from duejobs.models import Delivery
 from duejobs.reconcile import Reconciler
-from duejobs.worker import DuejobsWorker, Outcome, Runtime, WorkerConfig
+from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig
 from duejobs.worker.event_loops import EventLoops
+from duejobs.worker.rq_wire import TAKE
 from tests.conftest import Proc, System, wait_for
 
 WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
@@ -60,7 +60,7 @@ def _runs(app: App) -> list[tuple[uuid.UUID, int, int]]:
 def _work(system: System, config: WorkerConfig) -> None:
     runtime = Runtime(system.app, config)
     try:
-        DuejobsWorker(runtime).work(burst=True, with_scheduler=False, logging_level="WARNING")
+        Worker(runtime).work(burst=True)
     finally:
         runtime.close()
 
@@ -92,38 +92,37 @@ def test_a_superseded_copy_taken_with_the_current_version_never_runs_in_its_plac
 
 
 @pytest.fixture
-def redis_down_as_jobs_start(
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[Callable[[float], None]]:
-    """Redis failing, for ``seconds`` from the first try, every start of the jobs a slotted
-    worker took together (their start in one pipeline, then each one's start alone)."""
+def take_answers_lost(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[float], None]]:
+    """For ``seconds`` from the first take that finds jobs, every take's answer is lost
+    after Redis ran it (the connection broke on the way back)."""
     outage: dict[str, float] = {}
-    prepare = DuejobsWorker.prepare_execution
+    real = Script.__call__
 
     def down(seconds: float) -> None:
         outage["seconds"] = seconds
 
-    def prepare_or_fail(worker: DuejobsWorker, job: Job, *args: Any, **kwargs: Any) -> Any:
-        ends = outage.setdefault("ends", time.monotonic() + outage["seconds"])
-        if time.monotonic() < ends:
-            raise redis.ConnectionError("Redis is down as the job starts")
-        return prepare(worker, job, *args, **kwargs)
+    def lossy(script: Script, *args: Any, **kwargs: Any) -> Any:
+        answer = real(script, *args, **kwargs)
+        if script.script == TAKE and (answer or "ends" in outage):
+            ends = outage.setdefault("ends", time.monotonic() + outage["seconds"])
+            if time.monotonic() < ends:
+                raise redis.ConnectionError("the take's answer was lost")
+        return answer
 
-    monkeypatch.setattr(DuejobsWorker, "_start_all", lambda worker, jobs: None)
-    monkeypatch.setattr(DuejobsWorker, "prepare_execution", prepare_or_fail)
+    monkeypatch.setattr(Script, "__call__", lossy)
     yield down
 
 
-def test_a_start_held_up_past_its_claims_lease_never_runs_the_handler_twice(
-    system: System, redis_down_as_jobs_start: Callable[[float], None]
+def test_jobs_taken_while_redis_loses_the_answers_run_once_past_a_lease(
+    system: System, take_answers_lost: Callable[[float], None]
 ) -> None:
-    """Four jobs taken together and claimed; Redis fails as they start for longer than their
-    claims' 1 s lease, while a reconciler runs every 0.1 s and rescues the lapsed claims. No
-    handler starts on a lapsed claim: each schedule's handler runs once, on the attempt the
-    reconciler pushed again, and every schedule succeeds."""
+    """Four jobs taken together whose take's answer is lost, and every answer after it for
+    longer than a claim's 1 s lease, while a reconciler runs every 0.1 s: the jobs, started
+    in RQ for a worker that lives, are not pushed again; the worker finds them once Redis
+    answers and each handler runs once, and every schedule succeeds."""
     ids = [system.app.schedule("traced", {}, delay=0).id for _ in range(4)]
     system.scheduler.run_once()
-    redis_down_as_jobs_start(1.8)
+    take_answers_lost(1.8)
     reconciler = Reconciler(system.app)
     stop = threading.Event()
 
@@ -137,7 +136,7 @@ def test_a_start_held_up_past_its_claims_lease_never_runs_the_handler_twice(
         concurrency=4, lease=timedelta(seconds=1), heartbeat=timedelta(milliseconds=200)
     )
     try:
-        _work(system, config)  # the four taken together, given up or lapsed
+        _work(system, config)  # the four taken together, found again
 
         def all_succeeded() -> bool:
             _work(system, config)  # the attempts the reconciler pushed again
@@ -221,16 +220,16 @@ def test_a_half_written_job_hash_is_passed_over_and_the_jobs_taken_with_it_run(
 def test_a_worker_ended_by_an_error_exits_non_zero(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
-    """RQ's loop ends on an error it does not expect, logging it as it quits; the worker's
+    """The loop ends on an error it does not expect (a bug, not an outage); the worker's
     command then exits 1 naming it (a supervisor restarts it), never 0 as from a stop."""
     system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
     code = (
         "import sys\n"
-        "from duejobs.delivery.rq_worker import DuejobsWorker\n"
+        "from duejobs.worker.loop import Worker\n"
         "def broken(self, *args, **kwargs):\n"
         "    raise LookupError('a step of the loop broke')\n"
-        "DuejobsWorker._take_for_slot = broken\n"
+        "Worker._free_slots = broken\n"
         "from duejobs.cli import main\n"
         f"sys.argv = ['duejobs', *{WORKER!r}, '--concurrency', '2', '--burst']\n"
         "main()\n"

@@ -12,7 +12,7 @@ from duejobs.cli.group import main
 from duejobs.prune import PruneConfig, Pruner
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler
-from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import WorkerConfig, build_worker
 
 # How often the reconciler and the pruner pass in development.
 RECONCILE_EVERY = timedelta(seconds=2)
@@ -64,15 +64,15 @@ def dev(
             "this process; Ctrl-C stops them (code is not reloaded: restart to load changes)",
             err=True,
         )
-        runtime = Runtime(app, config)
+        worker = build_worker(app, config)
         try:
-            # RQ's worker in the main thread: SIGINT/SIGTERM end it (warm), then the rest.
-            DuejobsWorker(runtime).work(logging_level=log_level.upper(), with_scheduler=False)
+            # The worker in the main thread: SIGINT/SIGTERM end it (warm), then the rest.
+            worker.work()
         finally:
             for service in (scheduler, reconciler, pruner):
                 service.stop()
             for loop in loops:
                 loop.join(timeout=30)
-            runtime.close()
+            worker.runtime.close()
             scheduler.close()
             app.close()

@@ -45,7 +45,7 @@ from duejobs.stats import collect as collect_stats
 from duejobs.stats import render as render_stats
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_queue
-from duejobs.worker import DuejobsWorker, Runtime, WorkerConfig
+from duejobs.worker import WorkerConfig, build_worker
 from duejobs.worker.supervisor import Supervisor, allowed_cpus, pin_to_cpu
 
 R = TypeVar("R")
@@ -258,20 +258,21 @@ def worker(
             pin_to_cpu(cpus[0])  # worker's threads start (they inherit it)
         app = load_app(app_ref)
         sync_declared(app)
-        runtime = Runtime(app, config, name=name)
         try:
-            runtime.warn_if_outcomes_can_be_lost()
-            rq_worker = DuejobsWorker(runtime, [check_queue(q) for q in queues], name=name)
+            worker = build_worker(app, config, [check_queue(q) for q in queues], name=name)
         except ConfigurationError as exc:  # queues on several nodes: bad flags, exit 2
             raise click.BadParameter(str(exc), param_hint="--queue") from exc
         except DuejobsError as exc:
             _fail(exc)
-        rq_worker.work(burst=burst, logging_level=log_level.upper(), with_scheduler=False)
-        runtime.close()
-        app.close()
-        if rq_worker.failure is not None:
-            click.echo(f"duejobs worker: ended by {describe(rq_worker.failure)}", err=True)
+        worker.runtime.warn_if_outcomes_can_be_lost()
+        try:
+            worker.work(burst=burst)
+        except Exception as exc:  # not an outage (those are waited out): a refused password
+            click.echo(f"duejobs worker: ended by {describe(exc)}", err=True)
             sys.exit(1)
+        finally:
+            worker.runtime.close()
+            app.close()
 
 
 def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:

@@ -1,4 +1,4 @@
-"""Delivery: the only module that knows RQ and its Redis keys.
+"""Delivery: the push side of RQ — jobs onto RQ's queues and registries, and what is there.
 
 What it promises:
 
@@ -54,8 +54,6 @@ from duejobs.delivery.deliverer import (
     PushResult,
 )
 from duejobs.delivery.job_ids import job_tenant, job_tenant_part, parse_job_id
-from duejobs.delivery.performer import Delivered, Performer, Slots
-from duejobs.delivery.rq_worker import DuejobsWorker
 from duejobs.delivery.scripts import LIST_SCAN_LIMIT
 
 __all__ = [
@@ -68,14 +66,10 @@ __all__ = [
     "SCHEDULED_PREFIX",
     "STUCK_AFTER",
     "WORKER_PREFIX",
-    "Delivered",
     "Deliverer",
-    "DuejobsWorker",
     "JobState",
-    "Performer",
     "Push",
     "PushResult",
-    "Slots",
     "job_tenant",
     "job_tenant_part",
     "parse_job_id",

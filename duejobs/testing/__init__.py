@@ -29,14 +29,12 @@ Not for production: :func:`advance` rewrites every live schedule of the database
 
 from __future__ import annotations
 
-import signal
 from datetime import timedelta
 
 from duejobs import store
 from duejobs.core import HasCore
-from duejobs.delivery import DuejobsWorker
 from duejobs.scheduler import Scheduler, SchedulerConfig
-from duejobs.worker import Runtime, WorkerConfig
+from duejobs.worker import Runtime, Worker, WorkerConfig
 
 __all__ = ["advance", "drain", "run_due"]
 
@@ -54,19 +52,15 @@ def run_due(app: HasCore) -> int:
     runtime = Runtime(core, WorkerConfig(concurrency=1))
     queues = sorted({core.queue, *(h.queue for h in core.handlers.values() if h.queue)})
     ran = 0
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for _ in range(MAX_ROUNDS):
             claimed = scheduler.run_once().claimed
             if claimed == 0:
                 return ran
-            worker = DuejobsWorker(runtime, queues)
-            worker.work(burst=True, with_scheduler=False, logging_level="WARNING")
+            Worker(runtime, queues).work(burst=True)
             ran += claimed
     finally:
         runtime.close()
-        for sig, handler in handlers.items():  # RQ's worker installs its own: Ctrl-C is pytest's
-            signal.signal(sig, handler)
     raise RuntimeError(f"schedules still due after {MAX_ROUNDS} rounds of run_due: a loop?")
 
 

@@ -87,32 +87,47 @@ that computes keeps the others waiting up to this long), ``unknown_type_grace`` 
 Metrics: ``duejobs_deliveries_total{tenant,type,outcome}``, ``duejobs_lag_seconds``, and
 ``duejobs_worker_batch_size{kind}`` (claims or outcomes per bookkeeping statement).
 
-Where each part lives, one role per module: :mod:`.runtime` (one delivery from claim to
-outcome), :mod:`.claims` (claims, and those made ahead for jobs taken together),
-:mod:`.closing` (outcomes), :mod:`.slot_pool` (slots, takes, the warm-stop drain; no RQ),
-:mod:`.heartbeat` (leases), :mod:`.time_limits`, :mod:`.bookkeeping` (connections),
+Where each part lives, one role per module: :mod:`.loop` (the loop: take → claim → run →
+close, signals, stops), :mod:`.rq_wire` (what the worker reads and writes in RQ's layout, by
+duejobs' own scripts), :mod:`.redis_waits` (outages waited out), :mod:`.runtime` (one
+delivery from claim to outcome), :mod:`.claims` (claims, and those made ahead for jobs taken
+together), :mod:`.closing` (outcomes), :mod:`.slot_pool` (slots, takes, the warm-stop drain;
+no RQ), :mod:`.heartbeat` (leases), :mod:`.time_limits`, :mod:`.bookkeeping` (connections),
 :mod:`.event_loops` (``async def`` handlers), :mod:`.context` (``ctx``), :mod:`.supervisor`
-(``--processes``), :mod:`.config` (the knobs). RQ itself is met only in
-:mod:`duejobs.delivery` (:class:`~duejobs.delivery.DuejobsWorker`, an adapter that hands each
-job to the runtime).
+(``--processes``), :mod:`.config` (the knobs). The worker is built in one place,
+:func:`build_worker`.
 """
 
 from __future__ import annotations
 
-from duejobs.delivery import DuejobsWorker
+from collections.abc import Sequence
+
+from duejobs.core import HasCore
 from duejobs.worker.config import EXIT_WEDGED, MAX_CONCURRENCY, Outcome, WorkerConfig
 from duejobs.worker.context import Context
+from duejobs.worker.loop import Worker
 from duejobs.worker.runtime import Runtime, perform
 
-# DuejobsWorker (the RQ side) lives in duejobs.delivery; it is named here too, beside the
-# Runtime it runs, for code that embeds a worker.
+
+def build_worker(
+    app: HasCore,
+    config: WorkerConfig | None = None,
+    queues: Sequence[str] = (),
+    name: str | None = None,
+) -> Worker:
+    """A worker for ``app``'s handlers on ``queues`` (default: the App's queue), with its own
+    runtime (close it with ``worker.runtime.close()`` once the worker returned)."""
+    return Worker(Runtime(app, config, name=name), queues)
+
+
 __all__ = [
     "EXIT_WEDGED",
     "MAX_CONCURRENCY",
     "Context",
-    "DuejobsWorker",
     "Outcome",
     "Runtime",
+    "Worker",
     "WorkerConfig",
+    "build_worker",
     "perform",
 ]

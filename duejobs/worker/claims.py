@@ -123,19 +123,6 @@ class Claimer:
             for delivery, at in places.items():
                 self._ahead.setdefault(delivery, []).append(_ClaimAhead(claims, at, asked_at))
 
-    def forget_ahead(self, delivery: Delivery) -> None:
-        """A copy of a delivery claimed ahead that no slot will run: one of its claims is no
-        longer kept — one that claimed nothing when there is one, so that a copy that does
-        run keeps the claim made for it (a lease not used ends for the reconciler)."""
-        with self._lock:
-            ahead = self._ahead.get(delivery)
-            if not ahead:
-                return
-            unused = next((a for a in ahead if a.made_none()), ahead[-1])
-            ahead.remove(unused)
-            if not ahead:
-                del self._ahead[delivery]
-
     def claim(self, delivery: Delivery) -> RunClaim | None:
         """The delivery's claim: the one made ahead, if any (in time, see :meth:`_in_time`),
         else its own; one that cannot run now is told why

@@ -1,7 +1,7 @@
 """The worker's runtime: one delivery from claim to outcome, without RQ around it.
 
-:class:`Runtime` is what the RQ side (:class:`~duejobs.delivery.DuejobsWorker`) hands each
-job to (it is that worker's ``Performer``): it claims the delivery (:mod:`.claims`), runs the
+:class:`Runtime` is what the worker's loop (:class:`~duejobs.worker.loop.Worker`) hands each
+job's delivery to: it claims the delivery (:mod:`.claims`), runs the
 handler under its time limit while the heartbeat renews its lease (:mod:`.heartbeat`,
 :mod:`.time_limits`), and closes the attempt (:mod:`.closing`). What the worker promises as a
 whole, and its knobs, are stated in :mod:`duejobs.worker`.
@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from duejobs import metrics, store, tracing
 from duejobs.config import redacted
 from duejobs.core import HasCore
-from duejobs.delivery import Delivered, Deliverer
+from duejobs.delivery import Deliverer
 from duejobs.errors import (
     ConfigurationError,
     EffectAlreadyAppliedError,
@@ -49,6 +50,17 @@ from duejobs.worker.slot_pool import SlotPool
 from duejobs.worker.time_limits import time_limit
 
 log = logging.getLogger("duejobs.worker")
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What handling one delivery came to: the outcome (the RQ job's result), and when to
+    put the job back into its scheduled registry (None: it is done)."""
+
+    outcome: str
+    put_back_at: datetime | None = None
+
+
 # A delivery whose row another transaction held is put back with this score: the next
 # promotion (by the database clock) moves it onto the queue again; its claim then waits for
 # the lock once more, at most ``claim_lock_timeout``.
@@ -88,15 +100,11 @@ class Runtime:
         self.bookkeeping.close()
         self._loops.close()
 
-    # -- what the RQ side asks of it (its Performer) ------------------------------------------
+    # -- what the loop asks of it ---------------------------------------------------------------
 
     @property
     def switch_interval(self) -> float:
         return self.config.switch_interval.total_seconds()
-
-    @property
-    def lease(self) -> float:
-        return self.config.lease.total_seconds()
 
     @property
     def default_queue(self) -> str:
@@ -119,10 +127,6 @@ class Runtime:
     def claim_ahead(self, deliveries: Sequence[Delivery]) -> None:
         """Claim together deliveries taken together, before their slots run them."""
         self.claimer.claim_ahead(deliveries)
-
-    def forget_ahead(self, delivery: Delivery) -> None:
-        """Drop the claim made ahead of a copy of a delivery no slot will run."""
-        self.claimer.forget_ahead(delivery)
 
     def handle(
         self,
@@ -331,7 +335,7 @@ def _in_slot() -> bool:
 
 def perform(schedule_id: str, version: int, attempt: int, tenant: str) -> str:
     """The function every duejobs RQ job names (``JOB_FUNCTION``). A duejobs worker runs the
-    delivery itself (:class:`~duejobs.delivery.DuejobsWorker`) and never calls it; a plain RQ
+    delivery itself (:class:`~duejobs.worker.loop.Worker`) and never calls it; a plain RQ
     worker that took the job does, and is told why it cannot run it."""
     raise RuntimeError(
         f"duejobs job for schedule {schedule_id} (v{version}, attempt {attempt}, tenant "

@@ -1,8 +1,8 @@
 """A worker's slots: how many deliveries run at once, and when jobs are taken for them.
 
 :class:`SlotPool` knows nothing of RQ: what it runs is a callable, a job is a key (its id),
-and a *take* is the keys taken from Redis in one go. The RQ side
-(:class:`~duejobs.delivery.DuejobsWorker`) asks it for a free slot before it takes a job, for
+and a *take* is the keys taken from Redis in one go. The worker's loop
+(:class:`~duejobs.worker.loop.Worker`) asks it for a free slot before it takes a job, for
 every other free slot before it takes more, and hands it each job to run.
 
 What it promises:
@@ -69,9 +69,6 @@ class SlotPool:
         self._waited_take: _Take | None = None
         self._awaited: set[object] = set()
         self._wedged = 0
-        # Called under the lock when the last running slot frees (the worker tells Redis it
-        # is idle then: a job started after that is busy after it).
-        self.on_idle: Callable[[], None] = lambda: None
 
     @property
     def busy(self) -> int:
@@ -181,8 +178,6 @@ class SlotPool:
                     self._lock.notify_all()
             if self.busy <= self._wedged:  # a warm stop waits for this
                 self._lock.notify_all()
-            if not self._running:
-                self.on_idle()
 
     # -- handlers given up -------------------------------------------------------------------
 

@@ -1,0 +1,356 @@
+"""The worker's side of RQ's wire format, written by duejobs' own Lua scripts: what a worker
+takes from RQ's queues, and what it writes so that RQ's own tools (``rq info``,
+``Job.fetch(id)``, RQ's registries, rq-dashboard) read duejobs' workers and jobs as RQ's.
+
+What it writes, in RQ's layout (the same from RQ 2.0 to 3.0, read through RQ's public names):
+
+* **The worker.** ``rq:worker:<name>`` (birth, queues, pid, host, versions, ``state`` busy or
+  idle, ``current_job``, its job counts and working time, ``last_heartbeat``), kept alive by
+  :meth:`RqWire.beat` (``WORKER_TTL``), listed in ``rq:workers`` and ``rq:workers:<queue>``,
+  and marked dead (``death``) when the worker ends. The deliverer counts a ``started`` job as
+  live only while this key lives.
+* **A job taken** (:data:`TAKE`, one script for all the jobs taken together): popped off its
+  queue, its hash marked ``started`` by this worker, and entered into the queue's started
+  registry as ``<job id>:<run id>`` (RQ 2.0+'s member form), its score refreshed while it runs
+  (:meth:`RqWire.keep_started`).
+* **A job finished** (:data:`FINISH`, one script for the jobs finishing together): its hash
+  ``finished`` (or ``failed``) with its end, kept ``RESULT_TTL`` (``FAILURE_TTL``), out of the
+  started registry and into the finished (failed) one, and its result in RQ's results stream:
+  the outcome (``succeeded``, ``skipped``...) as the job's return value, or the error.
+
+What it does not write: RQ's per-run execution records (``rq:execution:*``): a worker's
+current jobs are those its started registries hold under its name, and RQ 3's
+``Worker.get_current_job_id()`` answers None for a duejobs worker (RQ 2's reads
+``current_job``). It listens to no RQ command (``rq`` stop-job and shutdown requests are not
+heard: stop a worker with SIGTERM, a schedule by cancelling it).
+
+What it costs: a job taken with others and finished with others costs about ten Redis
+commands (one ``HGET`` to read it, one ``HSET`` and one ``ZADD`` to start it, six to finish
+it, the pop and the worker's own writes shared by the batch); one job alone, twelve
+(``python -m bench worker_throughput`` prints the count per job).
+
+Taking needs Redis 6.2 or later (``LPOP`` with a count). Every call here may raise a Redis
+error: the worker's loop decides what an outage means (:mod:`duejobs.worker.redis_waits`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import platform
+import socket
+import uuid
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import rq
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import EncodableT, FieldT
+from rq import Queue, Worker
+from rq.job import Job
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
+from rq.results import Result
+from rq.suspension import WORKERS_SUSPENDED
+from rq.utils import utcformat
+from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
+
+from duejobs.delivery import FAILURE_TTL, RESULT_TTL
+from duejobs.models import Delivery
+
+# Seconds a worker's key lives without a beat (RQ's default worker_ttl, 420, plus RQ's 60).
+WORKER_TTL = 480
+# Seconds a started-registry entry lives without being refreshed (as the worker's key).
+STARTED_TTL = WORKER_TTL
+# The most results RQ keeps in a job's results stream (RQ's own ``maxlen``).
+_RESULTS_KEPT = 10
+
+TAKE = """
+-- KEYS[1]: the worker's key; then, per queue in order, its list and its started registry.
+-- ARGV: most, job key prefix, now (RQ's format), started score, worker name, run-id base,
+--       an id popped already (or ''), that id's queue index.
+local most, prefix, stamp, score = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local worker, base = ARGV[5], ARGV[6]
+local taken = {}
+local function start(id, q)
+    local key = prefix .. id
+    local data = redis.call('HGET', key, 'data')
+    if not data then  -- its hash is gone: handed back unread, nothing written
+        taken[#taken + 1] = {id, q, '', ''}
+        return
+    end
+    local run = base .. #taken
+    redis.call('HSET', key, 'status', 'started', 'started_at', stamp, 'last_heartbeat', stamp,
+               'worker_name', worker)
+    redis.call('ZADD', KEYS[2 * q + 1], score, id .. ':' .. run)
+    taken[#taken + 1] = {id, q, data, run}
+end
+if ARGV[7] ~= '' then start(ARGV[7], tonumber(ARGV[8])) end
+for q = 1, (#KEYS - 1) / 2 do
+    local left = most - #taken
+    if left <= 0 then break end
+    local ids = redis.call('LPOP', KEYS[2 * q], left)
+    if ids then
+        for _, id in ipairs(ids) do start(id, q) end
+    end
+end
+if #taken > 0 then
+    redis.call('HSET', KEYS[1], 'state', 'busy', 'current_job', taken[1][1])
+end
+return taken
+"""
+
+FINISH = (
+    """
+-- KEYS[1]: the worker's key. ARGV: job key prefix, results key prefix, now (RQ's format),
+-- the worker's name, state, successful count, failed count, working time; then per job:
+-- id, started registry, run id, registry, score, ttl, status, result type, field, value.
+local prefix, results, stamp, worker = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+redis.call('HSET', KEYS[1], 'state', ARGV[5], 'successful_job_count', ARGV[6],
+           'failed_job_count', ARGV[7], 'total_working_time', ARGV[8])
+if ARGV[5] == 'idle' then redis.call('HSET', KEYS[1], 'current_job', '') end
+for i = 9, #ARGV, 10 do
+    local id, ttl = ARGV[i], ARGV[i + 5]
+    local key = prefix .. id
+    redis.call('HSET', key, 'status', ARGV[i + 6], 'ended_at', stamp, 'last_heartbeat', stamp)
+    redis.call('EXPIRE', key, ttl)
+    redis.call('ZREM', ARGV[i + 1], id .. ':' .. ARGV[i + 2])
+    redis.call('ZADD', ARGV[i + 3], ARGV[i + 4], id)
+    redis.call('XADD', results .. id, 'MAXLEN', '~', '"""
+    + str(_RESULTS_KEPT)
+    + """', '*',
+               'type', ARGV[i + 7], 'worker_name', worker, ARGV[i + 8], ARGV[i + 9])
+    redis.call('EXPIRE', results .. id, ttl)
+end
+return #ARGV
+"""
+)
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A job taken off a queue: its id, its queue, its RQ run id (its started-registry entry
+    is ``<job_id>:<run>``), and its delivery — None when its hash was gone or cannot be
+    read as a duejobs job (``unreadable`` says why)."""
+
+    job_id: str
+    queue: str
+    run: str
+    delivery: Delivery | None
+    unreadable: str = ""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a job's run came to, for RQ: the outcome its result holds, or the error that
+    failed it."""
+
+    taken: Taken
+    outcome: str | None
+    error: str | None = None
+    seconds: float = 0.0
+
+
+class RqWire:
+    """One worker's RQ records on one Redis (see the module docstring)."""
+
+    def __init__(self, redis: Redis, queues: Sequence[str], name: str) -> None:
+        self.redis = redis
+        self.queues = list(queues)
+        self.name = name
+        self.key = Worker.redis_worker_namespace_prefix + name
+        self._queue_keys = [Queue.redis_queue_namespace_prefix + q for q in self.queues]
+        self._started_keys = [StartedJobRegistry(q, connection=redis).key for q in self.queues]
+        self._finished_keys = [FinishedJobRegistry(q, connection=redis).key for q in self.queues]
+        self._failed_keys = [FailedJobRegistry(q, connection=redis).key for q in self.queues]
+        self._take_keys = [self.key]
+        for queue_key, started_key in zip(self._queue_keys, self._started_keys, strict=True):
+            self._take_keys += [queue_key, started_key]
+        self._take = redis.register_script(TAKE)
+        self._finish = redis.register_script(FINISH)
+        self._job_prefix = Job.redis_job_namespace_prefix
+        self._lost: list[str] = []  # run-id bases of takes whose answers were lost
+        self._results_prefix: str = Result.get_key("")  # type: ignore[no-untyped-call]
+        # The worker's own figures, written whole with each finish (only it writes them).
+        self.succeeded = 0
+        self.failed = 0
+        self.working_time = 0.0
+
+    # -- the worker ---------------------------------------------------------------------------
+
+    def register(self) -> bool:
+        """The worker's key, as RQ's ``register_birth`` writes it, and its place in RQ's
+        worker sets; whether ``rq suspend`` holds the workers."""
+        stamp = utcformat(datetime.now(UTC))
+        fields: dict[FieldT, EncodableT] = {
+            "birth": stamp,
+            "last_heartbeat": stamp,
+            "queues": ",".join(self.queues),
+            "pid": os.getpid(),
+            "hostname": socket.gethostname(),
+            "ip_address": _ip_address(),
+            "version": rq.__version__,
+            "python_version": platform.python_version(),
+            "state": "idle",
+            "successful_job_count": 0,
+            "failed_job_count": 0,
+            "total_working_time": 0,
+        }
+        with self.redis.pipeline() as pipe:
+            pipe.delete(self.key)
+            pipe.hset(self.key, mapping=fields)
+            pipe.expire(self.key, WORKER_TTL)
+            pipe.sadd(REDIS_WORKER_KEYS, self.key)
+            for queue in self.queues:
+                pipe.sadd(WORKERS_BY_QUEUE_KEY % queue, self.key)
+            pipe.exists(WORKERS_SUSPENDED)
+            return bool(pipe.execute()[-1])
+
+    def beat(self, stopping_since: datetime | None = None) -> bool:
+        """The worker's heartbeat (with, once a warm stop began, RQ's
+        ``shutdown_requested_date``); whether ``rq suspend`` holds the workers (RQ's
+        suspension key), read in the same round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        fields: dict[FieldT, EncodableT] = {"last_heartbeat": utcformat(datetime.now(UTC))}
+        if stopping_since is not None:
+            fields["shutdown_requested_date"] = utcformat(stopping_since)
+        pipe.hset(self.key, mapping=fields)
+        pipe.expire(self.key, WORKER_TTL)
+        pipe.exists(WORKERS_SUSPENDED)
+        return bool(pipe.execute()[-1])
+
+    def keep_started(self, running: Sequence[Taken]) -> None:
+        """Push back the started-registry entries of jobs still running, so that RQ's
+        cleanup of expired entries never counts a live run as abandoned."""
+        if not running:
+            return
+        score = datetime.now(UTC).timestamp() + STARTED_TTL
+        pipe = self.redis.pipeline(transaction=False)
+        for taken in running:
+            started = self._started_keys[self.queues.index(taken.queue)]
+            pipe.zadd(started, {f"{taken.job_id}:{taken.run}": score}, xx=True)
+        pipe.execute()
+
+    def retire(self) -> None:
+        """RQ's ``register_death``: out of the worker sets, the key marked dead, gone in a
+        minute."""
+        with self.redis.pipeline() as pipe:
+            pipe.srem(REDIS_WORKER_KEYS, self.key)
+            for queue in self.queues:
+                pipe.srem(WORKERS_BY_QUEUE_KEY % queue, self.key)
+            pipe.hset(self.key, "death", utcformat(datetime.now(UTC)))
+            pipe.expire(self.key, 60)
+            pipe.execute()
+
+    # -- jobs ----------------------------------------------------------------------------------
+
+    def take(self, most: int, wait: float) -> list[Taken]:
+        """Up to ``most`` waiting jobs, started in RQ in one script; with none waiting and
+        ``wait`` above zero, blocks up to ``wait`` seconds for one (then takes more with it).
+        A job whose id was popped but whose hash is gone comes back unreadable, unstarted.
+
+        A take whose answer was lost (the connection broke after Redis ran it) started jobs
+        for this worker that it does not know of — and that the deliverer counts as live
+        while the worker lives: the next take finds them by their run ids and hands them
+        out first (:meth:`_recovered`)."""
+        if self._lost:
+            return self._recovered()
+        first, index = "", 0
+        if wait > 0 and not self._any_waiting():
+            popped = self.redis.blpop(self._queue_keys, timeout=wait)
+            if popped is None:
+                return []
+            key, job_id = (_text(part) for part in popped)
+            first, index = job_id, self._queue_keys.index(key) + 1
+        stamp, base = datetime.now(UTC), uuid.uuid4().hex[:16]
+        args: list[EncodableT] = [most, self._job_prefix, utcformat(stamp)]
+        args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, index]
+        try:
+            rows = self._take(keys=self._take_keys, args=args)
+        except (RedisConnectionError, RedisTimeoutError):
+            self._lost.append(base)
+            raise
+        return [self._taken(*row) for row in rows]
+
+    def _recovered(self) -> list[Taken]:
+        """The jobs started by takes whose answers were lost, found in the started
+        registries by their run ids (``<job id>:<base><n>``)."""
+        found: list[Taken] = []
+        for base in self._lost:
+            for index, started in enumerate(self._started_keys, start=1):
+                for member, _score in self.redis.zscan_iter(started, match=f"*:{base}*"):
+                    job_id, run = _text(member).rsplit(":", 1)
+                    data = self.redis.hget(self._job_prefix + job_id, "data")
+                    found.append(self._taken(job_id, index, data or "", run))
+        self._lost.clear()
+        return found
+
+    def _any_waiting(self) -> bool:
+        """Whether a job waits on any of the queues (a take then needs no blocking pop)."""
+        if len(self._queue_keys) == 1:
+            return bool(self.redis.llen(self._queue_keys[0]))
+        pipe = self.redis.pipeline(transaction=False)
+        for key in self._queue_keys:
+            pipe.llen(key)
+        return any(pipe.execute())
+
+    def _taken(self, job_id: Any, index: Any, data: Any, run: Any) -> Taken:
+        job, queue = _text(job_id), self.queues[int(index) - 1]
+        if not data:
+            return Taken(job, queue, "", None, "its hash is gone")
+        try:
+            return Taken(job, queue, _text(run), delivery_of(data, queue))
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            return Taken(job, queue, _text(run), None, f"not a duejobs job ({exc})")
+
+    def finish(self, done: Sequence[Finished], state: str) -> None:
+        """RQ's finish of jobs that ran (one script), the worker's figures and ``state``
+        written with them."""
+        now = datetime.now(UTC)
+        succeeded = self.succeeded + sum(item.error is None for item in done)
+        failed = self.failed + sum(item.error is not None for item in done)
+        working_time = self.working_time + sum(item.seconds for item in done)
+        args: list[Any] = [self._job_prefix, self._results_prefix, utcformat(now), self.name]
+        args += [state, succeeded, failed, round(working_time, 6)]
+        for item in done:
+            at = self.queues.index(item.taken.queue)
+            if item.error is None:
+                registry, ttl, status = self._finished_keys[at], RESULT_TTL, "finished"
+                kind, field = Result.Type.SUCCESSFUL.value, "return_value"
+                value = base64.b64encode(json.dumps(item.outcome).encode()).decode()
+            else:
+                registry, ttl, status = self._failed_keys[at], FAILURE_TTL, "failed"
+                kind, field = Result.Type.FAILED.value, "exc_string"
+                value = base64.b64encode(zlib.compress(item.error.encode())).decode()
+            args += [item.taken.job_id, self._started_keys[at], item.taken.run, registry]
+            args += [now.timestamp() + ttl, ttl, status, kind, field, value]
+        self._finish(keys=[self.key], args=args)
+        self.succeeded, self.failed, self.working_time = succeeded, failed, working_time
+
+
+def delivery_of(data: bytes | str, queue: str) -> Delivery:
+    """The delivery a duejobs job's ``data`` carries (RQ's JSON of ``[function, instance,
+    args, kwargs]``, as the deliverer writes it; zlib-compressed if RQ wrote it)."""
+    raw = data.encode() if isinstance(data, str) else data
+    with contextlib.suppress(zlib.error):
+        raw = zlib.decompress(raw)
+    _function, _instance, args, _kwargs = json.loads(raw)
+    schedule_id, version, attempt, tenant = args
+    return Delivery(uuid.UUID(str(schedule_id)), str(tenant), int(version), int(attempt), queue)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _ip_address() -> str:
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
