@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
 
-from redis.connection import parse_url
 from sqlalchemy.engine import URL, make_url
 
 from duejobs.errors import ConfigurationError, DuejobsError
+from duejobs.redis_urls import check_redis_url, redacted_redis
 from duejobs.validation import check_queue
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
@@ -98,12 +98,15 @@ def check_duration(
 
 
 _SECRET_PARAMETERS = ("password", "sslpassword", "passfile", "sslkey")
+_REDIS_SCHEMES = ("redis", "rediss", "sentinel", "unix", "valkey")
 
 
 def redacted(url: str) -> str:
     """The URL as it may appear in a message or a log: its password, and any query
     parameter that carries a secret, replaced by ``***``. A libpq connection string
     (``host=... password=...``) is shown as the URL it is read as."""
+    if url.split("://", 1)[0].lower().startswith(_REDIS_SCHEMES):
+        return redacted_redis(url)
     try:
         parsed = _parsed(url)
     except Exception:  # not even a URL: show its scheme at most
@@ -175,21 +178,6 @@ def libpq_url(url: str) -> str:
     return "postgresql://" + sqlalchemy_url(url)[len("postgresql+psycopg://") :]
 
 
-def check_redis_url(url: str) -> str:
-    """A Redis URL redis-py can use, refused here rather than after a database commit."""
-    if _authority(url).count("@") > 1:
-        raise ConfigurationError(
-            "the Redis URL has more than one '@' before its host: percent-encode the password"
-        )
-    try:
-        parse_url(url)  # type: ignore[no-untyped-call]
-    except ValueError:
-        raise ConfigurationError(
-            f"not a Redis URL: {redacted(url)} (expected redis://host:6379/0, rediss:// or unix://)"
-        ) from None
-    return url
-
-
 def _shown(text: str) -> str:
     """A piece of configuration as an error may show it: never what could be a password
     (anything before an ``@``, a URL's credentials)."""
@@ -203,7 +191,8 @@ def _shown(text: str) -> str:
 def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     """Queues that live on a Redis of their own, as (queue, URL) pairs: from a mapping, or from
     ``DUEJOBS_REDIS_NODES``'s text, ``queue=url`` pairs separated by commas or spaces
-    (``emails=redis://r2:6379/0, reports=redis://r3:6379/0``; percent-encode a comma or a
+    (``emails=redis://r2:6379/0, reports=redis://r3:6379/0``; a comma splits two pairs only
+    before ``queue=``, so a Sentinel URL's list of Sentinels stays whole; percent-encode a
     space in a password). Every other queue lives on ``DUEJOBS_REDIS_URL``. A malformed pair,
     a queue name RQ would refuse, a bad URL or a queue named twice is refused, the error
     showing no password."""
@@ -211,7 +200,8 @@ def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, 
         return ()
     if isinstance(spec, str):
         pairs = []
-        for item in re.split(r"[,\s]+", spec.strip()):
+        # a comma inside a Sentinel URL separates its Sentinels, not two pairs
+        for item in re.split(r"[,\s]+(?=[^,\s:/@?=]+=)|\s+", spec.strip()):
             queue, sep, url = item.partition("=")
             if not sep or "://" in queue or "@" in queue:
                 raise ConfigurationError(
@@ -233,14 +223,6 @@ def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, 
         seen.add(queue)
         check_redis_url(url)
     return tuple(pairs)
-
-
-def same_redis(url: str) -> tuple[tuple[str, str], ...]:
-    """What identifies the Redis server and database a URL names, whatever its spelling
-    (``redis://h`` and ``redis://h:6379/0`` are one node)."""
-    parsed: dict[str, object] = {"host": "localhost", "port": 6379, "db": 0}
-    parsed.update(parse_url(url))  # type: ignore[no-untyped-call]
-    return tuple(sorted((k, str(v)) for k, v in parsed.items()))
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,6 @@ from datetime import timedelta
 from typing import Any, Protocol, Self, TypeAlias
 
 from redis import Redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import (
     DBAPIError,
@@ -44,7 +42,6 @@ from duejobs.config import (
     Settings,
     check_count,
     check_duration,
-    same_redis,
 )
 from duejobs.delivery import Deliverer
 from duejobs.errors import (
@@ -55,6 +52,7 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler
 from duejobs.models import RecurringSpec
+from duejobs.redis_urls import REDIS_POOL, redis_client, same_redis
 from duejobs.validation import check_queue
 
 Conn: TypeAlias = Connection | store.Driver
@@ -185,16 +183,6 @@ def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any)
 
 
 _DELIVERER_LOCK = threading.Lock()
-# Seconds a call to Redis may take before it is tried once more and then fails: a server that
-# hangs (paused, partitioned) fails a pass after about twice this, instead of holding it, and
-# its neighbours' work, for good (redis-py alone retries ten times). A dropped connection is
-# still replaced by the one retry, made at once: a wait before it (it was 100 ms) was paid by
-# every call to a server that refuses connections, in the claim's and the reconciler's
-# transactions, whose row locks held up the workers of every other node meanwhile
-# (python -m bench.node_outage: 1.1-1.6x the other queues' lag p99, 0.96x without it).
-REDIS_TIMEOUT = 10.0
-# redis-py's own default pool size, kept as the least the deliverer gets.
-_REDIS_POOL = 100
 
 
 def check_strict_types(name: str, value: object) -> bool | None:
@@ -202,17 +190,6 @@ def check_strict_types(name: str, value: object) -> bool | None:
     if value is not None and not isinstance(value, bool):
         raise ConfigurationError(f"{name} must be True, False or None, got {value!r}")
     return value
-
-
-def redis_client(url: str, connections: int = _REDIS_POOL) -> Redis:
-    """A client of the deliverer's kind: bounded waits (``REDIS_TIMEOUT``) and one retry."""
-    return Redis.from_url(
-        url,
-        max_connections=connections,
-        socket_timeout=REDIS_TIMEOUT,
-        socket_connect_timeout=REDIS_TIMEOUT,
-        retry=Retry(NoBackoff(), 1),
-    )
 
 
 @dataclass
@@ -299,7 +276,7 @@ class Core:
         worker's slots asks first)."""
         with _DELIVERER_LOCK:
             if self._deliverer is None:
-                size = max(_REDIS_POOL, self._redis_connections)
+                size = max(REDIS_POOL, self._redis_connections)
                 default = self.settings.require_redis()
                 clients: dict[tuple[tuple[str, str], ...], Redis] = {}
                 for url in (default, *(url for _, url in self.settings.redis_nodes)):

@@ -26,9 +26,10 @@ import uuid
 from dataclasses import dataclass
 
 from duejobs import store
-from duejobs.core import Core, HasCore, redis_client
+from duejobs.core import Core, HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.delivery.nodes import NodeDown, node_label
+from duejobs.redis_urls import redis_client
 
 
 @dataclass(frozen=True)

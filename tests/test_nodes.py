@@ -26,7 +26,7 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from duejobs import App, core, stats
+from duejobs import App, redis_urls, stats
 from duejobs.config import parse_redis_nodes
 from duejobs.delivery.nodes import NODE_ERRORS
 from duejobs.embedded import EmbeddedRedis
@@ -122,7 +122,7 @@ def test_a_node_that_hangs_fails_after_its_timeout_and_holds_up_no_other(
     """A paused node (as one that is partitioned away) is given up after its clients'
     timeout and one retry (or the node wait, if shorter), well before it answers again; the
     others' jobs are pushed."""
-    monkeypatch.setattr(core, "REDIS_TIMEOUT", 0.3)
+    monkeypatch.setattr(redis_urls, "REDIS_TIMEOUT", 0.3)
     spread = register(
         App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url, "c": nodes[2].url})
     )
@@ -155,7 +155,7 @@ def test_a_node_that_hangs_costs_the_other_queues_passes_no_wait(
     passes after it push queue a's jobs without calling c at all. Seen failing before each
     node had its own wait and a down node was skipped: 8 s for the first pass, 4 s for each
     later one (every promotion waited on c)."""
-    monkeypatch.setattr(core, "REDIS_TIMEOUT", 2.0)
+    monkeypatch.setattr(redis_urls, "REDIS_TIMEOUT", 2.0)
     spread = register(
         App(database_url, nodes[0].url, redis_nodes={"b": nodes[1].url, "c": nodes[2].url})
     )
@@ -528,13 +528,22 @@ def test_a_node_table_that_cannot_work_is_refused(spec: str, named: str) -> None
     [
         "redis://:s3cret@host:6379/0",  # the queue forgotten
         "redis://:s3cret@host:6379/0?ssl_cert_reqs=none",  # ... with an = further on
-        "a=redis://:s3,cret@host:6379/0",  # a comma in the password, not percent-encoded
+        "a=redis://:s3cret@host:port/0",  # a port that is not a number
     ],
 )
 def test_a_password_in_a_node_url_never_reaches_a_refusal(spec: str) -> None:
     with pytest.raises(ConfigurationError) as refused:
         parse_redis_nodes(spec)
     assert "s3" not in str(refused.value) and "cret" not in str(refused.value)
+
+
+def test_a_comma_in_a_node_urls_password_stays_in_the_password() -> None:
+    """A comma separates two pairs only before ``queue=``: elsewhere (a password, the
+    Sentinels of a Sentinel URL) it belongs to the URL."""
+    assert parse_redis_nodes("a=redis://:s3,cret@host:6379/0,b=redis://h2/0") == (
+        ("a", "redis://:s3,cret@host:6379/0"),
+        ("b", "redis://h2/0"),
+    )
 
 
 WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]

@@ -85,7 +85,7 @@ def duejobs_app(pytestconfig: pytest.Config, duejobs_servers: Any) -> Iterator[A
     import redis
 
     from duejobs import store
-    from duejobs.config import same_redis
+    from duejobs.redis_urls import same_redis
 
     app = _load(pytestconfig.getini(INI))
     database = app.core.engine.url.database

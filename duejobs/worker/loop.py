@@ -55,7 +55,7 @@ from redis.exceptions import (
 
 from duejobs.batches import GroupCommit
 from duejobs.config import redacted
-from duejobs.core import redis_client
+from duejobs.redis_urls import redis_client
 from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits, is_outage
 from duejobs.worker.rq_wire import Finished, RqWire, Taken
 from duejobs.worker.runtime import Runtime

@@ -68,17 +68,19 @@ def run_workload(
     schedules: int = 200,
     spread: float = 6.0,
     worker_flags: tuple[str, ...] = (),
+    redis_url: str | None = None,
 ) -> Counts:
     """Schedules spread over ``spread`` seconds through ``url``, the services started on it,
     ``fault()`` a third of the way in (returning, if it knows, the time.time() at which the
     servers were back), then every schedule waited for (two minutes at most);
     the counts are read through ``read_url`` (the server that holds the data after the
-    fault). The lease is longer than any fault here lasts on a busy machine (a failover has
-    taken 5 s): an outcome that waits out an outage longer than its lease is rescued and its
-    handler runs again, a documented case these runs do not measure."""
+    fault). ``redis_url``: the services' Redis, when not the suite's. The lease is longer
+    than any fault here lasts on a busy machine (a failover has taken 5 s): an outcome that
+    waits out an outage longer than its lease is rescued and its handler runs again, a
+    documented case these runs do not measure."""
     rng = random.Random(seed)
-    env = {"DUEJOBS_DATABASE_URL": url}
-    producer = App(url, strict_types=False)
+    env = {"DUEJOBS_DATABASE_URL": url, **({"DUEJOBS_REDIS_URL": redis_url} if redis_url else {})}
+    producer = App(url, redis_url, strict_types=False)
     start = producer.now() + timedelta(seconds=1)
     ids = [
         producer.schedule(

@@ -21,9 +21,12 @@ class Node:
         self.url = f"redis://127.0.0.1:{port}/0"
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def start(self, replica_of: int | None = None) -> None:
+        """Started (empty); with ``replica_of``, a replica of the server on that port."""
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--dir", str(self.folder)]
+        if replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(replica_of)]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(self.answers, 20, f"Valkey on port {self.port}")
 

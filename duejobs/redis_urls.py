@@ -1,0 +1,175 @@
+"""Redis URLs as duejobs reads them, and the clients it makes from them: a server's own
+address (``redis://``, ``rediss://``, ``unix://``) or a master found through Sentinel.
+
+The Sentinel form lists the Sentinels, then the master's name and the database::
+
+    redis+sentinel://[[user]:password@]host:26379,host2:26379/mymaster/0[?sentinel_password=...]
+
+(``sentinel://`` and ``rediss+sentinel://``, TLS to the master, are read alike). The
+userinfo is the master's password; Sentinel's own is ``sentinel_password``. Both are
+redacted in every message (:func:`redacted_redis`).
+
+What it promises: a client made from a Sentinel URL asks the Sentinels for the master on
+each new connection, so a promoted replica is found without a restart; a connection to a
+master that was demoted is dropped at its first ``READONLY`` (redis-py's Sentinel pool) and
+the next one goes to the new master. Waits are bounded (``REDIS_TIMEOUT``) and a dropped
+connection is tried once more at once; what an outage means is each caller's to decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+from redis import Redis
+from redis.backoff import NoBackoff
+from redis.connection import parse_url
+from redis.retry import Retry
+from redis.sentinel import Sentinel
+
+from duejobs.errors import ConfigurationError
+
+# Seconds a call to Redis may take before it is tried once more and then fails: a server that
+# hangs (paused, partitioned) fails a pass after about twice this, instead of holding it, and
+# its neighbours' work, for good (redis-py alone retries ten times). A dropped connection is
+# still replaced by the one retry, made at once: a wait before it (it was 100 ms) was paid by
+# every call to a server that refuses connections, in the claim's and the reconciler's
+# transactions, whose row locks held up the workers of every other node meanwhile
+# (python -m bench.node_outage: 1.1-1.6x the other queues' lag p99, 0.96x without it).
+REDIS_TIMEOUT = 10.0
+# redis-py's own default pool size, kept as the least a shared client gets.
+REDIS_POOL = 100
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel", "sentinel")
+_SECRETS = ("password", "sentinel_password")
+
+
+@dataclass(frozen=True)
+class SentinelUrl:
+    """A Sentinel URL read: the Sentinels, the master's name and database, and the
+    credentials (the master's; Sentinel's own)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    username: str | None
+    password: str | None = field(repr=False)
+    sentinel_password: str | None = field(repr=False)
+    ssl: bool
+
+    @property
+    def identity(self) -> tuple[tuple[str, str], ...]:
+        """What names the same master and database whatever the spelling."""
+        where = ",".join(f"{h}:{p}" for h, p in sorted(self.sentinels))
+        return (("db", str(self.db)), ("sentinel", f"{where}/{self.service}"))
+
+
+def sentinel_url(url: str) -> SentinelUrl | None:
+    """The Sentinel URL ``url`` is, or None when it is of another scheme; a malformed one is
+    refused naming what is wrong (never its passwords)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in SENTINEL_SCHEMES:
+        return None
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    sentinels = []
+    for host in hosts.split(","):
+        name, _, port = host.strip().rpartition(":") if ":" in host else (host.strip(), "", "")
+        if not name or (port and not port.isdigit()):
+            raise ConfigurationError(f"a Sentinel URL lists a bad Sentinel: {redacted_redis(url)}")
+        sentinels.append((name.strip("[]"), int(port) if port else 26379))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigurationError(
+            f"a Sentinel URL names the master after the Sentinels (…/mymaster/0): "
+            f"{redacted_redis(url)}"
+        )
+    query = dict(parse_qsl(parts.query))
+    return SentinelUrl(
+        tuple(sentinels),
+        path[0],
+        int(path[1]) if len(path) == 2 else 0,
+        unquote(username) or None,
+        unquote(password) or None,
+        query.get("sentinel_password"),
+        scheme == "rediss+sentinel",
+    )
+
+
+def check_redis_url(url: str) -> str:
+    """A Redis URL duejobs can use, refused here rather than after a database commit."""
+    if url.split("://", 1)[-1].split("/", 1)[0].count("@") > 1:
+        raise ConfigurationError(
+            "the Redis URL has more than one '@' before its host: percent-encode the password"
+        )
+    if sentinel_url(url) is not None:
+        return url
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError:
+        raise ConfigurationError(
+            f"not a Redis URL: {redacted_redis(url)} (expected redis://host:6379/0, rediss://, "
+            "unix:// or redis+sentinel://host:26379,host:26380/mymaster/0)"
+        ) from None
+    return url
+
+
+def same_redis(url: str) -> tuple[tuple[str, str], ...]:
+    """What identifies the Redis server (or Sentinel master) and database a URL names,
+    whatever its spelling (``redis://h`` and ``redis://h:6379/0`` are one node)."""
+    sentinel = sentinel_url(url)
+    if sentinel is not None:
+        return sentinel.identity
+    parsed: dict[str, object] = {"host": "localhost", "port": 6379, "db": 0}
+    parsed.update(parse_url(url))  # type: ignore[no-untyped-call]
+    return tuple(sorted((k, str(v)) for k, v in parsed.items()))
+
+
+def redacted_redis(url: str) -> str:
+    """A Redis URL as a message may show it: its password and Sentinel's replaced by
+    ``***``."""
+    try:
+        parts = urlsplit(url)
+        userinfo, at, hosts = parts.netloc.rpartition("@")
+    except ValueError:
+        return url.split("://", 1)[0] + "://…" if "://" in url else "(not a URL)"
+    if at:
+        username = userinfo.partition(":")[0]
+        userinfo = f"{username}:***" if ":" in userinfo else "***"
+        hosts = f"{userinfo}@{hosts}"
+    query = urlencode(
+        [(k, "***" if k.lower() in _SECRETS else v) for k, v in parse_qsl(parts.query)], safe="*"
+    )
+    return parts._replace(netloc=hosts, query=query).geturl()
+
+
+def redis_client(url: str, connections: int = REDIS_POOL) -> Redis:
+    """A client of ``url``: bounded waits (``REDIS_TIMEOUT``) and one retry; through
+    Sentinel, the master found again on each new connection."""
+    options: dict[str, Any] = {
+        "max_connections": connections,
+        "socket_timeout": REDIS_TIMEOUT,
+        "socket_connect_timeout": REDIS_TIMEOUT,
+        "retry": Retry(NoBackoff(), 1),
+    }
+    sentinel = sentinel_url(url)
+    if sentinel is None:
+        client: Redis = Redis.from_url(url, **options)
+        return client
+    asking: dict[str, Any] = {
+        "socket_timeout": REDIS_TIMEOUT,
+        "socket_connect_timeout": REDIS_TIMEOUT,
+    }
+    if sentinel.sentinel_password:
+        asking["password"] = sentinel.sentinel_password
+    sentinels = Sentinel(sentinel.sentinels, sentinel_kwargs=asking)
+    master: Redis = sentinels.master_for(
+        sentinel.service,
+        db=sentinel.db,
+        username=sentinel.username,
+        password=sentinel.password,
+        ssl=sentinel.ssl,
+        **options,
+    )
+    return master

@@ -1,0 +1,83 @@
+"""Redis URLs in every form teams deploy: a server's own address, and Sentinel's
+(``redis+sentinel://``, ``sentinel://``), in ``DUEJOBS_REDIS_URL``, ``DUEJOBS_REDIS_NODES``
+and the App; passwords (the master's and Sentinel's) never shown. Seen failing against the
+build before Sentinel URLs were read: every Sentinel form refused as "not a Redis URL"."""
+
+from __future__ import annotations
+
+import pytest
+
+from duejobs import App
+from duejobs.config import parse_redis_nodes, redacted
+from duejobs.errors import ConfigurationError
+from duejobs.redis_urls import check_redis_url, same_redis, sentinel_url
+
+SENTINEL = "redis+sentinel://:m4ster@s1:26379,s2:26380/mymaster/2?sentinel_password=s3ntinel"
+
+
+def test_a_sentinel_url_names_its_sentinels_its_master_and_its_database() -> None:
+    read = sentinel_url(SENTINEL)
+    assert read is not None
+    assert read.sentinels == (("s1", 26379), ("s2", 26380))
+    assert (read.service, read.db, read.password, read.sentinel_password) == (
+        "mymaster",
+        2,
+        "m4ster",
+        "s3ntinel",
+    )
+
+
+@pytest.mark.parametrize("scheme", ["redis+sentinel", "sentinel", "rediss+sentinel"])
+def test_every_sentinel_scheme_is_read_and_the_default_port_and_database_apply(
+    scheme: str,
+) -> None:
+    read = sentinel_url(f"{scheme}://s1,s2/mymaster")
+    assert read is not None
+    assert (read.sentinels, read.db, read.ssl) == (
+        (("s1", 26379), ("s2", 26379)),
+        0,
+        scheme == "rediss+sentinel",
+    )
+
+
+def test_a_sentinel_url_never_shows_either_password() -> None:
+    shown = redacted(SENTINEL)
+    assert "m4ster" not in shown and "s3ntinel" not in shown
+    assert shown.startswith("redis+sentinel://:***@s1:26379,s2:26380/mymaster/2")
+    assert "m4ster" not in repr(sentinel_url(SENTINEL))
+
+
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("redis+sentinel://:m4ster@s1:port/mymaster", "bad Sentinel"),
+        ("redis+sentinel://:m4ster@s1:26379", "names the master"),
+        ("redis+sentinel://:m4ster@s1:26379/mymaster/zero", "names the master"),
+    ],
+)
+def test_a_malformed_sentinel_url_is_refused_naming_the_problem_not_the_password(
+    url: str, named: str
+) -> None:
+    with pytest.raises(ConfigurationError, match=named) as refused:
+        check_redis_url(url)
+    assert "m4ster" not in str(refused.value)
+
+
+def test_two_spellings_of_one_sentinel_master_are_one_node() -> None:
+    assert same_redis("sentinel://s2:26380,s1/mymaster") == same_redis(
+        "redis+sentinel://s1:26379,s2:26380/mymaster/0"
+    )
+    assert same_redis("sentinel://s1/mymaster/0") != same_redis("sentinel://s1/mymaster/1")
+
+
+def test_redis_nodes_take_sentinel_urls_whose_commas_list_sentinels() -> None:
+    spec = f"reports={SENTINEL}, emails=redis://r3:6379/0"
+    assert parse_redis_nodes(spec) == (("reports", SENTINEL), ("emails", "redis://r3:6379/0"))
+
+
+def test_the_app_takes_a_sentinel_url(database_url: str) -> None:
+    app = App(database_url, SENTINEL)
+    try:
+        assert app.settings.redis_url == SENTINEL
+    finally:
+        app.close()
