@@ -1,5 +1,7 @@
 """The seeded model run of the worker (:mod:`tests.worker_model`), long plans over several
-seeds at every setting: one slot, 4, 16, and 4 slots in each of 2 processes. Part of
+seeds at every setting: one slot, 4, 16, and 4 slots in each of 2 processes, then 1, 4 and
+16 slots through Redis outages of 1 s, 10 s and 60 s (a worker that exits is a violation,
+whatever the outage). Part of
 ``python -m bench chaos``; ``python -m bench.worker_model [SEED ...]`` runs it alone.
 
 Sizes: WORKER_MODEL_SCHEDULES (300) schedules, a plan of WORKER_MODEL_SECONDS (20) seconds.
@@ -26,7 +28,13 @@ from duejobs.config import DATABASE_ENV, REDIS_ENV
 from tests.apps import EFFECTS_TABLE, RUNS_TABLE, register
 from tests.worker_model import BOUND, Report, Setting, run_model
 
-SETTINGS = (Setting(1), Setting(4), Setting(16), Setting(4, processes=2))
+SETTINGS = (
+    Setting(1),
+    Setting(4),
+    Setting(16),
+    Setting(4, processes=2),
+    *(Setting(slots, outage=seconds) for seconds in (1.0, 10.0, 60.0) for slots in (1, 4, 16)),
+)
 _ROOT = Path(__file__).resolve().parent.parent
 _TABLES = f"{TABLES}, test_effects, test_runs"
 

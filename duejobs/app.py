@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from redis import Redis
 from sqlalchemy import Connection
 
 from duejobs import metrics, migrate, partitions, replica, store, tracing
@@ -99,7 +100,10 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
     another service's workers; ``prepared_statements`` (``DUEJOBS_PREPARED_STATEMENTS``),
     ``"auto"`` (the default: kept on a connection to PostgreSQL itself, off through a
     connection pooler), ``"on"`` or ``"off"``
-    (:class:`~duejobs.config.PreparedStatements`)."""
+    (:class:`~duejobs.config.PreparedStatements`); ``redis``, a ready ``redis.Redis`` client
+    instead of ``redis_url`` (``Sentinel(...).master_for("mymaster")``, a client with TLS or
+    options of one's own): the App's queues use it, and so do the workers made from the App.
+    An ``AsyncApp`` built on the App uses it too."""
 
     def __init__(
         self,
@@ -116,9 +120,16 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         redis_nodes: Mapping[str, str] | None = None,
         strict_types: bool | None = None,
         prepared_statements: str | None = None,
+        redis: Redis | None = None,
     ) -> None:
         settings = Settings.from_env(
-            database_url, redis_url, schema, read_database_url, redis_nodes, prepared_statements
+            database_url,
+            redis_url,
+            schema,
+            read_database_url,
+            redis_nodes,
+            prepared_statements,
+            redis_client=redis,
         )
         self._core = Core.build(
             settings,

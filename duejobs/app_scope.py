@@ -87,7 +87,7 @@ class Scoped:
         framework's transaction (Django's ``atomic()``) only once it commits. A job left on a
         node its queue has moved away from is the reconciler's orphan removal's to find.
         """
-        if job is None or not self.settings.redis_url:
+        if job is None or not self.settings.has_redis:
             return
 
         def remove() -> None:

@@ -14,14 +14,15 @@ import contextlib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
 
+from redis import Redis
 from sqlalchemy.engine import URL, make_url
 
 from duejobs.errors import ConfigurationError, DuejobsError
-from duejobs.redis_urls import check_redis_url, redacted_redis
+from duejobs.redis_urls import GIVEN_REDIS, check_redis_url, redacted_redis
 from duejobs.validation import check_queue
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
@@ -238,6 +239,8 @@ class Settings:
     read_database_url: str | None = None  # a streaming replica of database_url
     redis_nodes: tuple[tuple[str, str], ...] = ()  # (queue, URL): queues on another Redis
     prepared_statements: PreparedStatements = PreparedStatements.AUTO
+    # A ready client given instead of the URL (App(redis=...)): the default node.
+    redis_client: Redis | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_env(
@@ -248,15 +251,26 @@ class Settings:
         read_database_url: str | None = None,
         redis_nodes: Mapping[str, str] | None = None,
         prepared_statements: str | None = None,
+        redis_client: object = None,
     ) -> Settings:
-        """Explicit arguments first, then the environment; no database URL is a clear error."""
+        """Explicit arguments first, then the environment; no database URL is a clear error.
+        A ready ``redis_client`` stands for the default Redis (the URL's variable is not
+        read then); it and ``redis_url`` together are refused."""
         db = database_url or os.environ.get(DATABASE_ENV)
         if not db:
             raise ConfigurationError(
                 f"{DATABASE_ENV} is not set: pass App(database_url=...) or set the variable "
                 "(only the duejobs CLI and test suite start embedded servers when it is unset)"
             )
-        redis = redis_url or os.environ.get(REDIS_ENV)
+        if redis_client is not None:
+            if redis_url:
+                raise ConfigurationError("pass the App redis_url or redis, not both")
+            if not isinstance(redis_client, Redis):
+                raise ConfigurationError(
+                    "redis must be a redis.Redis client (Sentinel's master_for() makes one), "
+                    f"got {type(redis_client).__name__}"
+                )
+        redis = None if redis_client is not None else redis_url or os.environ.get(REDIS_ENV)
         if redis:
             check_redis_url(redis)
         if schema is None:
@@ -277,10 +291,19 @@ class Settings:
                 redis_nodes if redis_nodes is not None else os.environ.get(REDIS_NODES_ENV)
             ),
             prepared_statements=check_prepared_statements(prepared),
+            redis_client=redis_client,
         )
 
+    @property
+    def has_redis(self) -> bool:
+        """Whether a Redis is configured: a URL, or a client given to the App."""
+        return bool(self.redis_url) or self.redis_client is not None
+
     def require_redis(self) -> str:
-        """The Redis URL, or :class:`ConfigurationError` naming the variable."""
+        """The Redis URL (:data:`~duejobs.redis_urls.GIVEN_REDIS` for a client given to the
+        App), or :class:`ConfigurationError` naming the variable."""
+        if self.redis_client is not None:
+            return GIVEN_REDIS
         if not self.redis_url:
             raise ConfigurationError(
                 f"{REDIS_ENV} is not set: pass App(redis_url=...) or set the variable"

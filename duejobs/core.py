@@ -52,7 +52,7 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler
 from duejobs.models import RecurringSpec
-from duejobs.redis_urls import REDIS_POOL, redis_client, same_redis
+from duejobs.redis_urls import GIVEN_REDIS, REDIS_POOL, redis_client, same_redis
 from duejobs.validation import check_queue
 
 Conn: TypeAlias = Connection | store.Driver
@@ -281,8 +281,10 @@ class Core:
                 clients: dict[tuple[tuple[str, str], ...], Redis] = {}
                 for url in (default, *(url for _, url in self.settings.redis_nodes)):
                     server = same_redis(url)
-                    if server not in clients:  # one client per server, however spelt
-                        clients[server] = redis_client(url, size)
+                    if server in clients:  # one client per server, however spelt
+                        continue
+                    given = self.settings.redis_client if url == GIVEN_REDIS else None
+                    clients[server] = given or redis_client(url, size)
                 nodes = {q: clients[same_redis(url)] for q, url in self.settings.redis_nodes}
                 self._deliverer = Deliverer(clients[same_redis(default)], self.queue, nodes)
         return self._deliverer

@@ -41,6 +41,9 @@ REDIS_TIMEOUT = 10.0
 # redis-py's own default pool size, kept as the least a shared client gets.
 REDIS_POOL = 100
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel", "sentinel")
+# Where a queue lives when the App was given a ready client (``App(redis=...)``) rather than
+# a URL: it names that client wherever a URL would name a server.
+GIVEN_REDIS = "the App's Redis client"
 _SECRETS = ("password", "sentinel_password")
 
 
@@ -118,6 +121,8 @@ def check_redis_url(url: str) -> str:
 def same_redis(url: str) -> tuple[tuple[str, str], ...]:
     """What identifies the Redis server (or Sentinel master) and database a URL names,
     whatever its spelling (``redis://h`` and ``redis://h:6379/0`` are one node)."""
+    if url == GIVEN_REDIS:
+        return (("client", "given"),)
     sentinel = sentinel_url(url)
     if sentinel is not None:
         return sentinel.identity
@@ -129,6 +134,8 @@ def same_redis(url: str) -> tuple[tuple[str, str], ...]:
 def redacted_redis(url: str) -> str:
     """A Redis URL as a message may show it: its password and Sentinel's replaced by
     ``***``."""
+    if url == GIVEN_REDIS:
+        return url
     try:
         parts = urlsplit(url)
         userinfo, at, hosts = parts.netloc.rpartition("@")

@@ -112,8 +112,8 @@ def test_the_settings_build_one_app_on_the_databases_entry(shop: Shop) -> None:
     assert shop.django_app.now() is not None  # the URL built from DATABASES reaches it
     assert settings_urls()[2] == "default"
     with (
-        override_settings(DUEJOBS={"REDIS": "typo"}),
-        pytest.raises(ImproperlyConfigured, match=r"unknown keys \['REDIS'\]"),
+        override_settings(DUEJOBS={"REDIS_ULR": "typo"}),
+        pytest.raises(ImproperlyConfigured, match=r"unknown keys \['REDIS_ULR'\]"),
     ):
         settings_urls()
     with (

@@ -1,16 +1,21 @@
-"""Redis URLs in every form teams deploy: a server's own address, and Sentinel's
-(``redis+sentinel://``, ``sentinel://``), in ``DUEJOBS_REDIS_URL``, ``DUEJOBS_REDIS_NODES``
-and the App; passwords (the master's and Sentinel's) never shown. Seen failing against the
-build before Sentinel URLs were read: every Sentinel form refused as "not a Redis URL"."""
+"""Redis in every form teams deploy: a server's own address, Sentinel's URL
+(``redis+sentinel://``, ``sentinel://``) in ``DUEJOBS_REDIS_URL``, ``DUEJOBS_REDIS_NODES``
+and the App, and a ready client given to the App; passwords (the master's and Sentinel's)
+never shown. Seen failing against the build before: every Sentinel form refused as "not a
+Redis URL", and the App taking no client."""
 
 from __future__ import annotations
 
 import pytest
+import redis
 
 from duejobs import App
 from duejobs.config import parse_redis_nodes, redacted
 from duejobs.errors import ConfigurationError
 from duejobs.redis_urls import check_redis_url, same_redis, sentinel_url
+from duejobs.scheduler import Scheduler
+from duejobs.worker import Runtime, Worker
+from tests.apps import register
 
 SENTINEL = "redis+sentinel://:m4ster@s1:26379,s2:26380/mymaster/2?sentinel_password=s3ntinel"
 
@@ -81,3 +86,36 @@ def test_the_app_takes_a_sentinel_url(database_url: str) -> None:
         assert app.settings.redis_url == SENTINEL
     finally:
         app.close()
+
+
+def test_an_app_given_a_ready_client_schedules_delivers_and_works_through_it(
+    database_url: str, redis_url: str, redis_client: redis.Redis
+) -> None:
+    """``App(redis=client)``: the scheduler's pushes and the worker's takes go through the
+    client given (a Sentinel's ``master_for()`` is one), no URL needed."""
+    given = redis.Redis.from_url(redis_url)
+    app = register(App(database_url, redis=given))
+    try:
+        assert app.settings.redis_url is None and app.settings.has_redis
+        s = app.schedule("record", {}, delay=0)
+        assert Scheduler(app).run_once().queued == 1
+        assert app.core.deliverer().redis is given
+        runtime = Runtime(app)
+        try:
+            worker = Worker(runtime)
+            assert worker.wire.redis is given
+            worker.work(burst=True)
+        finally:
+            runtime.close()
+        assert app.get(s.id).status.value == "succeeded"  # type: ignore[union-attr]
+    finally:
+        app.close()
+
+
+def test_a_client_and_a_url_together_or_a_client_that_is_not_one_are_refused(
+    database_url: str, redis_url: str
+) -> None:
+    with pytest.raises(ConfigurationError, match="not both"):
+        App(database_url, redis_url, redis=redis.Redis.from_url(redis_url))
+    with pytest.raises(ConfigurationError, match=r"must be a redis\.Redis client"):
+        App(database_url, redis=redis_url)  # type: ignore[arg-type]

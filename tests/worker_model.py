@@ -74,6 +74,7 @@ class Setting:
 
     concurrency: int
     processes: int = 1
+    outage: float = OUTAGE  # how long the plan's Redis outage lasts (seconds)
 
     @property
     def flags(self) -> list[str]:
@@ -81,7 +82,8 @@ class Setting:
         return flags + (["--processes", str(self.processes)] if self.processes > 1 else [])
 
     def __str__(self) -> str:
-        return f"c{self.concurrency}" + (f"p{self.processes}" if self.processes > 1 else "")
+        named = f"c{self.concurrency}" + (f"p{self.processes}" if self.processes > 1 else "")
+        return named + (f"-outage{self.outage:g}s" if self.outage != OUTAGE else "")
 
 
 @dataclass
@@ -276,7 +278,7 @@ def run_model(
             if kind == "redis_blip":
                 _drop_connections(client)
             elif kind == "redis_outage":
-                _redis_outage(client, OUTAGE)
+                _redis_outage(client, setting.outage)
             elif kind == "flushdb":
                 client.flushdb()
             elif kind == "kill":
@@ -300,6 +302,8 @@ def run_model(
             time.sleep(0.1)
         report.settled_after = time.monotonic() - last_fault
         report.settled_after_plan = time.monotonic() - plan_ended
+        if worker.popen.poll() is not None:  # Redis, however long away, never ends one
+            report.violations.append(f"the worker exited (status {worker.popen.returncode})")
     finally:
         background.stop()
         with contextlib.suppress(ProcessLookupError):

@@ -55,7 +55,7 @@ from redis.exceptions import (
 
 from duejobs.batches import GroupCommit
 from duejobs.config import redacted
-from duejobs.redis_urls import redis_client
+from duejobs.redis_urls import GIVEN_REDIS, redis_client
 from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits, is_outage
 from duejobs.worker.rq_wire import Finished, RqWire, Taken
 from duejobs.worker.runtime import Runtime
@@ -85,9 +85,9 @@ class Worker:
         names = list(queues) or [runtime.default_queue]
         url = runtime.redis_url_for(names)
         self.name = runtime.name
-        self.wire = RqWire(
-            redis_client(url, runtime.config.concurrency + _REDIS_SPARE), names, self.name
-        )
+        given = runtime.core.settings.redis_client if url == GIVEN_REDIS else None
+        client = given or redis_client(url, runtime.config.concurrency + _REDIS_SPARE)
+        self.wire = RqWire(client, names, self.name)
         self.waits = RedisWaits(redacted(url))
         self._pool = runtime.slots
         self._stop = threading.Event()

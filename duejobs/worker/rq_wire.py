@@ -24,10 +24,11 @@ current jobs are those its started registries hold under its name, and RQ 3's
 ``current_job``). It listens to no RQ command (``rq`` stop-job and shutdown requests are not
 heard: stop a worker with SIGTERM, a schedule by cancelling it).
 
-What it costs: a job taken with others and finished with others costs about ten Redis
-commands (one ``HGET`` to read it, one ``HSET`` and one ``ZADD`` to start it, six to finish
-it, the pop and the worker's own writes shared by the batch); one job alone, twelve
-(``python -m bench worker_throughput`` prints the count per job).
+What it costs (``INFO commandstats``, which counts a script's commands and the script call):
+a no-op job taken and finished with others, about ten Redis commands (one ``HGET`` to read
+it, an ``HSET`` and a ``ZADD`` to start it, six to finish it, the pop, the script calls and
+the worker's own writes shared by the batch); a job alone at one slot, fourteen
+(``python -m bench concurrency`` prints both).
 
 Taking needs Redis 6.2 or later (``LPOP`` with a count). Every call here may raise a Redis
 error: the worker's loop decides what an outage means (:mod:`duejobs.worker.redis_waits`).
@@ -112,9 +113,13 @@ FINISH = (
 -- the worker's name, state, successful count, failed count, working time; then per job:
 -- id, started registry, run id, registry, score, ttl, status, result type, field, value.
 local prefix, results, stamp, worker = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-redis.call('HSET', KEYS[1], 'state', ARGV[5], 'successful_job_count', ARGV[6],
-           'failed_job_count', ARGV[7], 'total_working_time', ARGV[8])
-if ARGV[5] == 'idle' then redis.call('HSET', KEYS[1], 'current_job', '') end
+local figures = {'state', ARGV[5], 'successful_job_count', ARGV[6],
+                 'failed_job_count', ARGV[7], 'total_working_time', ARGV[8]}
+if ARGV[5] == 'idle' then
+    figures[#figures + 1] = 'current_job'
+    figures[#figures + 1] = ''
+end
+redis.call('HSET', KEYS[1], unpack(figures))
 for i = 9, #ARGV, 10 do
     local id, ttl = ARGV[i], ARGV[i + 5]
     local key = prefix .. id
@@ -252,7 +257,9 @@ class RqWire:
 
     def take(self, most: int, wait: float) -> list[Taken]:
         """Up to ``most`` waiting jobs, started in RQ in one script; with none waiting and
-        ``wait`` above zero, blocks up to ``wait`` seconds for one (then takes more with it).
+        ``wait`` above zero, blocks up to ``wait`` seconds for one (then takes more with it;
+        a popped id whose take then fails waits for the reconciler, as RQ's own dequeue
+        loses one whose answer is lost).
         A job whose id was popped but whose hash is gone comes back unreadable, unstarted.
 
         A take whose answer was lost (the connection broke after Redis ran it) started jobs
@@ -261,13 +268,18 @@ class RqWire:
         out first (:meth:`_recovered`)."""
         if self._lost:
             return self._recovered()
-        first, index = "", 0
-        if wait > 0 and not self._any_waiting():
-            popped = self.redis.blpop(self._queue_keys, timeout=wait)
-            if popped is None:
-                return []
-            key, job_id = (_text(part) for part in popped)
-            first, index = job_id, self._queue_keys.index(key) + 1
+        taken = self._start(most, "", 0)
+        if taken or wait <= 0:
+            return taken
+        popped = self.redis.blpop(self._queue_keys, timeout=wait)
+        if popped is None:
+            return []
+        key, job_id = (_text(part) for part in popped)
+        return self._start(most, job_id, self._queue_keys.index(key) + 1)
+
+    def _start(self, most: int, first: str, index: int) -> list[Taken]:
+        """The take script: ``first`` (an id popped already, from the queue at ``index``,
+        counted from 1) and as many more waiting jobs as make ``most``, started."""
         stamp, base = datetime.now(UTC), uuid.uuid4().hex[:16]
         args: list[EncodableT] = [most, self._job_prefix, utcformat(stamp)]
         args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, index]
@@ -290,15 +302,6 @@ class RqWire:
                     found.append(self._taken(job_id, index, data or "", run))
         self._lost.clear()
         return found
-
-    def _any_waiting(self) -> bool:
-        """Whether a job waits on any of the queues (a take then needs no blocking pop)."""
-        if len(self._queue_keys) == 1:
-            return bool(self.redis.llen(self._queue_keys[0]))
-        pipe = self.redis.pipeline(transaction=False)
-        for key in self._queue_keys:
-            pipe.llen(key)
-        return any(pipe.execute())
 
     def _taken(self, job_id: Any, index: Any, data: Any, run: Any) -> Taken:
         job, queue = _text(job_id), self.queues[int(index) - 1]
