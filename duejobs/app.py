@@ -103,7 +103,8 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
     (:class:`~duejobs.config.PreparedStatements`); ``redis``, a ready ``redis.Redis`` client
     instead of ``redis_url`` (``Sentinel(...).master_for("mymaster")``, a client with TLS or
     options of one's own): the App's queues use it, and so do the workers made from the App.
-    An ``AsyncApp`` built on the App uses it too."""
+    An ``AsyncApp`` built on the App uses it too. Give it a ``socket_timeout`` (a call to a
+    Redis that hangs waits that long) and no ``decode_responses``."""
 
     def __init__(
         self,

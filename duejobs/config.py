@@ -106,7 +106,7 @@ def redacted(url: str) -> str:
     """The URL as it may appear in a message or a log: its password, and any query
     parameter that carries a secret, replaced by ``***``. A libpq connection string
     (``host=... password=...``) is shown as the URL it is read as."""
-    if url.split("://", 1)[0].lower().startswith(_REDIS_SCHEMES):
+    if url == GIVEN_REDIS or url.split("://", 1)[0].lower().startswith(_REDIS_SCHEMES):
         return redacted_redis(url)
     try:
         parsed = _parsed(url)

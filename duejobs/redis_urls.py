@@ -18,9 +18,10 @@ connection is tried once more at once; what an outage means is each caller's to 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from redis import Redis
 from redis.backoff import NoBackoff
@@ -44,7 +45,7 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel", "sentinel")
 # Where a queue lives when the App was given a ready client (``App(redis=...)``) rather than
 # a URL: it names that client wherever a URL would name a server.
 GIVEN_REDIS = "the App's Redis client"
-_SECRETS = ("password", "sentinel_password")
+_SECRET_QUERY = re.compile(r"\b((?:sentinel_)?password)=[^&]*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -133,32 +134,30 @@ def same_redis(url: str) -> tuple[tuple[str, str], ...]:
 
 def redacted_redis(url: str) -> str:
     """A Redis URL as a message may show it: its password and Sentinel's replaced by
-    ``***``."""
+    ``***``. Read on the raw text (a password may hold ``/``, ``?`` or ``#`` unencoded):
+    everything between ``://`` and the last ``@`` but the user name."""
     if url == GIVEN_REDIS:
         return url
-    try:
-        parts = urlsplit(url)
-        userinfo, at, hosts = parts.netloc.rpartition("@")
-    except ValueError:
-        return url.split("://", 1)[0] + "://…" if "://" in url else "(not a URL)"
-    if at:
-        username = userinfo.partition(":")[0]
-        userinfo = f"{username}:***" if ":" in userinfo else "***"
-        hosts = f"{userinfo}@{hosts}"
-    query = urlencode(
-        [(k, "***" if k.lower() in _SECRETS else v) for k, v in parse_qsl(parts.query)], safe="*"
-    )
-    return parts._replace(netloc=hosts, query=query).geturl()
+    if "://" not in url:
+        return "(not a URL)"
+    scheme, rest = url.split("://", 1)
+    if "@" in rest:
+        userinfo, rest = rest.rsplit("@", 1)
+        user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
+        rest = f"{user}:***@{rest}" if ":" in userinfo else f"***@{rest}"
+    return f"{scheme}://" + _SECRET_QUERY.sub(r"\1=***", rest)
 
 
-def redis_client(url: str, connections: int = REDIS_POOL) -> Redis:
-    """A client of ``url``: bounded waits (``REDIS_TIMEOUT``) and one retry; through
-    Sentinel, the master found again on each new connection."""
+def redis_client(url: str, connections: int = REDIS_POOL, retries: int = 1) -> Redis:
+    """A client of ``url``: bounded waits (``REDIS_TIMEOUT``) and ``retries`` tries more of a
+    command whose connection dropped (0 for a caller that retries itself, and must know when
+    a command it sent may have run); through Sentinel, the master found again on each new
+    connection."""
     options: dict[str, Any] = {
         "max_connections": connections,
         "socket_timeout": REDIS_TIMEOUT,
         "socket_connect_timeout": REDIS_TIMEOUT,
-        "retry": Retry(NoBackoff(), 1),
+        "retry": Retry(NoBackoff(), retries),
     }
     sentinel = sentinel_url(url)
     if sentinel is None:

@@ -414,8 +414,9 @@ def _lost_take_answers(monkeypatch: pytest.MonkeyPatch, times: int) -> None:
     monkeypatch.setattr(Script, "__call__", lossy)
 
 
+@pytest.mark.parametrize("n", [1, 2])
 def test_a_take_whose_answer_was_lost_runs_its_jobs_once_redis_answers(
-    system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
+    n: int, system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis ran a take (its jobs popped and started for this worker) and its answer was
     lost, twice: the worker finds those jobs by their run ids when Redis answers again and
@@ -425,7 +426,7 @@ def test_a_take_whose_answer_was_lost_runs_its_jobs_once_redis_answers(
     ids = [system.app.schedule("record", {}, delay=0).id for _ in range(6)]
     system.scheduler.run_once()
     _lost_take_answers(monkeypatch, times=2)
-    slots(2)
+    slots(n)
     assert [system.status(i) for i in ids] == ["succeeded"] * 6
     assert all(_attempts(system.app, i) == [(1, "succeeded", None)] for i in ids)
 

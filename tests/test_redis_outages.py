@@ -13,11 +13,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from duejobs import App
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import ConfigurationError
 from duejobs.scheduler import Scheduler
+from duejobs.worker.redis_waits import is_outage
 from tests.apps import register
 from tests.conftest import Proc, wait_for
 from tests.support.valkey import Node, free_ports
@@ -79,6 +81,8 @@ def test_a_worker_outlives_redis_killed_while_its_jobs_run(
     node.start()  # empty: what Redis held is gone; the database holds every schedule
     after = _push(on_node, "record", 4, {})
     wait_for(lambda: _succeeded(on_node, after), 30, "the jobs pushed after the outage")
+    with node.client() as client:  # registered again in RQ's worker sets, as at its start
+        wait_for(lambda: client.scard("rq:workers") == 1, 30, "the worker registered again")
     assert worker.popen.poll() is None, worker.output()
     assert "answers again" in worker.output(), worker.output()
     assert worker.stop() == 0, worker.output()
@@ -100,3 +104,21 @@ def test_a_worker_outlives_a_redis_that_turned_replica(
     wait_for(lambda: _succeeded(on_node, ids), 30, "the jobs pushed once it is a master again")
     assert worker.popen.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "LOADING Redis is loading the dataset in memory",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "NOREPLICAS Not enough good replicas to write.",
+        "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
+        "BUSY Redis is busy running a script.",
+    ],
+)
+def test_replies_of_a_server_passing_through_trouble_are_outages_to_wait_out(reply: str) -> None:
+    """What a master short of replicas, one that cannot save, or one busy with a script
+    answers mends by waiting: the worker waits, its heartbeat thread included. Seen failing
+    with NOREPLICAS, MISCONF and BUSY raised (the heartbeat thread ended on them)."""
+    assert is_outage(redis.ResponseError(reply))
+    assert not is_outage(redis.ResponseError("WRONGTYPE Operation against a key"))

@@ -45,6 +45,14 @@ def test_every_sentinel_scheme_is_read_and_the_default_port_and_database_apply(
     )
 
 
+def test_a_password_with_a_slash_or_a_question_mark_is_never_shown() -> None:
+    """Read as URLs are parsed, an unencoded ``/`` ends the host: the password's tail was
+    shown as the path. Seen failing with the URL parser's reading."""
+    for url in ("redis://:pa/ss@h:6379/0", "redis://u:p?ss@h/0", "redis+sentinel://:p#s@s1/m"):
+        shown = redacted(url)
+        assert "pa/ss" not in shown and "p?ss" not in shown and "p#s" not in shown, shown
+
+
 def test_a_sentinel_url_never_shows_either_password() -> None:
     shown = redacted(SENTINEL)
     assert "m4ster" not in shown and "s3ntinel" not in shown

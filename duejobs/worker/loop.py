@@ -86,7 +86,9 @@ class Worker:
         url = runtime.redis_url_for(names)
         self.name = runtime.name
         given = runtime.core.settings.redis_client if url == GIVEN_REDIS else None
-        client = given or redis_client(url, runtime.config.concurrency + _REDIS_SPARE)
+        # No retry inside redis-py: the loop retries (redis_waits), knowing a take it sent
+        # may have run (rq_wire's lost takes); a client given to the App keeps its own.
+        client = given or redis_client(url, runtime.config.concurrency + _REDIS_SPARE, 0)
         self.wire = RqWire(client, names, self.name)
         self.waits = RedisWaits(redacted(url))
         self._pool = runtime.slots
@@ -152,7 +154,7 @@ class Worker:
                 wait = min(wait, max(0.0, idle_since + max_idle - time.monotonic()))
             taken = self._take(free, wait)
             if self._pool is not None:
-                self._pool.release(free - len(taken))
+                self._hold(len(taken) - free)
             if taken:
                 self._start(taken)
                 idle_since = time.monotonic()
@@ -174,12 +176,23 @@ class Worker:
             return 0
         return 1 + pool.acquire_free()
 
+    def _hold(self, more: int) -> None:
+        """Give back the slots held for jobs not taken (``more`` below zero), or hold as
+        many more as jobs came beyond them (a take whose answer was lost, found again with
+        the one after it), waiting for them: every job taken runs on a slot of its own."""
+        assert self._pool is not None
+        if more < 0:
+            self._pool.release(-more)
+        while more > 0:
+            if self._pool.acquire(SLOT_WAIT):
+                more -= 1
+
     def _take(self, most: int, wait: float) -> list[Taken]:
         """Up to ``most`` jobs, waited for up to ``wait`` seconds; none once a stop comes
         during an outage. An error that is not an outage (a key of the wrong type, say) is
         logged and the take tried again after a pause: the loop outlives it."""
         try:
-            taken = self.waits.call("a take", lambda: self.wire.take(most, wait), self._stopping)
+            taken = self.waits.call("a take", lambda: self.wire.take(most, wait), self._may_leave)
         except RedisError as exc:
             if not _mends(exc):
                 raise
@@ -203,8 +216,9 @@ class Worker:
             return
         with self._lock:
             self._running.update({(t.job_id, t.run): t for t in readable})
-        if self._pool is None:
-            self._run(readable[0])
+        if self._pool is None:  # one, or those of a take whose answer was lost
+            for t in readable:
+                self._run(t)
             return
         if len(readable) > 1:
             try:
@@ -232,11 +246,14 @@ class Worker:
         self._finish(finished)
         if put_back_at is not None:
             deliverer = self.runtime.deliverer()
-            self.waits.call(
-                "a put-back",
-                lambda: deliverer.defer(taken.job_id, put_back_at, taken.queue),
-                self._past_finish_grace,
-            )
+            try:
+                self.waits.call(
+                    "a put-back",
+                    lambda: deliverer.defer(taken.job_id, put_back_at, taken.queue),
+                    self._past_finish_grace,
+                )
+            except RedisError as exc:  # the row is due then: the reconciler pushes it
+                log.error("could not put job %s back (%s); the reconciler will", taken.job_id, exc)
 
     def _finish(self, finished: Finished) -> None:
         """The job's finish in RQ, with those of the slots ending meanwhile; waited through
@@ -293,15 +310,20 @@ class Worker:
             self._wake.clear()
             if self._ended.is_set():
                 return
-            suspended = self.waits.call(
-                "the worker's heartbeat", lambda: self.wire.beat(self._stop_date), lambda: True
-            )
+            try:
+                suspended = self.waits.call(
+                    "the worker's heartbeat", lambda: self.wire.beat(self._stop_date), lambda: True
+                )
+            except Exception:  # a refusal that is not an outage: the next beat tries again
+                log.exception("the worker's heartbeat failed")
+                continue
             if suspended is not None:
                 if suspended != self._suspended:
                     log.warning("rq suspend: %s", "holding" if suspended else "resumed")
                 self._suspended = suspended
             if time.monotonic() - kept >= KEEP_EVERY:
-                self.waits.call("the started entries", self._keep_started, lambda: True)
+                with contextlib.suppress(RedisError):  # tried again at the next round
+                    self.waits.call("the started entries", self._keep_started, lambda: True)
                 kept = time.monotonic()
 
     def _keep_started(self) -> None:
@@ -311,6 +333,11 @@ class Worker:
 
     def _stopping(self) -> bool:
         return self._stop.is_set()
+
+    def _may_leave(self) -> bool:
+        """Whether a take may be given up during an outage: once stopping, unless a take
+        whose answer was lost started jobs for this worker (then up to ``FINISH_GRACE``)."""
+        return self._stopping() and (not self.wire.lost or self._past_finish_grace())
 
     def _past_finish_grace(self) -> bool:
         return self._stopped_at is not None and time.monotonic() - self._stopped_at > FINISH_GRACE

@@ -3,11 +3,12 @@
 What it promises: every Redis call of the loop goes through :meth:`RedisWaits.call`, which
 treats a refused or dropped connection, a timeout, a server still loading its data
 (``LOADING``), a replica refusing writes (``READONLY``: a failover not followed yet), a
-master that went down or is not known (``MASTERDOWN``, Sentinel's ``MasterNotFound``), a full
-server and too many clients as an *outage*: the call is tried again after a capped backoff
-(0.1 s doubling to ``BACKOFF_CAP``), with one warning when an outage starts and one line
-when Redis answers again — never an exit. A wrong password or ACL is not an outage (it does
-not mend by waiting): it is raised.
+master that went down or is not known (``MASTERDOWN``, Sentinel's ``MasterNotFound``), a
+master short of replicas (``NOREPLICAS``), a failed background save (``MISCONF``), a busy
+script (``BUSY``), a full server and too many clients as an *outage*: the call is tried
+again after a capped backoff (0.1 s doubling to ``BACKOFF_CAP``), with one warning when an
+outage starts and one line when Redis answers again — never an exit. A wrong password or ACL
+is not an outage (it does not mend by waiting): it is raised.
 
 What it does not promise: that a call ever returns while Redis stays away. A caller that
 must not wait for good passes ``give_up`` (the loop's stop, for one) and gets None.
@@ -42,7 +43,10 @@ T = TypeVar("T")
 BACKOFF_CAP = 2.0
 _FIRST_WAIT = 0.1
 # Replies that mean a server passing through a failover or a restart (ResponseError's text).
-_PASSING = ("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+_PASSING = (
+    *("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"),
+    *("MISCONF", "BUSY"),  # a failed background save (a full disk), a long script
+)
 
 
 def is_outage(exc: RedisError) -> bool:

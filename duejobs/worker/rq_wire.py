@@ -51,8 +51,6 @@ from typing import Any
 
 import rq
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, FieldT
 from rq import Queue, Worker
 from rq.job import Job
@@ -228,7 +226,10 @@ class RqWire:
         pipe.hset(self.key, mapping=fields)
         pipe.expire(self.key, WORKER_TTL)
         pipe.exists(WORKERS_SUSPENDED)
-        return bool(pipe.execute()[-1])
+        created, _, suspended = pipe.execute()
+        if created == len(fields):  # the key was gone (Redis restarted empty): register again
+            return self.register()
+        return bool(suspended)
 
     def keep_started(self, running: Sequence[Taken]) -> None:
         """Push back the started-registry entries of jobs still running, so that RQ's
@@ -283,12 +284,15 @@ class RqWire:
         stamp, base = datetime.now(UTC), uuid.uuid4().hex[:16]
         args: list[EncodableT] = [most, self._job_prefix, utcformat(stamp)]
         args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, index]
-        try:
-            rows = self._take(keys=self._take_keys, args=args)
-        except (RedisConnectionError, RedisTimeoutError):
-            self._lost.append(base)
-            raise
+        self._lost.append(base)  # until its answer comes: it may run and its answer be lost
+        rows = self._take(keys=self._take_keys, args=args)
+        self._lost.remove(base)
         return [self._taken(*row) for row in rows]
+
+    @property
+    def lost(self) -> bool:
+        """Whether takes whose answers were lost may have started jobs for this worker."""
+        return bool(self._lost)
 
     def _recovered(self) -> list[Taken]:
         """The jobs started by takes whose answers were lost, found in the started
