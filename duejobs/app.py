@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from redis import Redis
 from sqlalchemy import Connection
 
-from duejobs import metrics, migrate, partitions, replica, store, tracing
+from duejobs import metrics, partitions, replica, store, tracing
 from duejobs.app_checks import RequestChecks
 from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
 from duejobs.app_reads import ReadAPI
@@ -162,8 +162,10 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         (:mod:`duejobs.partitions`): made at once on empty tables, and on filled ones by
         :func:`~duejobs.partitions.convert`, online — which takes as long as copying the
         tables takes."""
+        from duejobs.migrate import upgrade  # Alembic, loaded only by the schema's changes
+
         with self._core.database():
-            revisions = migrate.upgrade(self.engine, partitioned=partitioned)
+            revisions = upgrade(self.engine, partitioned=partitioned)
             if partitioned is not None:
                 partitions.convert(self.engine, partitioned)
             return revisions

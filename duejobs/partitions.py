@@ -53,7 +53,6 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from duejobs import metrics, store
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at
-from duejobs.migrate import upgrade
 from duejobs.store.partitions import Partition, Partitioning
 
 log = logging.getLogger("duejobs.partitions")
@@ -288,6 +287,8 @@ def _convert(
         if store.partitioning(conn) is not None:
             return 0
     _remove_staging(engine, staging, report)  # a conversion stopped midway starts over
+    from duejobs.migrate import upgrade  # Alembic, loaded only by the schema's changes
+
     staged = engine.execution_options(**{store.SCHEMA_OPTION: staging})
     upgrade(staged)
     with staged.begin() as conn:
