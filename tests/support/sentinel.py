@@ -68,7 +68,7 @@ class Sentinels:
 
     def _replicas(self) -> int:
         with redis.Redis(port=self.ports[0]) as sentinel:
-            return sum(not r.get("is_odown") for r in sentinel.sentinel_slaves(SERVICE))
+            return sum(not r.get("is_sdown") for r in sentinel.sentinel_slaves(SERVICE))
 
     def master(self) -> Node:
         port = self.master_port()
@@ -76,15 +76,19 @@ class Sentinels:
 
     def fail_over(self) -> float:
         """SIGKILL to the master; once a Sentinel names the promoted replica, the old master
-        started again (empty) and made its replica by the Sentinels. The time.time() the new
-        master was named."""
+        started again (empty) as its replica — as its configuration, rewritten by the
+        Sentinels, would start it (left to the Sentinels to convert, a restarted master took
+        over a minute on a loaded machine). The time.time() the new master was named."""
         old = self.master()
         old.kill()
         wait_for(lambda: self.master_port() not in (None, old.port), 60, "a promotion")
         promoted = time.time()
-        old.start()
+        new = self.master_port()
+        assert new is not None
+        old.start(replica_of=new)
         with old.client() as client:
             wait_for(lambda: client.info("replication")["role"] == "slave", 60, "the old master")
+        wait_for(lambda: self._replicas() >= 1, 60, "the Sentinels to see it a replica")
         return promoted
 
     def stop(self) -> None:
