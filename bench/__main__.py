@@ -23,6 +23,7 @@ from bench import (
     partitions,
     peer,
     prepared,
+    redis_failover,
     scheduler_throughput,
     worker_ab,
     worker_throughput,
@@ -53,6 +54,7 @@ def main() -> int:
         partitions,
         prepared,
         durability,
+        redis_failover,
         worker_ab,
     )
     chosen = sys.argv[1:]
