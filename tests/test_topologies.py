@@ -26,12 +26,7 @@ from tests.apps import EFFECTS_TABLE, RUNS_TABLE
 from tests.conftest import Proc, Servers
 from tests.replication import Pair, streaming_pair
 from tests.support.pgbouncer import start_pgbouncer
-from tests.support.topology import Counts, run_workload
-
-
-def _report(capsys: pytest.CaptureFixture[str], name: str, counts: Counts) -> None:
-    with capsys.disabled():
-        print(f"\n{counts.line(name)}")
+from tests.support.topology import report, run_workload
 
 
 def _end_every_session(url: str) -> None:
@@ -69,7 +64,7 @@ def test_through_pgbouncer_a_pooler_restart_and_ended_sessions_lose_nothing(
         counts = run_workload(
             spawn, bouncer.url_for(servers.database), database_url, fault, seed=45
         )
-    _report(capsys, f"PgBouncer 1.18, {mode} mode", counts)
+    report(capsys, f"PgBouncer 1.18, {mode} mode", counts)
     assert (counts.lost, counts.twice, counts.rescued, counts.early) == (0, 0, 0, 0), (
         counts.evidence
     )
@@ -111,7 +106,7 @@ def test_a_primary_killed_and_its_standby_promoted_lose_nothing(
     url = pair.failover_url
     counts = run_workload(spawn, url, url, fault, seed=46, worker_flags=flags)
     name = "synchronous standby, durable bookkeeping" if synchronous else "asynchronous standby"
-    _report(capsys, f"failover, {name}", counts)
+    report(capsys, f"failover, {name}", counts)
     assert (counts.lost, counts.early) == (0, 0), counts.evidence
     if synchronous:
         assert (counts.twice, counts.rescued) == (0, 0), counts.evidence

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import text
 
 from duejobs import App
@@ -128,6 +129,13 @@ def run_workload(
         return dataclasses.replace(counts, evidence=f"{counts.evidence}\n{logs}")
     finally:
         reader.close()
+
+
+def report(capsys: pytest.CaptureFixture[str], name: str, counts: Counts) -> None:
+    """Print a run's counts under its name, past pytest's capture (the figures the docs
+    quote)."""
+    with capsys.disabled():
+        print(f"\n{counts.line(name)}")
 
 
 def _troubles(log: str) -> str:

