@@ -48,7 +48,7 @@ from sqlalchemy import text
 from bench.common import TABLES, Figure
 from duejobs import App, ScheduleRequest
 from duejobs.ids import id_stream
-from duejobs.prune import PruneConfig, Pruner
+from duejobs.services.pruner import PruneConfig, Pruner
 
 ROWS = int(os.environ.get("BULK_ROWS", "100000"))
 PRUNED = int(os.environ.get("PRUNE_ROWS", "100000"))

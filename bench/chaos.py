@@ -63,7 +63,7 @@ from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DuejobsError
-from duejobs.migrate import upgrade
+from duejobs.store.migrate import upgrade
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
 
 ROOT = Path(__file__).resolve().parent.parent

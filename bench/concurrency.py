@@ -43,7 +43,7 @@ from bench.common import Figure, fill_due
 from bench.procs import ROOT
 from duejobs import App
 from duejobs.config import libpq_url
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 
 NOOP = int(os.environ.get("BENCH_SLOTS_NOOP_JOBS", "2000"))
 NAP = int(os.environ.get("BENCH_SLOTS_NAP_JOBS", "2000"))

@@ -4,7 +4,8 @@ A scratch schema, plain, filled with CONV_ROWS (200,000) finished schedules made
 last 30 days, each with its history as a delivered schedule leaves it (two events, an
 attempt), and CONV_LIVE (10,000) live ones due in the coming days. A writer thread schedules,
 reschedules and cancels throughout, one operation after another, timing each. After
-CONV_WARMUP seconds (3) of writing on the plain tables, ``duejobs.partitions.convert`` moves
+CONV_WARMUP seconds (3) of writing on the plain tables,
+``duejobs.services.partition_maintenance.convert`` moves
 the schema online (batches of CONV_BATCH, 10,000). Reported: the conversion's time and rows per
 second, table by table; the writer's latency before the conversion and during it (p50, p99,
 worst) and the operations it made; and that every schedule the writer touched is in the
@@ -29,7 +30,7 @@ from sqlalchemy import text
 from bench.common import percentile, scratch_database
 from bench.partitions import FILL, HISTORY
 from duejobs import App, store
-from duejobs.partitions import DEFAULT_AHEAD, convert
+from duejobs.services.partition_maintenance import DEFAULT_AHEAD, convert
 from duejobs.store.partitions import Partitioning
 
 SIZES = [int(n) for n in os.environ.get("CONV_SIZES", "50000,200000").split(",")]

@@ -26,8 +26,8 @@ from redis import Redis
 from bench.common import Figure, fill_due
 from duejobs import App
 from duejobs.config import libpq_url
-from duejobs.scheduler import Scheduler, SchedulerConfig
-from tests.replication import streaming_pair
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from tests.support.replication import streaming_pair
 
 JOBS = int(os.environ.get("DUR_JOBS", "2000"))
 ROUNDS = int(os.environ.get("DUR_ROUNDS", "3"))

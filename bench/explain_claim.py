@@ -27,8 +27,8 @@ from bench.common import TABLES, scratch_database
 from duejobs import App, store
 from duejobs.config import sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.reconcile import Reconciler
-from duejobs.scheduler import FRONT_LANE, claim_due, fair_shares
+from duejobs.scheduler.loop import FRONT_LANE, claim_due, fair_shares
+from duejobs.services.reconciler import Reconciler
 
 WINDOW = timedelta(minutes=15)
 DUE = 2000

@@ -34,9 +34,9 @@ from sqlalchemy import text
 
 from bench.common import Figure
 from duejobs import App, ScheduleRequest, store
-from duejobs.partitions import DEFAULT_AHEAD, create_ahead
-from duejobs.prune import PruneConfig, Pruner
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services.partition_maintenance import DEFAULT_AHEAD, create_ahead
+from duejobs.services.pruner import PruneConfig, Pruner
 from duejobs.store.partitions import Partitioning
 
 ROWS = int(os.environ.get("PART_ROWS", "2000000"))

@@ -42,7 +42,7 @@ from bench.common import Figure, empty_database, fill_due, percentile, wait_unti
 from bench.procs import ROOT
 from duejobs import App
 from duejobs.config import libpq_url
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 
 ASYNC_JOBS = int(os.environ.get("BENCH_PEER_ASYNC_JOBS", "2000"))
 PEAK_JOBS = int(os.environ.get("BENCH_PEER_PEAK_JOBS", "10000"))

@@ -35,7 +35,7 @@ from redis import Redis
 from bench.common import scratch_database
 from duejobs import App
 from duejobs.config import libpq_url
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.worker import Runtime, Worker, WorkerConfig
 
 JOBS = int(os.environ.get("MODEL_JOBS", "20000"))

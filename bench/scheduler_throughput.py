@@ -23,7 +23,7 @@ from rq.serializers import JSONSerializer
 from bench.common import Figure, fill_due
 from duejobs import App
 from duejobs.config import libpq_url
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 
 N = int(os.environ.get("BENCH_WINDOW_ROWS", "10000"))
 BACKGROUND = int(os.environ.get("BENCH_BACKGROUND_ROWS", "90000"))

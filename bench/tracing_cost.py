@@ -4,7 +4,8 @@ TRACE_JOBS (1,000) no-op deliveries, each claimed, run and closed through Postgr
 worker Runtime in this process (`Runtime.handle`, no Redis round trip: the part tracing
 touches), timed per delivery:
 
-* baseline — `duejobs.tracing`'s span helpers replaced by `contextlib.nullcontext`: the
+* baseline — `duejobs.observability.tracing`'s span helpers replaced by `contextlib.nullcontext`:
+the
   worker as if it had no instrumentation;
 * duejobs — the helpers as shipped, OpenTelemetry installed but no SDK configured (the check
   each one makes before it does nothing);
@@ -28,7 +29,8 @@ from typing import Any
 import psycopg
 
 from bench.common import TABLES, scratch_database
-from duejobs import App, ScheduleRequest, tracing
+from duejobs import App, ScheduleRequest
+from duejobs.observability import tracing
 from duejobs.worker import Runtime, WorkerConfig
 
 JOBS = int(os.environ.get("TRACE_JOBS", "1000"))

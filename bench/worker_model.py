@@ -1,4 +1,4 @@
-"""The seeded model run of the worker (:mod:`tests.worker_model`), long plans over several
+"""The seeded model run of the worker (:mod:`tests.support.worker_model`), long plans over several
 seeds at every setting: one slot, 4, 16, and 4 slots in each of 2 processes, then 1, 4 and
 16 slots through Redis outages of 1 s, 10 s and 60 s (a worker that exits is a violation,
 whatever the outage). Part of
@@ -7,7 +7,7 @@ whatever the outage). Part of
 Sizes: WORKER_MODEL_SCHEDULES (300) schedules, a plan of WORKER_MODEL_SECONDS (20) seconds.
 Reports, for each seed and setting, the violations of the worker's promises (the target is
 none), the handler runs checked and how long after the last fault every schedule finished
-(the bound is ``tests.worker_model.BOUND``).
+(the bound is ``tests.support.worker_model.BOUND``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from sqlalchemy import text
 from bench.common import TABLES, scratch_database
 from duejobs import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
-from tests.apps import EFFECTS_TABLE, RUNS_TABLE, register
-from tests.worker_model import BOUND, Report, Setting, run_model
+from tests.support.apps import EFFECTS_TABLE, RUNS_TABLE, register
+from tests.support.worker_model import BOUND, Report, Setting, run_model
 
 SETTINGS = (
     Setting(1),
@@ -54,7 +54,7 @@ def run(seeds: list[int], database_url: str, redis_url: str) -> list[Report]:
     print(f"worker model: the workers' logs are in {logs}", flush=True)
 
     def start_worker(flags: list[str]) -> _Worker:
-        argv = [sys.executable, "-m", "duejobs", "worker", "--app", "tests.apps:app"]
+        argv = [sys.executable, "-m", "duejobs", "worker", "--app", "tests.support.apps:app"]
         argv += ["--log-level", "error", *flags]
         with open(logs / f"worker-{len(list(logs.iterdir()))}.log", "wb") as out:
             popen = subprocess.Popen(

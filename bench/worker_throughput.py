@@ -31,7 +31,7 @@ from bench.common import Figure, fill_due, wait_until
 from bench.procs import ROOT, serve_workers, spawn_workers, stop_all
 from duejobs import App
 from duejobs.config import libpq_url
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 
 JOBS = int(os.environ.get("BENCH_WORKER_JOBS", "2000"))
 PEAK = int(os.environ.get("BENCH_PEAK_JOBS", "10000"))

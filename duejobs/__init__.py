@@ -15,12 +15,12 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from duejobs.app import App
-    from duejobs.async_app import AsyncApp
+    from duejobs.app.application import App
+    from duejobs.app.async_application import AsyncApp
+    from duejobs.app.tasks import Task
     from duejobs.errors import Permanent
     from duejobs.handlers import RetryPolicy
     from duejobs.models import Attempt, Event, EventKind, Page, Schedule, ScheduleRequest, Status
-    from duejobs.tasks import Task
     from duejobs.worker.context import Context
 
 try:
@@ -30,8 +30,8 @@ except PackageNotFoundError:  # a source tree that was never installed
 
 # Each public name and the module it lives in.
 _HOMES = {
-    "App": "duejobs.app",
-    "AsyncApp": "duejobs.async_app",
+    "App": "duejobs.app.application",
+    "AsyncApp": "duejobs.app.async_application",
     "Permanent": "duejobs.errors",
     "RetryPolicy": "duejobs.handlers",
     "Attempt": "duejobs.models",
@@ -41,7 +41,7 @@ _HOMES = {
     "Schedule": "duejobs.models",
     "ScheduleRequest": "duejobs.models",
     "Status": "duejobs.models",
-    "Task": "duejobs.tasks",
+    "Task": "duejobs.app.tasks",
     "Context": "duejobs.worker.context",
 }
 

@@ -1,7 +1,8 @@
 """Where duejobs finds PostgreSQL and Redis.
 
 ``DUEJOBS_DATABASE_URL`` and ``DUEJOBS_REDIS_URL`` name them; ``DUEJOBS_READ_DATABASE_URL``
-optionally names a streaming replica for the operators' reads (:mod:`duejobs.replica`), and
+optionally names a streaming replica for the operators' reads
+(:mod:`duejobs.observability.replica`), and
 ``DUEJOBS_REDIS_NODES`` other Redis servers for some queues (:func:`parse_redis_nodes`). A
 library :class:`~duejobs.App` never invents a database: without a URL it raises
 :class:`ConfigurationError`. Only the CLI and the test suite fall back to the embedded servers
@@ -230,8 +231,8 @@ def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, 
 class Settings:
     """The two URLs duejobs needs. Writing schedules needs only the database; the scheduler,
     the workers and the reconciler need Redis too (:meth:`require_redis`). Optional: a replica
-    that serves the operators' reads (:mod:`duejobs.replica`), and queues that live on a
-    Redis of their own (:func:`parse_redis_nodes`)."""
+    that serves the operators' reads (:mod:`duejobs.observability.replica`), and queues that live
+    on a Redis of their own (:func:`parse_redis_nodes`)."""
 
     database_url: str
     redis_url: str | None

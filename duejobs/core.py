@@ -35,7 +35,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from duejobs import replica, store, tracing
+from duejobs import store
 from duejobs.config import (
     DEFAULT_SCHEMA,
     PreparedStatements,
@@ -52,6 +52,7 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler
 from duejobs.models import RecurringSpec
+from duejobs.observability import replica, tracing
 from duejobs.redis_urls import GIVEN_REDIS, REDIS_POOL, redis_client, same_redis
 from duejobs.validation import check_queue
 
@@ -202,11 +203,12 @@ class Core:
     queue: str
     handlers: dict[str, Handler] = field(default_factory=dict)
     # How a run's span relates to the trace of the request that scheduled it
-    # (duejobs.tracing): "link" (the default) or "child".
+    # (duejobs.observability.tracing): "link" (the default) or "child".
     trace_runs: str = "link"
     # tenant → (monotonic time read, its live quota): one query saved per schedule()
     quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
-    # The replica the operators' reads go to (duejobs.replica), and how far behind it may be.
+    # The replica the operators' reads go to (duejobs.observability.replica), and how far behind it
+    # may be.
     read_engine: Engine | None = None
     read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
     # The recurring definitions declared in code, by (tenant, name): App.sync_recurring.
@@ -347,8 +349,8 @@ class Core:
     @contextlib.contextmanager
     def reading(self) -> Iterator[tuple[Connection, replica.Freshness]]:
         """A connection for an operator's read (figures, lists), and how current it is: on
-        the read replica when there is one (see :mod:`duejobs.replica`), else the primary.
-        Each statement is stopped past ``read_timeout`` (:class:`ReadTimeoutError`): an
+        the read replica when there is one (see :mod:`duejobs.observability.replica`), else the
+        primary. Each statement is stopped past ``read_timeout`` (:class:`ReadTimeoutError`): an
         operator's page never holds a connection and a backend for minutes."""
         try:
             if self.read_engine is None:

@@ -68,7 +68,7 @@ def _millis(at: datetime) -> int:
 
 def first_id_at(at: datetime) -> uuid.UUID:
     """The lowest id of the millisecond ``at``: ids drawn from then on sort at or after it
-    (a partition's bound, see :mod:`duejobs.partitions`)."""
+    (a partition's bound, see :mod:`duejobs.services.partition_maintenance`)."""
     return uuid.UUID(int=_millis(at) << 80)
 
 

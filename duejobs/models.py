@@ -87,7 +87,7 @@ class Schedule:
 @dataclass(frozen=True)
 class Freshness:
     """How current one read is: where it was served, and how far behind the primary it
-    may be (:mod:`duejobs.replica`)."""
+    may be (:mod:`duejobs.observability.replica`)."""
 
     source: str  # "primary" or "replica"
     lag: timedelta | None  # zero when current; None when unknown
@@ -127,7 +127,8 @@ class Page:
 
     schedules: list[Schedule]
     next_cursor: str | None
-    # How current the page is: read from the replica, it may be behind (duejobs.replica).
+    # How current the page is: read from the replica, it may be behind
+    # (duejobs.observability.replica).
     freshness: Freshness = CURRENT
 
 

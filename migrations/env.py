@@ -2,7 +2,7 @@
 
 duejobs lives in the application's database, so its revision table is
 ``duejobs_alembic_version``: it never collides with the application's own Alembic history.
-``duejobs migrate`` (see ``duejobs/migrate.py``) passes an open connection, inside a
+``duejobs migrate`` (see ``duejobs/store/migrate.py``) passes an open connection, inside a
 transaction that holds an advisory lock; run standalone, the environment connects to
 ``DUEJOBS_DATABASE_URL``.
 """

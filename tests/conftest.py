@@ -12,54 +12,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
-import subprocess
-import sys
-import time
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import redis
-from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
-from duejobs import App, Schedule
+from duejobs import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV, sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.delivery import Push
-from duejobs.migrate import upgrade
-from duejobs.models import Delivery
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.store.migrate import upgrade
 from duejobs.store.partitions import Partitioning
-from duejobs.testing.servers import TestServers
-from duejobs.worker import Runtime, Worker, WorkerConfig
-from tests.apps import EFFECTS_TABLE, RUNS_TABLE, register
-from tests.support import wait_for
-
-__all__ = ["wait_for"]  # re-exported: tests import it from here too
-
-# The time zone of every session on the test database (see database_url).
-SESSION_ZONE = "America/New_York"
-# DUEJOBS_TEST_PARTITIONED=1: the whole suite on partitioned mode (daily partitions).
-PARTITIONED = os.environ.get("DUEJOBS_TEST_PARTITIONED") == "1"
-_TABLES = (
-    "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
-    "scheduled_job_results, recurring_schedules, tenant_quotas, test_effects, test_runs"
-    + (", scheduled_job_keys" if PARTITIONED else "")
-)
-
-
-class Servers(TestServers):
-    """The servers of this test session (``DUEJOBS_DATABASE_URL`` and ``DUEJOBS_REDIS_URL``,
-    both or neither: else the embedded ones) and the scratch database created on one."""
-
-    def describe(self) -> str:
-        mode = "partitioned mode" if PARTITIONED else "plain schema"
-        return f"{super().describe()} ({mode})"
+from duejobs.worker import Runtime, WorkerConfig
+from tests.support.apps import EFFECTS_TABLE, RUNS_TABLE, register
+from tests.support.processes import ROOT, Proc
+from tests.support.servers import PARTITIONED, SESSION_ZONE, TABLES, Servers
+from tests.support.system import System
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -119,7 +91,7 @@ def app(database_url: str, redis_url: str) -> Iterator[App]:
     """An App on empty tables."""
     application = App(database_url=database_url, redis_url=redis_url)
     with application.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {_TABLES}"))
+        conn.execute(text(f"TRUNCATE {TABLES}"))
     yield application
     application.close()
 
@@ -150,6 +122,12 @@ def count(engine: Engine) -> Callable[..., int]:
 
 
 @pytest.fixture
+def env(app: App, database_url: str, redis_url: str) -> dict[str, str]:
+    """The environment of a ``duejobs`` command on the test App's servers."""
+    return {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+
+
+@pytest.fixture
 def system(app: App, redis_client: redis.Redis) -> Iterator[System]:
     """The App with the test handlers, an empty Redis, a scheduler and a worker runtime."""
     register(app)
@@ -161,80 +139,6 @@ def system(app: App, redis_client: redis.Redis) -> Iterator[System]:
         redis_client,
     )
     runtime.close()
-
-
-class System:
-    """One scheduler and one in-process RQ worker over the test App."""
-
-    def __init__(self, app: App, scheduler: Scheduler, runtime: Runtime, redis_client: redis.Redis):
-        self.app = app
-        self.scheduler = scheduler
-        self.runtime = runtime
-        self.redis = redis_client
-
-    def work(self) -> None:
-        """An RQ worker (real RQ, this process) that drains the queue and returns."""
-        Worker(self.runtime).work(burst=True)
-
-    def run_until(self, done: Callable[[], bool], timeout: float = 20.0) -> None:
-        """Scheduler pass, then worker drain, until ``done()`` or the deadline."""
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, "deadline passed before the work was done"
-            self.scheduler.run_once()
-            self.work()
-            time.sleep(0.02)
-
-    def effects(self) -> list[tuple[str, int]]:
-        with self.app.engine.connect() as conn:
-            rows = conn.execute(text("SELECT effect_key, attempt FROM test_effects ORDER BY id"))
-            return [(r.effect_key, r.attempt) for r in rows]
-
-    def status(self, schedule_id: object) -> str:
-        s = self.app.get(schedule_id)  # type: ignore[arg-type]
-        assert s is not None
-        return s.status.value
-
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class Proc:
-    """A duejobs command (or, with ``code``, a Python program) in its own process, its output
-    in a file."""
-
-    def __init__(
-        self, args: list[str], env: dict[str, str], log: Path, code: str | None = None
-    ) -> None:
-        self.log = log
-        argv = ["-c", code] if code is not None else ["-m", "duejobs", *args]
-        with open(log, "w") as out:
-            self.popen = subprocess.Popen(
-                [sys.executable, *argv],
-                env=env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # its own group: the cleanup ends its children too
-            )
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.send_signal(signal.SIGABRT)  # faulthandler: every thread's stack, logged
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout=10)
-            self.popen.kill()
-            raise AssertionError(
-                f"{self.popen.args} still running {timeout:g} s after signal {sig}:\n"
-                + self.output()
-            ) from None
-
-    def output(self) -> str:
-        return self.log.read_text()
 
 
 @pytest.fixture
@@ -261,40 +165,3 @@ def spawn(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.popen.pid, signal.SIGKILL)
         proc.popen.wait()
-
-
-def reads_index(plan: str, index: str) -> bool:
-    """Whether an EXPLAIN output reads ``index`` (``scheduled_jobs_claim_idx``): on the table,
-    or in partitioned mode on a partition (``scheduled_jobs_p202612010000_claim_idx``)."""
-    table = next(t for t in ("scheduled_jobs", "scheduled_job_events") if index.startswith(t))
-    suffix = re.escape(index.removeprefix(table))
-    return re.search(rf"\b{table}(?:_p\d{{12}}|_default)?{suffix}\b", plan) is not None
-
-
-def full_scans(plan: str, tables: str = "scheduled_jobs") -> list[str]:
-    """The sequential scans of an EXPLAIN output, on the tables whose names start with
-    ``tables`` (their partitions included), that read a page or more: an empty partition's
-    (costed below one page read) is no scan of the table."""
-    found = []
-    for line in plan.splitlines():
-        cost = re.search(rf"Seq Scan on {tables}\w* .*cost=[\d.]+\.\.([\d.]+) ", line)
-        if cost is not None and float(cost[1]) >= 1.0:
-            found.append(line.strip())
-    return found
-
-
-def job_id(tenant: str, schedule_id: uuid.UUID, version: int, attempt: int) -> str:
-    """A delivery's RQ job id as the README documents it."""
-    return f"dj-{tenant.replace('.', '_')}-{schedule_id.hex}-v{version}-a{attempt}"
-
-
-def push_of(s: Schedule, version: int = 1, attempt: int = 1) -> Push:
-    """A push of ``s`` at any version and attempt, as no claim would make it: a stray or
-    second copy of a delivery."""
-    spelled = job_id(s.tenant, s.id, version, attempt)
-    return Push(Delivery(s.id, s.tenant, version, attempt, s.queue, s.due_at, spelled))
-
-
-def sample(name: str, **labels: str) -> float:
-    """A metric's current value in this process, read as Prometheus would (0 if unset)."""
-    return REGISTRY.get_sample_value(name, labels) or 0.0

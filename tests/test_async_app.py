@@ -38,7 +38,7 @@ from duejobs.errors import (
     QuotaExceededError,
     ScheduleNotFoundError,
 )
-from tests.conftest import System
+from tests.support.system import System
 
 T = TypeVar("T")
 

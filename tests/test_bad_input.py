@@ -28,9 +28,9 @@ from duejobs.errors import (
     TimeSpecError,
     UnknownTimezoneError,
 )
-from duejobs.prune import PruneConfig
-from duejobs.reconcile import ReconcileConfig
-from duejobs.scheduler import SchedulerConfig
+from duejobs.scheduler.loop import SchedulerConfig
+from duejobs.services.pruner import PruneConfig
+from duejobs.services.reconciler import ReconcileConfig
 from duejobs.worker import WorkerConfig
 
 

@@ -1,4 +1,5 @@
-"""The group commit on its own (:mod:`duejobs.batches`): what a batch carries and what its
+"""The group commit on its own (:mod:`duejobs.worker.group_commit`): what a batch carries and what
+its
 callers get back. Pure logic, in threads; the worker tests cover it over real PostgreSQL.
 
 Seen failing against builds broken on purpose: the room left behind a caller's own requests
@@ -15,8 +16,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from duejobs.batches import GroupCommit
-from tests.conftest import wait_for
+from duejobs.worker.group_commit import GroupCommit
+from tests.support import wait_for
 
 
 class _Blocking:

@@ -18,7 +18,7 @@ from duejobs.errors import (
     QuotaExceededError,
     TenantMismatchError,
 )
-from tests.conftest import System
+from tests.support.system import System
 
 
 def test_schedule_many_writes_every_request_with_its_history_in_order(app: App) -> None:

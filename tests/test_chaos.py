@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import FAULT_KINDS, NODE_FAULTS, PARTITION_FAULTS, ChaosConfig, run_chaos
-from tests.conftest import PARTITIONED
+from tests.support.servers import PARTITIONED
 
 # Starts, pauses, kills or restarts servers of its own on free ports: run on its own
 # (`pytest -m serial`), never beside another test process.

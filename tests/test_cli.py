@@ -21,22 +21,11 @@ from duejobs.cli.services import _knob_flags
 from duejobs.config import redacted, sqlalchemy_url
 from duejobs.errors import ConfigurationError
 from duejobs.worker import WorkerConfig
-from tests.conftest import Proc, Servers, System, wait_for
-
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "duejobs", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-@pytest.fixture
-def env(app: App, database_url: str, redis_url: str) -> dict[str, str]:
-    return {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+from tests.support import wait_for
+from tests.support.cli import run
+from tests.support.processes import Proc
+from tests.support.servers import Servers
+from tests.support.system import System
 
 
 def _json(result: subprocess.CompletedProcess[str]) -> Any:
@@ -204,13 +193,16 @@ _BAD_FLAGS = [
     (["reconcile", "--every", "-1"], "--every"),
     (["stats", "--since", "1x"], "--since"),
     (["prune", "--older-than", "1x"], "--older-than"),
-    (["worker", "--app", "tests.apps:app", "--heartbeat", "30s"], "--heartbeat"),
-    (["worker", "--app", "tests.apps:app", "--timeout-grace", "-1s"], "--timeout-grace"),
-    (["worker", "--app", "tests.apps:app", "--cpus", "first"], "--cpus"),
-    (["worker", "--app", "tests.apps:app", "--cpus", "1,1"], "--cpus"),
-    (["worker", "--app", "tests.apps:app", "--cpus", "\u00b2"], "--cpus"),
-    (["worker", "--app", "tests.apps:app", "--cpus", "100000"], "--cpus"),
-    (["worker", "--app", "tests.apps:app", "--processes", "2", "--cpus", "0,100000"], "--cpus"),
+    (["worker", "--app", "tests.support.apps:app", "--heartbeat", "30s"], "--heartbeat"),
+    (["worker", "--app", "tests.support.apps:app", "--timeout-grace", "-1s"], "--timeout-grace"),
+    (["worker", "--app", "tests.support.apps:app", "--cpus", "first"], "--cpus"),
+    (["worker", "--app", "tests.support.apps:app", "--cpus", "1,1"], "--cpus"),
+    (["worker", "--app", "tests.support.apps:app", "--cpus", "\u00b2"], "--cpus"),
+    (["worker", "--app", "tests.support.apps:app", "--cpus", "100000"], "--cpus"),
+    (
+        ["worker", "--app", "tests.support.apps:app", "--processes", "2", "--cpus", "0,100000"],
+        "--cpus",
+    ),
 ]
 
 
@@ -325,7 +317,7 @@ def test_a_worker_knob_out_of_its_bounds_is_refused_naming_it(env: dict[str, str
             "duejobs",
             "worker",
             "--app",
-            "tests.apps:app",
+            "tests.support.apps:app",
             "--max-early-wait",
             "2m",
         ],
@@ -443,7 +435,7 @@ def test_help_and_version_load_nothing_of_the_database_redis_or_rq(flag: str) ->
         "import sys\nfrom duejobs.cli import main\ntry:\n"
         f"    main([{flag!r}])\nexcept SystemExit:\n    pass\n"
         "print('loaded:', sorted(m for m in ('sqlalchemy', 'alembic', 'redis', 'rq', "
-        "'psycopg', 'duejobs.app') if m in sys.modules))"
+        "'psycopg', 'duejobs.app.application') if m in sys.modules))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
@@ -475,7 +467,7 @@ def test_dev_runs_scheduler_worker_reconciler_and_pruner_in_one_process(
     """``duejobs dev``: a schedule due now runs with no other process; SIGTERM stops it all
     (exit 0). Seen failing before the command existed."""
     s = system.app.schedule("record", {}, delay=0)
-    dev = spawn("dev", "--app", "tests.apps:app", "--concurrency", "2")
+    dev = spawn("dev", "--app", "tests.support.apps:app", "--concurrency", "2")
     wait_for(lambda: system.status(s.id) == "succeeded", 60, "the schedule to run")
     assert "scheduler, worker (2 slots), reconciler and pruner" in dev.output()
     assert dev.stop() == 0, dev.output()

@@ -107,15 +107,17 @@ from rq.suspension import resume, suspend
 from sqlalchemy import text
 
 from duejobs import App, Status
-from duejobs.batches import GroupCommit
-from duejobs.reconcile import Reconciler
+from duejobs.services.reconciler import Reconciler
 from duejobs.worker import EXIT_WEDGED, Context, Runtime, Worker, WorkerConfig
 from duejobs.worker.claims import Claimer
+from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.rq_wire import TAKE, Finished, RqWire, Taken
 from duejobs.worker.supervisor import start_supervised
-from tests.conftest import Proc, System, sample, wait_for
+from tests.support import sample, wait_for
+from tests.support.processes import Proc
+from tests.support.system import System
 
-WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
+WORKER = ["worker", "--app", "tests.support.apps:app", "--log-level", "warning"]
 
 
 @pytest.fixture

@@ -27,10 +27,10 @@ from rq.serializers import JSONSerializer
 
 from bench.chaos import Servers
 from duejobs import App, Status
-from duejobs.reconcile import Reconciler
-from duejobs.scheduler import Scheduler
+from duejobs.scheduler.loop import Scheduler
+from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Context, Runtime, Worker, WorkerConfig
-from tests.apps import EFFECTS_TABLE, register
+from tests.support.apps import EFFECTS_TABLE, register
 
 # Starts, pauses, kills or restarts servers of its own on free ports: run on its own
 # (`pytest -m serial`), never beside another test process.

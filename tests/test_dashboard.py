@@ -12,11 +12,9 @@ dashboard reading and acting through an unscoped App whatever App it was given â
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -31,32 +29,21 @@ from starlette.testclient import TestClient
 
 from duejobs import App, Status
 from duejobs.dashboard import Access, create_dashboard, is_loopback
-from tests.conftest import Proc, System, wait_for
+from tests.support import wait_for
+from tests.support.dashboard import HERE, LOCAL, auth, csrf
+from tests.support.network import free_port, listening
+from tests.support.processes import Proc
+from tests.support.system import System
 
-# The address a request from this machine comes from (an unauthenticated dashboard answers
-# no other).
-LOCAL = ("127.0.0.1", 50000)
-HERE = "http://127.0.0.1"  # and the name it asks for: a loopback one
 MARKUP = '<script>alert("x")</script><b>bold</b>'
-
-
-def _auth(user: str = "ops", password: str = "s3cret") -> dict[str, str]:
-    token = base64.b64encode(f"{user}:{password}".encode()).decode()
-    return {"Authorization": f"Basic {token}"}
 
 
 @pytest.fixture
 def operator(app: App) -> Iterator[TestClient]:
     """A dashboard with actions, and a client that signs in."""
     board = create_dashboard(app, Access(user="ops", password="s3cret", actions=True))
-    with TestClient(board, headers=_auth()) as client:
+    with TestClient(board, headers=auth()) as client:
         yield client
-
-
-def _csrf(page: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f.]+)"', page)
-    assert found is not None, page
-    return found[1]
 
 
 def test_the_overview_shows_the_figures_by_state(app: App, operator: TestClient) -> None:
@@ -95,7 +82,7 @@ def test_an_action_needs_the_callers_csrf_token_and_its_origin(
     app: App, operator: TestClient
 ) -> None:
     s = app.schedule("record", {}, delay=60)
-    token = _csrf(operator.get(f"/schedules/{s.id}").text)
+    token = csrf(operator.get(f"/schedules/{s.id}").text)
     url = f"/schedules/{s.id}/cancel"
     assert operator.post(url, data={}).status_code == 403
     assert operator.post(url, data={"csrf": "0" * 64}).status_code == 403
@@ -111,8 +98,8 @@ def test_pages_need_the_configured_credentials(app: App) -> None:
     with TestClient(board, client=LOCAL, base_url=HERE) as anonymous:
         refused = anonymous.get("/")
         assert refused.status_code == 401 and "Basic" in refused.headers["www-authenticate"]
-        assert anonymous.get("/", headers=_auth(password="wrong")).status_code == 401
-        assert anonymous.get("/", headers=_auth()).status_code == 200
+        assert anonymous.get("/", headers=auth(password="wrong")).status_code == 401
+        assert anonymous.get("/", headers=auth()).status_code == 200
 
 
 def test_the_host_applications_own_check_decides(app: App) -> None:
@@ -140,11 +127,11 @@ def test_a_tenant_dashboard_reads_and_acts_on_its_tenant_only(app: App) -> None:
     board = create_dashboard(
         app.tenant("acme"), Access(user="ops", password="s3cret", actions=True)
     )
-    with TestClient(board, headers=_auth()) as client:
+    with TestClient(board, headers=auth()) as client:
         listed = client.get("/schedules").text
         assert str(mine.id) in listed and str(theirs.id) not in listed
         assert client.get(f"/schedules/{theirs.id}").status_code == 404
-        token = _csrf(client.get(f"/schedules/{mine.id}").text)
+        token = csrf(client.get(f"/schedules/{mine.id}").text)
         client.post(f"/schedules/{theirs.id}/cancel", data={"csrf": token})
     assert app.get(theirs.id).status is Status.SCHEDULED  # type: ignore[union-attr]
 
@@ -167,8 +154,8 @@ def test_each_caller_the_host_names_gets_a_token_of_its_own(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
     access = Access(authorize=lambda request: request.headers.get("x-user", False), actions=True)
     with TestClient(create_dashboard(app, access), client=LOCAL, base_url=HERE) as client:
-        alice = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "alice"}).text)
-        bob = _csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "bob"}).text)
+        alice = csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "alice"}).text)
+        bob = csrf(client.get(f"/schedules/{s.id}", headers={"x-user": "bob"}).text)
         assert alice != bob
         stolen = client.post(
             f"/schedules/{s.id}/cancel", data={"csrf": alice}, headers={"x-user": "bob"}
@@ -180,7 +167,7 @@ def test_only_the_dashboards_own_messages_are_shown(app: App, operator: TestClie
     s = app.schedule("record", {}, delay=60)
     forged = operator.get(f"/schedules/{s.id}", params={"failed": "call +1 555 0100", "sig": "0"})
     assert "555 0100" not in forged.text
-    token = _csrf(operator.get(f"/schedules/{s.id}").text)
+    token = csrf(operator.get(f"/schedules/{s.id}").text)
     operator.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
     again = operator.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
     assert "not cancelled: it was not scheduled or running" in again.text
@@ -229,17 +216,6 @@ def test_the_command_refuses_to_serve_unprotected(
     assert is_loopback("127.0.0.1") and is_loopback("::1") and not is_loopback("0.0.0.0")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _answers(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex((host, port)) == 0
-
-
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -257,7 +233,7 @@ def test_an_operator_finds_cancels_and_retries_a_schedule_in_a_browser(
             "UPDATE scheduled_jobs SET status = 'failed', finished_at = now(), attempts = 3, "
             f"last_error = 'RuntimeError: gateway down' WHERE id = '{failed.id}'"
         )
-    port = _free_port()
+    port = free_port()
     server = spawn(
         "dashboard",
         "--port",
@@ -267,7 +243,7 @@ def test_an_operator_finds_cancels_and_retries_a_schedule_in_a_browser(
         "--actions",
         extra_env={"DUEJOBS_DASHBOARD_PASSWORD": "s3cret"},
     )
-    wait_for(lambda: _answers(port), 60, "the dashboard to listen")
+    wait_for(lambda: listening(port), 60, "the dashboard to listen")
     shots = tmp_path / "screenshots"
     shots.mkdir()
     base = f"http://127.0.0.1:{port}"
@@ -357,7 +333,7 @@ def test_recurring_definitions_show_their_next_occurrences_and_pause_and_resume(
     upcoming = re.findall(r"(\d{4}-\d\d-\d\dT12:00\+00:00)<br>", page)
     assert len(upcoming) == 3, page  # 09:00 in SÃ£o Paulo is 12:00 UTC
     assert "<td>acme</td>" in page and "<td>5</td>" in page
-    token = _csrf(page)
+    token = csrf(page)
     form = {"csrf": token, "tenant": "default", "name": "digest", "action": "pause"}
     paused = operator.post("/recurring", data=form)
     assert "pause digest: done" in paused.text
@@ -431,7 +407,7 @@ def test_a_reschedule_from_the_page_takes_a_delay_or_a_time_and_says_what_is_wro
     app: App, operator: TestClient
 ) -> None:
     s = app.schedule("record", {}, delay=60)
-    token = _csrf(operator.get(f"/schedules/{s.id}").text)
+    token = csrf(operator.get(f"/schedules/{s.id}").text)
     url = f"/schedules/{s.id}/reschedule"
     moved = operator.post(url, data={"csrf": token, "when": "2h"})
     assert "reschedule: done" in moved.text
@@ -451,12 +427,12 @@ def test_processes_that_share_a_secret_accept_each_others_forms(app: App) -> Non
     access = Access(user="ops", password="s3cret", actions=True)
     first = create_dashboard(app, access, secret=b"k" * 32)
     second = create_dashboard(app, access, secret=b"k" * 32)
-    with TestClient(first, headers=_auth()) as one, TestClient(second, headers=_auth()) as two:
-        token = _csrf(one.get(f"/schedules/{s.id}").text)
+    with TestClient(first, headers=auth()) as one, TestClient(second, headers=auth()) as two:
+        token = csrf(one.get(f"/schedules/{s.id}").text)
         two.cookies = one.cookies  # one browser, its requests spread over both processes
         done = two.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
         assert "cancel: done" in done.text
-    with TestClient(create_dashboard(app, access), headers=_auth()) as other:
+    with TestClient(create_dashboard(app, access), headers=auth()) as other:
         assert other.post(f"/schedules/{s.id}/cancel", data={"csrf": token}).status_code == 403
 
 
@@ -466,9 +442,9 @@ def test_the_first_view_after_a_pause_shows_current_figures_and_says_only_true_f
     """Figures nobody asked for in three refreshes are read again before the page answers;
     "reading them again failed" is said only when a read failed, with its error. Seen
     failing when a pause left 9-minute-old figures under a false failure message."""
-    from duejobs import stats
     from duejobs.dashboard.figures import Figures
     from duejobs.errors import DatabaseUnavailableError
+    from duejobs.observability import stats
 
     now = [1000.0]
     figures = Figures(app, refresh=10, clock=lambda: now[0])

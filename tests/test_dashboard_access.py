@@ -16,7 +16,7 @@ from starlette.testclient import TestClient
 from duejobs import App, Status
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.dashboard.access import SESSION_COOKIE, Tokens
-from tests.test_dashboard import HERE, LOCAL, _auth, _csrf
+from tests.support.dashboard import HERE, LOCAL, auth, csrf
 
 ACCESS = Access(user="ops", password="s3cret", actions=True)
 SECRET = b"k" * 32
@@ -24,10 +24,10 @@ SECRET = b"k" * 32
 
 def test_pages_are_kept_out_of_every_cache(app: App) -> None:
     s = app.schedule("record", {"card": "4111"}, delay=60)
-    with TestClient(create_dashboard(app, ACCESS), headers=_auth()) as client:
+    with TestClient(create_dashboard(app, ACCESS), headers=auth()) as client:
         for path in ("/", "/schedules", f"/schedules/{s.id}", "/recurring"):
             assert client.get(path).headers["cache-control"] == "no-store", path
-        assert client.get("/", headers=_auth(password="no")).headers["cache-control"] == "no-store"
+        assert client.get("/", headers=auth(password="no")).headers["cache-control"] == "no-store"
     with TestClient(create_dashboard(app), client=("203.0.113.9", 1)) as other:
         assert other.get("/").headers["cache-control"] == "no-store"
 
@@ -36,26 +36,26 @@ def test_wrong_passwords_from_one_address_are_throttled(app: App) -> None:
     board = create_dashboard(app, Access(user="ops", password="s3cret", sign_in_limit=3))
     with TestClient(board, client=("198.51.100.7", 1)) as guesser:
         for _ in range(3):
-            assert guesser.get("/", headers=_auth(password="guess")).status_code == 401
-        blocked = guesser.get("/", headers=_auth())
+            assert guesser.get("/", headers=auth(password="guess")).status_code == 401
+        blocked = guesser.get("/", headers=auth())
         assert blocked.status_code == 429 and int(blocked.headers["retry-after"]) > 0
     with TestClient(board, client=("198.51.100.8", 1)) as colleague:
-        assert colleague.get("/", headers=_auth()).status_code == 200
+        assert colleague.get("/", headers=auth()).status_code == 200
     for n in range(1, 5):  # one holder of an IPv6 /64 is one address
         with TestClient(board, client=(f"2001:db8::{n}", 1)) as rotating:
-            rotating.get("/", headers=_auth(password="guess"))
+            rotating.get("/", headers=auth(password="guess"))
     with TestClient(board, client=("2001:db8::99", 1)) as same_network:
-        assert same_network.get("/", headers=_auth()).status_code == 429
+        assert same_network.get("/", headers=auth()).status_code == 429
 
 
 def test_a_form_is_bound_to_the_browser_session_it_was_shown_in(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
     board = create_dashboard(app, ACCESS)
     with (
-        TestClient(board, headers=_auth()) as mine,
-        TestClient(board, headers=_auth()) as other,
+        TestClient(board, headers=auth()) as mine,
+        TestClient(board, headers=auth()) as other,
     ):
-        token = _csrf(mine.get(f"/schedules/{s.id}").text)
+        token = csrf(mine.get(f"/schedules/{s.id}").text)
         assert SESSION_COOKIE in mine.cookies
         other.get("/")  # a session of its own
         stolen = other.post(f"/schedules/{s.id}/cancel", data={"csrf": token})
@@ -68,7 +68,7 @@ def test_a_form_expires_after_its_lifetime(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
     lifetime = 600.0
     access = Access(user="ops", password="s3cret", actions=True, form_lifetime=lifetime)
-    with TestClient(create_dashboard(app, access, secret=SECRET), headers=_auth()) as client:
+    with TestClient(create_dashboard(app, access, secret=SECRET), headers=auth()) as client:
         client.get(f"/schedules/{s.id}")
         session = client.cookies[SESSION_COOKIE]
         old = Tokens(SECRET, lifetime).csrf("ops", session, now=time.time() - lifetime - 1)
@@ -82,8 +82,8 @@ def test_an_actions_message_shows_on_its_own_page_only(app: App) -> None:
     first = app.schedule("record", {}, delay=60)
     second = app.schedule("record", {}, delay=60)
     board = create_dashboard(app, ACCESS)
-    with TestClient(board, headers=_auth(), client=LOCAL, base_url=HERE) as client:
-        token = _csrf(client.get(f"/schedules/{first.id}").text)
+    with TestClient(board, headers=auth(), client=LOCAL, base_url=HERE) as client:
+        token = csrf(client.get(f"/schedules/{first.id}").text)
         done = client.post(
             f"/schedules/{first.id}/cancel", data={"csrf": token}, follow_redirects=False
         )
@@ -96,7 +96,7 @@ def test_an_actions_message_shows_on_its_own_page_only(app: App) -> None:
 
 def test_odd_page_numbers_and_event_ids_are_ignored_not_errors(app: App) -> None:
     s = app.schedule("record", {}, delay=60)
-    with TestClient(create_dashboard(app, ACCESS), headers=_auth()) as client:
+    with TestClient(create_dashboard(app, ACCESS), headers=auth()) as client:
         for odd in ("²", "9" * 40, "-1", "1e3"):
             assert client.get("/", params={"page": odd}).status_code == 200, odd
             assert client.get(f"/schedules/{s.id}", params={"before": odd}).status_code == 200

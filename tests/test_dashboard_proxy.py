@@ -20,28 +20,29 @@ from starlette.testclient import TestClient
 
 from duejobs import App, Status
 from duejobs.dashboard import create_dashboard
-from tests.conftest import Proc, wait_for
-from tests.test_dashboard import _answers, _free_port
+from tests.support import wait_for
+from tests.support.network import free_port, listening
+from tests.support.processes import Proc
 
 PASSWORD = {"DUEJOBS_DASHBOARD_PASSWORD": "s3cret"}
 PUBLIC = "ops.example.test"  # the name the browser sees: the proxy's
 
 
 def _dashboard(spawn: Callable[..., Proc], *args: str, port: int | None = None, **env: str) -> int:
-    port = port or _free_port()
+    port = port or free_port()
     spawn("dashboard", "--port", str(port), *args, extra_env=env or None)
     host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"
-    wait_for(lambda: _answers(port, host), 60, "the dashboard to listen")
+    wait_for(lambda: listening(port, host), 60, "the dashboard to listen")
     return port
 
 
 def _proxy(
     spawn: Callable[..., Proc], upstream: int, prefix: str = "", *, forward_host: bool = False
 ) -> int:
-    port = _free_port()
+    port = free_port()
     argv = [str(port), str(upstream), prefix] + (["--forward-host"] if forward_host else [])
     spawn(code=f"from tests.proxy import main; main({argv!r})")
-    wait_for(lambda: _answers(port), 30, "the proxy to listen")
+    wait_for(lambda: listening(port), 30, "the proxy to listen")
     return port
 
 
@@ -89,7 +90,7 @@ def test_behind_a_proxy_with_authentication_pages_and_actions_work(
     app: App, spawn: Callable[..., Proc], forward_host: bool
 ) -> None:
     s = app.schedule("record", {}, delay=600)
-    port = _free_port()
+    port = free_port()
     via = _proxy(spawn, port, "/duejobs", forward_host=forward_host)
     public = f"http://{PUBLIC}/duejobs"
     args = ["--user", "ops", "--actions", "--proxy", "127.0.0.1", "--public-url", public]

@@ -31,11 +31,13 @@ from sqlalchemy.exc import OperationalError
 from duejobs import App, EventKind, Status, store
 from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
-from duejobs.reconcile import Reconciler
-from duejobs.scheduler import Scheduler, SchedulerConfig, claim_due
-from duejobs.stats import collect, render
+from duejobs.observability.stats import collect, render
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig, claim_due
+from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig
-from tests.conftest import System, job_id, push_of, sample
+from tests.support import sample
+from tests.support.deliveries import job_id, push_of
+from tests.support.system import System
 
 
 def _kinds(system: System, schedule_id: uuid.UUID) -> list[str]:

@@ -37,8 +37,9 @@ from django.test.utils import override_settings
 from duejobs import App, Status
 from duejobs.config import libpq_url
 from duejobs.errors import ConfigurationError
-from duejobs.scheduler import Scheduler
-from tests.conftest import ROOT, Servers
+from duejobs.scheduler.loop import Scheduler
+from tests.support.processes import ROOT
+from tests.support.servers import Servers
 
 try:  # Django 6 and later, as the backend does
     from django.tasks import TaskResult, TaskResultStatus

@@ -18,8 +18,9 @@ from sqlalchemy.exc import OperationalError
 
 from duejobs import EventKind, store
 from duejobs.worker import Runtime, Worker, WorkerConfig
-from tests.conftest import System, sample
+from tests.support import sample
 from tests.support.faults import end_session_in
+from tests.support.system import System
 
 
 def _schedule(system: System, n: int, **payload: Any) -> list[uuid.UUID]:

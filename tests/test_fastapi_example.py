@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -21,15 +20,10 @@ import pytest
 from sqlalchemy import text
 
 from duejobs import App
-from duejobs.scheduler import Scheduler
-from tests.conftest import ROOT, Proc, wait_for
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from duejobs.scheduler.loop import Scheduler
+from tests.support import wait_for
+from tests.support.network import free_port
+from tests.support.processes import ROOT, Proc
 
 
 class Client:
@@ -58,7 +52,7 @@ class Client:
 def service(app: App, database_url: str, redis_url: str, tmp_path: Any) -> Iterator[Client]:
     with app.engine.begin() as conn:
         conn.execute(text("DROP TABLE IF EXISTS example_orders"))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DUEJOBS_DATABASE_URL": database_url,

@@ -45,11 +45,13 @@ from sqlalchemy import Connection, text
 
 from duejobs import App, EventKind, ScheduleRequest, Status, store
 from duejobs.errors import DatabaseUnavailableError
-from duejobs.reconcile import Reconciler, orphan_jobs
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services.reconciler import Reconciler, orphan_jobs
 from duejobs.worker import Context, Runtime, Worker, WorkerConfig
-from tests.apps import register
-from tests.conftest import System, push_of, sample, wait_for
+from tests.support import sample, wait_for
+from tests.support.apps import register
+from tests.support.deliveries import push_of
+from tests.support.system import System
 
 FAILED = "duejobs_scheduler_failed_passes_total"
 

@@ -10,8 +10,8 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.errors import NegativeDelayError
-from duejobs.reconcile import Reconciler
-from tests.conftest import System
+from duejobs.services.reconciler import Reconciler
+from tests.support.system import System
 
 
 def _offsets(app: App) -> list[float]:

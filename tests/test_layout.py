@@ -7,9 +7,11 @@
   ``duejobs/delivery/`` package) and the worker's :mod:`duejobs.worker.rq_wire` alone;
 * RQ is read and written through its public names: no class subclasses one of RQ's, and no
   private RQ name (``_state``, ``Job._execute``...) is imported, read or written;
-* the App is a facade: no module imports ``duejobs.app`` but the public package and the CLI
+* the App is a facade: no module imports ``duejobs.app.application`` but the public package and the
+CLI
   (the services take the :class:`~duejobs.core.Core` an App hands them);
-* tests use public or explicitly exported names of the store: no ``store._...``;
+* tests use public or explicitly exported names of the store: no ``store._...``; no test
+  module imports another or ``tests/conftest.py`` (what tests share is in ``tests/support/``);
 * no module is over 500 lines: a module that grows past it holds more than one role;
 * no import cycle inside ``duejobs/``, imports made for type checking included (a cycle is
   one for readers and type checkers even where Python would import it);
@@ -129,6 +131,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _relative(path: Path) -> str:
+    return str(path.relative_to(PACKAGE))
+
+
 def _modules() -> list[Path]:
     """The package's modules outside the store."""
     return sorted(p for p in PACKAGE.rglob("*.py") if "store" not in p.relative_to(PACKAGE).parts)
@@ -152,13 +158,13 @@ def _speaks_sql(module: str, name: str | None) -> bool:
     return module == "sqlalchemy" and name in SQL_CONSTRUCTS
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _modules(), ids=_relative)
 def test_only_the_store_speaks_sql(path: Path) -> None:
     offending = [f"{m}.{n}" if n else m for m, n in _imports(path) if _speaks_sql(m, n)]
     assert offending == [], f"{path.name} imports {offending}: SQL belongs in duejobs/store/"
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _modules(), ids=_relative)
 def test_only_rqs_wire_code_knows_rq(path: Path) -> None:
     if path.parent.name == "delivery" or path == PACKAGE / "worker" / "rq_wire.py":
         return
@@ -166,7 +172,7 @@ def test_only_rqs_wire_code_knows_rq(path: Path) -> None:
     assert offending == [], f"{path.name} imports {offending}: RQ belongs in its wire code"
 
 
-@pytest.mark.parametrize("path", _rq_modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _rq_modules(), ids=_relative)
 def test_no_class_subclasses_one_of_rqs(path: Path) -> None:
     from_rq = {n for m, n in _imports(path) if m.split(".")[0] == "rq" and n}
     modules = {m.split(".")[-1] for m, n in _imports(path) if m.split(".")[0] == "rq" and not n}
@@ -180,7 +186,7 @@ def test_no_class_subclasses_one_of_rqs(path: Path) -> None:
     assert offending == [], f"{path.name}: {offending} subclass RQ's classes"
 
 
-@pytest.mark.parametrize("path", _rq_modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _rq_modules(), ids=_relative)
 def test_no_private_rq_name_is_read_or_written(path: Path) -> None:
     """In a module that knows RQ, no name starting with one underscore is imported from RQ
     or reached on anything but the module's own objects (``self``, ``cls``)."""
@@ -195,15 +201,31 @@ def test_no_private_rq_name_is_read_or_written(path: Path) -> None:
     assert offending == [], f"{path.name} reaches private names: {offending}"
 
 
-@pytest.mark.parametrize("path", _modules(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", _modules(), ids=_relative)
 def test_only_the_public_package_the_cli_and_the_integrations_import_the_app(
     path: Path,
 ) -> None:
-    public = path.parent == PACKAGE and path.name in ("__init__.py", "async_app.py")
-    if public or path.parent.name == "cli" or PACKAGE / "contrib" in path.parents:
+    inside = PACKAGE / "app" in path.parents or path == PACKAGE / "__init__.py"
+    if inside or path.parent.name == "cli" or PACKAGE / "contrib" in path.parents:
         return
-    offending = [m for m, _n in _imports(path) if m == "duejobs.app"]
-    assert offending == [], f"{path.name} imports the App: services take its Core"
+    offending = [m for m, _n in _imports(path) if m.split(".")[:2] == ["duejobs", "app"]]
+    assert offending == [], f"{_relative(path)} imports the App: services take its Core"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "tests").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_no_test_module_imports_another_or_the_conftest(path: Path) -> None:
+    """What tests share lives in ``tests/support/``: a test module or ``tests/conftest.py``
+    imported as a library ties tests together by their files."""
+    offending = [
+        f"{m}.{n}" if m == "tests" else m
+        for m, n in _imports(path)
+        if m in ("tests.conftest", "conftest")
+        or m.startswith("tests.test_")
+        or (m == "tests" and str(n).startswith(("test_", "conftest")))
+    ]
+    assert offending == [], f"{path.name} imports {offending}: move what it needs to tests/support"
 
 
 def test_tests_use_no_private_name_of_the_store() -> None:
@@ -221,7 +243,7 @@ def test_tests_use_no_private_name_of_the_store() -> None:
     assert offending == []
 
 
-@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=_relative)
 def test_no_module_is_over_500_lines(path: Path) -> None:
     lines = len(path.read_text().splitlines())
     assert lines <= 500, f"{path.relative_to(ROOT)} has {lines} lines: split it by role"
@@ -237,7 +259,7 @@ def test_the_import_graph_sees_a_cycle_made_on_purpose() -> None:
     assert _cycles(graph) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("path", sorted((PACKAGE / "delivery").glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((PACKAGE / "delivery").glob("*.py")), ids=_relative)
 def test_delivery_imports_nothing_from_the_worker(path: Path) -> None:
     offending = [m for m, _n in _imports(path) if m.startswith("duejobs.worker")]
     assert offending == [], f"{path.name} imports {offending}: the worker builds on delivery"

@@ -29,9 +29,9 @@ from duejobs.errors import (
     ReadTimeoutError,
     TenantMismatchError,
 )
-from tests.conftest import PARTITIONED, full_scans, reads_index
-from tests.test_cli import env as env
-from tests.test_cli import run
+from tests.support.cli import run
+from tests.support.plans import full_scans, reads_index
+from tests.support.servers import PARTITIONED
 
 
 def _order(schedules: list[Schedule]) -> list[tuple[datetime, uuid.UUID]]:

@@ -31,16 +31,19 @@ import pytest
 from redis.exceptions import RedisError
 from sqlalchemy import Connection, text
 
-from duejobs import App, Status, recurring, stats, store
+from duejobs import App, Status, store
 from duejobs.delivery import WORKER_PREFIX
 from duejobs.errors import ConfigurationError
 from duejobs.models import Delivery
-from duejobs.reconcile import ReconcileConfig, Reconciler
-from duejobs.scheduler import Scheduler
+from duejobs.observability import stats
+from duejobs.scheduler import occurrences
+from duejobs.scheduler.loop import Scheduler
+from duejobs.services.reconciler import ReconcileConfig, Reconciler
 from duejobs.worker import EXIT_WEDGED, Context, Outcome, Runtime, WorkerConfig
-from tests.apps import record, register
-from tests.conftest import Proc, System, sample, wait_for
-from tests.test_processes import WORKER
+from tests.support import sample, wait_for
+from tests.support.apps import record, register
+from tests.support.processes import WORKER, Proc
+from tests.support.system import System
 
 JOB_PREFIX = "rq:job:"
 
@@ -312,7 +315,7 @@ def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
     system: System, monkeypatch: pytest.MonkeyPatch, loop: str
 ) -> None:
     calls = {"n": 0}
-    real = recurring.materialize_once if loop == "scheduler" else store.rescue_expired
+    real = occurrences.materialize_once if loop == "scheduler" else store.rescue_expired
 
     def fails_once(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -321,7 +324,7 @@ def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
         return real(*args, **kwargs)
 
     if loop == "scheduler":
-        monkeypatch.setattr(recurring, "materialize_once", fails_once)
+        monkeypatch.setattr(occurrences, "materialize_once", fails_once)
         service: Scheduler | Reconciler = system.scheduler
         run: Callable[[], None] = system.scheduler.run
     else:

@@ -26,16 +26,19 @@ import pytest
 import redis
 from sqlalchemy import text
 
-from duejobs import App, redis_urls, stats
+from duejobs import App, redis_urls
 from duejobs.config import parse_redis_nodes
 from duejobs.delivery.nodes import NODE_ERRORS
 from duejobs.errors import ConfigurationError
-from duejobs.reconcile import Reconciler
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.observability import stats
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Runtime, Worker, WorkerConfig, redis_waits
-from tests.apps import register
-from tests.conftest import Proc, wait_for
-from tests.support.valkey import Node, free_ports, server_binary
+from tests.support import wait_for
+from tests.support.apps import register
+from tests.support.network import free_ports
+from tests.support.processes import Proc
+from tests.support.valkey import Node, server_binary
 
 # Starts, pauses, kills or restarts servers of its own on free ports: run on its own
 # (`pytest -m serial`), never beside another test process.
@@ -542,7 +545,7 @@ def test_a_comma_in_a_node_urls_password_stays_in_the_password() -> None:
     )
 
 
-WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
+WORKER = ["worker", "--app", "tests.support.apps:app", "--log-level", "warning"]
 
 
 def test_a_node_killed_midway_loses_nothing_and_holds_up_no_other_node(

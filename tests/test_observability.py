@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from collections.abc import Callable
 
-from tests.conftest import Proc, System, sample, wait_for
+from tests.support import sample, wait_for
+from tests.support.network import free_port
+from tests.support.processes import Proc
+from tests.support.system import System
 
 
 def test_worker_counts_outcomes_and_observes_lag_by_type(system: System) -> None:
@@ -36,12 +38,6 @@ def test_scheduler_counts_what_it_pushed(system: System) -> None:
     assert sample("duejobs_scheduler_pushed_total", where="queue") - before == 4
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _scrape(port: int) -> str:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
@@ -54,7 +50,7 @@ def test_reconciler_serves_the_stats_figures_as_metrics(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
     system.app.schedule("record", {}, delay=0, tenant="acme")
-    port = _free_port()
+    port = free_port()
     proc = spawn("reconcile", "--every", "0.5", "--metrics-port", str(port), "--json")
     wait_for(lambda: 'duejobs_scheduled{tenant="acme"} 1.0' in _scrape(port), 30, "the gauges")
     body = _scrape(port)
@@ -69,7 +65,7 @@ def test_the_reconciler_refreshes_the_stats_gauges_at_most_every_stats_every(
 ) -> None:
     # The gauges count every live row: a pass every half second must not pay that each time.
     system.app.schedule("record", {}, delay=3600, tenant="acme")
-    port = _free_port()
+    port = free_port()
     args = ("reconcile", "--every", "0.5", "--stats-every", "1h", "--metrics-port", str(port))
     proc = spawn(*args, "--json")
     wait_for(lambda: 'duejobs_scheduled{tenant="acme"} 1.0' in _scrape(port), 30, "the gauges")
@@ -87,7 +83,7 @@ def test_the_reconciler_refreshes_the_stats_gauges_at_most_every_stats_every(
 def test_json_logs_carry_the_schedule_identity(system: System, spawn: Callable[..., Proc]) -> None:
     s = system.app.schedule("flaky", {"fail_times": 1}, delay=0, tenant="acme")
     system.scheduler.run_once()
-    worker = spawn("worker", "--app", "tests.apps:app", "--burst", "--log-format", "json")
+    worker = spawn("worker", "--app", "tests.support.apps:app", "--burst", "--log-format", "json")
     assert worker.popen.wait(60) == 0
     records = [json.loads(line) for line in worker.output().splitlines() if line.startswith("{")]
     failed = [r for r in records if r.get("message", "").startswith("attempt failed")]
@@ -103,7 +99,7 @@ def test_a_read_replica_that_is_down_is_a_gauge_and_one_line_not_a_failed_pass(
     gauges say the replica is down (up 0, lag +Inf, so a lag alert fires too), and the log
     has one line per refresh, no traceback. Seen failing with a "failed" pass and a
     130-line traceback every pass, and the lag gauge frozen at 0."""
-    port = _free_port()
+    port = free_port()
     proc = spawn(
         "reconcile",
         "--every",

@@ -32,8 +32,9 @@ from duejobs.errors import (
     TenantMismatchError,
 )
 from duejobs.worker import Runtime, WorkerConfig
-from tests.apps import record
-from tests.conftest import ROOT, System
+from tests.support.apps import record
+from tests.support.processes import ROOT
+from tests.support.system import System
 
 
 def test_schedule_says_whether_it_created_the_schedule_or_returned_the_keys_holder(

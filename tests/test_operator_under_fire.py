@@ -31,11 +31,11 @@ from starlette.testclient import TestClient
 from bench.chaos import Servers
 from duejobs import App
 from duejobs.dashboard import Access, create_dashboard
-from duejobs.scheduler import Scheduler
-from tests.conftest import wait_for
-from tests.replication import Pair
-from tests.replication import pair as pair
-from tests.test_dashboard import HERE, LOCAL
+from duejobs.scheduler.loop import Scheduler
+from tests.support import wait_for
+from tests.support.dashboard import HERE, LOCAL
+from tests.support.replication import Pair
+from tests.support.replication import pair as pair
 
 # Stops and starts servers of its own: run on its own (`pytest -m serial`).
 pytestmark = pytest.mark.serial

@@ -23,7 +23,8 @@ import pytest
 from packaging.requirements import Requirement
 
 import duejobs
-from tests.conftest import ROOT, Servers
+from tests.support.processes import ROOT
+from tests.support.servers import Servers
 
 
 def test_the_version_is_the_installed_distributions() -> None:

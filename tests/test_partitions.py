@@ -26,17 +26,20 @@ from psycopg import sql
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import IntegrityError
 
-from duejobs import App, ScheduleRequest, partitions, store
+from duejobs import App, ScheduleRequest, store
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at, stamped, time_of
-from duejobs.partitions import convert, create_ahead, drop_behind
-from duejobs.prune import PruneConfig, Pruner
-from duejobs.reconcile import Reconciler
-from duejobs.scheduler import claim_due
+from duejobs.scheduler.loop import claim_due
+from duejobs.services import partition_maintenance
+from duejobs.services.partition_maintenance import convert, create_ahead, drop_behind
+from duejobs.services.pruner import PruneConfig, Pruner
+from duejobs.services.reconciler import Reconciler
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
 from duejobs.store.queries import in_schema
-from tests.apps import register
-from tests.conftest import ROOT, full_scans, reads_index, sample, wait_for
+from tests.support import sample, wait_for
+from tests.support.apps import register
+from tests.support.plans import full_scans, reads_index
+from tests.support.processes import ROOT
 
 DAILY = Partitioning(timedelta(days=1), 2)
 
@@ -401,7 +404,7 @@ def test_a_conversion_gets_past_an_autovacuum_holding_its_tables(
                 "autovacuum_vacuum_cost_limit = 1, autovacuum_enabled = true)"
             )
         )
-    monkeypatch.setattr(partitions, "SWAP_ATTEMPTS", 3)
+    monkeypatch.setattr(partition_maintenance, "SWAP_ATTEMPTS", 3)
     said: list[str] = []
     with _autovacuum_every_second(plain):
 
@@ -428,7 +431,7 @@ def test_one_conversion_at_a_time_and_no_abort_while_one_runs(plain: App) -> Non
         if "mirrored" in line:  # under way: its triggers in place, the copy next
             for attempt in (
                 lambda: convert(plain.engine, DAILY),
-                lambda: partitions.abort_conversion(plain.engine),
+                lambda: partition_maintenance.abort_conversion(plain.engine),
             ):
                 with pytest.raises(PartitioningError, match="is running") as error:
                     attempt()
@@ -444,7 +447,7 @@ _KILLED_CONVERSION = """
 import os, signal, sys
 from datetime import timedelta
 from duejobs import App
-from duejobs.partitions import convert
+from duejobs.services.partition_maintenance import convert
 from duejobs.store.partitions import Partitioning
 
 app = App(sys.argv[1], sys.argv[2], schema=sys.argv[3])
@@ -729,7 +732,7 @@ def _alembic(app: App, action: str, revision: str) -> None:
     """Alembic's ``action`` (upgrade or downgrade) to ``revision`` on the App's schema."""
     from alembic import command
 
-    from duejobs.migrate import alembic_config
+    from duejobs.store.migrate import alembic_config
 
     schema = app.engine.get_execution_options()["duejobs_schema"]
     config = alembic_config()

@@ -17,16 +17,17 @@ import psycopg
 import pytest
 from sqlalchemy import make_url, text
 
-from duejobs import App, ScheduleRequest, partitions, store
+from duejobs import App, ScheduleRequest, store
 from duejobs.config import libpq_url
 from duejobs.errors import ConfigurationError, PartitioningError
-from duejobs.migrate import upgrade
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services import partition_maintenance
+from duejobs.store.migrate import upgrade
 from duejobs.worker import Runtime, Worker, WorkerConfig
-from tests.apps import register
-from tests.conftest import Servers
+from tests.support.apps import register
 from tests.support.cli import run_cli
 from tests.support.pgbouncer import PgBouncer, start_pgbouncer
+from tests.support.servers import Servers
 
 # What a statement of duejobs' sets, and what another client must never read from it.
 SETTINGS = (
@@ -191,7 +192,7 @@ def test_a_bad_prepared_statements_variable_is_refused_naming_it(
 def test_the_online_conversion_is_refused_through_a_pooler(pooled: App) -> None:
     # It holds a session lock across its transactions, which the pooler may hand on.
     with pytest.raises(PartitioningError, match="reaches PostgreSQL itself"):
-        partitions.abort_conversion(pooled.engine)
+        partition_maintenance.abort_conversion(pooled.engine)
 
 
 def test_the_cli_takes_prepared_statements_for_every_command(

@@ -24,9 +24,11 @@ from duejobs import App
 from duejobs.config import sqlalchemy_url
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DatabaseUnavailableError
-from duejobs.migrate import upgrade
-from duejobs.scheduler import Scheduler, SchedulerConfig
-from tests.conftest import ROOT, Proc, sample, wait_for
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.store.migrate import upgrade
+from tests.support import sample, wait_for
+from tests.support.network import free_port
+from tests.support.processes import ROOT, SCHEDULER, WORKER, Proc
 
 FAILED = "duejobs_scheduler_failed_passes_total"
 
@@ -48,10 +50,6 @@ def _assert_each_ran_once_and_never_early(app: App, n: int) -> None:
         "ON s.id = e.schedule_id WHERE e.kind = 'started' AND e.at < s.run_at"
     )
     assert _count(app, early) == 0
-
-
-WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
-SCHEDULER = ["scheduler", "--poll-interval", "0.05", "--log-level", "warning"]
 
 
 def test_duplication_two_schedulers_and_two_workers_run_each_job_once(
@@ -167,7 +165,7 @@ _STOPPED_BY_SIGTERM = """
 import logging, os, random, signal, threading
 from datetime import timedelta
 from prometheus_client import Counter
-from duejobs.service import Loop
+from duejobs.services.loop import Loop
 
 failed = Counter("signal_test_failed_passes", "")
 for round in range(1000):
@@ -229,7 +227,7 @@ def _pushed(app: App, ids: list[object]) -> bool:
 
 def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_url: str) -> None:
     binary = EmbeddedRedis.binary()
-    port = _free_port()
+    port = free_port()
 
     def start_redis() -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
@@ -326,11 +324,3 @@ def _answers(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.RedisError:
         return False
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

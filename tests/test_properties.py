@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from duejobs import App, ScheduleRequest, Status
 from duejobs.errors import DuejobsError
 from duejobs.worker import Outcome
-from tests.conftest import System
+from tests.support.system import System
 
 _ZONES = ["UTC", "Europe/Berlin", "America/Sao_Paulo", "Asia/Kathmandu", "Pacific/Kiritimati"]
 _text = st.text(alphabet=st.characters(exclude_categories=()), max_size=8)

@@ -16,8 +16,9 @@ from sqlalchemy import text
 
 from duejobs import store
 from duejobs.errors import ConfigurationError
-from duejobs.prune import PruneConfig, Pruner, PruneResult
-from tests.conftest import System, sample
+from duejobs.services.pruner import PruneConfig, Pruner, PruneResult
+from tests.support import sample
+from tests.support.system import System
 
 
 def _age(system: System, schedule_id: object, status: str, days: int) -> None:

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from duejobs import App
-from duejobs import app_quotas as app_module
+from duejobs.app import quotas as app_module
 from duejobs.errors import QuotaExceededError, TenantMismatchError
-from tests.conftest import System
+from tests.support.system import System
 
 
 def test_a_schedule_beyond_the_quota_is_refused_and_nothing_is_written(

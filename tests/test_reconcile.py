@@ -27,12 +27,14 @@ from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
 from duejobs import EventKind, ScheduleRequest, Status, store
-from duejobs import reconcile as reconcile_module
 from duejobs.errors import ConfigurationError
-from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult, orphan_jobs
+from duejobs.services import reconciler as reconcile_module
+from duejobs.services.reconciler import ReconcileConfig, Reconciler, ReconcileResult, orphan_jobs
 from duejobs.worker import Runtime, WorkerConfig
-from tests.conftest import Proc, System, push_of, sample, wait_for
-from tests.test_processes import SCHEDULER
+from tests.support import sample, wait_for
+from tests.support.deliveries import push_of
+from tests.support.processes import SCHEDULER, Proc
+from tests.support.system import System
 
 
 def _abandoned_at(system: System, schedule_id: object) -> datetime | None:
@@ -85,7 +87,7 @@ import os, signal, sys
 from datetime import datetime, timedelta
 from duejobs import App
 from duejobs.delivery import Push
-from duejobs.scheduler import claim_due
+from duejobs.scheduler.loop import claim_due
 app = App()
 with app.engine.begin() as conn:
     claim = claim_due(conn, timedelta(minutes=15), 1000)
@@ -210,7 +212,9 @@ def test_worker_sigkilled_mid_handler_is_rescued_within_25_s_and_applies_its_eff
     `duejobs reconcile --every 5`, all as their own processes."""
     s = system.app.schedule("stall-once", {"seconds": 120}, delay=0)
     scheduler = spawn(*SCHEDULER)
-    worker = spawn("worker", "--app", "tests.apps:app", "--log-level", "warning")  # defaults
+    worker = spawn(
+        "worker", "--app", "tests.support.apps:app", "--log-level", "warning"
+    )  # defaults
     spawn("reconcile", "--every", "5", "--log-level", "warning")
     wait_for(lambda: system.status(s.id) == "running", 30, "the first attempt to start")
     worker.stop(signal.SIGKILL)
@@ -218,7 +222,7 @@ def test_worker_sigkilled_mid_handler_is_rescued_within_25_s_and_applies_its_eff
     wait_for(lambda: _abandoned_at(system, s.id) is not None, 40, "the rescue")
     rescued_at = _abandoned_at(system, s.id)
     assert rescued_at is not None and (rescued_at - killed_at).total_seconds() <= 25
-    spawn("worker", "--app", "tests.apps:app", "--log-level", "warning")
+    spawn("worker", "--app", "tests.support.apps:app", "--log-level", "warning")
     wait_for(lambda: system.status(s.id) == "succeeded", 30, "the second attempt")
     assert system.effects() == [(f"stall-once:{s.id}:1", 2)]
     with system.app.engine.connect() as conn:

@@ -18,8 +18,9 @@ from sqlalchemy import text
 from duejobs import App
 from duejobs.errors import InvalidCronError, InvalidScheduleError, UnknownTimezoneError
 from duejobs.models import DstGap, DstOverlap
-from duejobs.recurring import Rule, materialize_once, occurrences
-from tests.conftest import System, sample
+from duejobs.scheduler.occurrences import Rule, materialize_once, occurrences
+from tests.support import sample
+from tests.support.system import System
 
 WINDOW = timedelta(minutes=15)
 

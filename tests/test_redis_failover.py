@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from duejobs import App
-from tests.conftest import Proc
+from tests.support.processes import Proc
 from tests.support.sentinel import sentinels
 from tests.support.topology import report, run_workload
 from tests.support.valkey import server_binary

@@ -16,13 +16,15 @@ import pytest
 import redis
 
 from duejobs import App
-from duejobs.scheduler import Scheduler
+from duejobs.scheduler.loop import Scheduler
 from duejobs.worker.redis_waits import is_outage
-from tests.apps import register
-from tests.conftest import Proc, wait_for
-from tests.support.valkey import Node, free_ports, server_binary
+from tests.support import wait_for
+from tests.support.apps import register
+from tests.support.network import free_ports
+from tests.support.processes import Proc
+from tests.support.valkey import Node, server_binary
 
-WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
+WORKER = ["worker", "--app", "tests.support.apps:app", "--log-level", "warning"]
 
 
 @pytest.fixture

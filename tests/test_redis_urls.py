@@ -13,9 +13,9 @@ from duejobs import App
 from duejobs.config import parse_redis_nodes, redacted
 from duejobs.errors import ConfigurationError
 from duejobs.redis_urls import check_redis_url, same_redis, sentinel_url
-from duejobs.scheduler import Scheduler
+from duejobs.scheduler.loop import Scheduler
 from duejobs.worker import Runtime, Worker
-from tests.apps import register
+from tests.support.apps import register
 
 SENTINEL = "redis+sentinel://:m4ster@s1:26379,s2:26380/mymaster/2?sentinel_password=s3ntinel"
 

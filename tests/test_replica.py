@@ -1,7 +1,8 @@
-"""Reads off the primary (:mod:`duejobs.replica`) against a real streaming replica: a primary
-and a hot standby made here with PostgreSQL's own tools (``initdb``, ``pg_basebackup -R``,
-``pg_ctl``) from the embedded PostgreSQL's binaries, on Unix sockets (:mod:`tests.replication`).
-The replica's replay is paused to make it fall behind on purpose.
+"""Reads off the primary (:mod:`duejobs.observability.replica`) against a real streaming
+replica: a primary and a hot standby made here with PostgreSQL's own tools (``initdb``,
+``pg_basebackup -R``, ``pg_ctl``) from the embedded PostgreSQL's binaries, on Unix sockets
+(:mod:`tests.support.replication`). The replica's replay is paused to make it
+fall behind on purpose.
 
 Seen failing against code broken on purpose: ``Core.reading`` on the primary even with a
 replica → ``test_stats_and_lists_read_the_replica_and_a_replica_behind_says_so`` (five
@@ -25,16 +26,17 @@ from datetime import timedelta
 import pytest
 from starlette.testclient import TestClient
 
-from duejobs import App, AsyncApp, replica, stats
+from duejobs import App, AsyncApp
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.models import CURRENT, Freshness, Page
-from duejobs.replica import REPLICA_LAG
-from duejobs.scheduler import Scheduler
-from tests.conftest import wait_for
-from tests.replication import Pair
-from tests.replication import pair as pair
-from tests.test_dashboard import HERE, LOCAL
+from duejobs.observability import replica, stats
+from duejobs.observability.replica import REPLICA_LAG
+from duejobs.scheduler.loop import Scheduler
+from tests.support import wait_for
+from tests.support.dashboard import HERE, LOCAL
+from tests.support.replication import Pair
+from tests.support.replication import pair as pair
 
 
 @pytest.fixture

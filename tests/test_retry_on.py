@@ -14,7 +14,7 @@ import pytest
 from duejobs import Permanent, Status
 from duejobs.errors import InvalidHandlerError
 from duejobs.worker import Outcome
-from tests.conftest import System
+from tests.support.system import System
 
 _TYPES = itertools.count()
 

@@ -13,10 +13,10 @@ from sqlalchemy import text
 
 from duejobs import App, ScheduleRequest
 from duejobs.errors import InvalidQueueError
-from duejobs.reconcile import Reconciler, orphan_jobs
+from duejobs.services.reconciler import Reconciler, orphan_jobs
 from duejobs.worker import Worker
-from tests import apps
-from tests.conftest import System
+from tests.support import apps
+from tests.support.system import System
 
 
 def queued(system: System, queue: str) -> list[str]:
@@ -143,7 +143,15 @@ def test_the_worker_command_takes_its_queues(
     ids = [routed.app.schedule("record", {}, delay=0, queue="side").id for _ in range(3)]
     routed.scheduler.run_once()
     env = {**os.environ, "DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
-    worker = [sys.executable, "-m", "duejobs", "worker", "--app", "tests.apps:app", "--burst"]
+    worker = [
+        sys.executable,
+        "-m",
+        "duejobs",
+        "worker",
+        "--app",
+        "tests.support.apps:app",
+        "--burst",
+    ]
     bad = subprocess.run([*worker, "--queue", "no spaces"], env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "queue must match" in bad.stderr
     ok = subprocess.run(

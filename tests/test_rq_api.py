@@ -47,10 +47,12 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
-from duejobs.reconcile import Reconciler
+from duejobs.services.reconciler import Reconciler
 from duejobs.worker.rq_wire import delivery_of
-from tests.conftest import Proc, System, push_of, wait_for
-from tests.test_processes import WORKER
+from tests.support import wait_for
+from tests.support.deliveries import push_of
+from tests.support.processes import WORKER, Proc
+from tests.support.system import System
 
 
 def _queue(system: System) -> Queue:

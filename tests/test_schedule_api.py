@@ -20,7 +20,7 @@ from duejobs.errors import (
     ScheduleNotLiveError,
     VersionConflictError,
 )
-from tests.conftest import wait_for
+from tests.support import wait_for
 
 
 def test_relative_delay_is_added_to_the_database_clock(app: App) -> None:

@@ -21,14 +21,15 @@ from duejobs import App, ScheduleRequest, store
 from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
 from duejobs.errors import ConfigurationError, SchemaMissingError
-from duejobs.migrate import current_revision, head_revision, upgrade
-from duejobs.reconcile import Reconciler
-from duejobs.scheduler import FRONT_LANE, Scheduler
-from duejobs.stats import collect
+from duejobs.observability.stats import collect
+from duejobs.scheduler.loop import FRONT_LANE, Scheduler
+from duejobs.services.reconciler import Reconciler
+from duejobs.store.migrate import current_revision, head_revision, upgrade
 from duejobs.store.queries import PARTITIONED_MODE_TABLES
 from duejobs.worker import Runtime, Worker, WorkerConfig
-from tests.apps import EFFECTS_TABLE, register
-from tests.conftest import PARTITIONED, Servers, full_scans, reads_index
+from tests.support.apps import EFFECTS_TABLE, register
+from tests.support.plans import full_scans, reads_index
+from tests.support.servers import PARTITIONED, Servers
 
 PLAIN_TABLES = [t for t in store.TABLES if t not in PARTITIONED_MODE_TABLES]
 

@@ -17,7 +17,7 @@ import time
 
 from duejobs.worker import EXIT_WEDGED
 from duejobs.worker.slot_pool import SlotPool
-from tests.conftest import wait_for
+from tests.support import wait_for
 
 
 def _blocked(pool: SlotPool, key: str, release: threading.Event) -> None:

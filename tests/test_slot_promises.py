@@ -41,13 +41,15 @@ from sqlalchemy import text
 from duejobs import App
 from duejobs.errors import KeyInUseError
 from duejobs.models import Delivery
-from duejobs.reconcile import Reconciler
+from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig
 from duejobs.worker.event_loops import EventLoops
 from duejobs.worker.rq_wire import TAKE
-from tests.conftest import Proc, System, wait_for
+from tests.support import wait_for
+from tests.support.processes import Proc
+from tests.support.system import System
 
-WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "warning"]
+WORKER = ["worker", "--app", "tests.support.apps:app", "--log-level", "warning"]
 
 
 def _runs(app: App) -> list[tuple[uuid.UUID, int, int]]:

@@ -16,10 +16,10 @@ from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from duejobs import App
-from duejobs.metrics import _BoundedLabel
-from duejobs.stats import collect, observe_stats, render
+from duejobs.observability.metrics import _BoundedLabel
+from duejobs.observability.stats import collect, observe_stats, render
 from duejobs.worker import Runtime, WorkerConfig
-from tests.conftest import System
+from tests.support.system import System
 
 
 def test_stats_figures_match_what_happened(system: System) -> None:

@@ -20,9 +20,8 @@ from duejobs.errors import (
     InvalidHandlerError,
     UnknownTypeError,
 )
-from tests.conftest import System
-from tests.test_cli import env as env
-from tests.test_cli import run
+from tests.support.cli import run
+from tests.support.system import System
 
 
 def test_a_task_schedules_its_own_type_with_its_handlers_options(app: App) -> None:

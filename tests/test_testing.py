@@ -16,7 +16,7 @@ import pytest
 
 from duejobs import App, Status
 from duejobs.testing import advance, drain, run_due
-from tests.conftest import Servers
+from tests.support.servers import Servers
 
 pytest_plugins = ["pytester"]
 

@@ -21,11 +21,12 @@ from sqlalchemy import text
 from duejobs import App
 from duejobs.config import sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.migrate import upgrade
-from tests.apps import EFFECTS_TABLE, RUNS_TABLE
-from tests.conftest import Proc, Servers
-from tests.replication import Pair, streaming_pair
+from duejobs.store.migrate import upgrade
+from tests.support.apps import EFFECTS_TABLE, RUNS_TABLE
 from tests.support.pgbouncer import start_pgbouncer
+from tests.support.processes import Proc
+from tests.support.replication import Pair, streaming_pair
+from tests.support.servers import Servers
 from tests.support.topology import report, run_workload
 
 
@@ -120,9 +121,14 @@ def test_the_worker_says_when_a_failover_can_lose_its_outcomes(
         upgrade(make_engine(sqlalchemy_url(pair.primary_url)))
         env = {"DUEJOBS_DATABASE_URL": pair.primary_url}
         quiet = spawn(
-            "worker", "--app", "tests.apps:app", "--burst", "--durable-bookkeeping", extra_env=env
+            "worker",
+            "--app",
+            "tests.support.apps:app",
+            "--burst",
+            "--durable-bookkeeping",
+            extra_env=env,
         )
-        warned = spawn("worker", "--app", "tests.apps:app", "--burst", extra_env=env)
+        warned = spawn("worker", "--app", "tests.support.apps:app", "--burst", extra_env=env)
         assert quiet.popen.wait(60) == 0 and warned.popen.wait(60) == 0
     assert "synchronous standbys" in warned.output()
     assert "synchronous standbys" not in quiet.output()

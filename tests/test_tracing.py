@@ -1,4 +1,5 @@
-"""Traces across the delay (``duejobs.tracing``): the request that scheduled a reminder and
+"""Traces across the delay (``duejobs.observability.tracing``): the request that scheduled a
+reminder and
 the run minutes later in one trace, through a real scheduler, Redis and an RQ worker, exported
 by the OpenTelemetry SDK's in-memory exporter.
 
@@ -24,7 +25,7 @@ from sqlalchemy import text
 
 from duejobs import App, AsyncApp
 from duejobs.errors import ConfigurationError
-from tests.conftest import System
+from tests.support.system import System
 
 
 def _reset_tracing() -> None:

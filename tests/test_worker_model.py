@@ -1,4 +1,4 @@
-"""The seeded model run of the worker (:mod:`tests.worker_model`) at one slot, four, sixteen
+"""The seeded model run of the worker (:mod:`tests.support.worker_model`) at one slot, four, sixteen
 and two processes: no violation of the worker's promises, and every schedule finished within
 the bound after the last fault. A short plan per setting; ``python -m bench chaos`` runs longer
 ones over more seeds.
@@ -19,11 +19,11 @@ import redis
 from sqlalchemy import text
 
 from duejobs import App
-from tests.apps import register
-from tests.conftest import Proc
-from tests.worker_model import Setting, run_model
+from tests.support.apps import register
+from tests.support.processes import Proc
+from tests.support.worker_model import Setting, run_model
 
-WORKER = ["worker", "--app", "tests.apps:app", "--log-level", "error"]
+WORKER = ["worker", "--app", "tests.support.apps:app", "--log-level", "error"]
 SEED = 20261203
 
 

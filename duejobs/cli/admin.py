@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 import click
 
-from duejobs.app import UNSET, Unset
+from duejobs.app.application import UNSET, Unset
 from duejobs.cli.base import (
     DATABASE_ONLY,
     DURATION,
@@ -22,7 +22,12 @@ from duejobs.cli.base import (
 from duejobs.cli.group import main
 from duejobs.errors import DuejobsError
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
-from duejobs.partitions import DEFAULT_AHEAD, DEFAULT_PERIOD, abort_conversion, describe
+from duejobs.services.partition_maintenance import (
+    DEFAULT_AHEAD,
+    DEFAULT_PERIOD,
+    abort_conversion,
+    describe,
+)
 from duejobs.store.partitions import Partitioning
 from duejobs.timespec import spell_duration
 

@@ -19,14 +19,14 @@ import click
 from redis.exceptions import RedisError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from duejobs import logs, metrics
-from duejobs.app import App
+from duejobs.app.application import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
 from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError, outage
-from duejobs.prune import PruneConfig
-from duejobs.reconcile import ReconcileConfig
-from duejobs.scheduler import SchedulerConfig
+from duejobs.observability import logs, metrics
+from duejobs.scheduler.loop import SchedulerConfig
+from duejobs.services.pruner import PruneConfig
+from duejobs.services.reconciler import ReconcileConfig
 from duejobs.timespec import parse_duration, spell_duration
 from duejobs.worker import WorkerConfig
 

@@ -9,9 +9,9 @@ import click
 
 from duejobs.cli.base import POSITIVE, _app, _checked, _operate, load_app, sync_declared
 from duejobs.cli.group import main
-from duejobs.prune import PruneConfig, Pruner
-from duejobs.reconcile import Reconciler
-from duejobs.scheduler import Scheduler
+from duejobs.scheduler.loop import Scheduler
+from duejobs.services.pruner import PruneConfig, Pruner
+from duejobs.services.reconciler import Reconciler
 from duejobs.worker import WorkerConfig, build_worker
 
 # How often the reconciler and the pruner pass in development.

@@ -10,8 +10,8 @@ import click
 from duejobs.cli.base import _app, _fail
 from duejobs.cli.group import main
 from duejobs.errors import ConfigurationError
-from duejobs.node_drain import drain_node
 from duejobs.redis_urls import check_redis_url
+from duejobs.services.node_drain import drain_node
 
 
 @main.group()

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from duejobs.app import App
+from duejobs.app.application import App
 from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app
 from duejobs.cli.group import main
 from duejobs.models import Event, Schedule, Status

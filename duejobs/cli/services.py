@@ -16,7 +16,7 @@ import click
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from duejobs.app import App
+from duejobs.app.application import App
 from duejobs.cli.base import (
     _PRUNE,
     _RECONCILE,
@@ -37,12 +37,12 @@ from duejobs.cli.base import (
 )
 from duejobs.cli.group import main
 from duejobs.errors import ConfigurationError, DuejobsError, describe, outage
-from duejobs.prune import PruneConfig, Pruner, PruneResult
-from duejobs.reconcile import ReconcileConfig, Reconciler, ReconcileResult
-from duejobs.scheduler import Scheduler, SchedulerConfig
-from duejobs.stats import GaugeRefresh
-from duejobs.stats import collect as collect_stats
-from duejobs.stats import render as render_stats
+from duejobs.observability.stats import GaugeRefresh
+from duejobs.observability.stats import collect as collect_stats
+from duejobs.observability.stats import render as render_stats
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services.pruner import PruneConfig, Pruner, PruneResult
+from duejobs.services.reconciler import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_queue
 from duejobs.worker import WorkerConfig, build_worker

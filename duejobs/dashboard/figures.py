@@ -13,8 +13,9 @@ from datetime import datetime, timedelta
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
 
-from duejobs import App, stats, store
+from duejobs import App, store
 from duejobs.errors import DuejobsError, describe, outage
+from duejobs.observability import stats
 
 log = logging.getLogger("duejobs.dashboard")
 

@@ -51,7 +51,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from duejobs import App, stats
+from duejobs import App
 from duejobs.dashboard.access import (
     SESSION_COOKIE,
     SESSION_SCOPE,
@@ -72,6 +72,7 @@ from duejobs.errors import (
     InvalidScheduleError,
 )
 from duejobs.models import Schedule, Status
+from duejobs.observability import stats
 from duejobs.timespec import parse_duration
 from duejobs.validation import DEFAULT_TENANT
 

@@ -48,7 +48,7 @@ class RunClaim:
     run_at: datetime | None = None
     due_at: datetime | None = None
     db_now: datetime | None = None
-    trace_context: str | None = None  # the scheduling caller's (duejobs.tracing)
+    trace_context: str | None = None  # the scheduling caller's (duejobs.observability.tracing)
     unknown_since: datetime | None = None  # first put back for an unknown type (this version)
 
 

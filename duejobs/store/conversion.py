@@ -1,7 +1,7 @@
 """Moving a filled plain schema into partitioned mode, online: a staging schema with the
 partitioned tables, triggers that mirror every write of the plain tables into it, a copy in
 batches of what was there, then a swap in one short transaction (see
-:mod:`duejobs.partitions` for the steps and what they promise)."""
+:mod:`duejobs.services.partition_maintenance` for the steps and what they promise)."""
 
 from __future__ import annotations
 

@@ -148,7 +148,7 @@ def partitioning(conn: Connection) -> Partitioning | None:
 
 # Whether each schema is in partitioned mode, by (host, port, database, schema), with when it
 # was read (time.monotonic): read again after _MODE_FOR seconds, so that a process sees a
-# conversion (duejobs.partitions.convert) made while it runs.
+# conversion (duejobs.services.partition_maintenance.convert) made while it runs.
 _MODES: dict[tuple[str, ...], tuple[float, bool]] = {}
 _MODE_FOR = 30.0
 

@@ -53,7 +53,8 @@ class NewRow:
     expires_after: timedelta | None = None
     max_attempts: int | None = None
     queue: str = "duejobs"
-    # "<link|child> <traceparent>" of the caller (duejobs.tracing); None when tracing is off.
+    # "<link|child> <traceparent>" of the caller (duejobs.observability.tracing); None when tracing
+    # is off.
     trace_context: str | None = None
 
 

@@ -33,7 +33,7 @@ from datetime import timedelta
 
 from duejobs import store
 from duejobs.core import HasCore
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.worker import Runtime, Worker, WorkerConfig
 
 __all__ = ["advance", "drain", "run_due"]

@@ -44,7 +44,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
         return
     from duejobs.config import DATABASE_ENV, REDIS_ENV, sqlalchemy_url
     from duejobs.core import make_engine
-    from duejobs.migrate import upgrade
+    from duejobs.store.migrate import upgrade
     from duejobs.testing.servers import TestServers
 
     servers = TestServers.from_env()

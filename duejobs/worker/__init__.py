@@ -7,7 +7,7 @@ For each delivery (schedule id, version, attempt, tenant — never the payload) 
    ``running`` with an attempt row, a ``started`` event and a lease. The worker's own clock is
    never consulted, so a worker whose clock is ten minutes off behaves like any other.
    Deliveries taken from Redis together (one per free slot) are claimed in that same one
-   statement, and so are outcomes that arrive together (:mod:`duejobs.batches`).
+   statement, and so are outcomes that arrive together (:mod:`duejobs.worker.group_commit`).
 2. **Otherwise skips, and records why**: missing, cancelled, superseded (another version),
    duplicate (already running or done — RQ can deliver one id twice), expired (later than
    the schedule's ``expires_after``; the schedule is then cancelled). A delivery that arrived

@@ -5,8 +5,8 @@ A worker runs one delivery at a time per slot: the process's main thread with
 statement cannot serve another at the same time. Bookkeeping connections are therefore
 checked out for one step (a batch of claims or outcomes, a verdict, a stale record) and put
 back for the next, so a process holds as many as run at once — a few, however many slots
-(the group commit of :mod:`duejobs.batches` runs one statement for many of them) — not one
-per slot.
+(the group commit of :mod:`duejobs.worker.group_commit` runs one statement for many of them) — not
+one per slot.
 
 What they promise: each step's statement carries its own limits for its own transaction (a
 row lock waited for at most ``claim_lock_timeout``; the commit durable only with

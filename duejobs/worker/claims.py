@@ -3,7 +3,7 @@
 :class:`Claimer` claims each delivery in one statement (:func:`~duejobs.store.claim_runs`):
 its tenant's row ``scheduled`` at the delivered version, this being its next attempt, due by
 the **database's** clock, of a type this worker has a handler for → ``running`` with a lease.
-Deliveries that arrive together share that statement (:mod:`duejobs.batches`), and those
+Deliveries that arrive together share that statement (:mod:`duejobs.worker.group_commit`), and those
 taken from Redis together are claimed *ahead* (:meth:`Claimer.claim_ahead`), on threads of
 their own, while their jobs are handed to their slots.
 
@@ -40,12 +40,12 @@ from dataclasses import dataclass
 from sqlalchemy.exc import DBAPIError
 
 from duejobs import store
-from duejobs.batches import GroupCommit
 from duejobs.core import Core
 from duejobs.models import Delivery
 from duejobs.store import RunClaim, SkipReason
 from duejobs.worker.bookkeeping import Bookkeeping, lock_busy, unreachable
 from duejobs.worker.config import WorkerConfig
+from duejobs.worker.group_commit import GroupCommit
 
 log = logging.getLogger("duejobs.worker")
 # Threads that run the claims of deliveries taken together (:meth:`Claimer.claim_ahead`).

@@ -5,7 +5,7 @@ attempt after the type's backoff (``run_at`` is never touched; ``due_at`` and th
 carry the retry time), or ``failed`` with ``last_error`` once attempts are exhausted. If the
 schedule changed meanwhile (cancelled, rescheduled, rescued), the attempt is recorded
 ``stale`` and its outcome is not applied. Outcomes that arrive together share one statement
-(:mod:`duejobs.batches`).
+(:mod:`duejobs.worker.group_commit`).
 
 What it promises: a finished handler's outcome is kept while an application transaction holds
 its row — the close waits for the lock in rounds of ``claim_lock_timeout``, up to the lease —
@@ -36,16 +36,17 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.exc import DBAPIError
 
-from duejobs import store, tracing
-from duejobs.batches import GroupCommit
+from duejobs import store
 from duejobs.core import Core
 from duejobs.errors import HandlerTimeoutError, describe
 from duejobs.handlers import Handler
 from duejobs.models import Status
+from duejobs.observability import tracing
 from duejobs.store import Closing, SkipReason
 from duejobs.worker.bookkeeping import Bookkeeping, lock_busy, unreachable
 from duejobs.worker.config import EXIT_WEDGED, Outcome, WorkerConfig
 from duejobs.worker.context import Context
+from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.slot_pool import SlotPool
 
 log = logging.getLogger("duejobs.worker")

@@ -53,9 +53,9 @@ from redis.exceptions import (
     RedisError,
 )
 
-from duejobs.batches import GroupCommit
 from duejobs.config import redacted
 from duejobs.redis_urls import GIVEN_REDIS, redis_client
+from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits, is_outage
 from duejobs.worker.rq_wire import Finished, RqWire, Taken
 from duejobs.worker.runtime import Runtime

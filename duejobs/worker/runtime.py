@@ -24,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.exc import DBAPIError
 
-from duejobs import metrics, store, tracing
+from duejobs import store
 from duejobs.config import redacted
 from duejobs.core import HasCore
 from duejobs.delivery import Deliverer
@@ -37,6 +37,7 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler
 from duejobs.models import Delivery, Status
+from duejobs.observability import metrics, tracing
 from duejobs.store import RunClaim, SkipReason
 from duejobs.timespec import spell_duration
 from duejobs.worker.bookkeeping import Bookkeeping

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from types import FrameType
 
 from duejobs.errors import ConfigurationError
-from duejobs.service import StopRequest
+from duejobs.services.loop import StopRequest
 
 log = logging.getLogger("duejobs.supervisor")
 

@@ -15,7 +15,8 @@ depends_on = None
 
 def upgrade() -> None:
     # "<link|child> <W3C traceparent>" of the caller of schedule(), for the worker's span of
-    # each attempt (duejobs.tracing); NULL when tracing is off. Nullable without a default:
+    # each attempt (duejobs.observability.tracing); NULL when tracing is off. Nullable without a
+    # default:
     # adding it rewrites nothing.
     op.execute("ALTER TABLE scheduled_jobs ADD COLUMN trace_context text")
 

@@ -7,12 +7,18 @@ import subprocess
 import sys
 
 
-def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    """``duejobs ARGS`` with the tests' environment plus ``env``; two minutes at most."""
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``duejobs ARGS`` in the environment ``env`` (this process's when None); two minutes at
+    most."""
     return subprocess.run(
         [sys.executable, "-m", "duejobs", *args],
-        env={**os.environ, **env},
+        env=env,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``duejobs ARGS`` with the tests' environment plus ``env``."""
+    return run(*args, env={**os.environ, **env})

@@ -15,7 +15,8 @@ from pathlib import Path
 import redis
 
 from tests.support import wait_for
-from tests.support.valkey import Node, free_ports
+from tests.support.network import free_ports
+from tests.support.valkey import Node
 
 SERVICE = "duejobs"
 

@@ -21,9 +21,9 @@ import pytest
 from sqlalchemy import text
 
 from duejobs import App
-from tests.conftest import Proc
+from tests.support.processes import Proc
 
-# A handler that records each run (tests.apps.traced), short enough to finish in the spread.
+# A handler that records each run (tests.support.apps.traced), short enough to finish in the spread.
 HANDLER = "traced"
 
 
@@ -97,7 +97,7 @@ def run_workload(
         "worker": spawn(
             "worker",
             "--app",
-            "tests.apps:app",
+            "tests.support.apps:app",
             "--concurrency",
             "8",
             "--lease",

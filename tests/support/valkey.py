@@ -47,18 +47,6 @@ class Node:
         return redis.Redis.from_url(self.url)
 
 
-def free_ports(n: int) -> list[int]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def server_binary() -> str:
     """The Valkey (or Redis) server binary the tests start servers of their own with; the
     test is skipped, saying why, where there is none."""

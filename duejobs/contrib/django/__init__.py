@@ -10,16 +10,15 @@ Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` who
 connection duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3);
 ``DATABASE_URL`` (default: built from that alias's settings); ``READ_DATABASE_URL`` and
 ``READ_MAX_LAG`` (a streaming replica for the operators' reads and the lag, a ``timedelta``,
-past which they say they are stale: :mod:`duejobs.replica`); ``READ_TIMEOUT`` (how long a
-statement of an operator's read may run, a ``timedelta``, default 10 s); ``REDIS_NODES``
+past which they say they are stale: :mod:`duejobs.observability.replica`); ``READ_TIMEOUT`` (how
+long a statement of an operator's read may run, a ``timedelta``, default 10 s); ``REDIS_NODES``
 (queue → Redis URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default
-``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``;
-``TRACE_RUNS`` (``"link"`` or ``"child"``: :mod:`duejobs.tracing`); ``STRICT_TYPES``
-(``False`` for a project that schedules another service's types: see ``App(strict_types=)``);
-``PREPARED_STATEMENTS`` (``"auto"``, ``"on"`` or ``"off"``: see ``App(prepared_statements=)``);
-``REDIS`` (a ready ``redis.Redis`` client instead of ``REDIS_URL``: see ``App(redis=)``). An
-unknown key or a database that is not PostgreSQL on psycopg 3 is
-:class:`~django.core.exceptions.ImproperlyConfigured`.
+``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``; ``TRACE_RUNS``
+(``"link"`` or ``"child"``: :mod:`duejobs.observability.tracing`); ``STRICT_TYPES`` (``False`` for a
+project that schedules another service's types: see ``App(strict_types=)``); ``PREPARED_STATEMENTS``
+(``"auto"``, ``"on"`` or ``"off"``: see ``App(prepared_statements=)``); ``REDIS`` (a ready
+``redis.Redis`` client instead of ``REDIS_URL``: see ``App(redis=)``). An unknown key or a database
+that is not PostgreSQL on psycopg 3 is :class:`~django.core.exceptions.ImproperlyConfigured`.
 
 Promises:
 
@@ -56,12 +55,12 @@ from django.db import close_old_connections, connections, transaction
 from sqlalchemy import URL, Connection
 
 from duejobs import store
-from duejobs.app import App
+from duejobs.app.application import App
 from duejobs.config import Settings, check_duration
 from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types
 from duejobs.delivery import DEFAULT_QUEUE
-from duejobs.replica import DEFAULT_MAX_LAG
-from duejobs.tracing import LINK
+from duejobs.observability.replica import DEFAULT_MAX_LAG
+from duejobs.observability.tracing import LINK
 from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES
 from duejobs.worker.context import Context
 

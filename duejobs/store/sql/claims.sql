@@ -75,7 +75,7 @@ SELECT statement_timestamp() AS db_now, p.tenant, p.due, p.cap,
             ORDER BY s.tenant, s.due_at
             LIMIT :front_lane) AS queued) < :front_lane AS sparse
 -- The claim's commit does not wait for the WAL flush: a worker that already popped a job
--- waits less on the row's lock (what a crash can cost: see duejobs.scheduler).
+-- waits less on the row's lock (what a crash can cost: see duejobs.scheduler.loop).
 FROM (SELECT set_config('synchronous_commit', 'off', true)) AS always
 LEFT JOIN picked p ON true
 

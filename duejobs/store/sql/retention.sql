@@ -11,7 +11,7 @@ WITH old AS (
 DELETE FROM scheduled_jobs WHERE id = ANY(ARRAY(SELECT id FROM old))
 
 -- name: prune_finished_within
--- Partitioned mode: the same, within one span of ids (duejobs.partitions.batch_spans), so
+-- Partitioned mode: the same, within one span of ids (duejobs.services.partition_maintenance.batch_spans), so
 -- the plan reads only the partitions in it. Run with custom plans only (retention.py): a
 -- generic plan would guess the span narrow and read it through the primary key.
 WITH old AS (

@@ -50,9 +50,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
-from duejobs import metrics, store
+from duejobs import store
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at
+from duejobs.observability import metrics
 from duejobs.store.partitions import Partition, Partitioning
 
 log = logging.getLogger("duejobs.partitions")
@@ -287,7 +288,7 @@ def _convert(
         if store.partitioning(conn) is not None:
             return 0
     _remove_staging(engine, staging, report)  # a conversion stopped midway starts over
-    from duejobs.migrate import upgrade  # Alembic, loaded only by the schema's changes
+    from duejobs.store.migrate import upgrade  # Alembic, loaded only by the schema's changes
 
     staged = engine.execution_options(**{store.SCHEMA_OPTION: staging})
     upgrade(staged)

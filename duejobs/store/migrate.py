@@ -67,8 +67,8 @@ def upgrade(
     """Bring the schema to ``revision``; returns (revision before, revision after). Outside
     ``public``, the schema is created first and the revisions run with it first on the
     ``search_path``. With ``partitioned``, tables still empty are then made partitioned (see
-    :mod:`duejobs.partitions`) in the same transaction; filled ones are left to
-    :func:`duejobs.partitions.convert`."""
+    :mod:`duejobs.services.partition_maintenance`) in the same transaction; filled ones are left to
+    :func:`duejobs.services.partition_maintenance.convert`."""
     config = alembic_config()
     schema = _schema(engine)
     with engine.begin() as conn:

@@ -36,9 +36,10 @@ from redis.exceptions import RedisError
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from duejobs import metrics, store
+from duejobs import store
 from duejobs.errors import InvalidCronError, describe
 from duejobs.models import DstGap, DstOverlap, Misfire, Occurrence, Recurring
+from duejobs.observability import metrics
 
 log = logging.getLogger("duejobs.recurring")
 

@@ -22,7 +22,8 @@ makes Redis agree with PostgreSQL again:
    cancelled, or at another version are removed from Redis.
 
 Then jobs whose time has come are promoted, as the scheduler does, and in partitioned mode the
-partitions of the coming periods are created if missing (:mod:`duejobs.partitions`).
+partitions of the coming periods are created if missing
+(:mod:`duejobs.services.partition_maintenance`).
 
 Safe while schedulers, workers and other reconcilers run: rows are locked with SKIP LOCKED,
 pushes are atomic and idempotent, and a job is only removed when the database says for certain
@@ -52,12 +53,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, partitions, store
+from duejobs import store
 from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.models import Status
-from duejobs.service import Loop
+from duejobs.observability import metrics
+from duejobs.services import partition_maintenance
+from duejobs.services.loop import Loop
 from duejobs.timespec import spell_duration
 
 log = logging.getLogger("duejobs.reconcile")
@@ -142,7 +145,7 @@ class Reconciler:
         checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
         promoted = self.deliverer.promote(now)
-        created = partitions.create_ahead(self.core.engine)
+        created = partition_maintenance.create_ahead(self.core.engine)
         result = ReconcileResult(
             checked=checked,
             repushed=repushed,
@@ -189,7 +192,7 @@ class Reconciler:
     def run(
         self, every: timedelta, report: Callable[[ReconcileResult], None] | None = None
     ) -> None:
-        """A pass every ``every`` until :meth:`stop` (see :mod:`duejobs.service`). A failed
+        """A pass every ``every`` until :meth:`stop` (see :mod:`duejobs.services.loop`). A failed
         pass is retried after ``every`` too: the backoff is capped there, so the rescue bound
         holds right after an outage ends."""
         self._loop.run_forever(self.run_once, lambda _: every, every, every, report=report)

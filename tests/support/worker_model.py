@@ -1,6 +1,6 @@
 """A seeded model run of the worker: a random plan of changes and faults against real
 PostgreSQL, Redis and worker processes, then the worker's promises checked on what the
-handlers recorded (``tests.apps.traced``, outside any fence).
+handlers recorded (``tests.support.apps.traced``, outside any fence).
 
 The plan (one seed, one setting: ``--concurrency`` N, or ``--processes``): ``schedules``
 traced schedules due throughout the plan, some failing their first attempt; then, over
@@ -53,8 +53,8 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.errors import DuejobsError
-from duejobs.reconcile import ReconcileConfig, Reconciler
-from duejobs.scheduler import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services.reconciler import ReconcileConfig, Reconciler
 
 # Every schedule is finished within this of the last fault: the worker's lease (2 s) for a
 # killed worker's claims, the reconciler's stuck rule (2 s) and pass (0.5 s) for jobs Redis

@@ -18,7 +18,7 @@ Each pass (:meth:`Scheduler.run_once`):
    by the database clock, from the scheduled registry onto the queue.
 
 Each pass first materializes the occurrences of recurring schedules that enter the window
-(:mod:`duejobs.recurring`), so they are claimed in the same pass.
+(:mod:`duejobs.scheduler.occurrences`), so they are claimed in the same pass.
 
 :meth:`Scheduler.run` repeats passes every ``poll_interval`` (sub-second, so a job due in 2 s
 does not wait for the next window).
@@ -39,8 +39,8 @@ fails, the loop logs it and backs off (up to ``max_backoff``) and keeps going â€
 other error a pass raises (logged with its traceback, counted in
 ``duejobs_scheduler_failed_passes_total``): one tenant's data can fail a pass, never stop the
 loop, and a recurring definition that cannot be evaluated is quarantined on its own
-(:mod:`duejobs.recurring`).
-SIGTERM/SIGINT (via :meth:`Scheduler.stop`): no new claim starts, the batch in flight finishes.
+(:mod:`duejobs.scheduler.occurrences`). SIGTERM/SIGINT (via :meth:`Scheduler.stop`): no new claim
+starts, the batch in flight finishes.
 
 Tenants with an in-flight quota (``App.set_quota(max_inflight=)``) have only their *due* rows
 pushed, and only while their pushed-or-running jobs are under the cap; the rest stay in the
@@ -70,12 +70,14 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, recurring, store, tracing
+from duejobs import store
 from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
 from duejobs.models import Delivery
-from duejobs.service import Loop, backoff
+from duejobs.observability import metrics, tracing
+from duejobs.scheduler import occurrences
+from duejobs.services.loop import Loop, backoff
 
 log = logging.getLogger("duejobs.scheduler")
 
@@ -183,7 +185,7 @@ class Scheduler:
         return result
 
     def _pass(self) -> PassResult:
-        recurring.materialize_once(self.core.engine, self.config.window)
+        occurrences.materialize_once(self.core.engine, self.config.window)
         if self.config.concurrency == 1:
             drained = [self._drain()]
         else:
@@ -218,7 +220,7 @@ class Scheduler:
         return self.config.poll_interval
 
     def run(self) -> None:
-        """Pass after pass until :meth:`stop` (see :mod:`duejobs.service`)."""
+        """Pass after pass until :meth:`stop` (see :mod:`duejobs.services.loop`)."""
         self._loop.run_forever(
             self.run_once,
             self._pause,

@@ -31,11 +31,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from duejobs import metrics, store
+from duejobs import store
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part, parse_job_id
 from duejobs.models import CURRENT, Freshness, Schedule
-from duejobs.reconcile import orphan_jobs
+from duejobs.observability import metrics
+from duejobs.services.reconciler import orphan_jobs
 from duejobs.terminal import printable
 
 

@@ -25,7 +25,7 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
   ``duejobs_schedules_without_job``, ``duejobs_jobs_without_schedule``,
   ``duejobs_redis_jobs{where}``;
 * any reader of the figures from a read replica: ``duejobs_read_replica_lag_seconds``
-  (:mod:`duejobs.replica`);
+  (:mod:`duejobs.observability.replica`);
 * any process pushing to several Redis nodes: ``duejobs_redis_node_errors_total{node}``
   (calls to one node that failed while the others went on).
 

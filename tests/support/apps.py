@@ -1,5 +1,5 @@
 """Handlers the delivery-path tests run, in-process (``register``) or in worker processes
-(``python -m duejobs worker --app tests.apps:app``)."""
+(``python -m duejobs worker --app tests.support.apps:app``)."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.util import greenlet_spawn
 
 from duejobs import store
-from duejobs.app import App, ScheduleId
+from duejobs.app.application import App, ScheduleId
 from duejobs.core import POOL_SIZE, make_async_engine
 from duejobs.models import (
     Attempt,

@@ -1,6 +1,7 @@
 """The App's reads: a schedule, its history and attempts, pages of schedules by filter, and
 the database's clock. Each runs in the caller's transaction (``conn=``) or one of its own;
-the lists, without ``conn=``, on the read replica when there is one (:mod:`duejobs.replica`),
+the lists, without ``conn=``, on the read replica when there is one
+(:mod:`duejobs.observability.replica`),
 saying how current they are."""
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from datetime import datetime
 
 from sqlalchemy import Connection
 
-from duejobs import replica, store
-from duejobs.app_scope import ScheduleId, Scoped, schedule_id_of
+from duejobs import store
+from duejobs.app.scope import ScheduleId, Scoped, schedule_id_of
 from duejobs.core import Conn
 from duejobs.errors import InvalidListError, ScheduleNotFoundError
 from duejobs.models import Attempt, Event, Page, Schedule, Status
-from duejobs.replica import Freshness
+from duejobs.observability import replica
+from duejobs.observability.replica import Freshness
 from duejobs.validation import (
     DEFAULT_TENANT,
     check_due_range,

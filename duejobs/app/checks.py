@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from duejobs import store
-from duejobs.app_scope import Scoped
+from duejobs.app.scope import Scoped
 from duejobs.errors import InvalidScheduleError, UnknownTypeError
 from duejobs.handlers import Handler
 from duejobs.models import ScheduleRequest

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from duejobs import metrics
+from duejobs.observability import metrics
 
 Request = TypeVar("Request")
 Answer = TypeVar("Answer")

@@ -1,7 +1,8 @@
 """Reads off the primary: the operators' figures and lists from a streaming replica.
 
 With ``DUEJOBS_READ_DATABASE_URL`` (or ``App(read_database_url=...)``) naming a streaming
-replica of the primary, these read there: ``duejobs stats`` and :func:`duejobs.stats.collect`
+replica of the primary, these read there: ``duejobs stats`` and
+:func:`duejobs.observability.stats.collect`
 (so the reconciler's gauges, ``--stats-every``), the start lag over time, :meth:`App.list
 <duejobs.App.list>` and ``duejobs list``, the list of recurring definitions, and the
 dashboard's overview and lists. Every decision stays on the primary: the claim and the push,

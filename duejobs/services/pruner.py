@@ -2,14 +2,14 @@
 
 Each pass (:meth:`Pruner.run_once`) first drops, in partitioned mode, the ranges of schedules
 that hold nothing live and nothing finished within ``older_than`` (whole partitions, see
-:mod:`duejobs.partitions`), then deletes, in batches of ``batch_size`` each committed on its
-own, the schedules that finished (``succeeded``, ``failed``, ``cancelled``) more than
-``older_than`` ago, with their events, attempts and effect-ledger rows, until a batch comes
-back short (each span of ids its own batches) — in partitioned mode except those of the
-ranges begun before the horizon (now - ``older_than``), ended less than a period before it,
-that hold nothing live and did not find their tables busy: they wait to be dropped whole
-(:func:`duejobs.partitions.batch_spans`). ``duejobs prune`` runs one pass, or one every
-``--every``.
+:mod:`duejobs.services.partition_maintenance`), then deletes, in batches of ``batch_size`` each
+committed on its own, the schedules that finished (``succeeded``, ``failed``, ``cancelled``) more
+than ``older_than`` ago, with their events, attempts and effect-ledger rows, until a batch comes
+back short (each span of ids its own batches) — in partitioned mode except those of the ranges begun
+before the horizon (now - ``older_than``), ended less than a period before it, that hold nothing
+live and did not find their tables busy: they wait to be dropped whole
+(:func:`duejobs.services.partition_maintenance.batch_spans`). ``duejobs prune`` runs one pass, or
+one every ``--every``.
 
 What it promises: a live row (``scheduled``, ``running``) is never deleted, whatever its age;
 each batch holds its row locks for one short transaction, so schedulers, workers and
@@ -39,10 +39,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from duejobs import metrics, partitions, store
+from duejobs import store
 from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
-from duejobs.service import Loop
+from duejobs.observability import metrics
+from duejobs.services import partition_maintenance
+from duejobs.services.loop import Loop
 
 log = logging.getLogger("duejobs.prune")
 
@@ -95,7 +97,7 @@ class Pruner:
     def run_once(self) -> PruneResult:
         """Delete batch after batch until one comes back short (or :meth:`stop`)."""
         started, deleted, batches = time.monotonic(), 0, 0
-        behind = partitions.drop_behind(self.core.engine, self.config.older_than)
+        behind = partition_maintenance.drop_behind(self.core.engine, self.config.older_than)
         for within in [None] if behind.spans is None else behind.spans:
             while True:
                 with self.core.engine.begin() as conn:
@@ -120,5 +122,5 @@ class Pruner:
         return result
 
     def run(self, every: timedelta, report: Callable[[PruneResult], None] | None = None) -> None:
-        """A pass every ``every`` until :meth:`stop` (see :mod:`duejobs.service`)."""
+        """A pass every ``every`` until :meth:`stop` (see :mod:`duejobs.services.loop`)."""
         self._loop.run_forever(self.run_once, lambda _: every, every, every, report=report)

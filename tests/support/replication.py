@@ -4,7 +4,7 @@ and a hot standby made with PostgreSQL's own tools (``initdb``, ``pg_basebackup 
 stop and start; the primary may be killed as a lost host is (SIGKILL, every process of it) and
 the standby promoted.
 
-Use the module-scoped ``pair`` fixture by importing it (``from tests.replication import
+Use the module-scoped ``pair`` fixture by importing it (``from tests.support.replication import
 pair``), or :func:`streaming_pair` for one of a test's own (synchronous replication if asked).
 """
 
@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from duejobs import store
-from tests.conftest import wait_for
+from tests.support import wait_for
 
 DATABASE = "duejobs_replica"
 

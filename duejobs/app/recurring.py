@@ -1,5 +1,6 @@
 """The App's recurring definitions: create, update (under the definition's row lock), pause,
-resume, delete; occurrences are materialized by the scheduler (:mod:`duejobs.recurring`)."""
+resume, delete; occurrences are materialized by the scheduler
+(:mod:`duejobs.scheduler.occurrences`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from duejobs import store
-from duejobs.app_checks import registration
-from duejobs.app_scope import Scoped
+from duejobs.app.checks import registration
+from duejobs.app.scope import Scoped
 from duejobs.errors import (
     InvalidScheduleError,
     ScheduleNotFoundError,
@@ -25,7 +26,7 @@ from duejobs.models import (
     RecurringSpec,
     RecurringStatus,
 )
-from duejobs.recurring import Rule, check_cron, occurrences, plan
+from duejobs.scheduler.occurrences import Rule, check_cron, occurrences, plan
 from duejobs.timespec import as_delay, zone
 from duejobs.validation import (
     check_list_limit,
@@ -79,10 +80,10 @@ class RecurringAPI(Scoped):
         """Create (or replace) the recurring schedule ``name`` of the tenant.
 
         Occurrences become ordinary schedules shortly before they are due (see
-        :mod:`duejobs.recurring` for the DST and misfire policies). Calling it again with the
-        same definition changes nothing; with another one it bumps the version and cancels
-        the occurrences not yet run. ``queue``: as for :meth:`schedule` (default: the type's,
-        else the App's).
+        :mod:`duejobs.scheduler.occurrences` for the DST and misfire policies). Calling it again
+        with the same definition changes nothing; with another one it bumps the version and cancels
+        the occurrences not yet run. ``queue``: as for :meth:`schedule` (default: the type's, else
+        the App's).
         """
         spec = self._recurring_spec(
             name,

@@ -8,7 +8,7 @@ import time
 from sqlalchemy import Connection
 
 from duejobs import store
-from duejobs.app_scope import Scoped
+from duejobs.app.scope import Scoped
 from duejobs.errors import (
     InvalidScheduleError,
     TenantMismatchError,

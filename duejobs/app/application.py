@@ -34,12 +34,13 @@ from typing import Any, TypeVar
 from redis import Redis
 from sqlalchemy import Connection
 
-from duejobs import metrics, partitions, replica, store, tracing
-from duejobs.app_checks import RequestChecks
-from duejobs.app_quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
-from duejobs.app_reads import ReadAPI
-from duejobs.app_recurring import RecurringAPI
-from duejobs.app_scope import ScheduleId, schedule_id_of
+from duejobs import store
+from duejobs.app.checks import RequestChecks
+from duejobs.app.quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
+from duejobs.app.reads import ReadAPI
+from duejobs.app.recurring import RecurringAPI
+from duejobs.app.scope import ScheduleId, schedule_id_of
+from duejobs.app.tasks import TaskAPI
 from duejobs.config import Settings
 from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types, make_engine
 from duejobs.delivery import DEFAULT_QUEUE
@@ -59,8 +60,9 @@ from duejobs.models import (
     Schedule,
     ScheduleRequest,
 )
+from duejobs.observability import metrics, replica, tracing
+from duejobs.services import partition_maintenance
 from duejobs.store.partitions import Partitioning
-from duejobs.tasks import TaskAPI
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -87,24 +89,23 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
     """The entry point: ``App()`` reads the URLs from the environment.
 
     Beyond the two URLs: ``schema`` (of duejobs' tables), ``queue`` (the default RQ queue),
-    ``max_payload_bytes``, ``trace_runs`` (:mod:`duejobs.tracing`); ``read_database_url`` and
-    ``read_max_lag``, a replica for the operators' reads (:mod:`duejobs.replica`);
-    ``read_timeout``, how long one statement of an operator's read (a list, the figures) may
-    run before it is stopped with :class:`~duejobs.errors.ReadTimeoutError` (default 10 s,
-    None: unbounded);
-    ``redis_nodes``, queue → Redis URL for queues that live on a Redis of their own
-    (``DUEJOBS_REDIS_NODES``; every other queue lives on ``redis_url``); ``strict_types``,
-    whether scheduling a type with no handler registered in this App is refused
-    (:class:`~duejobs.errors.UnknownTypeError`, a typo caught before it is written): by
-    default when the App has handlers; False for a producer that schedules the types of
-    another service's workers; ``prepared_statements`` (``DUEJOBS_PREPARED_STATEMENTS``),
-    ``"auto"`` (the default: kept on a connection to PostgreSQL itself, off through a
-    connection pooler), ``"on"`` or ``"off"``
-    (:class:`~duejobs.config.PreparedStatements`); ``redis``, a ready ``redis.Redis`` client
-    instead of ``redis_url`` (``Sentinel(...).master_for("mymaster")``, a client with TLS or
-    options of one's own): the App's queues use it, and so do the workers made from the App.
-    An ``AsyncApp`` built on the App uses it too. Give it a ``socket_timeout`` (a call to a
-    Redis that hangs waits that long) and no ``decode_responses``."""
+    ``max_payload_bytes``, ``trace_runs`` (:mod:`duejobs.observability.tracing`);
+    ``read_database_url`` and ``read_max_lag``, a replica for the operators' reads
+    (:mod:`duejobs.observability.replica`); ``read_timeout``, how long one statement of an
+    operator's read (a list, the figures) may run before it is stopped with
+    :class:`~duejobs.errors.ReadTimeoutError` (default 10 s, None: unbounded); ``redis_nodes``,
+    queue → Redis URL for queues that live on a Redis of their own (``DUEJOBS_REDIS_NODES``; every
+    other queue lives on ``redis_url``); ``strict_types``, whether scheduling a type with no handler
+    registered in this App is refused (:class:`~duejobs.errors.UnknownTypeError`, a typo caught
+    before it is written): by default when the App has handlers; False for a producer that schedules
+    the types of another service's workers; ``prepared_statements``
+    (``DUEJOBS_PREPARED_STATEMENTS``), ``"auto"`` (the default: kept on a connection to PostgreSQL
+    itself, off through a connection pooler), ``"on"`` or ``"off"``
+    (:class:`~duejobs.config.PreparedStatements`); ``redis``, a ready ``redis.Redis`` client instead
+    of ``redis_url`` (``Sentinel(...).master_for("mymaster")``, a client with TLS or options of
+    one's own): the App's queues use it, and so do the workers made from the App. An ``AsyncApp``
+    built on the App uses it too. Give it a ``socket_timeout`` (a call to a Redis that hangs waits
+    that long) and no ``decode_responses``."""
 
     def __init__(
         self,
@@ -158,16 +159,16 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
 
     def migrate(self, *, partitioned: Partitioning | None = None) -> tuple[str | None, str | None]:
         """Create or upgrade the schema; returns (revision before, revision after). With
-        ``partitioned`` (a :class:`~duejobs.partitions.Partitioning`), partitioned mode
-        (:mod:`duejobs.partitions`): made at once on empty tables, and on filled ones by
-        :func:`~duejobs.partitions.convert`, online — which takes as long as copying the
-        tables takes."""
-        from duejobs.migrate import upgrade  # Alembic, loaded only by the schema's changes
+        ``partitioned`` (a :class:`~duejobs.services.partition_maintenance.Partitioning`),
+        partitioned mode (:mod:`duejobs.services.partition_maintenance`): made at once on empty
+        tables, and on filled ones by :func:`~duejobs.services.partition_maintenance.convert`,
+        online — which takes as long as copying the tables takes."""
+        from duejobs.store.migrate import upgrade  # Alembic, loaded only by the schema's changes
 
         with self._core.database():
             revisions = upgrade(self.engine, partitioned=partitioned)
             if partitioned is not None:
-                partitions.convert(self.engine, partitioned)
+                partition_maintenance.convert(self.engine, partitioned)
             return revisions
 
     def close(self) -> None:
