@@ -5,7 +5,7 @@ What it promises:
 * **Deterministic ids.** A delivery of (tenant, schedule, version, attempt) always has the
   same RQ job id, ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>`` (RQ allows only
   ``[A-Za-z0-9_-]``; a ``.`` in a tenant becomes ``_``, the schedule id keeps it unique).
-  The store builds it (the ``job_id`` fragment, in the statement that claims the row) and
+  The store builds it (in the statements that claim and re-push the row) and
   every push carries it from there; this module only reads ids back (:func:`parse_job_id`).
 * **A re-push never creates a second live job.** Pushing checks and writes atomically (one
   Lua script per batch): an id Redis can still hand to a worker is left alone; RQ's own

@@ -107,7 +107,6 @@ from duejobs.store.partitions import (
 )
 from duejobs.store.queries import (
     DEFAULT_QUOTA_TENANT,
-    FRAGMENTS,
     QUERIES,
     SCHEMA_OPTION,
     TABLES,
@@ -171,7 +170,6 @@ from duejobs.store.testing import advance_live, empty_tables, next_due_in
 __all__ = [
     "BRIEF_LOCK_TIMEOUT",
     "DEFAULT_QUOTA_TENANT",
-    "FRAGMENTS",
     "PARTITIONED",
     "QUERIES",
     "QUOTA_COLUMNS",

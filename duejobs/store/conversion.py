@@ -26,6 +26,7 @@ from duejobs.store.partitions import (
     on_each,
     table_rights,
 )
+from duejobs.store.queries import ddl
 
 # How long the swap waits for each table's lock before it gives up and tries again.
 BRIEF_LOCK_TIMEOUT = "100ms"  # x the six tables locked: under the 1 s deadlock_timeout
@@ -92,23 +93,7 @@ def mirror(conn: Connection, staging: str) -> None:
         rest = [c for c in columns if c not in keys]
         function = pgsql.Identifier(staging, f"duejobs_mirror_{table}")
         target = pgsql.Identifier(staging, table)
-        body = pgsql.SQL(
-            """
-CREATE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        DELETE FROM {target} WHERE ({keys}) = ({old_keys});
-        RETURN NULL;
-    END IF;
-    INSERT INTO {target} ({columns}) OVERRIDING SYSTEM VALUE VALUES ({new_columns})
-    ON CONFLICT ({keys}) DO UPDATE SET ({rest}) = ROW({excluded});
-    RETURN NULL;
-END
-$fn$;
-CREATE TRIGGER duejobs_mirror AFTER INSERT OR UPDATE OR DELETE ON {source}
-    FOR EACH ROW EXECUTE FUNCTION {function}();
-"""
-        ).format(
+        body = ddl("mirror").format(
             function=function,
             target=target,
             source=ident(conn, table),

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 
 from duejobs.store.connecting import absolute_durations, sends_absolute_durations
 from duejobs.store.lent import Awaited, Lent, adapted
-from duejobs.store.queries import QUERIES, SCHEMA_OPTION, TABLES, Query, in_schema
+from duejobs.store.queries import SCHEMA_OPTION, TABLES, Query, in_schema
 
 T = TypeVar("T")
 # A connection's execution option: (statement name, parameters) of a ``set_config(..., true)``
@@ -105,7 +105,7 @@ def _schema(conn: Connection) -> str:
 
 def _query(conn: Connection, name: str) -> Query:
     schema = _schema(conn)
-    return (QUERIES if schema == "public" else in_schema(schema))[name]
+    return in_schema(schema)[name]
 
 
 def run(

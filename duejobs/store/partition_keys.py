@@ -13,6 +13,7 @@ from psycopg import sql as pgsql
 from sqlalchemy import Connection
 
 from duejobs.store.execution import run_composed, schema_of
+from duejobs.store.queries import ddl
 
 LIVE_KEY_INDEX = "scheduled_jobs_live_key_idx"
 
@@ -33,81 +34,22 @@ def key_triggers(schema: str) -> pgsql.Composed:
     (:func:`duejobs.store.schedules.insert_keyed`).
     The function still skips such a row when it runs BEFORE the insert, as revision 0008's
     statements want (a downgrade puts that trigger back)."""
-    text = """
-CREATE FUNCTION {keep}() RETURNS trigger LANGUAGE plpgsql AS $fn$
-DECLARE
-    holder uuid;
-BEGIN
-    IF TG_OP <> 'INSERT' AND OLD.key IS NOT NULL AND OLD.status IN ('scheduled', 'running') THEN
-        DELETE FROM {keys}
-        WHERE tenant = OLD.tenant AND key = OLD.key AND schedule_id = OLD.id;
-    END IF;
-    IF TG_OP = 'DELETE' THEN
-        RETURN OLD;
-    END IF;
-    IF NEW.key IS NULL OR NEW.status NOT IN ('scheduled', 'running') THEN
-        RETURN NEW;
-    END IF;
-    LOOP
-        INSERT INTO {keys} (tenant, key, schedule_id) VALUES (NEW.tenant, NEW.key, NEW.id)
-        ON CONFLICT (tenant, key) DO NOTHING;
-        IF FOUND THEN
-            RETURN NEW;
-        END IF;
-        -- Held: lock the key's row, so that whoever holds it is settled until this commits.
-        SELECT schedule_id INTO holder FROM {keys}
-        WHERE tenant = NEW.tenant AND key = NEW.key FOR UPDATE;
-        IF FOUND THEN
-            EXIT WHEN holder <> NEW.id AND EXISTS (
-                SELECT 1 FROM {jobs} WHERE id = holder AND status IN ('scheduled', 'running')
-            );
-            -- Its own key (its row written again), or one left by a row no longer live (a
-            -- copy that lost to a newer write): it is this row's.
-            UPDATE {keys} SET schedule_id = NEW.id WHERE tenant = NEW.tenant AND key = NEW.key;
-            RETURN NEW;
-        END IF;
-        -- Freed since the insert looked: try again.
-    END LOOP;
-    IF TG_OP = 'INSERT' AND TG_WHEN = 'BEFORE' THEN
-        RETURN NULL;  -- skipped, as revision 0008's statements expect
-    END IF;
-    RAISE unique_violation USING
-        MESSAGE = 'duplicate key value violates unique constraint "{index}"',
-        DETAIL = format('Key (tenant, key)=(%s, %s) already exists.', NEW.tenant, NEW.key),
-        CONSTRAINT = '{index}';
-END
-$fn$;
-{insert_trigger}
-CREATE TRIGGER scheduled_jobs_key_update AFTER UPDATE ON {jobs}
-    FOR EACH ROW WHEN (
-        OLD.key IS DISTINCT FROM NEW.key
-        OR (OLD.status IN ('scheduled', 'running')) <> (NEW.status IN ('scheduled', 'running'))
-    )
-    EXECUTE FUNCTION {keep}();
-CREATE TRIGGER scheduled_jobs_key_delete AFTER DELETE ON {jobs}
-    FOR EACH ROW WHEN (OLD.key IS NOT NULL AND OLD.status IN ('scheduled', 'running'))
-    EXECUTE FUNCTION {keep}();
-"""
-    return pgsql.SQL(text).format(
-        keep=pgsql.Identifier(schema, "duejobs_keep_live_key"),
-        keys=pgsql.Identifier(schema, "scheduled_job_keys"),
-        jobs=pgsql.Identifier(schema, "scheduled_jobs"),
-        index=pgsql.SQL(LIVE_KEY_INDEX),
-        insert_trigger=key_insert_trigger(schema, "AFTER"),
+    return pgsql.Composed(
+        [
+            key_function(schema),
+            key_insert_trigger(schema, "AFTER"),
+            ddl("live_key_triggers").format(jobs=_jobs(schema), keep=_keep(schema)),
+        ]
     )
 
 
 def key_insert_trigger(schema: str, timing: str) -> pgsql.Composed:
     """The trigger that gives a new live row its key, run ``timing`` (AFTER, or BEFORE as
     revision 0008 had it) the insert."""
-    return pgsql.SQL(
-        "CREATE TRIGGER scheduled_jobs_key_insert {timing} INSERT ON {jobs} "
-        "FOR EACH ROW WHEN (NEW.key IS NOT NULL AND NEW.status IN ('scheduled', 'running')) "
-        "EXECUTE FUNCTION {keep}();"
-    ).format(
+    return ddl("live_key_insert_trigger").format(
         timing=pgsql.SQL({"AFTER": "AFTER", "BEFORE": "BEFORE"}[timing]),
-        jobs=pgsql.Identifier(schema, "scheduled_jobs"),
-        keep=pgsql.Identifier(schema, "duejobs_keep_live_key"),
+        jobs=_jobs(schema),
+        keep=_keep(schema),
     )
 
 
@@ -119,18 +61,24 @@ def time_key_insert(conn: Connection, timing: str) -> None:
     run_composed(
         conn,
         "drop_key_insert",
-        pgsql.SQL("DROP TRIGGER scheduled_jobs_key_insert ON {}").format(
-            pgsql.Identifier(schema, "scheduled_jobs")
-        ),
+        pgsql.SQL("DROP TRIGGER scheduled_jobs_key_insert ON {}").format(_jobs(schema)),
     )
     run_composed(conn, "key_insert", key_insert_trigger(schema, timing))
 
 
-def key_function(schema: str) -> pgsql.SQL:
-    """The key triggers' function alone, replacing the one there."""
-    return pgsql.SQL(
-        key_triggers(schema)
-        .as_string(None)
-        .split("CREATE TRIGGER", 1)[0]
-        .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
+def key_function(schema: str) -> pgsql.Composed:
+    """The key triggers' function alone, made or replacing the one there."""
+    return ddl("live_key_function").format(
+        keep=_keep(schema),
+        keys=pgsql.Identifier(schema, "scheduled_job_keys"),
+        jobs=_jobs(schema),
+        index=pgsql.SQL(LIVE_KEY_INDEX),
     )
+
+
+def _jobs(schema: str) -> pgsql.Identifier:
+    return pgsql.Identifier(schema, "scheduled_jobs")
+
+
+def _keep(schema: str) -> pgsql.Identifier:
+    return pgsql.Identifier(schema, "duejobs_keep_live_key")

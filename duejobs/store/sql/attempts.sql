@@ -21,7 +21,7 @@ WITH req AS (
 ), ready AS (
     SELECT j.id, r.attempt
     FROM req r
-    JOIN scheduled_jobs j ON j.id = r.id AND j.tenant = r.tenant
+    JOIN /*schema*/scheduled_jobs j ON j.id = r.id AND j.tenant = r.tenant
     WHERE j.status = 'scheduled' AND j.version = r.version AND j.attempts = r.attempt - 1
       AND j.due_at <= statement_timestamp()
       AND (j.expires_after IS NULL OR j.due_at + j.expires_after >= statement_timestamp())
@@ -29,7 +29,7 @@ WITH req AS (
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), upd AS (
-    UPDATE scheduled_jobs s
+    UPDATE /*schema*/scheduled_jobs s
     SET status = 'running', attempts = ready.attempt, started_at = statement_timestamp(),
         lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
         updated_at = statement_timestamp()
@@ -38,10 +38,11 @@ WITH req AS (
     RETURNING s.id, s.tenant, s.version, s.attempts, s.type, s.payload, s.run_at, s.due_at,
               s.trace_context
 ), attempt AS (
-    INSERT INTO scheduled_job_attempts (schedule_id, tenant, version, attempt, status, worker)
+    INSERT INTO /*schema*/scheduled_job_attempts (schedule_id, tenant, version, attempt, status,
+        worker)
     SELECT id, tenant, version, attempts, 'running', :worker FROM upd
 ), event AS (
-    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'started', version,
            jsonb_build_object(
                'attempt', attempts, 'worker', :worker, 'type', type, 'claim', CAST(:claim AS text),
@@ -58,10 +59,10 @@ FROM upd
 -- would have returned it; nothing when that statement did not commit it.
 SELECT j.id, j.version, j.attempts AS attempt, j.type, j.payload, j.run_at, j.due_at,
        statement_timestamp() AS db_now, j.trace_context
-FROM scheduled_jobs j
+FROM /*schema*/scheduled_jobs j
 WHERE j.id = :id AND j.tenant = :tenant AND j.version = :version AND j.attempts = :attempt
   AND j.status = 'running'
-  AND EXISTS (SELECT 1 FROM scheduled_job_events e
+  AND EXISTS (SELECT 1 FROM /*schema*/scheduled_job_events e
               WHERE e.schedule_id = j.id AND e.kind = 'started' AND e.version = :version
                 AND e.detail ->> 'claim' = :claim)
 
@@ -74,19 +75,21 @@ WHERE j.id = :id AND j.tenant = :tenant AND j.version = :version AND j.attempts 
 WITH cur AS (
     SELECT id, tenant, type, version, status, attempts, run_at, due_at, payload,
            expires_after
-    FROM scheduled_jobs
+    FROM /*schema*/scheduled_jobs
     WHERE id = :id AND tenant = :tenant
     FOR UPDATE
 ), verdict AS (
     SELECT cur.*,
-           COALESCE({{skip_verdict}},
+           COALESCE(CASE WHEN status = 'cancelled' THEN 'cancelled'
+               WHEN version <> :version THEN 'superseded' WHEN status <> :current_status
+               OR attempts <> :current_attempts THEN 'duplicate' END,
                     CASE WHEN due_at > statement_timestamp() THEN 'not_due'
                          WHEN due_at + expires_after < statement_timestamp() THEN 'expired'
                          WHEN NOT (type = ANY(CAST(:types AS text[]))) THEN 'unknown_type'
                     END) AS reason
     FROM cur
 ), event AS (
-    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'skipped', version,
            jsonb_build_object('reason', reason, 'delivered_version', CAST(:version AS integer),
                               'attempt', CAST(:attempt AS integer),
@@ -96,7 +99,7 @@ WITH cur AS (
 )
 SELECT reason, type, due_at, statement_timestamp() AS db_now,
        CASE WHEN reason = 'unknown_type' THEN (
-           SELECT min(e.at) FROM scheduled_job_events e
+           SELECT min(e.at) FROM /*schema*/scheduled_job_events e
            WHERE e.schedule_id = verdict.id AND e.version = verdict.version
              AND e.kind = 'requeued' AND e.detail ->> 'reason' = 'unknown_type')
        END AS unknown_since
@@ -105,11 +108,12 @@ FROM verdict
 -- name: record_deferred
 -- A delivery put back without using an attempt — early (not_due), or of a type the worker
 -- has no handler for (unknown_type) —: the history says so.
-INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
 SELECT id, tenant, 'requeued', version,
-       jsonb_build_object('reason', CAST(:reason AS text), 'due_at', {{utc(due_at)}},
-                          'attempt', :attempt, 'worker', CAST(:worker AS text))
-FROM scheduled_jobs
+       jsonb_build_object('reason', CAST(:reason AS text), 'due_at',
+           (to_jsonb(CAST(due_at AS timestamptz) AT TIME ZONE 'UTC') #>> '{}') || '+00:00',
+                          'attempt', CAST(:attempt AS integer), 'worker', CAST(:worker AS text))
+FROM /*schema*/scheduled_jobs
 WHERE id = :id AND version = :version AND status = 'scheduled'
 
 -- name: defer_unknown_type
@@ -117,13 +121,15 @@ WHERE id = :id AND version = :version AND status = 'scheduled'
 -- time its job goes back for (so the reconciler finds the job where it belongs), no attempt
 -- used, the history saying so (its first such event starts the grace period).
 WITH upd AS (
-    UPDATE scheduled_jobs SET due_at = :due_at, updated_at = statement_timestamp()
+    UPDATE /*schema*/scheduled_jobs SET due_at = :due_at, updated_at = statement_timestamp()
     WHERE id = :id AND version = :version AND status = 'scheduled' AND attempts = :attempt - 1
     RETURNING id, tenant, version, due_at
 )
-INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
 SELECT id, tenant, 'requeued', version,
-       jsonb_build_object('reason', 'unknown_type', 'due_at', {{utc(due_at)}}, 'attempt', :attempt,
+       jsonb_build_object('reason', 'unknown_type', 'due_at',
+           (to_jsonb(CAST(due_at AS timestamptz) AT TIME ZONE 'UTC') #>> '{}') || '+00:00',
+           'attempt', :attempt,
                           'worker', CAST(:worker AS text))
 FROM upd
 
@@ -131,13 +137,13 @@ FROM upd
 -- A schedule whose type no worker that took it had a handler for, for longer than the grace
 -- period: failed for good, without an attempt, the error naming the type.
 WITH upd AS (
-    UPDATE scheduled_jobs
+    UPDATE /*schema*/scheduled_jobs
     SET status = 'failed', last_error = :error, finished_at = statement_timestamp(),
         updated_at = statement_timestamp(), lease_expires_at = NULL
     WHERE id = :id AND version = :version AND status = 'scheduled' AND attempts = :attempt - 1
     RETURNING id, tenant, version
 ), event AS (
-    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'failed', version,
            jsonb_build_object('reason', 'unknown_type', 'error', CAST(:error AS text),
                               'worker', CAST(:worker AS text))
@@ -146,30 +152,37 @@ WITH upd AS (
 SELECT id FROM upd
 
 -- name: expire
-UPDATE scheduled_jobs SET status = 'cancelled', version = version + 1,
+UPDATE /*schema*/scheduled_jobs SET status = 'cancelled', version = version + 1,
        finished_at = statement_timestamp(), updated_at = statement_timestamp(),
        last_error = 'expired: due ' || due_at || ', allowed ' || expires_after || ' late'
 WHERE id = :id AND version = :version AND status = 'scheduled'
 
 -- name: change_since_claim
 -- The skip verdict of a running attempt (NULL while it is the current one).
-SELECT {{skip_verdict}} AS reason FROM scheduled_jobs WHERE id = :id
+SELECT CASE WHEN status = 'cancelled' THEN 'cancelled'
+    WHEN version <> :version THEN 'superseded' WHEN status <> :current_status
+    OR attempts <> :current_attempts THEN 'duplicate' END AS reason FROM /*schema*/scheduled_jobs
+    WHERE id = :id
 
 -- name: change_since_claim_locked
 -- The same, keeping the row locked to the end of the transaction (the effect fence).
-SELECT {{skip_verdict}} AS reason FROM scheduled_jobs WHERE id = :id FOR UPDATE
+SELECT CASE WHEN status = 'cancelled' THEN 'cancelled'
+    WHEN version <> :version THEN 'superseded' WHEN status <> :current_status
+    OR attempts <> :current_attempts THEN 'duplicate' END AS reason FROM /*schema*/scheduled_jobs
+    WHERE id = :id FOR UPDATE
 
 -- name: extend_leases
 -- Push forward the leases of the running attempts given, in one statement. A row locked by
 -- its own handler's ctx.transaction() (or by an application) is skipped this beat, never
 -- waited for: the reconciler's rescue skips locked rows too.
-UPDATE scheduled_jobs s
+UPDATE /*schema*/scheduled_jobs s
 SET lease_expires_at = statement_timestamp() + CAST(:lease AS interval)
 FROM (
     SELECT j.id
     FROM unnest(CAST(:ids AS uuid[]), CAST(:versions AS integer[]),
                 CAST(:attempts AS integer[])) AS r(id, version, attempt)
-    JOIN scheduled_jobs j ON j.id = r.id AND j.version = r.version AND j.attempts = r.attempt
+    JOIN /*schema*/scheduled_jobs j ON j.id = r.id AND j.version = r.version
+        AND j.attempts = r.attempt
     WHERE j.status = 'running'
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
@@ -181,13 +194,13 @@ WHERE s.id = mine.id
 -- is still the current attempt. A lease that ran out and was not rescued yet is renewed too:
 -- the row lock orders this with the reconciler's rescue (which skips locked rows and takes
 -- only rows still expired), so exactly one of them wins. Nothing when it cannot be renewed.
-UPDATE scheduled_jobs
+UPDATE /*schema*/scheduled_jobs
 SET lease_expires_at = statement_timestamp() + CAST(:lease AS interval)
 WHERE id = :id AND version = :version AND attempts = :attempt AND status = 'running'
 RETURNING id
 
 -- name: record_effect
-INSERT INTO scheduled_job_effects (effect_key, schedule_id, tenant, version)
+INSERT INTO /*schema*/scheduled_job_effects (effect_key, schedule_id, tenant, version)
 VALUES (:key, :id, :tenant, :version) ON CONFLICT (effect_key) DO NOTHING
 RETURNING 1
 
@@ -209,12 +222,13 @@ WITH req AS (
 ), mine AS (
     SELECT r.*
     FROM req r
-    JOIN scheduled_jobs j ON j.id = r.id AND j.version = r.version AND j.attempts = r.attempt
+    JOIN /*schema*/scheduled_jobs j ON j.id = r.id AND j.version = r.version
+        AND j.attempts = r.attempt
     WHERE j.status = 'running'
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), upd AS (
-    UPDATE scheduled_jobs s
+    UPDATE /*schema*/scheduled_jobs s
     SET status = m.status,
         due_at = CASE WHEN m.retry_in IS NULL THEN s.due_at
                       ELSE statement_timestamp() + m.retry_in END,
@@ -228,18 +242,20 @@ WITH req AS (
     WHERE s.id = m.id
     RETURNING s.id, s.tenant, s.version, s.due_at, m.attempt, m.status, m.event, m.error
 ), attempt AS (
-    UPDATE scheduled_job_attempts a
+    UPDATE /*schema*/scheduled_job_attempts a
     SET status = CASE WHEN upd.status = 'succeeded' THEN 'succeeded' ELSE 'failed' END,
         finished_at = statement_timestamp(), error = upd.error,
         next_attempt_at = CASE WHEN upd.status = 'scheduled' THEN upd.due_at END
     FROM upd
     WHERE a.schedule_id = upd.id AND a.version = upd.version AND a.attempt = upd.attempt
 ), event AS (
-    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, event, version,
            jsonb_strip_nulls(jsonb_build_object(
                'attempt', attempt, 'error', error,
-               'next_attempt_at', {{utc(CASE WHEN status = 'scheduled' THEN due_at END)}}))
+               'next_attempt_at', (to_jsonb(CAST(CASE
+                   WHEN status = 'scheduled' THEN due_at END AS timestamptz) AT TIME ZONE 'UTC')
+                   #>> '{}') || '+00:00'))
     FROM upd
 )
 SELECT id, version, attempt FROM upd
@@ -249,20 +265,20 @@ SELECT id, version, attempt FROM upd
 -- (its connection broke) reads to tell a commit that landed from one that did not.
 SELECT CASE WHEN status = 'succeeded' THEN 'succeeded'
             WHEN next_attempt_at IS NOT NULL THEN 'scheduled' ELSE 'failed' END AS closed_as
-FROM scheduled_job_attempts
+FROM /*schema*/scheduled_job_attempts
 WHERE schedule_id = :id AND version = :version AND attempt = :attempt
   AND status IN ('succeeded', 'failed')
 
 -- name: record_stale
 -- A running attempt whose schedule moved on: its result is not applied, the history says so.
 WITH att AS (
-    UPDATE scheduled_job_attempts
+    UPDATE /*schema*/scheduled_job_attempts
     SET status = 'stale', finished_at = statement_timestamp(), error = :reason
     WHERE schedule_id = :id AND version = :version AND attempt = :attempt
       AND status = 'running'
     RETURNING schedule_id, tenant
 )
-INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
 SELECT schedule_id, tenant, 'skipped', :version,
        jsonb_build_object('reason', :reason, 'attempt', :attempt, 'while', 'running')
 FROM att

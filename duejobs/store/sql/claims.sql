@@ -36,23 +36,29 @@ SELECT set_config('enable_bitmapscan', 'off', true) AS bitmapscan,
 -- the same tenant's last places; their in-flight count here is an estimate for sharing the
 -- batch, and the claim counts again under the lock.
 WITH RECURSIVE tenants (tenant) AS (
-    SELECT min(tenant) FROM scheduled_jobs
-    WHERE {{unpushed}} AND tenant > :after
-      AND EXISTS (SELECT 1 FROM scheduled_jobs WHERE {{unpushed}}
+    SELECT min(tenant) FROM /*schema*/scheduled_jobs
+    WHERE status = 'scheduled' AND queue_job_id IS NULL AND tenant > :after
+      AND EXISTS (SELECT 1 FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+          AND queue_job_id IS NULL
                   AND due_at <= statement_timestamp() + CAST(:window AS interval))
   UNION ALL
-    SELECT (SELECT min(s.tenant) FROM scheduled_jobs s
+    SELECT (SELECT min(s.tenant) FROM /*schema*/scheduled_jobs s
             WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL
               AND s.tenant > t.tenant)
     FROM tenants t WHERE t.tenant IS NOT NULL
 ), capped AS (
-    SELECT t.tenant, {{quota(max_inflight, t.tenant)}} AS cap
+    SELECT t.tenant, COALESCE((SELECT max_inflight FROM /*schema*/tenant_quotas WHERE tenant =
+        t.tenant), (SELECT max_inflight FROM /*schema*/tenant_quotas WHERE tenant = '*')) AS cap
     FROM tenants t WHERE t.tenant IS NOT NULL
 ), walked AS MATERIALIZED (  -- each tenant's count once (inlined, it ran twice: filter, output)
     SELECT p.tenant, p.cap,
            (SELECT count(*) FROM (
-                SELECT 1 FROM scheduled_jobs s
-                WHERE {{tenant_due(s, p.tenant, p.cap)}}
+                SELECT 1 FROM /*schema*/scheduled_jobs s
+                WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL
+                    AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
+                    AND (s.tenant, s.due_at) <= (p.tenant,
+                    statement_timestamp() + CASE
+                    WHEN p.cap IS NULL THEN CAST(:window AS interval) ELSE interval '0' END)
                 -- in the per-tenant index's order: on a partition holding most due rows the
                 -- planner would otherwise read its due_at index and filter out other tenants
                 ORDER BY s.tenant, s.due_at
@@ -65,11 +71,16 @@ SELECT statement_timestamp() AS db_now, p.tenant, p.due, p.cap,
        CASE WHEN p.cap IS NOT NULL
             THEN pg_try_advisory_xact_lock(hashtext('duejobs-inflight:' || p.tenant))
        END AS locked,
-       CASE WHEN p.cap IS NOT NULL THEN {{inflight(p.tenant, p.cap)}} END AS inflight,
+       CASE WHEN p.cap IS NOT NULL THEN ((SELECT count(*) FROM (SELECT 1 FROM
+           /*schema*/scheduled_jobs WHERE tenant = p.tenant AND status = 'scheduled'
+           AND queue_job_id IS NOT NULL LIMIT p.cap) AS pushed) + (SELECT count(*) FROM
+           /*schema*/scheduled_jobs WHERE status = 'running'
+           AND tenant = p.tenant)) END AS inflight,
        (SELECT count(*) FROM (
-            SELECT 1 FROM scheduled_jobs s
+            SELECT 1 FROM /*schema*/scheduled_jobs s
             WHERE s.status = 'scheduled' AND s.queue_job_id IS NOT NULL
-              AND {{tenant_range(s, p.tenant, statement_timestamp())}}
+              AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
+                  AND (s.tenant, s.due_at) <= (p.tenant, statement_timestamp())
             -- in the pushed rows' index order: the planner, which cannot tell that most
             -- scheduled rows are unpushed, would otherwise filter them out of the due index
             ORDER BY s.tenant, s.due_at
@@ -87,20 +98,29 @@ LEFT JOIN picked p ON true
 WITH plan AS (
     SELECT p.tenant, p.cap,
            CASE WHEN p.cap IS NULL THEN p.share
-                ELSE LEAST(p.share, p.cap - {{inflight(p.tenant, p.cap)}}) END AS n
+                ELSE LEAST(p.share, p.cap - ((SELECT count(*) FROM (SELECT 1 FROM
+                    /*schema*/scheduled_jobs WHERE tenant = p.tenant AND status = 'scheduled'
+                    AND queue_job_id IS NOT NULL LIMIT p.cap) AS pushed) + (SELECT count(*) FROM
+                    /*schema*/scheduled_jobs WHERE status = 'running'
+                    AND tenant = p.tenant))) END AS n
     FROM unnest(CAST(:tenants AS text[]), CAST(:shares AS integer[]),
                 CAST(:caps AS integer[])) AS p(tenant, share, cap)
 ), due AS (
     SELECT c.id FROM plan p CROSS JOIN LATERAL (
-        SELECT s.id FROM scheduled_jobs s
-        WHERE {{tenant_due(s, p.tenant, p.cap)}}
+        SELECT s.id FROM /*schema*/scheduled_jobs s
+        WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL
+            AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
+            AND (s.tenant, s.due_at) <= (p.tenant,
+            statement_timestamp() + CASE
+            WHEN p.cap IS NULL THEN CAST(:window AS interval) ELSE interval '0' END)
         ORDER BY s.tenant, s.due_at
         LIMIT GREATEST(p.n, 0)
         FOR UPDATE SKIP LOCKED
     ) AS c
 ), upd AS (
-    UPDATE scheduled_jobs s
-    SET queue_job_id = {{job_id(s)}},
+    UPDATE /*schema*/scheduled_jobs s
+    SET queue_job_id = 'dj-' || replace(s.tenant, '.', '_') || '-' || replace(CAST(s.id AS text),
+        '-', '') || '-v' || s.version || '-a' || (s.attempts + 1),
         enqueued_at = statement_timestamp(), updated_at = statement_timestamp()
     -- One primary-key lookup per claimed row (a nested loop over at most a batch), which in
     -- partitioned mode reads only that row's partition: `id = ANY(array)` would look every
@@ -110,7 +130,7 @@ WITH plan AS (
     RETURNING s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
               s.queue_job_id, s.queue
 ), event AS (
-    INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version, detail)
+    INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'enqueued', version, jsonb_build_object('queue_job_id', queue_job_id)
     FROM upd
 )

@@ -4,10 +4,11 @@
 -- Counts over live rows only (two partial-index scans), overall, per tenant, per type.
 WITH live AS (
     SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed
-    FROM scheduled_jobs WHERE status = 'scheduled' AND {{tenant_filter}}
+    FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
     UNION ALL
-    SELECT tenant, type, status, due_at, false FROM scheduled_jobs
-    WHERE status = 'running' AND {{tenant_filter}}
+    SELECT tenant, type, status, due_at, false FROM /*schema*/scheduled_jobs
+    WHERE status = 'running' AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 )
 SELECT CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
        CASE WHEN GROUPING(type) = 0 THEN type END AS type,
@@ -31,7 +32,18 @@ GROUP BY GROUPING SETS ((), (tenant), (type))
 SELECT GROUPING(tenant, detail->>'type') AS level,
        CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
        CASE WHEN GROUPING(detail->>'type') = 0 THEN detail->>'type' END AS type,
-       {{count_by_kind}},
+       count(*) FILTER (WHERE kind = 'created') AS created,
+           count(*) FILTER (WHERE kind = 'rescheduled') AS rescheduled,
+           count(*) FILTER (WHERE kind = 'cancelled') AS cancelled,
+           count(*) FILTER (WHERE kind = 'enqueued') AS enqueued,
+           count(*) FILTER (WHERE kind = 'started') AS started,
+           count(*) FILTER (WHERE kind = 'skipped') AS skipped,
+           count(*) FILTER (WHERE kind = 'retried') AS retried,
+           count(*) FILTER (WHERE kind = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE kind = 'failed') AS failed,
+           count(*) FILTER (WHERE kind = 'requeued') AS requeued,
+           count(*) FILTER (WHERE kind = 'abandoned') AS abandoned,
+           count(*) FILTER (WHERE kind = 'quarantined') AS quarantined,
        count(*) FILTER (WHERE kind = 'requeued' AND detail ->> 'reason' = 'unknown_type')
            AS unknown_type,
        percentile_cont(ARRAY[0.5, 0.95, 0.99]) WITHIN GROUP
@@ -39,8 +51,9 @@ SELECT GROUPING(tenant, detail->>'type') AS level,
            FILTER (WHERE kind = 'started') AS lag,
        max(CAST(detail->>'lag_ms' AS double precision)) FILTER (WHERE kind = 'started')
            AS lag_max
-FROM scheduled_job_events
-WHERE at >= statement_timestamp() - CAST(:since AS interval) AND {{tenant_filter}}
+FROM /*schema*/scheduled_job_events
+WHERE at >= statement_timestamp() - CAST(:since AS interval)
+    AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 GROUP BY GROUPING SETS ((), (tenant), (detail->>'type'))
 
 -- name: lag_series
@@ -50,30 +63,32 @@ SELECT to_timestamp(floor(extract(epoch FROM at) / :step) * :step) AS bucket,
        count(*) AS starts,
        percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
            (ORDER BY CAST(detail->>'lag_ms' AS double precision)) AS lag
-FROM scheduled_job_events
+FROM /*schema*/scheduled_job_events
 WHERE kind = 'started' AND at >= statement_timestamp() - CAST(:since AS interval)
-  AND {{tenant_filter}}
+  AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 GROUP BY 1 ORDER BY 1
 
 -- name: status_counts
-SELECT status, count(*) AS n FROM scheduled_jobs
+SELECT status, count(*) AS n FROM /*schema*/scheduled_jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status
 
 -- name: outcomes
 SELECT s.id, s.status, s.version, s.attempts,
-       (SELECT count(*) FROM scheduled_job_effects f WHERE f.schedule_id = s.id) AS effects,
-       (SELECT count(*) FROM scheduled_job_events e
+       (SELECT count(*) FROM /*schema*/scheduled_job_effects f WHERE f.schedule_id = s.id) AS
+           effects,
+       (SELECT count(*) FROM /*schema*/scheduled_job_events e
         WHERE e.schedule_id = s.id AND e.kind = 'started') AS starts,
-       (SELECT count(*) FROM scheduled_job_events e
+       (SELECT count(*) FROM /*schema*/scheduled_job_events e
         WHERE e.schedule_id = s.id AND e.kind = 'started' AND e.at < s.run_at) AS early,
-       (SELECT min(e.version) FROM scheduled_job_events e
+       (SELECT min(e.version) FROM /*schema*/scheduled_job_events e
         WHERE e.schedule_id = s.id AND e.kind = 'started') AS started_version
-FROM scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))
+FROM /*schema*/scheduled_jobs s WHERE s.id = ANY(CAST(:ids AS uuid[]))
 
 -- name: start_lag
 SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
            (ORDER BY CAST(detail->>'lag_ms' AS double precision)) AS lag
-FROM scheduled_job_events WHERE kind = 'started' AND schedule_id = ANY(CAST(:ids AS uuid[]))
+FROM /*schema*/scheduled_job_events WHERE kind = 'started'
+    AND schedule_id = ANY(CAST(:ids AS uuid[]))
 
 -- name: wal_position
 -- Where the primary's write-ahead log ends now, records not yet written included (an

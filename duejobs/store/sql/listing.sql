@@ -6,26 +6,142 @@
 
 -- name: list_schedules
 SELECT * FROM (
-    ({{list_part(status = 'scheduled' AND queue_job_id IS NULL, CAST('{scheduled}' AS text[]), >, ASC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        AND queue_job_id IS NULL
+        AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) > (:after_due, :after_id)) ORDER BY due_at ASC, id ASC LIMIT :limit)
     UNION ALL
-    ({{list_part(status = 'scheduled' AND queue_job_id IS NOT NULL, CAST('{scheduled}' AS text[]), >, ASC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        AND queue_job_id IS NOT NULL
+        AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) > (:after_due, :after_id)) ORDER BY due_at ASC, id ASC LIMIT :limit)
     UNION ALL
-    ({{list_part(status = 'running', CAST('{running}' AS text[]), >, ASC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'running'
+        AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{running}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) > (:after_due, :after_id)) ORDER BY due_at ASC, id ASC LIMIT :limit)
     UNION ALL
-    ({{list_part(status IN ('succeeded', 'failed', 'cancelled'), CAST('{succeeded,failed,cancelled}' AS text[]), >, ASC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status IN ('succeeded', 'failed',
+        'cancelled') AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{succeeded,failed,cancelled}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) > (:after_due, :after_id)) ORDER BY due_at ASC, id ASC LIMIT :limit)
 ) AS listed
 ORDER BY due_at, id
 LIMIT :limit
 
 -- name: list_schedules_latest_first
 SELECT * FROM (
-    ({{list_part(status = 'scheduled' AND queue_job_id IS NULL, CAST('{scheduled}' AS text[]), <, DESC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        AND queue_job_id IS NULL
+        AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) < (:after_due, :after_id)) ORDER BY due_at DESC, id DESC LIMIT :limit)
     UNION ALL
-    ({{list_part(status = 'scheduled' AND queue_job_id IS NOT NULL, CAST('{scheduled}' AS text[]), <, DESC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        AND queue_job_id IS NOT NULL
+        AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) < (:after_due, :after_id)) ORDER BY due_at DESC, id DESC LIMIT :limit)
     UNION ALL
-    ({{list_part(status = 'running', CAST('{running}' AS text[]), <, DESC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'running'
+        AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{running}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) < (:after_due, :after_id)) ORDER BY due_at DESC, id DESC LIMIT :limit)
     UNION ALL
-    ({{list_part(status IN ('succeeded', 'failed', 'cancelled'), CAST('{succeeded,failed,cancelled}' AS text[]), <, DESC)}})
+    (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
+        queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
+        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status IN ('succeeded', 'failed',
+        'cancelled') AND (CAST(:statuses AS text[]) IS NULL
+        OR CAST(:statuses AS text[]) && CAST('{succeeded,failed,cancelled}' AS text[]))
+        AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+        AND (CAST(:statuses AS text[]) IS NULL OR status = ANY(:statuses))
+        AND (CAST(:type AS text) IS NULL OR type = :type)
+        AND (CAST(:key AS text) IS NULL OR key = :key)
+        AND (CAST(:queue AS text) IS NULL OR queue = :queue)
+        AND (CAST(:due_from AS timestamptz) IS NULL OR due_at >= :due_from)
+        AND (CAST(:due_before AS timestamptz) IS NULL OR due_at < :due_before)
+        AND (CAST(:recurring_ids AS uuid[]) IS NULL OR recurring_id = ANY(:recurring_ids))
+        AND (CAST(:after_due AS timestamptz) IS NULL
+        OR (due_at, id) < (:after_due, :after_id)) ORDER BY due_at DESC, id DESC LIMIT :limit)
 ) AS listed
 ORDER BY due_at DESC, id DESC
 LIMIT :limit
@@ -34,4 +150,5 @@ LIMIT :limit
 -- The recurring definitions of that name, of one tenant or of all: a list names them by
 -- their ids, which the planner then sees (an id it would only learn while running hides how
 -- many occurrences a definition has, and the index that finds them).
-SELECT id FROM recurring_schedules WHERE name = :name AND {{tenant_filter}}
+SELECT id FROM /*schema*/recurring_schedules WHERE name = :name
+    AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)

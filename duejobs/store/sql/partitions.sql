@@ -8,20 +8,20 @@ SELECT to_regclass(format('%I.%I', CAST(:schema AS text), CAST(:name AS text))) 
        AS present
 
 -- name: partitioning
-SELECT period, ahead FROM duejobs_partitioning
+SELECT period, ahead FROM /*schema*/duejobs_partitioning
 
 -- name: create_partitioning
-CREATE TABLE duejobs_partitioning (
+CREATE TABLE /*schema*/duejobs_partitioning (
     period  interval NOT NULL CHECK (period >= interval '1 hour'),
     ahead   integer NOT NULL CHECK (ahead BETWEEN 1 AND 1000)
 )
 
 -- name: set_partitioning
-INSERT INTO duejobs_partitioning (period, ahead) VALUES (:period, :ahead)
+INSERT INTO /*schema*/duejobs_partitioning (period, ahead) VALUES (:period, :ahead)
 
 -- name: create_keys
 -- The keys of live schedules, one row each (kept by triggers on scheduled_jobs).
-CREATE TABLE scheduled_job_keys (
+CREATE TABLE /*schema*/scheduled_job_keys (
     tenant       text NOT NULL,
     key          text NOT NULL,
     schedule_id  uuid NOT NULL,
@@ -29,16 +29,16 @@ CREATE TABLE scheduled_job_keys (
 )
 
 -- name: any_row_scheduled_jobs
-SELECT EXISTS (SELECT 1 FROM scheduled_jobs) AS present
+SELECT EXISTS (SELECT 1 FROM /*schema*/scheduled_jobs) AS present
 
 -- name: any_row_scheduled_job_events
-SELECT EXISTS (SELECT 1 FROM scheduled_job_events) AS present
+SELECT EXISTS (SELECT 1 FROM /*schema*/scheduled_job_events) AS present
 
 -- name: any_row_scheduled_job_attempts
-SELECT EXISTS (SELECT 1 FROM scheduled_job_attempts) AS present
+SELECT EXISTS (SELECT 1 FROM /*schema*/scheduled_job_attempts) AS present
 
 -- name: any_row_scheduled_job_results
-SELECT EXISTS (SELECT 1 FROM scheduled_job_results) AS present
+SELECT EXISTS (SELECT 1 FROM /*schema*/scheduled_job_results) AS present
 
 -- name: foreign_keys_to
 -- Foreign keys that reference the table :name of :schema, and the tables that hold them.
@@ -85,10 +85,10 @@ SELECT set_config('lock_timeout', :timeout, true)
 -- Effect-ledger rows of schedules with ids in [:low, :high) that are gone (their range
 -- dropped; the ledger is not partitioned: its key is unique across every schedule), a batch
 -- at a time.
-DELETE FROM scheduled_job_effects WHERE ctid = ANY(ARRAY(
-    SELECT e.ctid FROM scheduled_job_effects e
+DELETE FROM /*schema*/scheduled_job_effects WHERE ctid = ANY(ARRAY(
+    SELECT e.ctid FROM /*schema*/scheduled_job_effects e
     WHERE e.schedule_id >= :low AND e.schedule_id < :high
-      AND NOT EXISTS (SELECT 1 FROM scheduled_jobs j WHERE j.id = e.schedule_id)
+      AND NOT EXISTS (SELECT 1 FROM /*schema*/scheduled_jobs j WHERE j.id = e.schedule_id)
     LIMIT :limit
 ))
 
@@ -105,7 +105,7 @@ WHERE n.nspname = :schema AND t.relname = :name
 
 -- name: oldest_stamped_id
 -- The lowest id stamped with a time (version 7 or 8), read along the primary key.
-SELECT id FROM scheduled_jobs WHERE substr(CAST(id AS text), 15, 1) IN ('7', '8')
+SELECT id FROM /*schema*/scheduled_jobs WHERE substr(CAST(id AS text), 15, 1) IN ('7', '8')
 ORDER BY id LIMIT 1
 
 -- name: table_columns
@@ -177,12 +177,12 @@ SELECT pg_advisory_unlock(:key)
 -- name: default_holds
 -- Whether a default partition holds a row of the id range [:low, :high), which no other
 -- partition covers (so only the default ones are read).
-SELECT EXISTS (SELECT 1 FROM scheduled_jobs WHERE id >= :low AND id < :high)
-    OR EXISTS (SELECT 1 FROM scheduled_job_events
+SELECT EXISTS (SELECT 1 FROM /*schema*/scheduled_jobs WHERE id >= :low AND id < :high)
+    OR EXISTS (SELECT 1 FROM /*schema*/scheduled_job_events
                WHERE schedule_id >= :low AND schedule_id < :high)
-    OR EXISTS (SELECT 1 FROM scheduled_job_attempts
+    OR EXISTS (SELECT 1 FROM /*schema*/scheduled_job_attempts
                WHERE schedule_id >= :low AND schedule_id < :high)
-    OR EXISTS (SELECT 1 FROM scheduled_job_results
+    OR EXISTS (SELECT 1 FROM /*schema*/scheduled_job_results
                WHERE schedule_id >= :low AND schedule_id < :high) AS present
 
 -- name: autovacuumed_tables

@@ -3,32 +3,39 @@
 -- name: set_quota
 -- Set the caps flagged in :set_live / :set_inflight; the others keep their value (NULL: the
 -- default's applies to a tenant, no cap for the default).
-INSERT INTO tenant_quotas (tenant, max_live, max_inflight)
+INSERT INTO /*schema*/tenant_quotas (tenant, max_live, max_inflight)
 VALUES (:tenant, :max_live, :max_inflight)
 ON CONFLICT (tenant) DO UPDATE
-SET max_live = CASE WHEN :set_live THEN EXCLUDED.max_live ELSE tenant_quotas.max_live END,
+SET max_live = CASE WHEN :set_live THEN EXCLUDED.max_live ELSE /*schema*/tenant_quotas.max_live END,
     max_inflight = CASE WHEN :set_inflight THEN EXCLUDED.max_inflight
-                        ELSE tenant_quotas.max_inflight END,
+                        ELSE /*schema*/tenant_quotas.max_inflight END,
     updated_at = statement_timestamp()
 
 -- name: quotas
-SELECT tenant, max_live, max_inflight FROM tenant_quotas
+SELECT tenant, max_live, max_inflight FROM /*schema*/tenant_quotas
 ORDER BY tenant <> :default, tenant
 
 -- name: live_quota
-SELECT {{quota(max_live, :tenant)}} AS cap
+SELECT COALESCE((SELECT max_live FROM /*schema*/tenant_quotas WHERE tenant = :tenant),
+    (SELECT max_live FROM /*schema*/tenant_quotas WHERE tenant = '*')) AS cap
 
 -- name: lock_tenant_quota
 -- Held to the end of the transaction: concurrent admissions cannot both take the last place.
 SELECT pg_advisory_xact_lock(hashtext('duejobs-quota:' || :tenant))
 
 -- name: count_live_up_to
-SELECT (SELECT count(*) FROM (SELECT 1 FROM scheduled_jobs WHERE tenant = :tenant
-                              AND {{unpushed}} LIMIT :cap) AS waiting)
-       + {{inflight(:tenant, :cap)}} AS live
+SELECT (SELECT count(*) FROM (SELECT 1 FROM /*schema*/scheduled_jobs WHERE tenant = :tenant
+                              AND status = 'scheduled'
+                                  AND queue_job_id IS NULL LIMIT :cap) AS waiting)
+       + ((SELECT count(*) FROM (SELECT 1 FROM /*schema*/scheduled_jobs WHERE tenant = :tenant
+           AND status = 'scheduled'
+           AND queue_job_id IS NOT NULL LIMIT :cap) AS pushed) + (SELECT count(*) FROM
+           /*schema*/scheduled_jobs WHERE status = 'running' AND tenant = :tenant)) AS live
 
 -- name: effective_caps
 -- Each tenant's caps as they apply: its own, else the default's, else none.
-SELECT t.tenant, {{quota(max_live, t.tenant)}} AS max_live,
-       {{quota(max_inflight, t.tenant)}} AS max_inflight
+SELECT t.tenant, COALESCE((SELECT max_live FROM /*schema*/tenant_quotas WHERE tenant = t.tenant),
+    (SELECT max_live FROM /*schema*/tenant_quotas WHERE tenant = '*')) AS max_live,
+       COALESCE((SELECT max_inflight FROM /*schema*/tenant_quotas WHERE tenant = t.tenant),
+           (SELECT max_inflight FROM /*schema*/tenant_quotas WHERE tenant = '*')) AS max_inflight
 FROM unnest(CAST(:tenants AS text[])) AS t(tenant)

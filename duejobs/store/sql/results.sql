@@ -2,16 +2,16 @@
 
 -- name: save_return_value
 -- Inside the attempt's effect fence: the value commits with the schedule's success.
-INSERT INTO scheduled_job_results (schedule_id, tenant, return_value)
+INSERT INTO /*schema*/scheduled_job_results (schedule_id, tenant, return_value)
 VALUES (:id, :tenant, CAST(:value AS jsonb))
 ON CONFLICT (schedule_id) DO UPDATE
 SET return_value = EXCLUDED.return_value, updated_at = statement_timestamp()
 
 -- name: add_error
-INSERT INTO scheduled_job_results (schedule_id, tenant, errors)
+INSERT INTO /*schema*/scheduled_job_results (schedule_id, tenant, errors)
 VALUES (:id, :tenant, jsonb_build_array(CAST(:error AS jsonb)))
 ON CONFLICT (schedule_id) DO UPDATE
-SET errors = scheduled_job_results.errors || EXCLUDED.errors,
+SET errors = /*schema*/scheduled_job_results.errors || EXCLUDED.errors,
     updated_at = statement_timestamp()
 
 -- name: outcome_of
@@ -20,11 +20,14 @@ SET errors = scheduled_job_results.errors || EXCLUDED.errors,
 SELECT r.return_value, r.errors,
        COALESCE((SELECT jsonb_agg(jsonb_build_object(
                           'worker', a.worker, 'status', a.status,
-                          'started_at', {{utc(a.started_at)}}, 'finished_at', {{utc(a.finished_at)}})
+                          'started_at', (to_jsonb(CAST(a.started_at AS timestamptz) AT TIME ZONE
+                              'UTC') #>> '{}') || '+00:00', 'finished_at',
+                              (to_jsonb(CAST(a.finished_at AS timestamptz) AT TIME ZONE 'UTC') #>>
+                              '{}') || '+00:00')
                         ORDER BY a.version, a.attempt)
-                 FROM scheduled_job_attempts a
+                 FROM /*schema*/scheduled_job_attempts a
                  WHERE a.schedule_id = :id
                    AND (CAST(:tenant AS text) IS NULL OR a.tenant = :tenant)), '[]') AS attempts
 FROM (SELECT 1) AS one
-LEFT JOIN scheduled_job_results r
+LEFT JOIN /*schema*/scheduled_job_results r
        ON r.schedule_id = :id AND (CAST(:tenant AS text) IS NULL OR r.tenant = :tenant)

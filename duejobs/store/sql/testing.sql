@@ -4,7 +4,7 @@
 -- name: advance_live
 -- Every live schedule's times moved earlier by :by, which is to duejobs what the clock
 -- moving forward by :by is: due times, intended times and the leases of running attempts.
-UPDATE scheduled_jobs
+UPDATE /*schema*/scheduled_jobs
 SET run_at = run_at - CAST(:by AS interval),
     due_at = due_at - CAST(:by AS interval),
     lease_expires_at = lease_expires_at - CAST(:by AS interval)
@@ -12,13 +12,15 @@ WHERE status IN ('scheduled', 'running')
 
 -- name: next_due_in
 -- How long until the next live schedule is due by the database clock (NULL: none is).
-SELECT min(due_at) - statement_timestamp() AS wait FROM scheduled_jobs WHERE status = 'scheduled'
+SELECT min(due_at) - statement_timestamp() AS wait FROM /*schema*/scheduled_jobs WHERE status =
+    'scheduled'
 
 -- name: empty_tables
 -- Every schedule, its history and every definition and quota gone: a test starts afresh.
-TRUNCATE scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects,
-    scheduled_job_results, recurring_schedules, tenant_quotas
+TRUNCATE /*schema*/scheduled_jobs, /*schema*/scheduled_job_events,
+    /*schema*/scheduled_job_attempts, /*schema*/scheduled_job_effects,
+    /*schema*/scheduled_job_results, /*schema*/recurring_schedules, /*schema*/tenant_quotas
 
 -- name: empty_keys
 -- Partitioned mode's table of live keys, emptied with the rest.
-TRUNCATE scheduled_job_keys
+TRUNCATE /*schema*/scheduled_job_keys
