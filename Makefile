@@ -112,6 +112,7 @@ test-django6: $(STAMP)
 # modes pass every test —, and the tests of what duejobs writes to and reads from RQ on the
 # last 2.x.
 RQ_TESTS := tests/test_rq_api.py tests/test_delivery_path.py tests/test_concurrency.py \
+	tests/test_slots_taken_together.py tests/test_supervisor.py \
 	tests/test_liveness.py tests/test_reconcile.py tests/test_processes.py
 .venv-rq%/.installed-stamp: pyproject.toml
 	$(PYTHON) -m venv .venv-rq$*

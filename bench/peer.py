@@ -11,6 +11,8 @@ applied by its own ``schema --apply``), the same ``async def`` handler (``asynci
   own records (duejobs' ``started_at``/``finished_at``; Procrastinate's ``started`` and
   ``succeeded`` events); and, **start-up counted**, from the moment its process is spawned
   to its last job's end (what a deploy, or a burst worker per batch, pays).
+* **first job**: one no-op job waiting; a burst worker's spawn to that job's end, on each
+  side (what a worker started per event pays before any work is done).
 * **peak**: ``PEAK_JOBS`` jobs all due at one instant ``LEAD`` seconds ahead, written before
   any process starts; 2 processes x 32 on each side (duejobs: ``worker --processes 2
   --concurrency 32`` and one scheduler; Procrastinate: two ``worker --concurrency 32``).
@@ -26,6 +28,7 @@ Medians of ``ROUNDS`` alternated rounds.
 
 from __future__ import annotations
 
+import compileall
 import os
 import signal
 import statistics
@@ -47,6 +50,7 @@ from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 ASYNC_JOBS = int(os.environ.get("BENCH_PEER_ASYNC_JOBS", "2000"))
 PEAK_JOBS = int(os.environ.get("BENCH_PEER_PEAK_JOBS", "10000"))
 ROUNDS = int(os.environ.get("BENCH_PEER_ROUNDS", "3"))
+FIRST_JOB_MS = 300  # a burst worker's spawn to its first job's end, on a quiet machine
 LEAD = 20.0  # seconds between writing the peak's jobs and their instant
 PEER = ["-m", "procrastinate", "--app", "bench.peer_jobs.app"]
 DUEJOBS = ["-m", "duejobs"]
@@ -79,16 +83,16 @@ def _peer_database(database_url: str) -> Iterator[str]:
         yield url
 
 
-def _peer_jobs(url: str, n: int, at: str | None) -> None:
-    """``n`` Procrastinate jobs of the bench task, due now or at the instant ``at``, written
-    as Procrastinate writes a batch (its own defer function), after emptying its tables."""
+def _peer_jobs(url: str, n: int, at: str | None, task: str = "anap") -> None:
+    """``n`` Procrastinate jobs of ``task``, due now or at the instant ``at``, written as
+    Procrastinate writes a batch (its own defer function), after emptying its tables."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE procrastinate_jobs, procrastinate_workers CASCADE")
         conn.execute(
-            "SELECT procrastinate_defer_jobs_v1(array_agg(ROW('default', 'anap', 0, NULL, "
+            "SELECT procrastinate_defer_jobs_v1(array_agg(ROW('default', %(task)s, 0, NULL, "
             "NULL, '{}'::jsonb, %(at)s::timestamptz)::procrastinate_job_to_defer_v1)) "
             "FROM generate_series(1, %(n)s)",
-            {"n": n, "at": at},
+            {"n": n, "at": at, "task": task},
         )
 
 
@@ -146,6 +150,28 @@ def _peer_async(peer_url: str) -> tuple[float, float]:
     _finish(_start([*PEER, *worker], {"PEER_DATABASE_URL": peer_url}), stop=False)
     times = _peer_times(peer_url)
     return _rate(times, ASYNC_JOBS), _counted(times, ASYNC_JOBS, spawned)
+
+
+def _our_first(app: App, env: dict[str, str], url: str, redis: Redis) -> float:
+    """Milliseconds from a burst worker's spawn to the end of the one job waiting for it."""
+    redis.flushdb()
+    fill_due(url, 1, job_type="noop", offset="-1 second")
+    scheduler = Scheduler(app, SchedulerConfig())
+    scheduler.run_once()
+    scheduler.close()
+    worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", "1"]
+    spawned = datetime.now(UTC)
+    _finish(_start([*DUEJOBS, *worker, "--log-level", "warning"], env), stop=False)
+    [(_, ended)] = _our_times(url)
+    return (ended - spawned).total_seconds() * 1000
+
+
+def _peer_first(peer_url: str) -> float:
+    _peer_jobs(peer_url, 1, None, task="noop")
+    spawned = datetime.now(UTC)
+    _finish(_start([*PEER, "worker", "--one-shot"], {"PEER_DATABASE_URL": peer_url}), stop=False)
+    [(_, ended)] = _peer_times(peer_url)
+    return (ended - spawned).total_seconds() * 1000
 
 
 def _instant(url: str) -> datetime:
@@ -206,6 +232,10 @@ def _median(values: list[tuple[float, ...]]) -> tuple[float, ...]:
 
 
 def run(database_url: str, redis_url: str) -> list[Figure]:
+    # duejobs' modules compiled as an install from a wheel has them (Procrastinate's are, in
+    # site-packages): a source tree run with PYTHONDONTWRITEBYTECODE compiles them at each
+    # start, 80 ms of a worker's start-up.
+    compileall.compile_dir(ROOT / "duejobs", quiet=1)
     env = {"DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
     url = libpq_url(database_url)
     redis = Redis.from_url(redis_url)
@@ -215,14 +245,29 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     try:
         with _peer_database(database_url) as peer_url:
             for _ in range(ROUNDS):
-                ours.append((*_our_async(app, env, url, redis), *_our_peak(env, url, redis)))
-                theirs.append((*_peer_async(peer_url), *_peer_peak(peer_url)))
+                ours.append(
+                    (
+                        *_our_async(app, env, url, redis),
+                        *_our_peak(env, url, redis),
+                        _our_first(app, env, url, redis),
+                    )
+                )
+                theirs.append(
+                    (*_peer_async(peer_url), *_peer_peak(peer_url), _peer_first(peer_url))
+                )
     finally:
         app.close()
-    (rate, counted, drain, p50, p99), (peer_rate, peer_counted, peer_drain, peer_p50, peer_p99) = (
-        _median(ours),
-        _median(theirs),
-    )
+    (
+        (rate, counted, drain, p50, p99, first),
+        (
+            peer_rate,
+            peer_counted,
+            peer_drain,
+            peer_p50,
+            peer_p99,
+            peer_first,
+        ),
+    ) = (_median(ours), _median(theirs))
     print(  # reported beside the drain time, without a target
         f"  peak lag from the instant: duejobs p50 {p50:.0f} ms / p99 {p99:.0f} ms, "
         f"Procrastinate p50 {peer_p50:.0f} ms / p99 {peer_p99:.0f} ms",
@@ -244,6 +289,14 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
             "jobs/s",
             ">= 1.3x Procrastinate",
             counted >= 1.3 * peer_counted,
+        ),
+        Figure(
+            "peer: spawn to the first job's end (1 no-op waiting)",
+            first,
+            peer_first,
+            "ms",
+            f"<= {FIRST_JOB_MS} ms",
+            first <= FIRST_JOB_MS,
         ),
         Figure(
             f"peer: peak of {PEAK_JOBS:,} at one instant, 2 x 32",

@@ -23,3 +23,8 @@ app = procrastinate.App(
 async def anap() -> None:
     """Waits as a network call would."""
     await asyncio.sleep(NAP_SECONDS)
+
+
+@app.task(name="noop")
+async def noop() -> None:
+    """Does nothing: a worker's own start-up and bookkeeping around it."""

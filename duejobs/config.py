@@ -16,15 +16,16 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from enum import StrEnum
-
-from redis import Redis
-from sqlalchemy.engine import URL, make_url
+from typing import TYPE_CHECKING
 
 from duejobs.errors import ConfigurationError, DuejobsError
 from duejobs.redis_urls import GIVEN_REDIS, check_redis_url, redacted_redis
 from duejobs.validation import check_queue
+
+if TYPE_CHECKING:  # loaded by what connects; a --help needs neither
+    from redis import Redis
+    from sqlalchemy.engine import URL
 
 DATABASE_ENV = "DUEJOBS_DATABASE_URL"
 READ_DATABASE_ENV = "DUEJOBS_READ_DATABASE_URL"
@@ -79,26 +80,6 @@ def check_prepared_statements(value: object) -> PreparedStatements:
         ) from None
 
 
-def check_count(name: str, value: object, low: int, high: int) -> None:
-    """Refuse a count knob outside ``low..high``, naming it (services validate their
-    configs with this, so every refusal reads the same)."""
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ConfigurationError(f"{name} must be {low}..{high}, got {value!r}")
-
-
-def check_duration(
-    name: str, value: object, *, zero_ok: bool = False, at_most: timedelta | None = None
-) -> None:
-    """Refuse a duration knob that is not a timedelta, is negative (or zero, unless
-    ``zero_ok``) or is longer than ``at_most``, naming it."""
-    if not isinstance(value, timedelta):
-        raise ConfigurationError(f"{name} must be a timedelta, got {value!r}")
-    if value < timedelta(0) or (value == timedelta(0) and not zero_ok):
-        raise ConfigurationError(f"{name} must be {'>=' if zero_ok else '>'} 0, got {value}")
-    if at_most is not None and value > at_most:
-        raise ConfigurationError(f"{name} must be at most {at_most}, got {value}")
-
-
 _SECRET_PARAMETERS = ("password", "sslpassword", "passfile", "sslkey")
 _REDIS_SCHEMES = ("redis", "rediss", "sentinel", "unix", "valkey")
 
@@ -126,6 +107,8 @@ def _parsed(url: str) -> URL:
     port (``postgresql://u@h1:5432,h2:5432/db``), or a ``key=value`` connection string —
     read by libpq itself and written as SQLAlchemy takes it: the hosts and ports, comma
     separated, as query parameters that reach libpq unchanged."""
+    from sqlalchemy.engine import URL, make_url
+
     if "://" in url and "," not in _authority(url):  # several hosts: libpq's reading alone
         with contextlib.suppress(ValueError):
             return make_url(url)
@@ -264,6 +247,8 @@ class Settings:
                 "(only the duejobs CLI and test suite start embedded servers when it is unset)"
             )
         if redis_client is not None:
+            from redis import Redis
+
             if redis_url:
                 raise ConfigurationError("pass the App redis_url or redis, not both")
             if not isinstance(redis_client, Redis):

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias
 
 from redis import Redis
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
@@ -33,15 +33,12 @@ from sqlalchemy.exc import (
     OperationalError,
     ProgrammingError,
 )
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from duejobs import store
 from duejobs.config import (
     DEFAULT_SCHEMA,
     PreparedStatements,
     Settings,
-    check_count,
-    check_duration,
 )
 from duejobs.delivery import Deliverer
 from duejobs.errors import (
@@ -54,7 +51,10 @@ from duejobs.handlers import Handler
 from duejobs.models import RecurringSpec
 from duejobs.observability import replica, tracing
 from duejobs.redis_urls import GIVEN_REDIS, REDIS_POOL, redis_client, same_redis
-from duejobs.validation import check_queue
+from duejobs.validation import check_count, check_duration, check_queue
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 Conn: TypeAlias = Connection | store.Driver
 """What ``conn=`` takes: a SQLAlchemy connection or a plain psycopg one, in the caller's
@@ -115,7 +115,10 @@ def make_async_engine(
     schema: str = DEFAULT_SCHEMA,
     prepared: PreparedStatements = PreparedStatements.AUTO,
 ) -> AsyncEngine:
-    """:func:`make_engine`'s engine on psycopg's async connections (for an event loop)."""
+    """:func:`make_engine`'s engine on psycopg's async connections (for an event loop).
+    SQLAlchemy's asyncio extension (and its ORM) is loaded here, by an AsyncApp alone."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     url, connect_args, prepared = _driver_options(database_url, prepared)
     engine = create_async_engine(
         url,

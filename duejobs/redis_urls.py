@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from redis import Redis
-from redis.backoff import NoBackoff
-from redis.connection import parse_url
-from redis.retry import Retry
-from redis.sentinel import Sentinel
-
 from duejobs.errors import ConfigurationError
+
+if TYPE_CHECKING:  # redis-py is loaded by what reads or connects (a --help needs neither)
+    from redis import Redis
 
 # Seconds a call to Redis may take before it is tried once more and then fails: a server that
 # hangs (paused, partitioned) fails a pass after about twice this, instead of holding it, and
@@ -110,6 +107,8 @@ def check_redis_url(url: str) -> str:
     if sentinel_url(url) is not None:
         return url
     try:
+        from redis.connection import parse_url
+
         parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError:
         raise ConfigurationError(
@@ -128,6 +127,8 @@ def same_redis(url: str) -> tuple[tuple[str, str], ...]:
     if sentinel is not None:
         return sentinel.identity
     parsed: dict[str, object] = {"host": "localhost", "port": 6379, "db": 0}
+    from redis.connection import parse_url
+
     parsed.update(parse_url(url))  # type: ignore[no-untyped-call]
     return tuple(sorted((k, str(v)) for k, v in parsed.items()))
 
@@ -153,6 +154,11 @@ def redis_client(url: str, connections: int = REDIS_POOL, retries: int = 1) -> R
     command whose connection dropped (0 for a caller that retries itself, and must know when
     a command it sent may have run); through Sentinel, the master found again on each new
     connection."""
+    from redis import Redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+    from redis.sentinel import Sentinel
+
     options: dict[str, Any] = {
         "max_connections": connections,
         "socket_timeout": REDIS_TIMEOUT,

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
 from duejobs.errors import (
+    ConfigurationError,
     EmptyTypeError,
     InvalidKeyError,
     InvalidListError,
@@ -216,3 +217,23 @@ def check_due_range(due_from: datetime | None, due_before: datetime | None) -> N
             raise NaiveDatetimeError(f"{name} must be timezone-aware, got {bound!r}")
     if due_from is not None and due_before is not None and due_before <= due_from:
         raise InvalidListError(f"due_before ({due_before}) must be after due_from ({due_from})")
+
+
+def check_count(name: str, value: object, low: int, high: int) -> None:
+    """Refuse a count knob outside ``low..high``, naming it (services validate their
+    configs with this, so every refusal reads the same)."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigurationError(f"{name} must be {low}..{high}, got {value!r}")
+
+
+def check_duration(
+    name: str, value: object, *, zero_ok: bool = False, at_most: timedelta | None = None
+) -> None:
+    """Refuse a duration knob that is not a timedelta, is negative (or zero, unless
+    ``zero_ok``) or is longer than ``at_most``, naming it."""
+    if not isinstance(value, timedelta):
+        raise ConfigurationError(f"{name} must be a timedelta, got {value!r}")
+    if value < timedelta(0) or (value == timedelta(0) and not zero_ok):
+        raise ConfigurationError(f"{name} must be {'>=' if zero_ok else '>'} 0, got {value}")
+    if at_most is not None and value > at_most:
+        raise ConfigurationError(f"{name} must be at most {at_most}, got {value}")

@@ -217,7 +217,8 @@ def test_duejobs_list_prints_a_page_and_the_cursor_of_the_next(
 
 
 @pytest.mark.skipif(
-    PARTITIONED, reason="the plain schema's plans (partitioned mode's: tests/test_partitions.py)"
+    PARTITIONED,
+    reason="the plain schema's plans (partitioned mode's: tests/test_partition_plans.py)",
 )
 @pytest.mark.slow
 def test_each_filter_is_served_by_an_index_at_a_million_rows(app: App) -> None:

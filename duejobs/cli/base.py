@@ -16,19 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
-from redis.exceptions import RedisError
-from sqlalchemy.exc import InterfaceError, OperationalError
 
-from duejobs.app.application import App
 from duejobs.config import DATABASE_ENV, REDIS_ENV
-from duejobs.embedded import EmbeddedServices, start_embedded
 from duejobs.errors import DuejobsError, outage
-from duejobs.observability import logs, metrics
-from duejobs.scheduler.loop import SchedulerConfig
-from duejobs.services.pruner import PruneConfig
-from duejobs.services.reconciler import ReconcileConfig
 from duejobs.timespec import parse_duration, spell_duration
-from duejobs.worker import WorkerConfig
+
+if TYPE_CHECKING:  # the App and the servers are loaded by a command that runs, not by --help
+    from duejobs.app.application import App
+    from duejobs.embedded import EmbeddedServices
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -65,6 +60,8 @@ def services(
         )
         click.echo(f"error: {names} not set; {hint}", err=True)
         sys.exit(2)
+    from duejobs.embedded import start_embedded
+
     try:
         started = start_embedded(data_dir)
     except DuejobsError as exc:
@@ -126,13 +123,6 @@ class CpuList(_ParamType):
         return cpus
 
 
-# The services' defaults, which the flags show and take: stated once, in the configs.
-_SCHEDULER, _WORKER, _RECONCILE, _PRUNE = (
-    SchedulerConfig(),
-    WorkerConfig(),
-    ReconcileConfig(),
-    PruneConfig(),
-)
 DURATION = Duration()
 POSITIVE = Duration(positive=True)
 
@@ -193,6 +183,11 @@ def _app(
     embedded: bool = False,
     needs: tuple[str, ...] = BOTH,
 ) -> Iterator[App]:
+    from redis.exceptions import RedisError
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    from duejobs.app.application import App
+
     data_dir: Path = ctx.obj["data_dir"]
     try:
         with services(data_dir, embedded=embedded, needs=needs):
@@ -219,6 +214,8 @@ def sync_declared(app: App) -> None:
 
 def load_app(reference: str) -> App:
     """The App named by ``MODULE:ATTRIBUTE`` (the current directory is importable)."""
+    from duejobs.app.application import App
+
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise click.BadParameter(f"expected MODULE:APP, got {reference!r}", param_hint="--app")
@@ -248,6 +245,8 @@ def _operations(func: F) -> F:
 
 
 def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
+    from duejobs.observability import logs, metrics
+
     logs.configure(log_level, log_format)
     if metrics_port is not None:
         metrics.serve(metrics_port)

@@ -37,7 +37,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "scheduler": ("services", "Run the windowed scheduler until..."),
     "show": ("schedules", "Show a schedule (by SCHEDULE_ID, or --key:..."),
     "stats": ("services", "Lag, late jobs, orphans and counts,..."),
-    "worker": ("services", "Run an RQ worker for the App's handlers."),
+    "worker": ("worker", "Run an RQ worker for the App's handlers."),
 }
 
 

@@ -39,22 +39,48 @@ worker re-reads the row). Redis Cluster is not supported (the scripts touch job 
 are not declared keys, and RQ's commands span several keys): map queues to standalone nodes.
 """
 
-from duejobs.delivery.deliverer import (
-    DEFAULT_QUEUE,
-    FAILURE_TTL,
-    JOB_FUNCTION,
-    QUEUES_KEY,
-    RESULT_TTL,
-    SCHEDULED_PREFIX,
-    STUCK_AFTER,
-    WORKER_PREFIX,
-    Deliverer,
-    JobState,
-    Push,
-    PushResult,
-)
-from duejobs.delivery.job_ids import job_tenant, job_tenant_part, parse_job_id
-from duejobs.delivery.scripts import LIST_SCAN_LIMIT
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from duejobs.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from duejobs.delivery.deliverer import (
+        DEFAULT_QUEUE,
+        FAILURE_TTL,
+        JOB_FUNCTION,
+        QUEUES_KEY,
+        RESULT_TTL,
+        SCHEDULED_PREFIX,
+        WORKER_PREFIX,
+        Deliverer,
+        JobState,
+        Push,
+        PushResult,
+    )
+    from duejobs.delivery.job_ids import STUCK_AFTER, job_tenant, job_tenant_part, parse_job_id
+    from duejobs.delivery.scripts import LIST_SCAN_LIMIT
+
+_HOMES = {
+    "DEFAULT_QUEUE": "duejobs.delivery.deliverer",
+    "FAILURE_TTL": "duejobs.delivery.deliverer",
+    "JOB_FUNCTION": "duejobs.delivery.deliverer",
+    "QUEUES_KEY": "duejobs.delivery.deliverer",
+    "RESULT_TTL": "duejobs.delivery.deliverer",
+    "SCHEDULED_PREFIX": "duejobs.delivery.deliverer",
+    "STUCK_AFTER": "duejobs.delivery.job_ids",
+    "WORKER_PREFIX": "duejobs.delivery.deliverer",
+    "Deliverer": "duejobs.delivery.deliverer",
+    "JobState": "duejobs.delivery.deliverer",
+    "Push": "duejobs.delivery.deliverer",
+    "PushResult": "duejobs.delivery.deliverer",
+    "job_tenant": "duejobs.delivery.job_ids",
+    "job_tenant_part": "duejobs.delivery.job_ids",
+    "parse_job_id": "duejobs.delivery.job_ids",
+    "LIST_SCAN_LIMIT": "duejobs.delivery.scripts",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 __all__ = [
     "DEFAULT_QUEUE",

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from redis import Redis
@@ -74,11 +74,6 @@ class PushResult:
 QUEUES_KEY = "duejobs:queues"
 SCHEDULED_PREFIX = "rq:scheduled:"  # RQ's ScheduledJobRegistry key is this + the queue name
 WORKER_PREFIX = "rq:worker:"  # a live RQ worker's key (it expires when the worker stops beating)
-# A row overdue by more than this whose job is not on its queue or in its scheduled registry is
-# missing, whatever its job hash says: no live worker waits that long between taking a job
-# from Redis and claiming its row (the claim's lock wait is bounded, an early delivery waits at
-# most a second). A worker merely slow there meets a second delivery, which it skips.
-STUCK_AFTER = timedelta(seconds=15)
 # What :meth:`Deliverer.job_state` reads of a job hash.
 JOB_FIELDS = ("status", "origin", "worker_name")
 

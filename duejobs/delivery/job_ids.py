@@ -1,10 +1,18 @@
 """Reading duejobs' RQ job ids back: ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>``
-(the store builds them with the row; see :mod:`duejobs.delivery`)."""
+(the store builds them with the row; see :mod:`duejobs.delivery`), and how long a job may be
+taken before its row is claimed."""
 
 from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
+
+# A row overdue by more than this whose job is not on its queue or in its scheduled registry is
+# missing, whatever its job hash says: no live worker waits that long between taking a job
+# from Redis and claiming its row (the claim's lock wait is bounded, an early delivery waits at
+# most a second). A worker merely slow there meets a second delivery, which it skips.
+STUCK_AFTER = timedelta(seconds=15)
 
 
 def job_tenant_part(tenant: str) -> str:

@@ -71,13 +71,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from duejobs import store
-from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
 from duejobs.models import Delivery
 from duejobs.observability import metrics, tracing
 from duejobs.scheduler import occurrences
 from duejobs.services.loop import Loop, backoff
+from duejobs.validation import check_count, check_duration
 
 log = logging.getLogger("duejobs.scheduler")
 

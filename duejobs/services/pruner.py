@@ -40,11 +40,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from duejobs import store
-from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.observability import metrics
 from duejobs.services import partition_maintenance
 from duejobs.services.loop import Loop
+from duejobs.validation import check_count, check_duration
 
 log = logging.getLogger("duejobs.prune")
 

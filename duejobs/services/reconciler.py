@@ -54,7 +54,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from duejobs import store
-from duejobs.config import check_count, check_duration
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.models import Status
@@ -62,6 +61,7 @@ from duejobs.observability import metrics
 from duejobs.services import partition_maintenance
 from duejobs.services.loop import Loop
 from duejobs.timespec import spell_duration
+from duejobs.validation import check_count, check_duration
 
 log = logging.getLogger("duejobs.reconcile")
 # How often the passes that fixed nothing are summed into one log line.

@@ -95,18 +95,35 @@ together), :mod:`.closing` (outcomes), :mod:`.slot_pool` (slots, takes, the warm
 no RQ), :mod:`.heartbeat` (leases), :mod:`.time_limits`, :mod:`.bookkeeping` (connections),
 :mod:`.event_loops` (``async def`` handlers), :mod:`.context` (``ctx``), :mod:`.supervisor`
 (``--processes``), :mod:`.config` (the knobs). The worker is built in one place,
-:func:`build_worker`.
+:func:`build_worker`. Its names are imported on first use, so that the knobs
+(:mod:`.config`) load without the worker.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from duejobs.core import HasCore
-from duejobs.worker.config import EXIT_WEDGED, MAX_CONCURRENCY, Outcome, WorkerConfig
-from duejobs.worker.context import Context
-from duejobs.worker.loop import Worker
-from duejobs.worker.runtime import Runtime, perform
+from duejobs.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from duejobs.core import HasCore
+    from duejobs.worker.config import EXIT_WEDGED, MAX_CONCURRENCY, Outcome, WorkerConfig
+    from duejobs.worker.context import Context
+    from duejobs.worker.loop import Worker
+    from duejobs.worker.runtime import Runtime, perform
+
+_HOMES = {
+    "EXIT_WEDGED": "duejobs.worker.config",
+    "MAX_CONCURRENCY": "duejobs.worker.config",
+    "Outcome": "duejobs.worker.config",
+    "WorkerConfig": "duejobs.worker.config",
+    "Context": "duejobs.worker.context",
+    "Worker": "duejobs.worker.loop",
+    "Runtime": "duejobs.worker.runtime",
+    "perform": "duejobs.worker.runtime",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 
 def build_worker(
@@ -117,6 +134,9 @@ def build_worker(
 ) -> Worker:
     """A worker for ``app``'s handlers on ``queues`` (default: the App's queue), with its own
     runtime (close it with ``worker.runtime.close()`` once the worker returned)."""
+    from duejobs.worker.loop import Worker
+    from duejobs.worker.runtime import Runtime
+
     return Worker(Runtime(app, config, name=name), queues)
 
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
-from duejobs.config import check_count, check_duration
-from duejobs.delivery import STUCK_AFTER
+from duejobs.delivery.job_ids import STUCK_AFTER
 from duejobs.errors import ConfigurationError
+from duejobs.validation import check_count, check_duration
 
 # The exit status of a worker that ended itself because handlers would not return.
 EXIT_WEDGED = 70

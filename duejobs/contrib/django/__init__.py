@@ -56,12 +56,12 @@ from sqlalchemy import URL, Connection
 
 from duejobs import store
 from duejobs.app.application import App
-from duejobs.config import Settings, check_duration
+from duejobs.config import Settings
 from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types
 from duejobs.delivery import DEFAULT_QUEUE
 from duejobs.observability.replica import DEFAULT_MAX_LAG
 from duejobs.observability.tracing import LINK
-from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES
+from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_duration
 from duejobs.worker.context import Context
 
 __all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]

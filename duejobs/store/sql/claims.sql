@@ -7,7 +7,7 @@
 -- that holds most of the due rows (the current one, in partitioned mode) the planner otherwise
 -- read a tenant's rows by bitmap, or its due_at index filtering out the other tenants', and
 -- sorted them: the walk took 5x its time at a million rows (30 ms against 5.4 ms; the plain
--- schema's walk got faster too). tests/test_partitions.py pins the plan.
+-- schema's walk got faster too). tests/test_partition_plans.py pins the plan.
 -- And the generic plan from the first run of the walk and the shares (each prepared on its
 -- connection, duejobs.store.claims): planning is most of the cost the partitioned mode adds,
 -- every statement naming scheduled_jobs once per partition with each partition's twenty
