@@ -130,47 +130,47 @@ def _counted(times: list[tuple[datetime, datetime]], n: int, spawned: datetime) 
     return n / (max(e for _, e in times) - spawned).total_seconds()
 
 
-def _our_async(app: App, env: dict[str, str], url: str, redis: Redis) -> tuple[float, float]:
+Times = list[tuple[datetime, datetime]]
+
+
+def _our_burst(
+    app: App, env: dict[str, str], url: str, redis: Redis, n: int, job_type: str, slots: int
+) -> tuple[Times, datetime]:
+    """``n`` jobs of ``job_type`` pushed, then a burst worker of ``slots`` spawned: its
+    jobs' (start, end) and the instant it was spawned."""
     redis.flushdb()
-    fill_due(url, ASYNC_JOBS, job_type="anap", offset="-1 second")
+    fill_due(url, n, job_type=job_type, offset="-1 second")
     scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
     scheduler.run_once()
     scheduler.close()
-    worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", "200"]
+    worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", str(slots)]
     spawned = datetime.now(UTC)
     _finish(_start([*DUEJOBS, *worker, "--log-level", "warning"], env), stop=False)
-    times = _our_times(url)
+    return _our_times(url), spawned
+
+
+def _peer_burst(peer_url: str, n: int, task: str, slots: int) -> tuple[Times, datetime]:
+    """The same for Procrastinate: ``n`` jobs of ``task``, a ``--one-shot`` worker."""
+    _peer_jobs(peer_url, n, None, task=task)
+    worker = ["worker", "--concurrency", str(slots), "--one-shot"]
+    spawned = datetime.now(UTC)
+    _finish(_start([*PEER, *worker], {"PEER_DATABASE_URL": peer_url}), stop=False)
+    return _peer_times(peer_url), spawned
+
+
+def _our_async(app: App, env: dict[str, str], url: str, redis: Redis) -> tuple[float, float]:
+    times, spawned = _our_burst(app, env, url, redis, ASYNC_JOBS, "anap", 200)
     return _rate(times, ASYNC_JOBS), _counted(times, ASYNC_JOBS, spawned)
 
 
 def _peer_async(peer_url: str) -> tuple[float, float]:
-    _peer_jobs(peer_url, ASYNC_JOBS, None)
-    worker = ["worker", "--concurrency", "200", "--one-shot"]
-    spawned = datetime.now(UTC)
-    _finish(_start([*PEER, *worker], {"PEER_DATABASE_URL": peer_url}), stop=False)
-    times = _peer_times(peer_url)
+    times, spawned = _peer_burst(peer_url, ASYNC_JOBS, "anap", 200)
     return _rate(times, ASYNC_JOBS), _counted(times, ASYNC_JOBS, spawned)
 
 
-def _our_first(app: App, env: dict[str, str], url: str, redis: Redis) -> float:
+def _first_job_ms(burst: tuple[Times, datetime]) -> float:
     """Milliseconds from a burst worker's spawn to the end of the one job waiting for it."""
-    redis.flushdb()
-    fill_due(url, 1, job_type="noop", offset="-1 second")
-    scheduler = Scheduler(app, SchedulerConfig())
-    scheduler.run_once()
-    scheduler.close()
-    worker = ["worker", "--app", "bench.jobs:app", "--burst", "--concurrency", "1"]
-    spawned = datetime.now(UTC)
-    _finish(_start([*DUEJOBS, *worker, "--log-level", "warning"], env), stop=False)
-    [(_, ended)] = _our_times(url)
-    return (ended - spawned).total_seconds() * 1000
-
-
-def _peer_first(peer_url: str) -> float:
-    _peer_jobs(peer_url, 1, None, task="noop")
-    spawned = datetime.now(UTC)
-    _finish(_start([*PEER, "worker", "--one-shot"], {"PEER_DATABASE_URL": peer_url}), stop=False)
-    [(_, ended)] = _peer_times(peer_url)
+    [(_, ended)], spawned = burst
     return (ended - spawned).total_seconds() * 1000
 
 
@@ -249,11 +249,15 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
                     (
                         *_our_async(app, env, url, redis),
                         *_our_peak(env, url, redis),
-                        _our_first(app, env, url, redis),
+                        _first_job_ms(_our_burst(app, env, url, redis, 1, "noop", 1)),
                     )
                 )
                 theirs.append(
-                    (*_peer_async(peer_url), *_peer_peak(peer_url), _peer_first(peer_url))
+                    (
+                        *_peer_async(peer_url),
+                        *_peer_peak(peer_url),
+                        _first_job_ms(_peer_burst(peer_url, 1, "noop", 1)),
+                    )
                 )
     finally:
         app.close()
