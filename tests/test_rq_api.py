@@ -2,10 +2,11 @@
 (2.0 to 3.0: ``make test-all`` runs this module on RQ 2.0, on the last 2.x and on 3.0).
 
 duejobs writes RQ's job hashes, queues and registries itself (one Lua call per batch) and runs
-them through its own worker class, so nothing but these tests says that ``Job.fetch``,
-``get_status``, the queue and its registries, ``rq info`` and RQ's commands still make sense
-of them. Each test leaves one kind of job duejobs writes — queued, scheduled, at the front,
-started, finished, skipped, put back, promoted — and reads it back as RQ would.
+them through its own worker loop, so nothing but these tests says that ``Job.fetch``,
+``get_status``, the queue and its registries, ``rq info``, rq-dashboard and RQ's commands
+still make sense of them. Each test leaves one kind of job duejobs writes — queued,
+scheduled, at the front, started, finished, skipped, put back, promoted — and reads it back
+as RQ would.
 
 Seen failing against builds broken on purpose, on RQ 2.x:
 
@@ -21,6 +22,8 @@ Seen failing against builds broken on purpose, on RQ 2.x:
   ``test_a_one_slot_worker_shows_busy_while_a_job_runs_and_idle_between_jobs``;
 * the finish writing the whole hash again (RQ's own save), or leaving out the job's end →
   ``test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed``;
+* a one-slot worker's finish left for a take that a stop never makes →
+  ``test_a_one_slot_worker_stopped_during_its_job_finishes_it_in_rq_before_it_retires``;
 * the worker's own reading of a job's timestamps dropping their fraction, or giving aware
   datetimes where RQ 2.0 gives naive ones →
   ``test_a_job_the_worker_reads_is_the_job_rq_reads``.
@@ -39,15 +42,19 @@ from pathlib import Path
 
 import pytest
 import redis
+import rq_dashboard.web
+from flask.testing import FlaskClient
 from rq import Queue
 from rq import Worker as RQWorker
 from rq.command import send_stop_job_command
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
+from rq_dashboard.cli import make_flask_app
 
 from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
 from duejobs.services.reconciler import Reconciler
+from duejobs.worker import build_worker
 from duejobs.worker.rq_wire import delivery_of
 from tests.support import wait_for
 from tests.support.deliveries import push_of
@@ -132,7 +139,7 @@ def test_a_running_job_is_started_in_rq_by_its_worker(
     (rq_worker,) = RQWorker.all(connection=system.redis)
     job.refresh()
     assert job.worker_name == rq_worker.name and rq_worker.get_state() == "busy"
-    assert system.redis.hget(rq_worker.key, "current_job") == job.id.encode()  # RQ 2's field
+    assert rq_worker.get_current_job_id() is None  # see test_rq_dashboard_shows_...
     system.redis.set(release, 1)
     assert worker.popen.wait(timeout=60) == 0, worker.output()
 
@@ -169,6 +176,27 @@ def test_a_finished_job_is_in_rqs_finished_registry_with_its_outcome(system: Sys
     queue = _queue(system)
     assert queue.finished_job_registry.get_job_ids() == [job.id]
     assert (queue.count, _started_ids(queue.started_job_registry)) == (0, [])
+
+
+def test_a_one_slot_worker_stopped_during_its_job_finishes_it_in_rq_before_it_retires(
+    system: System,
+) -> None:
+    """At one slot a job's finish in RQ goes with the next take; a worker stopped while the
+    job runs takes no more, and still writes the job finished, idle, before it retires. Seen
+    failing with the finish left for a take that never came (the job ``started`` in RQ)."""
+    worker = build_worker(system.app)
+    system.app.handler("stops_its_worker")(lambda ctx, payload: worker.stop())
+    s = system.app.schedule("stops_its_worker", {}, delay=0)
+    system.scheduler.run_once()
+    try:
+        worker.work()
+    finally:
+        worker.runtime.close()
+    job = _job(system, s.id)
+    assert (job.get_status(), job.return_value()) == (JobStatus.FINISHED, "succeeded")
+    queue = _queue(system)
+    assert queue.finished_job_registry.get_job_ids() == [job.id]
+    assert _started_ids(queue.started_job_registry) == []
 
 
 def test_a_finished_job_keeps_its_enqueued_hash_and_gains_what_its_run_changed(
@@ -250,6 +278,68 @@ def test_rq_info_counts_duejobs_queues_and_workers(system: System, redis_url: st
     counted = re.search(r"^duejobs\s+\|\S*\s+(\d+)", shown, re.MULTILINE)
     assert counted is not None, shown
     assert counted[1] == "3", shown  # the queued ones; the scheduled one waits apart
+
+
+def _rq_dashboard(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> FlaskClient:
+    """rq-dashboard's own Flask app on ``redis_url``, reading jobs with RQ's JSON serializer
+    (its ``--json`` option: duejobs' jobs are JSON, and never unpickled)."""
+    monkeypatch.setattr(rq_dashboard.web.config, "serializer", JSONSerializer)
+    dashboard = make_flask_app(None, None, None, "")
+    dashboard.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
+    rq_dashboard.web.setup_rq_connection(dashboard)
+    return dashboard.test_client()
+
+
+def test_rq_dashboard_shows_duejobs_queues_jobs_and_workers(
+    system: System, spawn: Callable[..., Proc], redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rq-dashboard's pages' data over a duejobs queue: the queue with its waiting job and
+    its registries counted, a finished job with its outcome, the running job in the started
+    registry, and the worker busy with its counts — its current job, shown by unpickling it
+    whatever the serializer on RQ 2, not named (the running job is in the started registry).
+    Seen failing on RQ 2.12 with the worker's ``current_job`` written: the workers page a 500
+    (``UnpicklingError``) while a duejobs worker is busy."""
+    done = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    system.work()
+    release = f"test:release:{uuid.uuid4().hex}"
+    held = system.app.schedule("hold", {"until": release}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER)
+    held_job = _job(system, held.id)
+    wait_for(lambda: held_job.get_status() == JobStatus.STARTED, 30, "the job started")
+    waiting = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    name, done_id = held_job.origin, _job(system, done.id).id
+    waiting_id = _job(system, waiting.id).id
+    dashboard = _rq_dashboard(redis_url, monkeypatch)
+
+    (queue,) = dashboard.get("/0/data/queues.json").json["queues"]
+    assert (queue["name"], queue["count"], queue["started_job_registry_count"]) == (name, 1, 1)
+    assert (queue["finished_job_registry_count"], queue["failed_job_registry_count"]) == (1, 0)
+    pages = {
+        registry: dashboard.get(f"/0/data/jobs/{name}/{registry}/8/asc/1.json").json["jobs"]
+        for registry in ("queued", "started", "finished")
+    }
+    assert {r: [j["id"] for j in jobs] for r, jobs in pages.items()} == {
+        "queued": [waiting_id],
+        "started": [held_job.id],
+        "finished": [done_id],
+    }
+    finished = dashboard.get(f"/0/data/job/{done_id}.json").json
+    assert (finished["status"], finished["result"], finished["origin"]) == (
+        "finished",
+        "succeeded",
+        name,
+    )
+    assert finished["ended_at"] and finished["exc_info"] is None
+    (shown,) = dashboard.get("/0/data/workers.json").json["workers"]
+    assert (shown["state"], shown["queues"], shown["successful_job_count"]) == ("busy", [name], 0)
+    assert shown["current_job"] == "idle"  # rq-dashboard's word for none
+
+    system.redis.set(release, 1)
+    wait_for(lambda: system.status(waiting.id) == "succeeded", 30, "the waiting job run")
+    worker.stop()
 
 
 def test_rqs_stop_job_command_leaves_a_duejobs_worker_running(

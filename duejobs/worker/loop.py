@@ -6,7 +6,8 @@ when none waits; claim their deliveries in the database together (:mod:`.claims`
 on its slot (:mod:`.slot_pool`; with one slot, in this thread) through the runtime — claim,
 handler under its time limit while the heartbeat renews its lease, outcome
 (:mod:`.runtime`); then finish the job in RQ (the finishes of the slots that end together in
-one script) and put an early delivery back into the scheduled registry.
+one script; at one slot, in the script that takes the next job) and put an early delivery back
+into the scheduled registry.
 
 What it promises:
 
@@ -99,6 +100,8 @@ class Worker:
         self._wake = threading.Event()  # a beat wanted now
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], Taken] = {}  # by (job id, run id)
+        # At one slot: jobs run whose finish in RQ goes with the next take (this thread's).
+        self._unfinished: list[Finished] = []
         self._suspended = False
         self._finishes: GroupCommit[Finished, bool] = GroupCommit(
             "redis_finish", self._finish_together
@@ -122,6 +125,7 @@ class Worker:
             try:
                 self._loop(burst, max_idle)
             finally:
+                self._finish_apart()
                 if self._pool is not None:
                     self._pool.close()
                 sys.setswitchinterval(previous)
@@ -142,6 +146,7 @@ class Worker:
         idle_since = time.monotonic()
         while not self._stop.is_set():
             if self._suspended:
+                self._finish_apart()
                 if burst:
                     return
                 self._stop.wait(BEAT_EVERY)
@@ -188,17 +193,29 @@ class Worker:
                 more -= 1
 
     def _take(self, most: int, wait: float) -> list[Taken]:
-        """Up to ``most`` jobs, waited for up to ``wait`` seconds; none once a stop comes
-        during an outage. An error that is not an outage (a key of the wrong type, say) is
-        logged and the take tried again after a pause: the loop outlives it."""
+        """Up to ``most`` jobs, waited for up to ``wait`` seconds, the jobs run meanwhile at
+        one slot finished in RQ in the same script; none once a stop comes during an outage.
+        An error that is not an outage (a key of the wrong type, say) is logged and the take
+        tried again after a pause: the loop outlives it. The finishes a take did not write
+        are written on their own (one Redis refuses failing that job's alone), and the take
+        made again without them at once."""
+        finishing, self._unfinished = self._unfinished, []
+        state = self._state_after(finishing) if finishing else ""
         try:
-            taken = self.waits.call("a take", lambda: self.wire.take(most, wait), self._may_leave)
+            taken = self.waits.call(
+                "a take", lambda: self.wire.take(most, wait, finishing, state), self._may_leave
+            )
         except RedisError as exc:
+            self._finish_apart(finishing)
             if not _mends(exc):
                 raise
+            if finishing:  # what Redis refused may be a finish's key: the take alone, now
+                return self._take(most, wait)
             log.exception("a take failed; again in %.0f s", BACKOFF_CAP)
             self._stop.wait(BACKOFF_CAP)
             return []
+        if taken is None:
+            self._finish_apart(finishing)
         return taken or []
 
     def _start(self, taken: list[Taken]) -> None:
@@ -243,6 +260,9 @@ class Worker:
             log.exception("delivery of job %s failed; its row is as it was", taken.job_id)
             error = "".join(traceback.format_exception(exc))
             finished = Finished(taken, None, error=error, seconds=time.monotonic() - began)
+        if self._pool is None and put_back_at is None:
+            self._unfinished.append(finished)  # finished with the next take
+            return
         self._finish(finished)
         if put_back_at is not None:
             deliverer = self.runtime.deliverer()
@@ -272,14 +292,26 @@ class Worker:
                 finished.taken.job_id,
             )
 
+    def _finish_apart(self, items: Sequence[Finished] | None = None) -> None:
+        """Finishes in RQ written without a take: ``items``, or those left for the next take
+        (at one slot) when the loop pauses or ends."""
+        if items is None:
+            items, self._unfinished = self._unfinished, []
+        for item in items:
+            self._finish(item)
+
+    def _state_after(self, finished: Sequence[Finished]) -> str:
+        """The worker's state in RQ once ``finished`` are: idle once none of its jobs runs."""
+        with self._lock:
+            for item in finished:
+                self._running.pop((item.taken.job_id, item.taken.run), None)
+            return "busy" if self._running else "idle"
+
     def _finish_together(self, batch: Sequence[Finished]) -> list[bool]:
         """The finishes of the slots that ended together, in one script; the worker is idle
         in RQ once none of its jobs runs. A batch Redis refuses for a reason other than an
         outage is finished again job by job, so that one job's bad key fails it alone."""
-        with self._lock:
-            for item in batch:
-                self._running.pop((item.taken.job_id, item.taken.run), None)
-            state = "busy" if self._running else "idle"
+        state = self._state_after(batch)
         try:
             self.wire.finish(batch, state)
         except RedisError as exc:

@@ -5,29 +5,32 @@ takes from RQ's queues, and what it writes so that RQ's own tools (``rq info``,
 What it writes, in RQ's layout (the same from RQ 2.0 to 3.0, read through RQ's public names):
 
 * **The worker.** ``rq:worker:<name>`` (birth, queues, pid, host, versions, ``state`` busy or
-  idle, ``current_job``, its job counts and working time, ``last_heartbeat``), kept alive by
+  idle, its job counts and working time, ``last_heartbeat``), kept alive by
   :meth:`RqWire.beat` (``WORKER_TTL``), listed in ``rq:workers`` and ``rq:workers:<queue>``,
   and marked dead (``death``) when the worker ends. The deliverer counts a ``started`` job as
   live only while this key lives.
-* **A job taken** (:data:`TAKE`, one script for all the jobs taken together): popped off its
-  queue, its hash marked ``started`` by this worker, and entered into the queue's started
-  registry as ``<job id>:<run id>`` (RQ 2.0+'s member form), its score refreshed while it runs
-  (:meth:`RqWire.keep_started`).
-* **A job finished** (:data:`FINISH`, one script for the jobs finishing together): its hash
+* **A job taken** (:data:`TAKE`, one script for all the jobs taken together, and for the
+  jobs finishing meanwhile): popped off its queue, its hash marked ``started`` by this
+  worker, and entered into the queue's started registry as ``<job id>:<run id>`` (RQ 2.0+'s
+  member form), its score refreshed while it runs (:meth:`RqWire.keep_started`).
+* **A job finished** (the same script, for the jobs finishing together — at one slot with the
+  take of the next job): its hash
   ``finished`` (or ``failed``) with its end, kept ``RESULT_TTL`` (``FAILURE_TTL``), out of the
   started registry and into the finished (failed) one, and its result in RQ's results stream:
   the outcome (``succeeded``, ``skipped``...) as the job's return value, or the error.
 
-What it does not write: RQ's per-run execution records (``rq:execution:*``): a worker's
-current jobs are those its started registries hold under its name, and RQ 3's
-``Worker.get_current_job_id()`` answers None for a duejobs worker (RQ 2's reads
-``current_job``). It listens to no RQ command (``rq`` stop-job and shutdown requests are not
-heard: stop a worker with SIGTERM, a schedule by cancelling it).
+What it does not write: RQ's per-run execution records (``rq:execution:*``), nor the
+worker's ``current_job``: a worker's current jobs are those its started registries hold under
+its name, and ``Worker.get_current_job_id()`` answers None for a duejobs worker. (RQ 2 reads
+``current_job``, and rq-dashboard on RQ 2 then unpickles that job to show it — a JSON job
+failed its whole workers page.) It listens to no RQ command (``rq`` stop-job and shutdown
+requests are not heard: stop a worker with SIGTERM, a schedule by cancelling it).
 
 What it costs (``INFO commandstats``, which counts a script's commands and the script call):
 a no-op job taken and finished with others, about ten Redis commands (one ``HGET`` to read
 it, an ``HSET`` and a ``ZADD`` to start it, six to finish it, the pop, the script calls and
-the worker's own writes shared by the batch); a job alone at one slot, fourteen
+the worker's own writes shared by the batch); a job alone at one slot, twelve — its finish
+and the next job's take one script, the worker's key written once for both
 (``python -m bench concurrency`` prints both).
 
 Taking needs Redis 6.2 or later (``LPOP`` with a count). Every call here may raise a Redis
@@ -70,12 +73,38 @@ STARTED_TTL = WORKER_TTL
 # The most results RQ keeps in a job's results stream (RQ's own ``maxlen``).
 _RESULTS_KEPT = 10
 
-TAKE = """
+TAKE = (
+    """
+-- One script for what the worker writes as jobs come and go: the jobs that ran finished,
+-- then up to ``most`` waiting jobs taken, then the worker's key once.
 -- KEYS[1]: the worker's key; then, per queue in order, its list and its started registry.
--- ARGV: most, job key prefix, now (RQ's format), started score, worker name, run-id base,
---       an id popped already (or ''), that id's queue index.
+-- ARGV[1..9]: most, job key prefix, now (RQ's format), started score, worker name, run-id
+--   base, an id popped already (or ''), that id's queue index, the worker's state when no
+--   job is taken ('' to leave it);
+-- ARGV[10..13], with jobs finished: results key prefix, successful count, failed count,
+--   working time; then per job: id, started registry, run id, registry, score, ttl, status,
+--   result type, field, value.
 local most, prefix, stamp, score = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local worker, base = ARGV[5], ARGV[6]
+local figures = {}
+if #ARGV > 9 then
+    local results = ARGV[10]
+    figures = {'successful_job_count', ARGV[11], 'failed_job_count', ARGV[12],
+               'total_working_time', ARGV[13]}
+    for i = 14, #ARGV, 10 do
+        local id, ttl = ARGV[i], ARGV[i + 5]
+        local key = prefix .. id
+        redis.call('HSET', key, 'status', ARGV[i + 6], 'ended_at', stamp, 'last_heartbeat', stamp)
+        redis.call('EXPIRE', key, ttl)
+        redis.call('ZREM', ARGV[i + 1], id .. ':' .. ARGV[i + 2])
+        redis.call('ZADD', ARGV[i + 3], ARGV[i + 4], id)
+        redis.call('XADD', results .. id, 'MAXLEN', '~', '"""
+    + str(_RESULTS_KEPT)
+    + """', '*',
+                   'type', ARGV[i + 7], 'worker_name', worker, ARGV[i + 8], ARGV[i + 9])
+        redis.call('EXPIRE', results .. id, ttl)
+    end
+end
 local taken = {}
 local function start(id, q)
     local key = prefix .. id
@@ -99,39 +128,13 @@ for q = 1, (#KEYS - 1) / 2 do
         for _, id in ipairs(ids) do start(id, q) end
     end
 end
-if #taken > 0 then
-    redis.call('HSET', KEYS[1], 'state', 'busy', 'current_job', taken[1][1])
+local state = #taken > 0 and 'busy' or ARGV[9]
+if state ~= '' then
+    figures[#figures + 1] = 'state'
+    figures[#figures + 1] = state
 end
+if #figures > 0 then redis.call('HSET', KEYS[1], unpack(figures)) end
 return taken
-"""
-
-FINISH = (
-    """
--- KEYS[1]: the worker's key. ARGV: job key prefix, results key prefix, now (RQ's format),
--- the worker's name, state, successful count, failed count, working time; then per job:
--- id, started registry, run id, registry, score, ttl, status, result type, field, value.
-local prefix, results, stamp, worker = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local figures = {'state', ARGV[5], 'successful_job_count', ARGV[6],
-                 'failed_job_count', ARGV[7], 'total_working_time', ARGV[8]}
-if ARGV[5] == 'idle' then
-    figures[#figures + 1] = 'current_job'
-    figures[#figures + 1] = ''
-end
-redis.call('HSET', KEYS[1], unpack(figures))
-for i = 9, #ARGV, 10 do
-    local id, ttl = ARGV[i], ARGV[i + 5]
-    local key = prefix .. id
-    redis.call('HSET', key, 'status', ARGV[i + 6], 'ended_at', stamp, 'last_heartbeat', stamp)
-    redis.call('EXPIRE', key, ttl)
-    redis.call('ZREM', ARGV[i + 1], id .. ':' .. ARGV[i + 2])
-    redis.call('ZADD', ARGV[i + 3], ARGV[i + 4], id)
-    redis.call('XADD', results .. id, 'MAXLEN', '~', '"""
-    + str(_RESULTS_KEPT)
-    + """', '*',
-               'type', ARGV[i + 7], 'worker_name', worker, ARGV[i + 8], ARGV[i + 9])
-    redis.call('EXPIRE', results .. id, ttl)
-end
-return #ARGV
 """
 )
 
@@ -175,8 +178,7 @@ class RqWire:
         self._take_keys = [self.key]
         for queue_key, started_key in zip(self._queue_keys, self._started_keys, strict=True):
             self._take_keys += [queue_key, started_key]
-        self._take = redis.register_script(TAKE)
-        self._finish = redis.register_script(FINISH)
+        self._script = redis.register_script(TAKE)
         self._job_prefix = Job.redis_job_namespace_prefix
         self._lost: list[str] = []  # run-id bases of takes whose answers were lost
         self._results_prefix: str = Result.get_key("")  # type: ignore[no-untyped-call]
@@ -256,38 +258,84 @@ class RqWire:
 
     # -- jobs ----------------------------------------------------------------------------------
 
-    def take(self, most: int, wait: float) -> list[Taken]:
-        """Up to ``most`` waiting jobs, started in RQ in one script; with none waiting and
-        ``wait`` above zero, blocks up to ``wait`` seconds for one (then takes more with it;
-        a popped id whose take then fails waits for the reconciler, as RQ's own dequeue
-        loses one whose answer is lost).
+    def take(
+        self, most: int, wait: float, finishing: Sequence[Finished] = (), state: str = ""
+    ) -> list[Taken]:
+        """Up to ``most`` waiting jobs, started in RQ in one script — the jobs of
+        ``finishing`` finished in the same script first, the worker then ``state`` in RQ if
+        none is taken; with none waiting and ``wait`` above zero, blocks up to ``wait``
+        seconds for one (then takes more with it; a popped id whose take then fails waits for
+        the reconciler, as RQ's own dequeue loses one whose answer is lost).
         A job whose id was popped but whose hash is gone comes back unreadable, unstarted.
 
         A take whose answer was lost (the connection broke after Redis ran it) started jobs
         for this worker that it does not know of — and that the deliverer counts as live
         while the worker lives: the next take finds them by their run ids and hands them
-        out first (:meth:`_recovered`)."""
+        out first (:meth:`_recovered`) — or, none found, takes as usual —, its finishes written
+        again on their own (a second entry in a job's results stream, the rest the same)."""
         if self._lost:
-            return self._recovered()
-        taken = self._start(most, "", 0)
+            if finishing:
+                self.finish(finishing, state)
+                finishing = ()
+            found = self._recovered()
+            if found:
+                return found
+        taken = self._run(most, "", 0, finishing, state)
         if taken or wait <= 0:
             return taken
         popped = self.redis.blpop(self._queue_keys, timeout=wait)
         if popped is None:
             return []
         key, job_id = (_text(part) for part in popped)
-        return self._start(most, job_id, self._queue_keys.index(key) + 1)
+        return self._run(most, job_id, self._queue_keys.index(key) + 1, (), "")
 
-    def _start(self, most: int, first: str, index: int) -> list[Taken]:
-        """The take script: ``first`` (an id popped already, from the queue at ``index``,
-        counted from 1) and as many more waiting jobs as make ``most``, started."""
+    def finish(self, done: Sequence[Finished], state: str) -> None:
+        """RQ's finish of jobs that ran (one script), the worker's figures and ``state``
+        written with them."""
+        self._run(0, "", 0, done, state)
+
+    def _run(
+        self, most: int, first: str, index: int, finishing: Sequence[Finished], state: str
+    ) -> list[Taken]:
+        """The script: ``finishing`` finished, then ``first`` (an id popped already, from the
+        queue at ``index``, counted from 1) and as many more waiting jobs as make ``most``
+        started; the worker ``state`` if none is."""
         stamp, base = datetime.now(UTC), uuid.uuid4().hex[:16]
         args: list[EncodableT] = [most, self._job_prefix, utcformat(stamp)]
-        args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, index]
-        self._lost.append(base)  # until its answer comes: it may run and its answer be lost
-        rows = self._take(keys=self._take_keys, args=args)
-        self._lost.remove(base)
+        args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, index, state]
+        figures = self._finishes(finishing, stamp, args)
+        if most or first:  # until its answer comes: it may run and its answer be lost
+            self._lost.append(base)
+        rows = self._script(keys=self._take_keys, args=args)
+        if most or first:
+            self._lost.remove(base)
+        self.succeeded, self.failed, self.working_time = figures
         return [self._taken(*row) for row in rows]
+
+    def _finishes(
+        self, done: Sequence[Finished], now: datetime, args: list[EncodableT]
+    ) -> tuple[int, int, float]:
+        """The script's arguments for the jobs of ``done`` (added to ``args``), and the
+        worker's figures once they are written (only it writes them)."""
+        succeeded = self.succeeded + sum(item.error is None for item in done)
+        failed = self.failed + sum(item.error is not None for item in done)
+        working_time = self.working_time + sum(item.seconds for item in done)
+        if not done:
+            return succeeded, failed, working_time
+        args += [self._results_prefix, succeeded, failed, round(working_time, 6)]
+        for item in done:
+            at = self.queues.index(item.taken.queue)
+            if item.error is None:
+                registry, ttl, status = self._finished_keys[at], RESULT_TTL, "finished"
+                kind, field = Result.Type.SUCCESSFUL.value, "return_value"
+                value = base64.b64encode(json.dumps(item.outcome).encode()).decode()
+            else:
+                registry, ttl, status = self._failed_keys[at], FAILURE_TTL, "failed"
+                kind, field = Result.Type.FAILED.value, "exc_string"
+                value = base64.b64encode(zlib.compress(item.error.encode())).decode()
+            args += [item.taken.job_id, self._started_keys[at], item.taken.run, registry]
+            args += [now.timestamp() + ttl, ttl, status, kind, field, value]
+        return succeeded, failed, working_time
 
     @property
     def lost(self) -> bool:
@@ -315,30 +363,6 @@ class RqWire:
             return Taken(job, queue, _text(run), delivery_of(data, queue))
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             return Taken(job, queue, _text(run), None, f"not a duejobs job ({exc})")
-
-    def finish(self, done: Sequence[Finished], state: str) -> None:
-        """RQ's finish of jobs that ran (one script), the worker's figures and ``state``
-        written with them."""
-        now = datetime.now(UTC)
-        succeeded = self.succeeded + sum(item.error is None for item in done)
-        failed = self.failed + sum(item.error is not None for item in done)
-        working_time = self.working_time + sum(item.seconds for item in done)
-        args: list[Any] = [self._job_prefix, self._results_prefix, utcformat(now), self.name]
-        args += [state, succeeded, failed, round(working_time, 6)]
-        for item in done:
-            at = self.queues.index(item.taken.queue)
-            if item.error is None:
-                registry, ttl, status = self._finished_keys[at], RESULT_TTL, "finished"
-                kind, field = Result.Type.SUCCESSFUL.value, "return_value"
-                value = base64.b64encode(json.dumps(item.outcome).encode()).decode()
-            else:
-                registry, ttl, status = self._failed_keys[at], FAILURE_TTL, "failed"
-                kind, field = Result.Type.FAILED.value, "exc_string"
-                value = base64.b64encode(zlib.compress(item.error.encode())).decode()
-            args += [item.taken.job_id, self._started_keys[at], item.taken.run, registry]
-            args += [now.timestamp() + ttl, ttl, status, kind, field, value]
-        self._finish(keys=[self.key], args=args)
-        self.succeeded, self.failed, self.working_time = succeeded, failed, working_time
 
 
 def delivery_of(data: bytes | str, queue: str) -> Delivery:

@@ -1,0 +1,62 @@
+"""What a job costs the worker in Redis: at most twelve commands per job, at one slot and at
+sixteen, counted by Redis itself (``INFO commandstats``, a script's call and each command it
+runs), so that a deployment's Redis follows the jobs, not the worker's bookkeeping of them.
+
+Serial: Redis counts commands for the whole server, and the tests running beside it in other
+processes share it (each in a database of its own).
+
+Seen failing with the finish of a job at one slot written apart from the next take (14.0 per
+job).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from duejobs.worker import WorkerConfig, build_worker, loop
+from tests.support.system import System
+
+COMMANDS_PER_JOB_AT_MOST = 12
+
+pytestmark = pytest.mark.serial
+
+
+# A connection's set-up, and the count's own: not the worker's work.
+_NOT_COUNTED = ("hello", "client|", "auth", "select", "info", "config|")
+
+
+def _commands(system: System) -> int:
+    stats = system.redis.info("commandstats")
+    return sum(
+        int(entry["calls"])
+        for name, entry in stats.items()
+        if not name.removeprefix("cmdstat_").startswith(_NOT_COUNTED)
+    )
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+def test_a_job_costs_the_worker_at_most_12_redis_commands(
+    system: System, concurrency: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per job: the commands of a burst worker over 40 jobs less those over 10, over 30
+    (what a worker does once — register, retire — cancels out); the heartbeat, paced by the
+    clock and not by jobs, held to the one at the worker's end, and the set-up of the
+    connections left out."""
+    monkeypatch.setattr(loop, "BEAT_EVERY", 3600.0)
+
+    def commands(jobs: int) -> int:
+        for n in range(jobs):
+            system.app.schedule("record", {"n": n}, delay=0)
+        system.scheduler.run_once()
+        worker = build_worker(system.app, WorkerConfig(concurrency=concurrency))
+        try:
+            system.redis.config_resetstat()
+            worker.work(burst=True)
+            return _commands(system)
+        finally:
+            worker.runtime.close()
+
+    commands(1)  # the worker's scripts loaded into Redis once
+    per_job = (commands(40) - commands(10)) / 30
+    print(f"\n{per_job:.2f} Redis commands per job at {concurrency} slots")
+    assert per_job <= COMMANDS_PER_JOB_AT_MOST
