@@ -29,6 +29,7 @@ from duejobs.errors import (
     UnknownTimezoneError,
 )
 from duejobs.scheduler.loop import SchedulerConfig
+from duejobs.services.node_drain import DrainConfig
 from duejobs.services.pruner import PruneConfig
 from duejobs.services.reconciler import ReconcileConfig
 from duejobs.worker import WorkerConfig
@@ -267,6 +268,12 @@ _SECOND = timedelta(seconds=1)
         (ReconcileConfig, {"batch_size": 100_001}, "batch_size must be 1..100000"),
         (ReconcileConfig, {"stuck_after": timedelta(0)}, "stuck_after must be > 0"),
         (PruneConfig, {"older_than": "30d"}, "older_than must be a timedelta"),
+        (
+            functools.partial(DrainConfig, "redis://old:6379/0"),
+            {"chunk": 0},
+            "chunk must be 1..100000",
+        ),
+        (DrainConfig, {"url": "http://old:6379/0"}, "not a Redis URL: http://old"),
         (WorkerConfig, {"claim_lock_timeout": timedelta(0)}, "claim_lock_timeout must be > 0"),
         (WorkerConfig, {"max_early_wait": -_SECOND}, "max_early_wait must be >= 0"),
         (WorkerConfig, {"max_early_wait": 61 * _SECOND}, "max_early_wait must be at most"),

@@ -10,8 +10,7 @@ import click
 from duejobs.cli.base import _app, _fail
 from duejobs.cli.group import main
 from duejobs.errors import ConfigurationError
-from duejobs.redis_urls import check_redis_url
-from duejobs.services.node_drain import drain_node
+from duejobs.services.node_drain import DrainConfig, NodeDrain
 
 
 @main.group()
@@ -29,11 +28,11 @@ def drain(ctx: click.Context, url: str, as_json: bool) -> None:
     that still live at URL are left alone. Run it after the services use the new mapping,
     and again until it reports nothing left and no job started there."""
     try:
-        check_redis_url(url)
+        config = DrainConfig(url)
     except ConfigurationError as exc:
         _fail(ValueError(str(exc)))
     with _app(ctx) as app:
-        result = drain_node(app, url)
+        result = NodeDrain(app, config).run_once()
     if as_json:
         click.echo(json.dumps(asdict(result)))
         return

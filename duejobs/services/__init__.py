@@ -1,16 +1,16 @@
 """The maintenance services, beside the scheduler and the worker.
 
-The periodic ones share one contract (:mod:`.loop`): a config dataclass checked when made,
-``run_once()`` doing one pass and returning what it did, ``run()`` handing passes to the loop
-that waits out a database or Redis outage, and ``stop()``:
+Each is one kind of thing under one contract: a config dataclass checked when made (a
+refusal names the knob), ``run_once()`` doing one pass and returning what it did; the periodic
+ones add ``run()``, handing passes to the loop that waits out a database or Redis outage
+(:mod:`.loop`), and ``stop()``:
 
 * :mod:`.reconciler` — re-pushes overdue rows, rescues work whose worker died, removes
   orphan jobs, and creates the coming partitions;
 * :mod:`.pruner` — deletes finished schedules and their history once old enough, and drops
-  whole partitions behind.
+  whole partitions behind;
+* :mod:`.node_drain` — one pass, the operator's, that moves a Redis node's jobs home once
+  its queues moved.
 
-The steps they and the operators' commands run:
-
-* :mod:`.partition_maintenance` — partitions created ahead and dropped behind, and the
-  online conversion to partitioned mode;
-* :mod:`.node_drain` — one pass that moves a Redis node's jobs home once its queues moved."""
+The steps of partitioned mode, which the reconciler's and the pruner's passes run (their
+results in theirs), and the online conversion to it: :mod:`.partition_maintenance`."""

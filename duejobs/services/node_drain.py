@@ -2,7 +2,7 @@
 
 When ``DUEJOBS_REDIS_NODES`` moves a queue to another node, the jobs already waiting for it
 on the old node (its list and its scheduled registry) stay there: nothing promotes or serves
-a node the configuration no longer names. :func:`drain_node` moves them: for each queue found
+a node the configuration no longer names. A :class:`NodeDrain` pass moves them: for each queue found
 on the node at ``url`` that lives on another node now, it reads the waiting ids, pushes the
 deliveries they still stand for onto the queue's node — under the same deterministic ids, so
 a job already there is left alone — and only then takes the old copies off. A job whose
@@ -18,6 +18,12 @@ configured for other queues can be drained of the ones that left it.
 What it does not do: stop the old node's workers. A job they have started runs to its end
 there; :class:`DrainResult` says how many, and those workers may stop once it is 0. Safe to
 run again: a node with nothing left behind is reported empty.
+
+A service of one pass (:meth:`NodeDrain.run_once`), not a loop: the operator runs it, and again
+until it reports nothing left — no drain goes on behind a configuration that changes again.
+
+Knobs (:class:`DrainConfig`, checked when built): ``url`` (the node, a Redis URL), ``chunk``
+(1000 jobs read, pushed and taken off together).
 """
 
 from __future__ import annotations
@@ -29,7 +35,20 @@ from duejobs import store
 from duejobs.core import Core, HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.delivery.nodes import NodeDown, node_label
-from duejobs.redis_urls import redis_client
+from duejobs.redis_urls import check_redis_url, redis_client
+from duejobs.validation import check_count
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """Node drain knobs."""
+
+    url: str
+    chunk: int = 1000
+
+    def __post_init__(self) -> None:
+        check_redis_url(self.url)
+        check_count("chunk", self.chunk, 1, 100_000)
 
 
 @dataclass(frozen=True)
@@ -44,30 +63,36 @@ class DrainResult:
     started: int  # jobs workers on the old node have started and not finished
 
 
-def drain_node(app: HasCore, url: str, chunk: int = 1000) -> DrainResult:
-    """Move what queues that left the node at ``url`` left behind onto their nodes now
-    (see the module docstring)."""
-    core = app.core
-    deliverer = core.deliverer()
-    old = redis_client(url, connections=2)
-    try:
-        moved_off = deliverer.moved_off(old)
-        found: dict[str, int] = {}
-        moved = dropped = taken = 0
-        for queue in moved_off:
-            ids = deliverer.waiting_in(old, queue, chunk)
-            if ids:
-                found[queue] = len(ids)
-            for start in range(0, len(ids), chunk):
-                part = ids[start : start + chunk]
-                pushed = _push_home(core, part)
-                taken += deliverer.take_off(old, queue, part)
-                moved += pushed
-                dropped += len(part) - pushed
-        started = deliverer.started_in(old, moved_off)
-        return DrainResult(node_label(old), found, moved, dropped, taken, started)
-    finally:
-        old.close()
+class NodeDrain:
+    """Drains the node of its config (see the module docstring)."""
+
+    def __init__(self, app: HasCore, config: DrainConfig) -> None:
+        self.core = app.core
+        self.config = config
+
+    def run_once(self) -> DrainResult:
+        """Move what queues that left the node left behind onto their nodes now."""
+        deliverer = self.core.deliverer()
+        chunk = self.config.chunk
+        old = redis_client(self.config.url, connections=2)
+        try:
+            moved_off = deliverer.moved_off(old)
+            found: dict[str, int] = {}
+            moved = dropped = taken = 0
+            for queue in moved_off:
+                ids = deliverer.waiting_in(old, queue, chunk)
+                if ids:
+                    found[queue] = len(ids)
+                for start in range(0, len(ids), chunk):
+                    part = ids[start : start + chunk]
+                    pushed = _push_home(self.core, part)
+                    taken += deliverer.take_off(old, queue, part)
+                    moved += pushed
+                    dropped += len(part) - pushed
+            started = deliverer.started_in(old, moved_off)
+            return DrainResult(node_label(old), found, moved, dropped, taken, started)
+        finally:
+            old.close()
 
 
 def _push_home(core: Core, job_ids: list[str]) -> int:
