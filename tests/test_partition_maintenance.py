@@ -1,27 +1,26 @@
 """Partitioned mode's maintenance: ranges dropped whole behind (only once nothing in them
 is live or recent, checked again under the lock), pruned in batches while busy, and made
-ahead by the reconciler. Each test on a schema of its own, in partitioned mode
-(:mod:`tests.support.partitions`).
+ahead by a service of their own, which ``duejobs reconcile`` runs. Each test on a schema of
+its own, in partitioned mode (:mod:`tests.support.partitions`).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-from datetime import timedelta
+from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
 from duejobs import App, store
 from duejobs.errors import PartitioningError
-from duejobs.services.partition_maintenance import create_ahead
+from duejobs.services.partition_maintenance import PartitionMaintenance, create_ahead
 from duejobs.services.pruner import PruneConfig, Pruner
-from duejobs.services.reconciler import Reconciler
 from duejobs.store.partitions import PARTITIONED, partition_name
-from tests.support import sample
+from tests.support import sample, wait_for
+from tests.support.cli import run
 from tests.support.partitions import (
     DAILY,
     db_now,
@@ -32,6 +31,7 @@ from tests.support.partitions import (
     schema_tx,
 )
 from tests.support.partitions import parted as parted
+from tests.support.processes import ROOT, Proc
 
 
 def test_a_range_is_dropped_whole_only_once_nothing_in_it_is_live_or_recent(
@@ -66,20 +66,7 @@ def test_prune_says_how_many_ranges_and_schedules_it_dropped(
     with schema_tx(parted) as conn:
         for h in (1, 2, 3):
             insert_at(conn, start + timedelta(hours=h), finished=db_now(parted) - timedelta(days=8))
-    schema = parted.engine.get_execution_options()["duejobs_schema"]
-    env = {
-        **os.environ,
-        "DUEJOBS_DATABASE_URL": database_url,
-        "DUEJOBS_REDIS_URL": redis_url,
-        "DUEJOBS_SCHEMA": schema,
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "duejobs", "prune", "--older-than", "7d"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run("prune", "--older-than", "7d", env=_cli_env(parted, database_url, redis_url))
     assert done.returncode == 0, done.stderr
     said = re.search(r"dropped (\d+) ranges whole, with (\d+) finished schedules", done.stdout)
     assert said is not None, done.stdout
@@ -125,18 +112,66 @@ def test_a_drop_checks_again_under_the_lock(parted: App) -> None:
     assert rows_of(parted, "scheduled_jobs", [sid]) == 1
 
 
-def test_the_reconciler_makes_the_coming_partitions(parted: App) -> None:
-    """Seen failing with the reconciler's call left out."""
-    last = DAILY.start_of(db_now(parted)) + 2 * DAILY.period
-    with schema_tx(parted) as conn:
+def _drop_last_partition(app: App) -> datetime:
+    """The last partition ahead dropped, as if no maintenance pass had run for a period;
+    its start."""
+    last = DAILY.start_of(db_now(app)) + 2 * DAILY.period
+    with schema_tx(app) as conn:
         for table in reversed(PARTITIONED):
             conn.execute(text(f"DROP TABLE {partition_name(table, last)}"))
-    assert Reconciler(parted).run_once().partitions_created == 1
+    return last
+
+
+def _cli_env(app: App, database_url: str, redis_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": database_url,
+        "DUEJOBS_REDIS_URL": redis_url,
+        "DUEJOBS_SCHEMA": app.engine.get_execution_options()["duejobs_schema"],
+    }
+
+
+def test_partition_maintenance_makes_the_coming_partitions(parted: App) -> None:
+    """Seen failing with the pass's call to create them left out."""
+    last = _drop_last_partition(parted)
+    result = PartitionMaintenance(parted).run_once()
+    assert result.created == [partition_name("scheduled_jobs", last)]
     ahead = sample("duejobs_partitions_ready_ahead_seconds")
     assert 2 * 86400 < ahead <= 3 * 86400
     assert create_ahead(parted.engine) == []
     with schema_tx(parted) as conn:
         assert last in {p.start for p in store.partitions(conn)}
+
+
+def test_duejobs_reconcile_makes_the_coming_partitions_in_one_pass(
+    parted: App, database_url: str, redis_url: str
+) -> None:
+    """``duejobs reconcile`` once (a cron job's way) runs a maintenance pass beside its own.
+    Seen failing with the command running the reconciler alone."""
+    last = _drop_last_partition(parted)
+    done = run("reconcile", env=_cli_env(parted, database_url, redis_url))
+    assert done.returncode == 0, done.stderr
+    with schema_tx(parted) as conn:
+        assert last in {p.start for p in store.partitions(conn)}
+
+
+def test_duejobs_reconcile_every_makes_the_coming_partitions_beside_its_passes(
+    parted: App, database_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """``duejobs reconcile --every`` runs the maintenance loop beside the reconciler's (its
+    first pass at once), and both stop at SIGTERM. Seen failing with the loop not started."""
+    last = _drop_last_partition(parted)
+    env = {**_cli_env(parted, database_url, redis_url), "PYTHONPATH": str(ROOT)}
+    proc = Proc(["reconcile", "--every", "1s"], env, tmp_path / "reconcile.log")
+    try:
+
+        def made() -> bool:
+            with schema_tx(parted) as conn:
+                return last in {p.start for p in store.partitions(conn)}
+
+        wait_for(made, 30, "the coming partition made")
+    finally:
+        assert proc.stop() == 0, proc.output()
 
 
 def test_a_coming_range_is_made_even_when_the_default_partition_holds_rows_of_it(

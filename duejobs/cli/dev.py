@@ -10,6 +10,7 @@ import click
 from duejobs.cli.base import POSITIVE, _app, _checked, _operate, load_app, sync_declared
 from duejobs.cli.group import main
 from duejobs.scheduler.loop import Scheduler
+from duejobs.services.partition_maintenance import PartitionMaintenance
 from duejobs.services.pruner import PruneConfig, Pruner
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import WorkerConfig, build_worker
@@ -50,12 +51,14 @@ def dev(
         sync_declared(app)
         del configured  # the servers are up and the schema migrated; the handlers' App runs
         scheduler, reconciler, pruner = Scheduler(app), Reconciler(app), Pruner(app, pruning)
+        partitions = PartitionMaintenance(app)
         loops = [
             threading.Thread(target=scheduler.run, name="scheduler", daemon=True),
             threading.Thread(
                 target=reconciler.run, args=(RECONCILE_EVERY,), name="reconciler", daemon=True
             ),
             threading.Thread(target=pruner.run, args=(PRUNE_EVERY,), name="pruner", daemon=True),
+            threading.Thread(target=partitions.run, name="partitions", daemon=True),
         ]
         for loop in loops:
             loop.start()
@@ -69,7 +72,7 @@ def dev(
             # The worker in the main thread: SIGINT/SIGTERM end it (warm), then the rest.
             worker.work()
         finally:
-            for service in (scheduler, reconciler, pruner):
+            for service in (scheduler, reconciler, pruner, partitions):
                 service.stop()
             for loop in loops:
                 loop.join(timeout=30)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import logging
 import signal
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol, TypeVar
@@ -35,6 +36,7 @@ from duejobs.observability.stats import GaugeRefresh
 from duejobs.observability.stats import collect as collect_stats
 from duejobs.observability.stats import render as render_stats
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services.partition_maintenance import PartitionMaintenance
 from duejobs.services.pruner import PruneConfig, Pruner, PruneResult
 from duejobs.services.reconciler import ReconcileConfig, Reconciler, ReconcileResult
 from duejobs.timespec import spell_duration
@@ -178,7 +180,8 @@ def reconcile(
     log_format: str,
     metrics_port: int | None,
 ) -> None:
-    """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds.
+    """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds; in
+    partitioned mode, the coming partitions made beside it (once, or every 10 minutes).
 
     With --metrics-port, the figures of `duejobs stats` are exported after the first pass and
     then at most every --stats-every: they count every live row (about 4 s at 5 million live
@@ -204,7 +207,22 @@ def reconcile(
                         "stats gauges not refreshed: %s", said
                     )
 
-        _once_or_every(reconciler, every, report)
+        partitions = PartitionMaintenance(app)
+        if every is None:
+            report(reconciler.run_once())
+            partitions.run_once()
+            return
+        beside = threading.Thread(target=partitions.run, name="partitions", daemon=True)
+        beside.start()
+
+        def stop() -> None:
+            reconciler.stop()
+            partitions.stop()
+
+        _stop_on_signals(stop)
+        reconciler.run(every, report=report)
+        partitions.stop()
+        beside.join(timeout=30)
 
 
 @main.command()

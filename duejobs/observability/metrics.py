@@ -81,6 +81,10 @@ PRUNE_FAILED_PASSES = Counter(
     "duejobs_pruner_failed_passes", "Pruner passes that failed (an outage or a bug)."
 )
 PRUNED = Counter("duejobs_pruned", "Finished schedules deleted with their history.")
+PARTITION_MAINTENANCE_FAILED = Counter(
+    "duejobs_partition_maintenance_failed_passes",
+    "Partition maintenance passes that failed (an outage, or a partition's locks not granted).",
+)
 PARTITIONS_CREATED = Counter(
     "duejobs_partitions_created", "Partitions created ahead (partitioned mode)."
 )

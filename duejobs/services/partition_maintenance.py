@@ -5,10 +5,12 @@ Partitioned mode is chosen at ``duejobs migrate --partitioned`` (the layout, and
 tables are partitioned by schedule id, are in :mod:`duejobs.store.partitions`); a plain
 schema already in use is moved by :func:`convert`, online. Then:
 
-- **Ahead.** Each reconciler pass makes sure the partitions of the current period and of
-  ``ahead`` more exist (default: periods of 7 days, 2 ahead), so a new schedule always lands in
-  a partition of its own time. One missed for long (no reconciler running) costs no insert:
-  such rows land in the ``DEFAULT`` partition, where the pruner's deletes reach them.
+- **Ahead.** Each pass of :class:`PartitionMaintenance` — a service of its own, run beside
+  the reconciler by ``duejobs reconcile`` (every ``EVERY``, 10 minutes, with ``--every``; once
+  with a single pass) and by ``duejobs dev`` — makes sure the partitions of the current period
+  and of ``ahead`` more exist (default: periods of 7 days, 2 ahead), so a new schedule always
+  lands in a partition of its own time. One missed for long (no such pass running) costs no
+  insert: such rows land in the ``DEFAULT`` partition, where the pruner's deletes reach them.
 - **Behind.** Each pruner pass drops the ranges that hold no live row and nothing that
   finished within ``older_than`` — the schedules with their events, attempts and results, in
   one transaction per range —, deletes their effect-ledger rows in batches (the ledger is not
@@ -26,7 +28,8 @@ holding it holds up statements on that table for as long as the catalog change t
 milliseconds), and a drop takes the four tables' locks one after the other, so while it waits
 for one (a long transaction reading it) statements on those it holds wait too, up to 2 s per
 table. A reconciler pass that cannot create a partition fails, to be tried again next
-pass (counted in ``duejobs_reconciler_failed_passes_total``); a range the pruner cannot drop is
+pass (counted in ``duejobs_partition_maintenance_failed_passes_total``, and retried with the
+backoff of :mod:`duejobs.services.loop`); a range the pruner cannot drop is
 pruned in batches that pass instead (:class:`Behind`), and dropped at a later one.
 
 Rows that waited in the default partition for a period without a partition are moved into it
@@ -34,7 +37,8 @@ when it is made. What it does not do: change the period of partitions already ma
 
 Metrics: ``duejobs_partitions_created_total``, ``duejobs_partitions_dropped_total``, and
 ``duejobs_partitions_ready_ahead_seconds`` (how far past now the last partition reaches, set by
-each reconciler pass: below one period, the coming partitions are not being made).
+each maintenance pass: below one period, the coming partitions are not being made),
+``duejobs_partition_maintenance_failed_passes_total``.
 """
 
 from __future__ import annotations
@@ -51,16 +55,54 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from duejobs import store
+from duejobs.core import HasCore
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at
 from duejobs.observability import metrics
+from duejobs.services.loop import Loop
 from duejobs.store.partitions import Partition, Partitioning
 
 log = logging.getLogger("duejobs.partitions")
 
 DEFAULT_PERIOD = timedelta(days=7)
 DEFAULT_AHEAD = 2
+# How often a maintenance loop makes its pass: a small part of any period worth a partition.
+EVERY = timedelta(minutes=10)
 _EFFECTS_BATCH = 10_000
+
+
+@dataclass(frozen=True)
+class MaintenanceResult:
+    """What one maintenance pass made: the partitions created ahead (none in the plain
+    schema, or when all were there)."""
+
+    created: list[str] = field(default_factory=list)
+
+
+class PartitionMaintenance:
+    """The partitions ahead, pass after pass (see the module docstring). No knobs: the period
+    and how many ahead are the schema's, set at ``duejobs migrate --partitioned``."""
+
+    def __init__(self, app: HasCore) -> None:
+        self.core = app.core
+        self._loop = Loop("partition maintenance", log, metrics.PARTITION_MAINTENANCE_FAILED)
+
+    def run_once(self) -> MaintenanceResult:
+        """Create the partitions missing ahead; what it created."""
+        return MaintenanceResult(create_ahead(self.core.engine))
+
+    def run(
+        self,
+        every: timedelta = EVERY,
+        report: Callable[[MaintenanceResult], None] | None = None,
+    ) -> None:
+        """A pass every ``every`` until :meth:`stop`; a failed one retried sooner, after the
+        loop's backoff from a tenth of ``every``."""
+        self._loop.run_forever(self.run_once, lambda _: every, every / 10, every, report=report)
+
+    def stop(self) -> None:
+        """Ask the loop to stop after the pass under way."""
+        self._loop.stop()
 
 
 def create_ahead(engine: Engine) -> list[str]:

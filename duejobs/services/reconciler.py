@@ -21,9 +21,9 @@ makes Redis agree with PostgreSQL again:
 3. **Jobs without a schedule.** Waiting queue jobs whose schedule is missing, finished,
    cancelled, or at another version are removed from Redis.
 
-Then jobs whose time has come are promoted, as the scheduler does, and in partitioned mode the
-partitions of the coming periods are created if missing
-(:mod:`duejobs.services.partition_maintenance`).
+Then jobs whose time has come are promoted, as the scheduler does. (In partitioned mode, the
+partitions of the coming periods are made by a service of their own, which ``duejobs
+reconcile`` runs beside this one: :mod:`duejobs.services.partition_maintenance`.)
 
 Safe while schedulers, workers and other reconcilers run: rows are locked with SKIP LOCKED,
 pushes are atomic and idempotent, and a job is only removed when the database says for certain
@@ -58,7 +58,6 @@ from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
 from duejobs.models import Status
 from duejobs.observability import metrics
-from duejobs.services import partition_maintenance
 from duejobs.services.loop import Loop
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_count, check_duration
@@ -94,8 +93,6 @@ class ReconcileResult:
     failed: int = 0
     orphans_removed: int = 0
     promoted: int = 0
-    # Partitioned mode: partitions created ahead.
-    partitions_created: int = 0
 
     @property
     def fixed(self) -> int:
@@ -145,7 +142,6 @@ class Reconciler:
         checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
         promoted = self.deliverer.promote(now)
-        created = partition_maintenance.create_ahead(self.core.engine)
         result = ReconcileResult(
             checked=checked,
             repushed=repushed,
@@ -154,7 +150,6 @@ class Reconciler:
             failed=rescued.get(Status.FAILED.value, 0),
             orphans_removed=removed,
             promoted=promoted,
-            partitions_created=len(created),
         )
         for kind in ("repushed", "rescued", "failed", "orphans_removed"):
             metrics.FIXED.labels(kind).inc(getattr(result, kind))
