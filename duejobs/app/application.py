@@ -35,11 +35,10 @@ from redis import Redis
 from sqlalchemy import Connection
 
 from duejobs import store
-from duejobs.app.checks import RequestChecks
 from duejobs.app.quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
 from duejobs.app.reads import ReadAPI
 from duejobs.app.recurring import RecurringAPI
-from duejobs.app.scope import ScheduleId, schedule_id_of
+from duejobs.app.scope import RequestChecks, ScheduleId, schedule_id_of
 from duejobs.app.tasks import TaskAPI
 from duejobs.config import Settings
 from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types, make_engine

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection
 
 from duejobs import store
-from duejobs.app.checks import registration
-from duejobs.app.scope import Scoped
+from duejobs.app.scope import Scoped, registration
 from duejobs.errors import (
     InvalidScheduleError,
     ScheduleNotFoundError,
