@@ -10,8 +10,7 @@ SQLAlchemy, Redis or RQ.
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from duejobs.lazy import lazy_exports
 
@@ -23,11 +22,6 @@ if TYPE_CHECKING:
     from duejobs.handlers import RetryPolicy
     from duejobs.models import Attempt, Event, EventKind, Page, Schedule, ScheduleRequest, Status
     from duejobs.worker.context import Context
-
-try:
-    __version__ = version("duejobs")
-except PackageNotFoundError:  # a source tree that was never installed
-    __version__ = "0+unknown"
 
 # Each public name and the module it lives in.
 _HOMES = {
@@ -63,4 +57,19 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
+_exported, __dir__ = lazy_exports(__name__, _HOMES, globals())
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, or ``__version__``, read from the installed package's metadata on first
+    use (importing ``importlib.metadata`` costs a worker's start-up about 20 ms)."""
+    if name != "__version__":
+        return _exported(name)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("duejobs")
+    except PackageNotFoundError:  # a source tree that was never installed
+        found = "0+unknown"
+    globals()["__version__"] = found
+    return found
