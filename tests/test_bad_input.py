@@ -275,6 +275,11 @@ _SECOND = timedelta(seconds=1)
         ),
         (DrainConfig, {"url": "http://old:6379/0"}, "not a Redis URL: http://old"),
         (WorkerConfig, {"claim_lock_timeout": timedelta(0)}, "claim_lock_timeout must be > 0"),
+        (
+            WorkerConfig,
+            {"lease": 20 * _SECOND, "heartbeat": 10 * _SECOND},
+            "heartbeat .* must be at most a third of the lease",
+        ),
         (WorkerConfig, {"max_early_wait": -_SECOND}, "max_early_wait must be >= 0"),
         (WorkerConfig, {"max_early_wait": 61 * _SECOND}, "max_early_wait must be at most"),
         (WorkerConfig, {"take_window": -_SECOND}, "take_window must be >= 0"),

@@ -62,7 +62,9 @@ def _app(servers: Servers) -> App:
 
 def _config(durable: bool) -> WorkerConfig:
     return WorkerConfig(
-        durable_bookkeeping=durable, lease=timedelta(seconds=2), heartbeat=timedelta(seconds=1)
+        durable_bookkeeping=durable,
+        lease=timedelta(seconds=2),
+        heartbeat=timedelta(milliseconds=500),
     )
 
 

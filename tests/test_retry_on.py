@@ -6,7 +6,10 @@ Seen failing against a worker that retried every failure (the policy's classes i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +17,7 @@ import pytest
 from duejobs import Permanent, Status
 from duejobs.errors import InvalidHandlerError
 from duejobs.worker import Outcome
+from tests.support.slots import slots as slots
 from tests.support.system import System
 
 _TYPES = itertools.count()
@@ -62,6 +66,36 @@ def test_permanent_fails_at_once_whatever_retry_on_says(system: System) -> None:
     outcome, stored = _failing_once(system, Permanent("card refused"), retry_on=(Exception,))
     assert outcome is Outcome.FAILED and stored.status is Status.FAILED
     assert stored.last_error == "Permanent: card refused"
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [SystemExit(3), KeyboardInterrupt("handler's own"), asyncio.CancelledError("awaited")],
+    ids=type,
+)
+def test_a_handler_raising_a_base_exception_follows_its_retry_rules(
+    system: System, raised: BaseException
+) -> None:
+    """``sys.exit()``, a ``KeyboardInterrupt`` or a ``CancelledError`` out of a handler fail
+    its attempt as any other error would, named in ``last_error``. Seen failing with them
+    raised out of the worker, the row left running until its lease expired."""
+    outcome, stored = _failing_once(system, raised)
+    assert outcome is Outcome.RETRYING and stored.status is Status.SCHEDULED
+    assert stored.last_error == f"{type(raised).__name__}: {raised}" and stored.attempts == 1
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_a_worker_goes_on_after_a_handler_calls_sys_exit(
+    system: System, slots: Callable[[int], None], concurrency: int
+) -> None:
+    """The worker outlives a handler's ``sys.exit()``, at one slot and at several: the job
+    after it runs. Seen failing with the worker ended by it."""
+    system.app.handler("exits", max_attempts=1)(lambda ctx, payload: sys.exit(1))
+    exits = system.app.schedule("exits", {}, delay=0)
+    after = system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    slots(concurrency)
+    assert (system.status(exits.id), system.status(after.id)) == ("failed", "succeeded")
 
 
 @pytest.mark.parametrize(

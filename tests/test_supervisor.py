@@ -87,7 +87,15 @@ def test_a_wedged_slot_inside_its_effect_fence_ends_the_worker_whatever_the_othe
     s = system.app.schedule("stubborn-fenced-once", {"seconds": 120}, delay=0)
     system.scheduler.run_once()
     worker = spawn(
-        *WORKER, "--concurrency", "3", "--timeout-grace", "1s", "--lease", "2s", "--heartbeat", "1s"
+        *WORKER,
+        "--concurrency",
+        "3",
+        "--timeout-grace",
+        "1s",
+        "--lease",
+        "2s",
+        "--heartbeat",
+        "0.5s",
     )
     assert worker.popen.wait(timeout=30) == EXIT_WEDGED, worker.output()
     reconciler = Reconciler(system.app)
@@ -167,7 +175,7 @@ def test_sigkill_leaves_every_running_slot_to_the_reconcilers_rescue(
 ) -> None:
     ids = [system.app.schedule(kind, {"seconds": 120}, delay=0).id for _ in range(3)]
     system.scheduler.run_once()
-    worker = spawn(*WORKER, "--concurrency", "3", "--lease", "2s", "--heartbeat", "1s")
+    worker = spawn(*WORKER, "--concurrency", "3", "--lease", "2s", "--heartbeat", "0.5s")
     running = "SELECT count(*) FROM scheduled_jobs WHERE status = 'running'"
     wait_for(lambda: count_rows(system.app, running) == 3, 30, "three slots to be busy")
     worker.stop(signal.SIGKILL)

@@ -71,7 +71,7 @@ transaction holds; then the delivery goes back to the scheduled registry for a s
 under its own id, without using an attempt.
 
 Knobs (:class:`WorkerConfig`, checked when built): ``lease`` (20 s), ``heartbeat`` (5 s, at
-most half the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: set True
+most a third of the lease), ``max_early_wait`` (1 s), ``durable_bookkeeping`` (False: set True
 to fsync every claim and outcome), ``timeout_grace`` (10 s), ``claim_lock_timeout`` (2 s),
 ``concurrency`` (1: deliveries one at a time, in the main thread; the App's connection pool
 grows to two connections per slot), ``take_window`` (10 ms, at most 1 s, 0 for none;

@@ -41,7 +41,7 @@ class WorkerConfig:
     )
     heartbeat: timedelta = field(
         default=timedelta(seconds=5),
-        metadata=_knob("Between renewals of the lease (at most half the lease)."),
+        metadata=_knob("Between renewals of the lease (at most a third of the lease)."),
     )
     max_early_wait: timedelta = field(
         default=timedelta(seconds=1),
@@ -125,10 +125,11 @@ class WorkerConfig:
                 )
             elif "low" in bounds:
                 check_count(knob.name, value, bounds["low"], bounds["high"])
-        if self.heartbeat * 2 > self.lease:
+        if self.heartbeat * 3 > self.lease:
             raise ConfigurationError(
-                f"heartbeat ({self.heartbeat}) must be at most half the lease ({self.lease}), "
-                "or a slow handler can lose its lease between two beats"
+                f"heartbeat ({self.heartbeat}) must be at most a third of the lease "
+                f"({self.lease}): a claim made ahead may wait up to a heartbeat before its "
+                "handler starts, and the first renewal comes a heartbeat after that"
             )
         if self.claim_lock_timeout >= STUCK_AFTER:
             raise ConfigurationError(

@@ -31,7 +31,6 @@ from duejobs.delivery import Deliverer
 from duejobs.errors import (
     ConfigurationError,
     EffectAlreadyAppliedError,
-    HandlerTimeoutError,
     ScheduleChangedError,
     describe,
 )
@@ -239,7 +238,7 @@ class Runtime:
             return self.completer.stale(ctx, SkipReason(exc.reason))
         except EffectAlreadyAppliedError:
             return self.completer.close(ctx, Status.SUCCEEDED)
-        except (Exception, HandlerTimeoutError) as exc:
+        except BaseException as exc:  # a handler's sys.exit(), CancelledError...: its attempt's
             log.warning("attempt failed: %s", describe(exc), extra=where, exc_info=True)
             return self.completer.failed(ctx, handler, describe(exc), retry=handler.retries(exc))
         if ctx._finished:

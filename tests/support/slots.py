@@ -16,7 +16,7 @@ from tests.support.system import System
 
 @pytest.fixture
 def slots(system: System) -> Iterator[Callable[[int], None]]:
-    """Drain the queue with an in-process worker of N slots (RQ's own loop, this thread)."""
+    """Drain the queue with an in-process worker of N slots (the worker's loop, this thread)."""
     runtimes: list[Runtime] = []
 
     def work(n: int) -> None:
