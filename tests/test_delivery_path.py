@@ -473,6 +473,49 @@ def test_a_delivery_of_an_unknown_type_fails_naming_it_after_the_grace(
     assert kinds.count(EventKind.REQUEUED) >= 1 and kinds[-1] is EventKind.FAILED
 
 
+def _due_now(app: App, schedule_id: uuid.UUID) -> None:
+    """The row due at once (the time its put-back or its retry's backoff set, passed)."""
+    with app.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scheduled_jobs SET due_at = now() WHERE id = :id"), {"id": schedule_id}
+        )
+
+
+def test_a_retried_attempt_gets_the_unknown_type_grace_of_its_own(
+    system: System, producer: App
+) -> None:
+    """Two services on one queue: attempt 1 was put back once by the one without the type's
+    handler, an hour ago, then run (and failed) by the one with it; attempt 2 lands on the
+    one without: it goes back for the other, its grace counted from its own first put-back.
+    Seen failing with the grace counted from the version's first put-back (attempt 2 failed
+    for good at once)."""
+    s = producer.schedule("deployed-later", {}, delay=0)
+    without = Runtime(producer)
+    try:
+        assert without.handle(s.id, 1, 1, "default") is Outcome.DEFERRED
+        with system.app.engine.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE scheduled_job_events SET at = at - interval '1 hour' "
+                    "WHERE schedule_id = :id AND kind = 'requeued'"
+                ),
+                {"id": s.id},
+            )
+
+        @system.app.handler("deployed-later", max_attempts=3)
+        def fails(ctx: object, payload: object) -> None:
+            raise ValueError("first attempt fails")
+
+        _due_now(system.app, s.id)
+        assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.RETRYING
+        _due_now(system.app, s.id)
+        assert without.handle(s.id, 1, 2, "default") is Outcome.DEFERRED
+    finally:
+        without.close()
+    stored = system.app.get(s.id)
+    assert stored is not None and (stored.status, stored.attempts) == (Status.SCHEDULED, 1)
+
+
 def test_handler_timeout_counts_as_a_failed_attempt(system: System) -> None:
     import time
 

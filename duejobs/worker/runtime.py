@@ -249,9 +249,9 @@ class Runtime:
         """A delivery of a type this worker has no handler for: put back for a worker that
         has one (a rolling deploy, producers updated before workers, a worker serving the
         queue for other types), backing off, without using an attempt — until
-        ``unknown_type_grace`` has passed, by the database clock, since a worker first put it
-        back: then it fails for good, naming its type (a typo, or a type no worker runs any
-        more)."""
+        ``unknown_type_grace`` has passed, by the database clock, since a worker first put
+        this attempt back (a retry's grace is its own): then it fails for good, naming its
+        type (a typo, or a type no worker runs any more)."""
         metrics.UNKNOWN_TYPES.labels(metrics.tenant_label(delivery.tenant)).inc()
         if _unknown_for(claim) < self.config.unknown_type_grace:
             with self.bookkeeping.connection() as conn:

@@ -70,7 +70,8 @@ WHERE j.id = :id AND j.tenant = :tenant AND j.version = :version AND j.attempts 
 -- Why a delivery claim_runs left unclaimed cannot run now, waiting for a row lock held
 -- elsewhere (up to the connection's lock_timeout): the skip verdict (the attempt must be the
 -- next one of a scheduled row), then the database clock (not due yet, or past its expiry),
--- then its type (one the worker has no handler for).
+-- then its type (one the worker has no handler for: since when this attempt has been put
+-- back for that, its grace its own — a retry is not failed for its first attempt's put-backs).
 -- Skips other than not_due are recorded as events. NULL: it can run (its row was locked).
 WITH cur AS (
     SELECT id, tenant, type, version, status, attempts, run_at, due_at, payload,
@@ -101,7 +102,8 @@ SELECT reason, type, due_at, statement_timestamp() AS db_now,
        CASE WHEN reason = 'unknown_type' THEN (
            SELECT min(e.at) FROM /*schema*/scheduled_job_events e
            WHERE e.schedule_id = verdict.id AND e.version = verdict.version
-             AND e.kind = 'requeued' AND e.detail ->> 'reason' = 'unknown_type')
+             AND e.kind = 'requeued' AND e.detail ->> 'reason' = 'unknown_type'
+             AND e.detail ->> 'attempt' = CAST(:attempt AS text))
        END AS unknown_since
 FROM verdict
 
