@@ -33,6 +33,7 @@ from sqlalchemy.exc import (
     OperationalError,
     ProgrammingError,
 )
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from duejobs import store
 from duejobs.config import (
@@ -336,6 +337,11 @@ class Core:
             yield
         except (OperationalError, InterfaceError) as exc:
             raise DatabaseUnavailableError(f"{which} is unavailable: {exc.orig}") from exc
+        except PoolTimeoutError as exc:  # every connection of the pool busy for its wait
+            raise DatabaseUnavailableError(
+                f"{which} is unavailable here: no connection of this process's pool came free "
+                f"in time ({exc.args[0].split(' (Background')[0]})"
+            ) from exc
         except ProgrammingError as exc:
             if store.is_missing_table(exc.orig):
                 raise SchemaMissingError(
@@ -350,13 +356,15 @@ class Core:
             raise
 
     @contextlib.contextmanager
-    def reading(self) -> Iterator[tuple[Connection, replica.Freshness]]:
-        """A connection for an operator's read (figures, lists), and how current it is: on
+    def reading(self, *, current: bool = False) -> Iterator[tuple[Connection, replica.Freshness]]:
+        """A connection for an operator's read (figures, lists; with ``current``, one
+        schedule's row, history or attempts, always on the primary), and how current it is: on
         the read replica when there is one (see :mod:`duejobs.observability.replica`), else the
-        primary. Each statement is stopped past ``read_timeout`` (:class:`ReadTimeoutError`): an
-        operator's page never holds a connection and a backend for minutes."""
+        primary. Each statement is stopped past ``read_timeout`` (:class:`ReadTimeoutError`),
+        a wait for a lock included: an operator's page never holds a connection and a backend
+        for minutes."""
         try:
-            if self.read_engine is None:
+            if self.read_engine is None or current:
                 with self.transaction() as conn, self._bounded(conn):
                     yield conn, replica.CURRENT
                 return

@@ -20,10 +20,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from duejobs import App, AsyncApp, Schedule, Status, store
 from duejobs.errors import (
+    DatabaseUnavailableError,
     InvalidListError,
     NaiveDatetimeError,
     ReadTimeoutError,
@@ -147,6 +148,54 @@ def test_a_list_that_runs_past_the_read_timeout_is_stopped_with_a_clear_error(
         locker.close()
     assert [s.id for s in bounded.list().schedules] == [made.id]
     bounded.close()
+
+
+@pytest.mark.parametrize(
+    ("read", "table"),
+    [
+        ("get", "scheduled_jobs"),
+        ("history", "scheduled_job_events"),
+        ("attempts", "scheduled_job_attempts"),
+    ],
+)
+def test_a_schedules_reads_are_stopped_at_the_read_timeout_behind_a_lock(
+    app: App, database_url: str, redis_url: str, read: str, table: str
+) -> None:
+    """A schedule's page (``get``, ``history``, ``attempts``: the dashboard's, ``duejobs
+    show``) waits on a table a migration or ``VACUUM FULL`` locks: stopped at
+    ``read_timeout``, saying so, rather than hanging. Seen failing with those reads made
+    outside the limit (each waited for the lock's release, 10 s here)."""
+    bounded = App(database_url, redis_url, read_timeout=timedelta(milliseconds=300))
+    made = app.schedule("record", {}, delay=60)
+    locker = app.engine.connect()
+    locker.execute(text(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+    release = threading.Timer(10, locker.rollback)  # unbounded, the read returns at 10 s
+    release.start()
+    try:
+        with pytest.raises(ReadTimeoutError, match=r"limit of 0:00:00.3"):
+            getattr(bounded, read)(made.id)
+    finally:
+        release.cancel()
+        locker.rollback()
+        locker.close()
+    got = bounded.get(made.id)
+    assert got is not None and got.id == made.id
+    bounded.close()
+
+
+def test_a_pool_with_no_connection_free_is_an_outage_naming_the_pool(app: App) -> None:
+    """Every connection of the App's pool held (the pool's wait, 0.2 s here, ended): the read
+    fails as PostgreSQL unavailable, naming the pool, as the dashboard's 503 and the CLI's
+    exit 1 show it. Seen failing with SQLAlchemy's pool timeout raised bare (a 500)."""
+    narrow = create_engine(app.engine.url, pool_size=1, max_overflow=0, pool_timeout=0.2)
+    core = app.core.with_engines(narrow, None)
+    held = narrow.connect()
+    try:
+        with pytest.raises(DatabaseUnavailableError, match="pool"), core.transaction() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    finally:
+        held.close()
+        narrow.dispose()
 
 
 def test_a_scoped_app_lists_only_its_own_tenant_and_refuses_another(app: App) -> None:

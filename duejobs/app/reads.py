@@ -1,8 +1,8 @@
 """The App's reads: a schedule, its history and attempts, pages of schedules by filter, and
-the database's clock. Each runs in the caller's transaction (``conn=``) or one of its own;
-the lists, without ``conn=``, on the read replica when there is one
-(:mod:`duejobs.observability.replica`),
-saying how current they are."""
+the database's clock. Each runs in the caller's transaction (``conn=``) or one of its own,
+each statement then stopped past the App's ``read_timeout``; the lists, without ``conn=``, on
+the read replica when there is one (:mod:`duejobs.observability.replica`), saying how
+current they are."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class ReadAPI(Scoped):
     def get(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> Schedule | None:
         """The schedule as stored now, or None (also for another tenant's id)."""
         sid = schedule_id_of(schedule_id)
-        with self._core.transaction(conn) as c:
+        with self._current(conn) as c:
             return store.get_schedule(c, sid, self._tenant)
 
     def history(
@@ -67,7 +67,7 @@ class ReadAPI(Scoped):
         size = None if newest is None else check_list_limit(newest)
         if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
             raise InvalidListError(f"before must be an event id (an int), got {before!r}")
-        with self._core.transaction(conn) as c:
+        with self._current(conn) as c:
             return store.history(c, sid, self._tenant, size, before)
 
     def list(
@@ -134,6 +134,17 @@ class ReadAPI(Scoped):
             with self._core.reading() as read:
                 yield read
 
+    @contextlib.contextmanager
+    def _current(self, conn: Conn | None) -> Iterator[Connection]:
+        """A read of one schedule: in the caller's transaction, else on the primary under
+        ``read_timeout`` (a lock a migration or ``VACUUM FULL`` holds stops it, saying so)."""
+        if conn is not None:
+            with self._core.transaction(conn) as c:
+                yield c
+        else:
+            with self._core.reading(current=True) as (c, _):
+                yield c
+
     def attempts(
         self, schedule_id: ScheduleId, *, newest: int | None = None, conn: Conn | None = None
     ) -> builtins.list[Attempt]:
@@ -141,7 +152,7 @@ class ReadAPI(Scoped):
         ended, its error. With ``newest``: that many of the latest, newest first."""
         sid = schedule_id_of(schedule_id)
         size = None if newest is None else check_list_limit(newest)
-        with self._core.transaction(conn) as c:
+        with self._current(conn) as c:
             return store.attempts(c, sid, self._tenant, size)
 
     def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
