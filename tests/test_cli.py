@@ -114,6 +114,26 @@ def test_show_of_an_unknown_id_exits_1(env: dict[str, str]) -> None:
     assert result.returncode == 1 and "no schedule" in result.stderr
 
 
+def test_show_prints_a_long_history_a_page_at_a_time(app: App, env: dict[str, str]) -> None:
+    """A schedule with 60 events: ``show`` prints the latest 50 (oldest first) and the
+    command for the page before; that page ends with its creation. Seen failing with every
+    event printed at once (a million-event history: 94 MB on the terminal)."""
+    s = app.schedule("record", {}, delay=60)
+    for minutes in range(2, 61):
+        app.reschedule(s.id, delay=timedelta(minutes=minutes))
+    first = _json(run("show", str(s.id), "--json", env=env))
+    assert [e["kind"] for e in first["history"]] == ["rescheduled"] * 50
+    printed = run("show", str(s.id), env=env)
+    assert printed.returncode == 0, printed.stderr
+    said = f"earlier events: duejobs show {s.id} --before {first['earlier_before']}"
+    assert printed.stdout.count(" rescheduled ") == 50 and said in printed.stdout
+    rest = _json(
+        run("show", str(s.id), "--before", str(first["earlier_before"]), "--json", env=env)
+    )
+    assert [e["kind"] for e in rest["history"]] == ["created"] + ["rescheduled"] * 9
+    assert rest["earlier_before"] is None
+
+
 def test_demo_runs_the_whole_system_on_embedded_servers_and_checks_the_outcome(
     tmp_path: Path,
 ) -> None:

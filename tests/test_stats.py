@@ -19,6 +19,7 @@ from duejobs import App
 from duejobs.observability.metrics import _BoundedLabel
 from duejobs.observability.stats import collect, observe_stats, render
 from duejobs.worker import Runtime, WorkerConfig
+from tests.support.cli import run
 from tests.support.system import System
 
 
@@ -90,6 +91,23 @@ def test_stats_command_prints_a_table_and_json(
     data = json.loads(as_json.stdout)
     overall = next(f for f in data["live"] if f["tenant"] is None and f["type"] is None)
     assert data["schedules_without_job"] == 1 and overall["scheduled"] == 1
+
+
+def test_stats_command_for_one_tenant_shows_that_tenants_figures_alone(
+    system: System, env: dict[str, str]
+) -> None:
+    """``duejobs stats --tenant acme``: acme's figures, no other tenant's rows (20,000
+    tenants printed whole before). Seen failing without the option (exit 2)."""
+    for tenant in ("acme", "acme", "globex"):
+        system.app.schedule("record", {}, delay=timedelta(hours=1), tenant=tenant)
+    done = run("stats", "--tenant", "acme", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    live = json.loads(done.stdout)["live"]
+    assert {f["tenant"] for f in live} <= {None, "acme"}
+    overall = next(f for f in live if f["tenant"] is None and f["type"] is None)
+    assert overall["scheduled"] == 2
+    refused = run("stats", "--tenant", "", env=env)
+    assert refused.returncode == 2 and "tenant" in refused.stderr
 
 
 def test_a_tenant_scoped_app_sees_only_its_own_figures(system: System) -> None:

@@ -38,7 +38,13 @@ def _schedule_dict(s: Schedule) -> dict[str, Any]:
 
 
 def _event_dict(e: Event) -> dict[str, Any]:
-    return {"at": e.at.isoformat(), "kind": e.kind.value, "version": e.version, **e.detail}
+    return {
+        "id": e.id,
+        "at": e.at.isoformat(),
+        "kind": e.kind.value,
+        "version": e.version,
+        **e.detail,
+    }
 
 
 def _print_schedule(s: Schedule, as_json: bool) -> None:
@@ -249,31 +255,58 @@ def run_now(
 
 @main.command()
 @_target_options
+@click.option(
+    "--events",
+    "newest",
+    type=click.IntRange(1, 1000),
+    default=50,
+    show_default=True,
+    help="How many of the latest events to show (oldest first).",
+)
+@click.option(
+    "--before",
+    type=click.IntRange(1),
+    help="Show the events before this event id (the id an earlier page named).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def show(
-    ctx: click.Context, schedule_id: str | None, key: str | None, tenant: str | None, as_json: bool
+    ctx: click.Context,
+    schedule_id: str | None,
+    key: str | None,
+    tenant: str | None,
+    newest: int,
+    before: int | None,
+    as_json: bool,
 ) -> None:
-    """Show a schedule (by SCHEDULE_ID, or --key: the live one holding it) and its history."""
+    """Show a schedule (by SCHEDULE_ID, or --key: the live one holding it) and its latest
+    events; a long history a page at a time (--before the id the page names)."""
     _one_target(schedule_id, key, tenant)
     with _app(ctx) as app:
         schedule_id = schedule_id or _by_key(app, str(key), tenant)
         s = app.get(schedule_id)
-        events = app.history(schedule_id) if s else []
+        latest = app.history(schedule_id, newest=newest + 1, before=before) if s else []
         if s is None:
             click.echo(f"error: no schedule {schedule_id}", err=True)
             sys.exit(1)
-        if as_json:
-            out = {**_schedule_dict(s), "history": [_event_dict(e) for e in events]}
-            click.echo(json.dumps(out, default=str))
-            return
-        _print_schedule(s, as_json=False)
-        click.echo("history:")
-        for e in events:
-            detail = " ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
-            click.echo(
-                f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {printable(detail)}"
-            )
+    page = latest[:newest]
+    earlier = page[-1].id if len(latest) > newest else None  # where the next page starts
+    events = list(reversed(page))
+    if as_json:
+        out = {
+            **_schedule_dict(s),
+            "history": [_event_dict(e) for e in events],
+            "earlier_before": earlier,
+        }
+        click.echo(json.dumps(out, default=str))
+        return
+    _print_schedule(s, as_json=False)
+    click.echo("history:" if before is None else f"history before event {before}:")
+    for e in events:
+        detail = " ".join(f"{k}={v}" for k, v in e.detail.items() if v is not None)
+        click.echo(f"  {e.at.isoformat()}  v{e.version}  {e.kind.value:<11} {printable(detail)}")
+    if earlier is not None:
+        click.echo(f"  ... earlier events: duejobs show {s.id} --before {earlier}")
 
 
 def _instant(value: str | None, flag: str) -> datetime | None:

@@ -232,12 +232,17 @@ def reconcile(
 @click.option(
     "--late-after", type=DURATION, default="1m", show_default=True, help="Overdue beyond: late."
 )
+@click.option("--tenant", help="Only this tenant's figures.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def stats(ctx: click.Context, since: timedelta, late_after: timedelta, as_json: bool) -> None:
-    """Lag, late jobs, orphans and counts, overall and per tenant / type."""
+def stats(
+    ctx: click.Context, since: timedelta, late_after: timedelta, tenant: str | None, as_json: bool
+) -> None:
+    """Lag, late jobs, orphans and counts, overall and per tenant / type (--tenant: one
+    tenant's)."""
     with _app(ctx) as app:
-        figures = collect_stats(app, since=since, late_after=late_after)
+        scoped = app if tenant is None else app.tenant(tenant)
+        figures = collect_stats(scoped, since=since, late_after=late_after)
         click.echo(json.dumps(figures.as_dict()) if as_json else render_stats(figures))
 
 
