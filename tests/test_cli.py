@@ -62,6 +62,26 @@ def test_schedule_show_reschedule_cancel_from_the_shell(env: dict[str, str]) -> 
     assert [e["kind"] for e in shown["history"]] == ["created", "rescheduled", "cancelled"]
 
 
+@pytest.mark.parametrize("given", ["--app", "DUEJOBS_APP"])
+def test_schedule_with_the_app_refuses_a_type_it_has_no_handler_for(
+    app: App, env: dict[str, str], given: str
+) -> None:
+    """``duejobs schedule`` given the App (``--app``, or ``DUEJOBS_APP`` as the services take
+    it) refuses a mistyped type at once, exit 2, naming it and the App's types; nothing is
+    written; a type it has is scheduled. Seen failing with no way to give the App (the typo
+    accepted, its job put back for 15 minutes)."""
+    ref = "tests.support.apps:app"
+    flag, env = (
+        ([], {**env, "DUEJOBS_APP": ref}) if given == "DUEJOBS_APP" else (["--app", ref], env)
+    )
+    refused = run("schedule", "recrod", "--in", "5s", *flag, env=env)
+    assert refused.returncode == 2, refused.stderr
+    assert "'recrod'" in refused.stderr and "record" in refused.stderr
+    assert app.list().schedules == []
+    accepted = _json(run("schedule", "record", "--in", "5s", "--json", *flag, env=env))
+    assert accepted["type"] == "record"
+
+
 def test_schedule_at_a_local_time_in_a_zone(env: dict[str, str]) -> None:
     created = _json(
         run(

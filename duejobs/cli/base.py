@@ -182,7 +182,10 @@ def _app(
     migrate: bool = False,
     embedded: bool = False,
     needs: tuple[str, ...] = BOTH,
+    app_ref: str | None = None,
 ) -> Iterator[App]:
+    """The App a command works on — ``App()`` from the environment, or the one ``app_ref``
+    (``MODULE:APP``) names, with its handlers —, its errors as the CLI says them."""
     from redis.exceptions import RedisError
     from sqlalchemy.exc import InterfaceError, OperationalError
 
@@ -191,7 +194,7 @@ def _app(
     data_dir: Path = ctx.obj["data_dir"]
     try:
         with services(data_dir, embedded=embedded, needs=needs):
-            app = App()
+            app = load_app(app_ref) if app_ref else App()
             try:
                 if migrate:
                     app.migrate()

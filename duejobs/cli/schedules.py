@@ -130,6 +130,13 @@ def _target_options(func: F) -> F:
 )
 @click.option("--key", help="Business key: scheduling a live key again returns the same schedule.")
 @TENANT_OPTION
+@click.option(
+    "--app",
+    "app_ref",
+    envvar="DUEJOBS_APP",
+    help="MODULE:APP whose handlers JOB_TYPE must be one of (as the worker's --app; default: "
+    "$DUEJOBS_APP, else unchecked).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def schedule(
@@ -141,10 +148,12 @@ def schedule(
     payload: object,
     key: str | None,
     tenant: str | None,
+    app_ref: str | None,
     as_json: bool,
 ) -> None:
-    """Schedule JOB_TYPE --in DURATION or --at TIME."""
-    with _app(ctx) as app:
+    """Schedule JOB_TYPE --in DURATION or --at TIME; with --app (or DUEJOBS_APP), a type
+    that App has no handler for is refused, naming the types it has."""
+    with _app(ctx, app_ref=app_ref) as app:
         s = app.schedule(
             job_type, payload, timezone=timezone, key=key, tenant=tenant, **_when(delay, at)
         )
