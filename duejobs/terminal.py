@@ -1,6 +1,8 @@
 """Text for a terminal: user data (keys, types, errors, payloads) with the characters that
 would steer the terminal escaped, so that a key cannot clear the screen, move the cursor or
-forge a row of output. JSON output needs none of this: its encoder escapes them already."""
+forge a row of output. JSON output needs none of this: its encoder escapes them already.
+For a web page (the dashboard), the bidirectional controls alone: HTML escaping covers the
+rest, and a browser shows line breaks as text."""
 
 from __future__ import annotations
 
@@ -9,11 +11,19 @@ import re
 # C0 and C1 controls (ESC, CR, LF, backspace...), DEL, and the bidirectional overrides that
 # reorder what is shown.
 _STEERING = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# The bidirectional marks, embeddings, overrides and isolates alone.
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(value: object) -> str:
     """``value`` as text, each steering character written as its escape (``\\x1b``)."""
     return _STEERING.sub(_escape, str(value))
+
+
+def bidi_escaped(value: str) -> str:
+    """``value`` with each bidirectional control written as its escape (``\\u202e``): a
+    value shown in a page cannot make the text around it read another way round."""
+    return _BIDI.sub(_escape, value)
 
 
 _NAMED = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}

@@ -78,6 +78,20 @@ def test_every_value_from_a_user_is_html_escaped(app: App, operator: TestClient)
     assert "script-src" not in operator.get("/").headers["content-security-policy"]
 
 
+def test_a_value_that_would_reorder_the_page_shows_its_bidi_controls_escaped(
+    app: App, operator: TestClient
+) -> None:
+    """A key, payload or type carrying a right-to-left override (U+202E) or an isolate
+    (U+2066) is shown with them written as escapes (``\\u202e``), as the CLI shows them: a
+    value cannot make the page read another way round. Seen failing with them printed raw."""
+    spoof = "invoice-\u202egnp.exe\u2066"
+    s = app.schedule("record", {"note": spoof}, key=spoof, delay=60)
+    for page in (operator.get(f"/schedules/{s.id}"), operator.get("/schedules")):
+        assert page.status_code == 200
+        assert "\u202e" not in page.text and "\u2066" not in page.text
+        assert "invoice-\\u202egnp.exe\\u2066" in page.text
+
+
 def test_an_action_needs_the_callers_csrf_token_and_its_origin(
     app: App, operator: TestClient
 ) -> None:

@@ -1,5 +1,6 @@
-"""What the pages say of what they do not control: a schedule's queue job in Redis, and a
-PostgreSQL or Redis that does not answer (a 503 page naming it, never a bare 500)."""
+"""What the pages say of what they do not control: a schedule's queue job in Redis, a
+PostgreSQL or Redis that does not answer (a 503 page naming it, never a bare 500), and the
+values users wrote (their bidirectional controls escaped)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from markupsafe import Markup
 from redis.exceptions import RedisError
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.requests import Request
@@ -16,8 +18,19 @@ from starlette.responses import Response
 from duejobs.delivery import JobState
 from duejobs.errors import DuejobsError, outage
 from duejobs.models import Schedule, Status
+from duejobs.terminal import bidi_escaped
 
 log = logging.getLogger("duejobs.dashboard")
+
+
+def shown(value: Any) -> Any:
+    """A value as every page shows it (the templates' ``finalize``): text with its
+    bidirectional controls escaped, as the CLI shows them, before HTML escaping — a key or a
+    payload cannot make the page read another way round."""
+    if not isinstance(value, str):
+        return value
+    escaped = bidi_escaped(value)
+    return Markup(escaped) if isinstance(value, Markup) else escaped
 
 
 class _Renders(Protocol):

@@ -63,7 +63,7 @@ from duejobs.dashboard.access import (
     public_origin,
 )
 from duejobs.dashboard.figures import Figures, Shown
-from duejobs.dashboard.notes import answering_outages, job_note
+from duejobs.dashboard.notes import answering_outages, job_note, shown
 from duejobs.delivery import JobState
 from duejobs.errors import (
     ConfigurationError,
@@ -109,6 +109,7 @@ class Pages:
         self.pages = Environment(
             loader=PackageLoader("duejobs.dashboard", "templates"),
             autoescape=select_autoescape(default=True, default_for_string=True),
+            finalize=shown,
         )
 
     # -- access ----------------------------------------------------------------------------
