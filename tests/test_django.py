@@ -17,6 +17,7 @@ refuses the dashboard's own forms) →
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -349,6 +350,17 @@ def test_management_commands_run_the_cli_with_the_settings(shop: Shop) -> None:
     assert migrated.returncode == 0, migrated.stderr
     reconciled = shop.manage("duejobs_reconcile", "--json")
     assert reconciled.returncode == 0 and reconciled.stdout.startswith("{"), reconciled.stderr
+
+
+def test_call_command_takes_the_clis_options(
+    shop: Shop, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From code as from manage.py: ``call_command("duejobs_worker", "--burst", ...)`` runs a
+    burst worker, and ``call_command("duejobs_reconcile", "--json")`` prints its JSON. Seen
+    failing with Django's parser refusing the CLI's options ("unrecognized arguments")."""
+    call_command("duejobs_reconcile", "--json")
+    assert json.loads(capsys.readouterr().out)["checked"] >= 0
+    call_command("duejobs_worker", "--burst", "--queue", "duejobs")
 
 
 def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Shop) -> None:

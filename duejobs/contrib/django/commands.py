@@ -30,6 +30,23 @@ class CliCommand(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("options", nargs="*", help="the options of `duejobs COMMAND`")
 
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
+        """Django's parser, but for ``call_command``'s arguments: every one of them is an
+        option of the CLI's (``--burst``), handed over whole — Django's own options come to
+        ``call_command`` as keywords."""
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parse = parser.parse_args
+
+        def parse_args(args: list[str] | None = None, namespace: Any = None) -> Any:
+            if args is None:  # from argv: run_from_argv hands the options over itself
+                return parse(args, namespace)
+            parsed = parse([], namespace)
+            parsed.options = list(args)
+            return parsed
+
+        parser.parse_args = parse_args
+        return parser
+
     def run_from_argv(self, argv: list[str]) -> None:
         """From ``manage.py``: every option goes to the CLI but Django's own."""
         self._run(_without_django_options(argv[2:]))
