@@ -286,6 +286,35 @@ def test_an_enqueue_in_a_rolled_back_atomic_block_leaves_no_task(
     assert count() == 0
 
 
+def test_task_enqueued_is_sent_once_the_enqueue_commits_and_never_for_one_rolled_back(
+    shop: Shop,
+) -> None:
+    """Seen failing with the signal sent at the enqueue, inside the block rolled back."""
+    try:
+        from django.tasks import signals
+    except ImportError:
+        from django_tasks import signals  # type: ignore[no-redef]
+    from tests.django_project.shop.tasks import add
+
+    heard: list[str] = []
+
+    def receive(sender: object, task_result: TaskResult, **kwargs: object) -> None:
+        heard.append(task_result.id)
+
+    signals.task_enqueued.connect(receive, weak=False)
+    try:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            add.enqueue(1, 1)
+            raise RuntimeError("the view failed")
+        assert heard == []
+        with transaction.atomic():
+            kept = add.enqueue(2, 2)
+            assert heard == []  # not before the commit
+        assert heard == [kept.id]
+    finally:
+        signals.task_enqueued.disconnect(receive)
+
+
 def test_a_deferred_task_waits_for_run_after(shop: Shop) -> None:
     from django.utils import timezone
 

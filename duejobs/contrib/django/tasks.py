@@ -23,7 +23,8 @@ What maps:
   JSON or too large fails the task with an error that says so.
 * ``takes_context`` works: the context's ``task_result`` is read when the attempt starts.
 * ``async def`` tasks run to completion in the worker (``supports_async_task``).
-* Django's signals: ``task_enqueued`` when the schedule is written (in the caller's process),
+* Django's signals: ``task_enqueued`` once the schedule is committed (in the caller's process;
+  none for an enqueue whose atomic block rolls back),
   ``task_started`` before each attempt and ``task_finished`` after the last one — its success,
   or the failure of its last attempt — in the worker's.
 * Attempts: ``OPTIONS['MAX_ATTEMPTS']`` (default 1, Django's own behaviour: an exception fails
@@ -120,7 +121,8 @@ class DuejobsBackend(BaseTaskBackend):
         else:
             schedule = app.schedule(self.type, payload, run_at=task.run_after, queue=queue)
         result = self._result(task, schedule, payload, store.StoredResult(None, [], []))
-        task_enqueued.send(type(self), task_result=result)
+        # Once the schedule is committed for good: none for an atomic block rolled back.
+        app.core.after_commit(lambda: task_enqueued.send(type(self), task_result=result))
         return result
 
     def get_result(self, result_id: str) -> TaskResult:
