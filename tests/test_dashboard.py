@@ -480,6 +480,30 @@ def test_the_first_view_after_a_pause_shows_current_figures_and_says_only_true_f
     assert failed.failed is not None and "connection refused" in failed.failed
 
 
+def test_figures_that_could_not_be_read_again_for_redis_say_redis(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The overview keeps the figures it has and says why reading them again failed: for a
+    Redis that does not answer, "Redis is unavailable", as the CLI and the 503 page say it.
+    Seen failing with the driver's bare "ConnectionError: Error 111 ..."."""
+    import redis.exceptions
+
+    from duejobs.dashboard.figures import Figures
+    from duejobs.observability import stats
+
+    now = [1000.0]
+    figures = Figures(app, refresh=10, clock=lambda: now[0])
+    figures.read()
+
+    def redis_down(_app: object) -> object:
+        raise redis.exceptions.ConnectionError("Error 111 connecting to 127.0.0.1:1.")
+
+    monkeypatch.setattr(stats, "collect", redis_down)
+    now[0] += 31
+    failed = figures.read()
+    assert failed.failed is not None and failed.failed.startswith("Redis is unavailable"), failed
+
+
 @pytest.mark.parametrize("down", ["PostgreSQL", "Redis"])
 def test_every_page_names_the_service_that_is_down(
     app: App, database_url: str, redis_url: str, down: str

@@ -76,7 +76,7 @@ class Figures:
             chart = LagChart.of(stats.lag_over_time(self._app), figures.at, figures.since)
         except Exception as exc:
             with self._lock:
-                self._failed = describe(exc)
+                self._failed = outage(exc) or describe(exc)  # an outage names its service
             raise
         finally:
             with self._lock:
