@@ -151,8 +151,10 @@ def schedule(
     app_ref: str | None,
     as_json: bool,
 ) -> None:
-    """Schedule JOB_TYPE --in DURATION or --at TIME; with --app (or DUEJOBS_APP), a type
-    that App has no handler for is refused, naming the types it has."""
+    """Schedule JOB_TYPE --in DURATION or --at TIME.
+
+    With --app (or DUEJOBS_APP), a type that App has no handler for is refused, naming the
+    types it has."""
     with _app(ctx, app_ref=app_ref) as app:
         s = app.schedule(
             job_type, payload, timezone=timezone, key=key, tenant=tenant, **_when(delay, at)
