@@ -18,14 +18,26 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from redis import Redis
 from sqlalchemy import text
 
-from duejobs import App, store
+from duejobs import App, Status, store
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at, stamped, time_of
+from duejobs.scheduler.loop import Scheduler
 from duejobs.services.partition_maintenance import create_ahead, drop_behind
+from duejobs.services.reconciler import Reconciler
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
-from tests.support.partitions import DAILY, insert_at, partition_of, rows_of, schema_tx
+from duejobs.worker import build_worker
+from tests.support.partitions import (
+    DAILY,
+    id_at,
+    insert_at,
+    partition_of,
+    past_partitions,
+    rows_of,
+    schema_tx,
+)
 from tests.support.partitions import parted as parted
 from tests.support.processes import ROOT
 
@@ -91,6 +103,47 @@ def test_an_id_outside_every_range_lands_in_the_default_partition(parted: App) -
     assert partition_of(parted, sid) == "scheduled_jobs_default"
     with schema_tx(parted) as conn:
         assert [rows_of(parted, t, [sid]) for t in PARTITIONED] == [1, 1, 1, 1]
+
+
+def test_a_due_schedule_made_days_ago_is_claimed_reconciled_and_run_from_its_partition(
+    parted: App,
+) -> None:
+    """A schedule made five days ago, its row in that day's partition, due now: the
+    scheduler's claim pushes it, the reconciler's window pushes it again once Redis lost it,
+    the worker's claim runs it. Seen failing with the scheduler's claim reading today's
+    partition alone (the row never pushed)."""
+    start = past_partitions(parted, 5)
+    sid = id_at(start + timedelta(hours=1))
+    with schema_tx(parted) as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, status, "
+                "created_at) VALUES (:id, 'record', '{}', now(), now(), 'scheduled', :made)"
+            ),
+            {"id": sid, "made": start + timedelta(hours=1)},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_job_events (schedule_id, tenant, kind, version) "
+                "VALUES (:id, 'default', 'created', 1)"
+            ),
+            {"id": sid},
+        )
+    assert partition_of(parted, sid) == partition_name("scheduled_jobs", start)
+    scheduler = Scheduler(parted)
+    try:
+        assert scheduler.run_once().claimed == 1
+    finally:
+        scheduler.close()
+    Redis.from_url(parted.settings.redis_url).flushdb()  # its job lost
+    assert Reconciler(parted).run_once().repushed == 1
+    worker = build_worker(parted)
+    try:
+        worker.work(burst=True)
+    finally:
+        worker.runtime.close()
+    done = parted.get(sid)
+    assert done is not None and done.status is Status.SUCCEEDED
 
 
 def test_partition_maintenance_does_nothing_on_the_plain_schema(app: App) -> None:
