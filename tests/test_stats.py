@@ -19,6 +19,7 @@ from duejobs import App
 from duejobs.observability.metrics import _BoundedLabel
 from duejobs.observability.stats import collect, observe_stats, render
 from duejobs.worker import Runtime, WorkerConfig
+from tests.support import sample
 from tests.support.cli import run
 from tests.support.system import System
 
@@ -108,6 +109,24 @@ def test_stats_command_for_one_tenant_shows_that_tenants_figures_alone(
     assert overall["scheduled"] == 2
     refused = run("stats", "--tenant", "", env=env)
     assert refused.returncode == 2 and "tenant" in refused.stderr
+
+
+def test_the_tenant_gauges_name_the_tenants_with_late_rows_whoever_came_first(
+    system: System,
+) -> None:
+    """Twelve quiet tenants seen first, then three with late rows, six names to give: the
+    three late ones are named in ``duejobs_late``, the quiet ones with the most live rows
+    take the rest, and ``other`` sums the others. Seen failing with the names given first
+    come, first served (the late tenants counted under ``other``)."""
+    for n in range(12):
+        system.app.schedule("record", {}, delay=60, tenant=f"quiet-{n:02}")
+    for n in range(3):
+        system.app.schedule("record", {}, delay=0, tenant=f"z-late-{n}")
+    observe_stats(collect(system.app, late_after=timedelta(0)), limit=6)
+    assert [sample("duejobs_late", tenant=f"z-late-{n}") for n in range(3)] == [1, 1, 1]
+    assert sample("duejobs_scheduled", tenant="quiet-00") == 1
+    assert sample("duejobs_scheduled", tenant="other") == 9
+    assert sample("duejobs_late", tenant="other") == 0
 
 
 def test_a_tenant_scoped_app_sees_only_its_own_figures(system: System) -> None:

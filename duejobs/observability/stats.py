@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -293,14 +293,37 @@ class GaugeRefresh:
         return True
 
 
-def observe_stats(stats: Stats) -> None:
-    """Set the gauges from one ``duejobs stats`` snapshot; a tenant that no longer has live
-    rows loses its series instead of keeping its last value."""
+def named_tenants(live: Sequence[store.LiveFigures], limit: int) -> set[str]:
+    """The tenants whose gauges carry their own name in one snapshot: those with the most
+    late rows (then overdue), half the names at most, then those with the most live rows;
+    ``other`` sums the rest. Ranked anew at each snapshot, so that the tenants in trouble now
+    are named, not the first ones a process happened to see."""
+    tenants = [f for f in live if f.type is None and f.tenant is not None]
+    troubled = sorted(
+        (f for f in tenants if f.late or f.overdue),
+        key=lambda f: (-f.late, -f.overdue, f.tenant),
+    )
+    named = {str(f.tenant) for f in troubled[: limit // 2]}
+    for f in sorted(tenants, key=lambda f: (-(f.scheduled + f.running), f.tenant)):
+        if len(named) >= limit:
+            break
+        named.add(str(f.tenant))
+    return named
+
+
+def observe_stats(stats: Stats, limit: int = metrics.MAX_TENANT_LABELS) -> None:
+    """Set the gauges from one ``duejobs stats`` snapshot, ``limit`` tenants named
+    (:func:`named_tenants`); a tenant that no longer has live rows, or is no longer named,
+    loses its series instead of keeping its last value."""
+    named = named_tenants(stats.live, limit)
     values: dict[str, list[float]] = {}
     for figures in stats.live:
         if figures.type is not None:
             continue
-        tenant = "all" if figures.tenant is None else metrics.tenant_label(figures.tenant)
+        if figures.tenant is None:
+            tenant = "all"
+        else:
+            tenant = figures.tenant if figures.tenant in named else metrics.OTHER
         counts = (figures.scheduled, figures.running, figures.in_flight, figures.overdue)
         summed = values.setdefault(tenant, [0.0] * len(metrics.PER_TENANT))
         for i, value in enumerate((*counts, figures.late)):
