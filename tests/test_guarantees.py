@@ -204,6 +204,53 @@ def test_the_effect_transaction_refuses_a_schedule_that_moved_on_before_it(
     assert system.status(s.id) == ("cancelled" if change == "cancelled" else "scheduled")
 
 
+def test_the_effect_transaction_refuses_a_superseded_version_whose_successor_runs(
+    system: System,
+) -> None:
+    """The case the fence's version check guards: a schedule rescheduled while its handler
+    runs, version 2 claimed at attempt 1 by another worker (running, attempt 1, as the old
+    one's claim reads) before the old handler enters ``ctx.transaction()``: the old block never
+    runs; version 2's does, once. Seen failing with the fence's locked re-check comparing the
+    status and the attempt alone (version 1's effect written beside version 2's)."""
+    started = {1: threading.Event(), 2: threading.Event()}
+    go = {1: threading.Event(), 2: threading.Event()}
+    inside: list[int] = []
+
+    @system.app.handler("fenced-late", max_attempts=1)
+    def fenced_late(ctx: Context, payload: Any) -> None:
+        started[ctx.version].set()
+        assert go[ctx.version].wait(30)
+        with ctx.transaction() as conn:
+            inside.append(ctx.version)
+            _write_effect(conn, ctx)
+
+    s = system.app.schedule("fenced-late", {}, delay=0)
+    other = Runtime(system.app, WorkerConfig(heartbeat=timedelta(milliseconds=200)))
+    outcomes: dict[int, Any] = {}
+    runs = [
+        threading.Thread(
+            target=lambda: outcomes.update({1: system.runtime.handle(s.id, 1, 1, "default")})
+        ),
+        threading.Thread(target=lambda: outcomes.update({2: other.handle(s.id, 2, 1, "default")})),
+    ]
+    try:
+        runs[0].start()
+        assert started[1].wait(30)
+        system.app.reschedule(s.id, delay=timedelta(0))
+        runs[1].start()
+        assert started[2].wait(30)  # version 2 running at attempt 1
+        go[1].set()
+        runs[0].join(30)
+        go[2].set()
+        runs[1].join(30)
+    finally:
+        go[1].set()
+        go[2].set()
+        other.close()
+    assert (outcomes[1].value, outcomes[2].value) == ("stale", "succeeded")
+    assert inside == [2] and (_effects(system, s.id), _ledger(system, s.id)) == (1, 1)
+
+
 def _lock_waiters(app: App) -> int:
     with app.engine.connect() as conn:
         return int(
