@@ -25,12 +25,17 @@ $(DEMO_STAMP): pyproject.toml
 demo: $(DEMO_STAMP)
 	$(BIN)/duejobs demo
 
-# The package as it is published: an sdist and a wheel in dist/, their metadata checked
-# (twine), then the wheel installed into a fresh venv, imported, and its console script run.
-dist: $(STAMP)
+# The package as it is published: an sdist and a wheel in dist/ (built in an isolated build
+# environment, with a venv of the build tools alone: none of the development stack), their
+# metadata checked (twine), then the wheel installed into a fresh venv, imported, and its
+# console script run.
+DIST_TOOLS := build/dist-tools
+dist:
 	rm -rf dist build/dist-check
-	$(BIN)/python -m build --outdir dist .
-	$(BIN)/twine check --strict dist/*
+	[ -x $(DIST_TOOLS)/bin/python ] || $(PYTHON) -m venv $(DIST_TOOLS)
+	$(DIST_TOOLS)/bin/python -m pip install --quiet build twine
+	$(DIST_TOOLS)/bin/python -m build --outdir dist .
+	$(DIST_TOOLS)/bin/twine check --strict dist/*
 	$(PYTHON) -m venv build/dist-check
 	build/dist-check/bin/python -m pip install --quiet dist/*.whl
 	cd build && dist-check/bin/python -c 'import duejobs, duejobs.worker, duejobs.store, \

@@ -48,6 +48,22 @@ def test_every_package_of_the_source_is_shipped() -> None:
     assert found - listed == set()
 
 
+def test_every_folder_of_files_in_the_package_is_listed_as_one_of_its_packages() -> None:
+    """Its SQL and its templates too, each folder a package with its files as its data: a
+    folder left out is one setuptools warns of at every build ("Package would be ignored").
+    Seen failing with ``store/sql``, ``store/sql/ddl`` and ``dashboard/templates`` shipped as
+    data of their parents."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    folders = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "duejobs").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert folders - listed == set()
+
+
 def test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel() -> None:
     required = [Requirement(r) for r in importlib.metadata.requires("duejobs") or []]
     always = {r.name.lower(): r for r in required if r.marker is None}
