@@ -543,8 +543,10 @@ def test_a_dashboard_form_from_before_a_sign_out_is_refused_after_it(shop: Shop)
 def test_a_project_not_on_postgresql_gets_a_system_check_error_not_a_traceback(
     shop: Shop,
 ) -> None:
-    """``manage.py check`` on SQLite: one error, ``duejobs.E001``, naming the engine. Seen
-    failing with a 30-line traceback from every command."""
+    """``manage.py check`` on SQLite: one error, ``duejobs.E001``, naming the engine — the
+    project's URLs importing a view that imports the App at module level, as docs/django.md
+    writes it. Seen failing with a 30-line traceback from every command, and, with the view,
+    a traceback from the App's import."""
     done = shop.manage("check", settings="tests.django_project.sqlite_settings")
     assert done.returncode != 0
     assert "duejobs.E001" in done.stderr and "sqlite3" in done.stderr, done.stderr

@@ -147,10 +147,19 @@ class _DjangoCore(Core):
 
 
 class DjangoApp(App):
-    """The App of a Django project (see the module docstring); build it with :func:`get_app`."""
+    """The App of a Django project (see the module docstring); build it with :func:`get_app`.
+
+    Made from settings duejobs cannot use (not PostgreSQL, a mistyped key), it is made all
+    the same, unconfigured: a module that imports it at start-up (a view) leaves the fault to
+    the system check ``duejobs.E001``, and any use of it raises the check's own
+    ``ImproperlyConfigured``."""
 
     def __init__(self) -> None:
-        database_url, redis_url, alias = settings_urls()
+        try:
+            database_url, redis_url, alias = settings_urls()
+        except ImproperlyConfigured as exc:
+            self._unconfigured = exc
+            return
         config = _config()
         resolved = Settings.from_env(
             database_url,
@@ -178,6 +187,19 @@ class DjangoApp(App):
         self._core = core
         self._tenant = None
         self.alias = alias
+
+    @property
+    def configured(self) -> bool:
+        return "_unconfigured" not in vars(self)
+
+    def __getattr__(self, name: str) -> Any:
+        """Only for what an unconfigured App lacks (its Core, its alias): the settings' fault."""
+        unconfigured = vars(self).get("_unconfigured")
+        if unconfigured is not None:
+            raise ImproperlyConfigured(
+                f"duejobs cannot run on these settings: {unconfigured} (duejobs.E001)"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def handler(self, job_type: str, **options: Any) -> Callable[[F], F]:
         """:meth:`App.handler`; a sync handler runs between two ``close_old_connections()``."""
@@ -207,12 +229,16 @@ _LOCK = threading.Lock()
 
 
 def get_app() -> DjangoApp:
-    """The process's App, built from the settings on first use."""
+    """The process's App, built from the settings on first use (an unconfigured one is not
+    kept: settings fixed meanwhile are read again)."""
     global _APP
     with _LOCK:
-        if _APP is None:
-            _APP = DjangoApp()
-        return _APP
+        if _APP is not None:
+            return _APP
+        built = DjangoApp()
+        if built.configured:
+            _APP = built
+        return built
 
 
 def __getattr__(name: str) -> Any:
