@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes.util
 import importlib.metadata
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -62,6 +63,24 @@ def test_every_folder_of_files_in_the_package_is_listed_as_one_of_its_packages()
         if p.is_file() and "__pycache__" not in p.parts
     }
     assert folders - listed == set()
+
+
+def test_every_extra_the_docs_install_exists() -> None:
+    """Each ``duejobs[...]`` or ``.[...]`` the README and docs/ tell a reader to install names
+    extras the package has. Seen failing with ``[fastapi]``, which the FastAPI example needs
+    and no extra provided."""
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    pages = [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+    named = {
+        (page.name, extra.strip())
+        for page in pages
+        for group in re.findall(r"(?:duejobs|\.)\[([a-z0-9_,\s-]+)\]", page.read_text())
+        for extra in group.split(",")
+    }
+    assert {(page, extra) for page, extra in named if extra not in extras} == set()
+    assert ("fastapi.md", "fastapi") in named
 
 
 def test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel() -> None:
