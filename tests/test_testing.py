@@ -5,12 +5,17 @@ session's servers.
 Seen failing against builds broken on purpose: ``advance`` moving nothing (the reminder test
 of the sample never ran it) → ``test_a_projects_tests_run_its_schedules_through_duejobs``;
 the tables not emptied between two tests → the same test (its isolation test saw the schedule
-of the one before).
+of the one before); the project's root left off ``sys.path`` → the same test (its tests, in
+``tests/``, could not import the project).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -77,11 +82,24 @@ def test_a_projects_tests_run_its_schedules_through_duejobs(
     monkeypatch.setenv("DUEJOBS_TEST_REDIS_URL", redis_url)
     monkeypatch.delenv("DUEJOBS_DATABASE_URL", raising=False)
     monkeypatch.delenv("DUEJOBS_REDIS_URL", raising=False)
-    pytester.makepyfile(reminders=PROJECT, test_reminders=TESTS)
+    pytester.makepyfile(reminders=PROJECT)
+    pytester.mkdir("tests")
+    (pytester.path / "tests" / "test_reminders.py").write_text(TESTS)
     pytester.makeini("[pytest]\nduejobs_app = reminders:app\n")
-    result = pytester.runpytest_subprocess("-p", "no:randomly", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4)
-    assert any("duejobs: configured servers; test database" in line for line in result.outlines)
+    # pytest's own script, as a project runs it, nothing on PYTHONPATH (``python -m pytest``,
+    # and pytester's runs, put the current folder on sys.path)
+    script = str(Path(sys.executable).parent / "pytest")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [script, "-p", "no:randomly", "-p", "no:cacheprovider"],
+        cwd=pytester.path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "4 passed" in done.stdout, done.stdout + done.stderr  # tests/ imports the project
+    assert "duejobs: configured servers; test database" in done.stdout
 
 
 def test_an_app_on_other_servers_than_the_sessions_is_refused_not_emptied(

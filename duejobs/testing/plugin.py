@@ -7,7 +7,8 @@ Configure it with the App your code uses::
     [tool.pytest.ini_options]
     duejobs_app = "myproject.jobs:app"
 
-Then, once per session and before your conftest is imported: the servers
+Then, once per session and before your conftest is imported: the project's root (where the
+setting is) on ``sys.path``, so that tests in ``tests/`` import the project's modules; the servers
 (``DUEJOBS_TEST_DATABASE_URL`` and ``DUEJOBS_TEST_REDIS_URL`` if both are set — a database of
 the session's own is created on that PostgreSQL and dropped at the end, and the Redis database
 named is flushed by every test — else the embedded PostgreSQL and Valkey, started or joined,
@@ -42,6 +43,11 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """The servers up and the URLs set before any conftest imports the project's App."""
     if not early_config.getini(INI):
         return
+    # The module the setting names is the project's, importable from its root as the tests
+    # in tests/ import it: as pytest's own ``pythonpath = ["."]`` would.
+    root = str(early_config.rootpath)
+    if root not in sys.path:
+        sys.path.insert(0, root)
     from duejobs.config import DATABASE_ENV, REDIS_ENV, sqlalchemy_url
     from duejobs.core import make_engine
     from duejobs.store.migrate import upgrade
