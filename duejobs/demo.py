@@ -174,6 +174,26 @@ def check(application: App, mix: Mix) -> tuple[dict[str, bool], dict[str, float]
     return checks, {"p50": p50 or 0.0, "p99": p99 or 0.0}
 
 
+def _wait_for_workers(
+    application: App, count: int, procs: list[subprocess.Popen[bytes]], within: float = 60
+) -> None:
+    """Until ``count`` workers are registered in RQ (their start-up done: imports, servers
+    reached), or one of ``procs`` ended, or ``within`` seconds passed — then the demo goes on
+    and its checks say what did not run."""
+    from redis import Redis
+    from rq.worker_registration import REDIS_WORKER_KEYS
+
+    client = Redis.from_url(application.settings.redis_url or "")
+    deadline = time.monotonic() + within
+    try:
+        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+            if client.scard(REDIS_WORKER_KEYS) >= count:
+                return
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
 def run_demo(application: App, data_dir: Path, echo: Callable[[str], None]) -> int:
     """Run the demo against ``application`` (whose URLs are exported to child processes)."""
     console = Console()
@@ -186,6 +206,12 @@ def run_demo(application: App, data_dir: Path, echo: Callable[[str], None]) -> i
         _spawn(["reconcile", "--every", "2"], logs / "reconciler.log"),
     ]
     try:
+        started = time.monotonic()
+        _wait_for_workers(application, 2, procs)
+        echo(
+            f"scheduler, 2 workers and a reconciler started in {time.monotonic() - started:.1f} s "
+            "(the lag below counts from then: a process's start-up is not a delivery's lag)"
+        )
         mix = schedule_mix(application)
         echo(
             f"scheduled {len(mix.all)}: 10 reminders, a 09:00 America/Sao_Paulo digest, "

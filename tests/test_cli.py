@@ -191,6 +191,8 @@ def test_demo_runs_the_whole_system_on_embedded_servers_and_checks_the_outcome(
     ):
         assert f"ok   {check}" in result.stdout
     assert "lag run_at -> start: p50" in result.stdout
+    # the schedules made once both workers are up: their lag is a delivery's, not a start-up's
+    assert "scheduler, 2 workers and a reconciler started in" in result.stdout
     state = json.loads((tmp_path / "data" / "postgres" / "lease.json").read_text())
     assert state == {"endpoint": None, "users": []}, "the demo left its servers running"
 
