@@ -7,6 +7,7 @@ import urllib.request
 from collections.abc import Callable
 
 from tests.support import sample, wait_for
+from tests.support.apps import FORGED
 from tests.support.network import free_port
 from tests.support.processes import Proc
 from tests.support.system import System
@@ -90,6 +91,22 @@ def test_json_logs_carry_the_schedule_identity(system: System, spawn: Callable[.
     assert failed, worker.output()
     assert failed[0]["schedule_id"] == str(s.id) and failed[0]["tenant"] == "acme"
     assert failed[0]["version"] == 1 and failed[0]["attempt"] == 1
+
+
+def test_a_handlers_error_cannot_forge_a_line_of_the_text_log(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """A handler's exception whose text holds a line break and what follows it would read as
+    a log line of its own: in the text log, the message's break is escaped and the traceback's
+    lines are indented, so every line at the margin is the worker's. Seen failing with the
+    forged line at the margin, twice (the message, the traceback's last line)."""
+    system.app.schedule("forges-a-log-line", {}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn("worker", "--app", "tests.support.apps:app", "--burst")
+    assert worker.popen.wait(60) == 0
+    lines = worker.output().splitlines()
+    assert not [line for line in lines if line.startswith(FORGED)], worker.output()
+    assert any("a forged line" in line for line in lines), worker.output()
 
 
 def test_a_read_replica_that_is_down_is_a_gauge_and_one_line_not_a_failed_pass(

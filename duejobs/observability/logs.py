@@ -2,13 +2,20 @@
 
 Records logged with ``extra={"schedule_id": ..., "version": ..., "tenant": ...,
 "attempt": ...}`` carry those fields: appended as ``key=value`` in text, as keys in JSON.
+
+In text, every line at the margin is one record's first line: a message's line breaks and
+other steering characters are written as escapes (``\\n``), and a traceback's lines are
+indented — a handler's error text, a key or a payload cannot forge a record.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import textwrap
 from datetime import UTC, datetime
+
+from duejobs.terminal import printable
 
 FIELDS = ("schedule_id", "version", "tenant", "attempt")
 
@@ -24,10 +31,16 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
+        message = printable(record.getMessage())
+        text = f"{self.formatTime(record)} {record.levelname} {record.name}: {message}"
         context = _context(record)
         if context:
-            text += " " + " ".join(f"{k}={v}" for k, v in context.items())
+            text += " " + " ".join(f"{k}={printable(v)}" for k, v in context.items())
+        extra = [self.formatException(record.exc_info)] if record.exc_info else []
+        if record.stack_info:
+            extra.append(self.formatStack(record.stack_info))
+        for block in extra:
+            text += "\n" + textwrap.indent(block, "  ", lambda line: True)
         return text
 
 

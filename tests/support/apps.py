@@ -247,6 +247,14 @@ async def snooze(ctx: Context, payload: Any) -> None:
     await asyncio.sleep(float(payload.get("seconds", 60)))
 
 
+FORGED = "2026-01-01 00:00:00,000 ERROR duejobs.worker: a forged line"
+
+
+def forges_a_log_line(ctx: Context, payload: Any) -> None:
+    """Fails with an error whose text holds what would read as a log line of its own."""
+    raise ValueError(f"refused\n{FORGED}")
+
+
 def register(app: duejobs.App) -> duejobs.App:
     fast = timedelta(milliseconds=50)
     app.handler("record")(record)
@@ -270,6 +278,7 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("spin", timeout=timedelta(seconds=1), max_attempts=1)(spin)
     app.handler("snooze", timeout=timedelta(seconds=1), max_attempts=1)(snooze)
     app.handler("hold", timeout=timedelta(seconds=60))(hold)
+    app.handler("forges-a-log-line", max_attempts=1)(forges_a_log_line)
     app.handler("stubborn-once", timeout=timedelta(seconds=1), max_attempts=1)(stubborn)
     app.handler("stubborn-fenced-once", timeout=timedelta(seconds=1), max_attempts=1)(
         stubborn_fenced
