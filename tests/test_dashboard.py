@@ -338,6 +338,42 @@ def test_the_overview_charts_the_start_lag_of_the_last_hour(system: System) -> N
         assert "0 starts" in client.get("/").text
 
 
+def test_the_recurring_page_says_when_it_shows_some_definitions_and_narrows_by_tenant(
+    app: App, operator: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More definitions than a page holds (3 here, 500 by default): the page says it shows the
+    first ones and how to narrow them; ``?tenant=`` shows one tenant's. Seen failing with the
+    500 shown and nothing said of the rest."""
+    from duejobs.dashboard import web
+
+    monkeypatch.setattr(web, "RECURRING_ROWS", 3)
+    for n in range(4):
+        app.recurring(f"digest-{n}", cron="0 9 * * *", type="record", tenant="acme")
+    app.recurring("digest", cron="0 9 * * *", type="record", tenant="globex")
+    page = operator.get("/recurring").text
+    assert page.count("<td><code>0 9 * * *</code></td>") == 3
+    assert 'id="recurring-more"' in page and "first 3" in page
+    narrowed = operator.get("/recurring", params={"tenant": "globex"}).text
+    assert narrowed.count("<td><code>0 9 * * *</code></td>") == 1
+    assert 'id="recurring-more"' not in narrowed
+    refused = operator.get("/recurring", params={"tenant": "x" * 300})
+    assert refused.status_code == 400 and "tenant" in refused.text
+
+
+def test_the_overview_says_when_it_shows_some_of_the_types(
+    producer: App, operator: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More types than a table holds (2 here, 25 by default): the overview says how many there
+    are beside the ones it shows. Seen failing with the first 25 shown and the rest unsaid."""
+    from duejobs.dashboard import figures
+
+    monkeypatch.setattr(figures, "ROWS", 2)
+    for job_type in ("a", "b", "c"):
+        producer.schedule(f"type-{job_type}", {}, delay=60)
+    page = operator.get("/").text
+    assert 'id="types-more"' in page and "2 of 3 types" in page, page
+
+
 def test_recurring_definitions_show_their_next_occurrences_and_pause_and_resume(
     app: App, operator: TestClient
 ) -> None:

@@ -140,6 +140,7 @@ class Shown:
     live_tenants: list[store.LiveFigures]
     recent_types: list[store.Activity]
     recent_tenants: list[store.Activity]
+    types: int  # the types there are, shown or not
     tenants: int  # the tenants the search kept, over every page
     page: int
     pages: int
@@ -159,11 +160,13 @@ class Shown:
         live_types.sort(key=lambda f: (-f.late, -f.overdue, -f.scheduled, f.type or ""))
         recent_types = [a for a in figures.activity if a.tenant is None and a.type is not None]
         recent_types.sort(key=_trouble)
+        types = len({f.type for f in live_types} | {a.type for a in recent_types})
         return cls(
             live_types[:ROWS],
             live[start : start + ROWS],
             recent_types[:ROWS],
             recent[start : start + ROWS],
+            types,
             tenants,
             page,
             pages,

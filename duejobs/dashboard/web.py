@@ -84,6 +84,11 @@ _HISTORY_PAGE = 50
 Offload = Callable[..., Awaitable[Any]]
 
 
+# Recurring definitions on the recurring page: the first ones by tenant and name, the page
+# saying so beyond (``?tenant=`` narrows to one tenant's).
+RECURRING_ROWS = 500
+
+
 class Pages:
     """The dashboard's pages, each a method taking a Starlette request: routed by
     :func:`create_dashboard`, or by a host framework's own URLs (Django's, in
@@ -369,11 +374,22 @@ class Pages:
     def recurring(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
             return no
-        definitions = self.app.list_recurring()
+        tenant = request.query_params.get("tenant") or None
+        try:
+            listed = self.app.list_recurring(tenant=tenant, limit=RECURRING_ROWS + 1)
+            error = None
+        except InvalidScheduleError as exc:  # a tenant that cannot be one
+            listed, error = [], str(exc)
+        definitions = listed[:RECURRING_ROWS]
         return self.render(
             request,
             "recurring.html",
+            status=400 if error else 200,
+            error=error,
             definitions=[(d, self.app.next_occurrences(d)) for d in definitions],
+            more=len(listed) > RECURRING_ROWS,
+            rows=RECURRING_ROWS,
+            tenant=tenant,
             quotas=self.app.quotas() if self.app.scope is None else [],  # its caps: overview
             done=self._signed(request, "done"),
             failed=self._signed(request, "failed"),
