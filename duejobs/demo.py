@@ -180,18 +180,12 @@ def _wait_for_workers(
     """Until ``count`` workers are registered in RQ (their start-up done: imports, servers
     reached), or one of ``procs`` ended, or ``within`` seconds passed — then the demo goes on
     and its checks say what did not run."""
-    from redis import Redis
-    from rq.worker_registration import REDIS_WORKER_KEYS
-
-    client = Redis.from_url(application.settings.redis_url or "")
+    deliverer = application.deliverer()
     deadline = time.monotonic() + within
-    try:
-        while time.monotonic() < deadline and all(p.poll() is None for p in procs):
-            if client.scard(REDIS_WORKER_KEYS) >= count:
-                return
-            time.sleep(0.1)
-    finally:
-        client.close()
+    while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+        if deliverer.workers_on() >= count:
+            return
+        time.sleep(0.1)
 
 
 def run_demo(application: App, data_dir: Path, echo: Callable[[str], None]) -> int:

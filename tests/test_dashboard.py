@@ -344,9 +344,9 @@ def test_the_recurring_page_says_when_it_shows_some_definitions_and_narrows_by_t
     """More definitions than a page holds (3 here, 500 by default): the page says it shows the
     first ones and how to narrow them; ``?tenant=`` shows one tenant's. Seen failing with the
     500 shown and nothing said of the rest."""
-    from duejobs.dashboard import web
+    from duejobs.dashboard import figures
 
-    monkeypatch.setattr(web, "RECURRING_ROWS", 3)
+    monkeypatch.setattr(figures, "RECURRING_ROWS", 3)
     for n in range(4):
         app.recurring(f"digest-{n}", cron="0 9 * * *", type="record", tenant="acme")
     app.recurring("digest", cron="0 9 * * *", type="record", tenant="globex")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
+import pytest
 from starlette.testclient import TestClient
 
 from duejobs import App, Status
@@ -46,6 +47,26 @@ def test_wrong_passwords_from_one_address_are_throttled(app: App) -> None:
             rotating.get("/", headers=auth(password="guess"))
     with TestClient(board, client=("2001:db8::99", 1)) as same_network:
         assert same_network.get("/", headers=auth()).status_code == 429
+
+
+def test_a_sign_in_limit_behind_a_proxy_it_was_not_told_of_says_how_to_tell_it(
+    app: App, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Behind nginx without ``--proxy`` every request comes from the proxy's address, so one
+    guesser uses up the sign-ins of every operator: the 429 says that the requests come
+    through a proxy, which one, and that ``--proxy`` tells clients apart, and the log says it
+    once at the first forwarded request. Seen failing with a bare "too many failed sign-ins"
+    for everyone, nothing said of the proxy."""
+    board = create_dashboard(app, Access(user="ops", password="s3cret", sign_in_limit=2))
+    forwarded = {"X-Forwarded-For": "198.51.100.20"}
+    with TestClient(board, client=("127.0.0.1", 1)) as through_nginx:
+        for _ in range(2):
+            through_nginx.get("/", headers={**auth(password="guess"), **forwarded})
+        blocked = through_nginx.get("/", headers={**auth(), **forwarded})
+    assert blocked.status_code == 429
+    assert "127.0.0.1" in blocked.text and "--proxy 127.0.0.1" in blocked.text, blocked.text
+    said = [r for r in caplog.records if "--proxy" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in caplog.records]
 
 
 def test_a_form_is_bound_to_the_browser_session_it_was_shown_in(app: App) -> None:

@@ -14,7 +14,9 @@ What it promises:
   another caller. The message shown after an action is signed for the page it names.
 * **Failed sign-ins are throttled**: after ``Access.sign_in_limit`` wrong basic-auth
   passwords from one client address within ``SIGN_IN_WINDOW`` seconds, that address is
-  answered 429 until the window has passed, right password or not.
+  answered 429 until the window has passed, right password or not — and, behind a proxy it
+  was not told of (requests forwarded from an address their X-Forwarded-For does not name),
+  the 429 and one log line say which proxy and how to tell its clients apart.
 
 What it does not do: decide who a proxy's client is. Behind a proxy, set credentials; the
 server's own proxy handling (``duejobs dashboard --proxy``) decides which addresses' headers
@@ -30,6 +32,7 @@ import hmac
 import inspect
 import ipaddress
 import json
+import logging
 import secrets
 import threading
 import time
@@ -41,6 +44,8 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 
 from duejobs.errors import ConfigurationError
+
+log = logging.getLogger("duejobs.dashboard")
 
 # Headers a proxy adds: a request carrying one did not come straight from this machine.
 PROXY_HEADERS = (
@@ -148,6 +153,7 @@ class SignIns:
         self._limit, self._clock = limit, clock
         self._failures: OrderedDict[str, list[float]] = OrderedDict()
         self._lock = threading.Lock()
+        self._proxy_said = False  # an unknown proxy's forwarded requests: logged once
 
     def wait(self, client: str) -> float:
         """Seconds ``client`` must wait before it may try again (0: it may)."""
@@ -165,6 +171,23 @@ class SignIns:
             self._failures.move_to_end(client)
             while len(self._failures) > _TRACKED_CLIENTS:
                 self._failures.popitem(last=False)
+
+    def unknown_proxy(self, forwarded: str, client: str) -> str:
+        """What to say of a request forwarded (``forwarded``: its X-Forwarded-For) by a proxy
+        this dashboard was not told of — the header does not name the address it came from:
+        every client then counts as the proxy's address, so one guesser locks every operator
+        out. Logged once, at the first such request."""
+        if client in {address.strip() for address in forwarded.split(",")}:
+            return ""
+        said = (
+            f"; every request comes through a proxy at {client} (X-Forwarded-For) that this "
+            "dashboard was not told of, so its clients count as one: start it with "
+            f"--proxy {client} (mounted in an app: the server's forwarded-address setting)"
+        )
+        if not self._proxy_said:
+            self._proxy_said = True
+            log.warning("dashboard: failed sign-ins counted by address%s", said)
+        return said
 
     def _recent(self, client: str) -> list[float]:
         since = self._clock() - SIGN_IN_WINDOW

@@ -129,6 +129,9 @@ class LagChart:
 
 # Rows of each of the overview's tables per page: with 20,000 tenants the page stays small.
 ROWS = 25
+# Recurring definitions on the recurring page: the first ones by tenant and name, the page
+# saying so beyond (``?tenant=`` narrows to one tenant's).
+RECURRING_ROWS = 500
 
 
 @dataclass(frozen=True)

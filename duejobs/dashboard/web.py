@@ -52,6 +52,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from duejobs import App
+from duejobs.dashboard import figures
 from duejobs.dashboard.access import (
     SESSION_COOKIE,
     SESSION_SCOPE,
@@ -82,11 +83,6 @@ _ACTIONS = ("cancel", "retry", "run-now", "reschedule")
 _HISTORY_PAGE = 50
 # How an async page runs a blocking call (the App's): Starlette's thread pool by default.
 Offload = Callable[..., Awaitable[Any]]
-
-
-# Recurring definitions on the recurring page: the first ones by tenant and name, the page
-# saying so beyond (``?tenant=`` narrows to one tenant's).
-RECURRING_ROWS = 500
 
 
 class Pages:
@@ -148,9 +144,11 @@ class Pages:
             page = self.pages.get_template("refused.html").render(why=why)
             return HTMLResponse(page, status_code=403, headers=_HEADERS)
         client = request.client.host if request.client else ""
+        forwarded = request.headers.get("x-forwarded-for")
+        proxy = self.sign_ins.unknown_proxy(forwarded, client) if forwarded else ""
         if self.access.authorize is None and (wait := self.sign_ins.wait(client)):
             return Response(
-                "too many failed sign-ins from this address: try again later",
+                "too many failed sign-ins from this address: try again later" + proxy,
                 status_code=429,
                 headers={**_HEADERS, "Retry-After": str(int(wait))},
             )
@@ -376,19 +374,19 @@ class Pages:
             return no
         tenant = request.query_params.get("tenant") or None
         try:
-            listed = self.app.list_recurring(tenant=tenant, limit=RECURRING_ROWS + 1)
+            listed = self.app.list_recurring(tenant=tenant, limit=figures.RECURRING_ROWS + 1)
             error = None
         except InvalidScheduleError as exc:  # a tenant that cannot be one
             listed, error = [], str(exc)
-        definitions = listed[:RECURRING_ROWS]
+        definitions = listed[: figures.RECURRING_ROWS]
         return self.render(
             request,
             "recurring.html",
             status=400 if error else 200,
             error=error,
             definitions=[(d, self.app.next_occurrences(d)) for d in definitions],
-            more=len(listed) > RECURRING_ROWS,
-            rows=RECURRING_ROWS,
+            more=len(listed) > figures.RECURRING_ROWS,
+            rows=figures.RECURRING_ROWS,
             tenant=tenant,
             quotas=self.app.quotas() if self.app.scope is None else [],  # its caps: overview
             done=self._signed(request, "done"),

@@ -16,6 +16,7 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from duejobs.delivery.nodes import NODE_WAIT, Node
 from duejobs.delivery.scripts import TAKE_OFF_SCRIPT
@@ -325,6 +326,12 @@ class Deliverer:
 
         counted = self._each(self._nodes, count_on)  # a node that fails counts for nothing
         return sum(c[0] for c in counted), sum(c[1] for c in counted)
+
+    def workers_on(self, queue: str | None = None) -> int:
+        """The workers registered in RQ for ``queue`` (the App's by default) on its node:
+        those started and not yet retired (a killed one counts until its key expires)."""
+        node, name = self._node(queue), queue or self.queue.name
+        return int(node.redis.scard(WORKERS_BY_QUEUE_KEY % name))
 
     def waiting_job_ids(self, chunk: int = 1000) -> Iterator[list[str]]:
         """The ids of jobs waiting on the queues or in their scheduled registries, in chunks,
