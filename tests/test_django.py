@@ -422,6 +422,43 @@ def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Sh
     assert browser.get("/jobs/schedules", HTTP_HOST="[::1]:8000").status_code == 200
 
 
+_PAGES_WITH_JOBS_DOWN = """
+import re, uuid
+import django
+django.setup()
+from django.contrib.auth.models import User
+from django.test import Client
+browser = Client()
+browser.force_login(User.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", is_staff=True))
+for path in ("/jobs/", "/jobs/schedules", "/jobs/recurring"):
+    page = browser.get(path)
+    said = re.search(r"PostgreSQL[^<]*unavailable", page.content.decode())
+    print(path, page.status_code, bool(said))
+"""
+
+
+def test_the_dashboard_on_a_database_alias_of_its_own_answers_503_while_it_is_down(
+    shop: Shop,
+) -> None:
+    """duejobs on the alias ``jobs`` (``DUEJOBS['DATABASE']``), whose server is down, the
+    project's own database up: each dashboard page answers 503 naming PostgreSQL, as the
+    standalone dashboard does. Seen failing with Django's own OperationalError a 500."""
+    done = subprocess.run(
+        [sys.executable, "-c", _PAGES_WITH_JOBS_DOWN],
+        env={**shop.env, "DJANGO_SETTINGS_MODULE": "tests.django_project.jobs_db_down_settings"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:3] == [
+        "/jobs/ 503 True",
+        "/jobs/schedules 503 True",
+        "/jobs/recurring 503 True",
+    ], done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("change", ["cancel", "reschedule", "delete_recurring"])
 def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
     shop: Shop, redis_client: redis.Redis, change: str

@@ -49,6 +49,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from django import db
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections, transaction
@@ -59,6 +60,7 @@ from duejobs.app.application import App
 from duejobs.config import Settings
 from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types
 from duejobs.delivery import DEFAULT_QUEUE
+from duejobs.errors import DatabaseUnavailableError
 from duejobs.observability.replica import DEFAULT_MAX_LAG
 from duejobs.observability.tracing import LINK
 from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_duration
@@ -121,6 +123,17 @@ class _DjangoCore(Core):
     """A Core whose own transactions are Django's atomic blocks on its connection."""
 
     alias: str = "default"
+
+    @contextlib.contextmanager
+    def database(self, which: str = "PostgreSQL") -> Iterator[None]:
+        """:meth:`Core.database`, with Django's own errors for a database out of reach (its
+        connection's, its ``atomic()``'s) as duejobs' outage too: a page says 503, a command
+        one line."""
+        try:
+            with super().database(which):
+                yield
+        except (db.OperationalError, db.InterfaceError) as exc:
+            raise DatabaseUnavailableError(f"{which} is unavailable: {exc}") from exc
 
     @contextlib.contextmanager
     def transaction(self, conn: Conn | None = None) -> Iterator[Connection]:
