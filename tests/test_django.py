@@ -18,6 +18,7 @@ refuses the dashboard's own forms) →
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -387,9 +388,14 @@ def test_call_command_takes_the_clis_options(
     """From code as from manage.py: ``call_command("duejobs_worker", "--burst", ...)`` runs a
     burst worker, and ``call_command("duejobs_reconcile", "--json")`` prints its JSON. Seen
     failing with Django's parser refusing the CLI's options ("unrecognized arguments")."""
-    call_command("duejobs_reconcile", "--json")
-    assert json.loads(capsys.readouterr().out)["checked"] >= 0
-    call_command("duejobs_worker", "--burst", "--queue", "duejobs")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level  # the commands set up the process's logs
+    try:
+        call_command("duejobs_reconcile", "--json")
+        assert json.loads(capsys.readouterr().out)["checked"] >= 0
+        call_command("duejobs_worker", "--burst", "--queue", "duejobs")
+    finally:
+        root.handlers[:], root.level = handlers, level
 
 
 def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Shop) -> None:
