@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import redis
@@ -76,6 +77,26 @@ def _job(system: System, schedule_id: uuid.UUID) -> Job:
 def _started_ids(registry: StartedJobRegistry) -> list[str]:
     """The job ids in a started registry. (RQ 2.0 lists its raw ``job:execution`` entries.)"""
     return [entry.split(":")[0] for entry in registry.get_job_ids()]
+
+
+class Held(NamedTuple):
+    """A ``hold`` job started in RQ by a worker process, until its release key is set."""
+
+    schedule_id: uuid.UUID
+    job: Job
+    release: str
+    worker: Proc
+
+
+def _held(system: System, spawn: Callable[..., Proc], *flags: str) -> Held:
+    """A ``hold`` schedule pushed, a worker spawned with ``flags``, its job seen started."""
+    release = f"test:release:{uuid.uuid4().hex}"
+    s = system.app.schedule("hold", {"until": release}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn(*WORKER, *flags)
+    job = _job(system, s.id)
+    wait_for(lambda: job.get_status() == JobStatus.STARTED, 30, "RQ to see the job started")
+    return Held(s.id, job, release, worker)
 
 
 def test_a_due_job_is_queued_as_rq_queues_one(system: System) -> None:
@@ -129,12 +150,7 @@ def test_a_promoted_job_is_queued_in_rq_and_leaves_the_scheduled_registry(
 def test_a_running_job_is_started_in_rq_by_its_worker(
     system: System, spawn: Callable[..., Proc]
 ) -> None:
-    release = f"test:release:{uuid.uuid4().hex}"
-    s = system.app.schedule("hold", {"until": release}, delay=0)
-    system.scheduler.run_once()
-    worker = spawn(*WORKER, "--burst")
-    job = _job(system, s.id)
-    wait_for(lambda: job.get_status() == JobStatus.STARTED, 30, "RQ to see the job started")
+    _, job, release, worker = _held(system, spawn, "--burst")
     assert _started_ids(_queue(system).started_job_registry) == [job.id]
     (rq_worker,) = RQWorker.all(connection=system.redis)
     job.refresh()
@@ -302,12 +318,7 @@ def test_rq_dashboard_shows_duejobs_queues_jobs_and_workers(
     done = system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
     system.work()
-    release = f"test:release:{uuid.uuid4().hex}"
-    held = system.app.schedule("hold", {"until": release}, delay=0)
-    system.scheduler.run_once()
-    worker = spawn(*WORKER)
-    held_job = _job(system, held.id)
-    wait_for(lambda: held_job.get_status() == JobStatus.STARTED, 30, "the job started")
+    _, held_job, release, worker = _held(system, spawn)
     waiting = system.app.schedule("record", {}, delay=0)
     system.scheduler.run_once()
     name, done_id = held_job.origin, _job(system, done.id).id
@@ -347,15 +358,10 @@ def test_rqs_stop_job_command_leaves_a_duejobs_worker_running(
 ) -> None:
     """A job runs in the worker's own process and the worker hears no RQ command: RQ's
     "stop job" neither stops the job nor ends the worker (cancel the schedule instead)."""
-    release = f"test:release:{uuid.uuid4().hex}"
-    s = system.app.schedule("hold", {"until": release}, delay=0)
-    system.scheduler.run_once()
-    worker = spawn(*WORKER)
-    job = _job(system, s.id)
-    wait_for(lambda: job.get_status() == JobStatus.STARTED, 30, "the job to start")
+    schedule_id, job, release, worker = _held(system, spawn)
     send_stop_job_command(system.redis, job.id, serializer=JSONSerializer)
     system.redis.set(release, 1)
-    wait_for(lambda: system.status(s.id) == "succeeded", 30, "the job to finish")
+    wait_for(lambda: system.status(schedule_id) == "succeeded", 30, "the job to finish")
     assert worker.popen.poll() is None, worker.output()
     assert worker.stop() == 0, worker.output()
 
