@@ -7,7 +7,9 @@ instant, a webhook that fails once and is retried — shows live progress, then 
 outcome: each schedule ran once or was skipped for the right reason, lag p50/p99, attempts.
 Everything it started is stopped. Exit status 0 only when every check holds.
 
-Workers import this module (``--app duejobs.demo:app``) for the handlers below.
+Workers import this module (``--app duejobs.demo:app``) for the handlers below: with the
+package alone (``duejobs[binary]``, the image's install), as the live progress's ``rich`` is
+imported by the demo's run only.
 """
 
 from __future__ import annotations
@@ -22,17 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from duejobs import App, store
 from duejobs.config import DATABASE_ENV
 from duejobs.models import Status
 from duejobs.worker.context import Context
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 BURST = 200
 PROCESS_FLAGS = ["--log-level", "warning"]
@@ -138,6 +138,8 @@ def _state(application: App, ids: list[uuid.UUID]) -> dict[str, int]:
 
 
 def _table(state: dict[str, int]) -> Table:
+    from rich.table import Table
+
     table = Table(title="schedules by status", show_edge=False)
     for status in Status:
         table.add_column(status.value, justify="right")
@@ -190,6 +192,16 @@ def _wait_for_workers(
 
 def run_demo(application: App, data_dir: Path, echo: Callable[[str], None]) -> int:
     """Run the demo against ``application`` (whose URLs are exported to child processes)."""
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     console = Console()
     logs = data_dir / "demo-logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,10 @@ commands (parsed by duejobs' own CLI), health checks, metrics ports and environm
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ def test_compose_has_every_part_of_the_system(compose: dict[str, Any]) -> None:
         "worker",
         "reconciler",
         "pruner",
+        "feeder",
     }
 
 
@@ -62,6 +66,37 @@ def test_duejobs_commands_parse_with_the_real_cli(compose: dict[str, Any], name:
     command = main.get_command(click.Context(main), args[0])
     assert command is not None, args[0]
     command.make_context(args[0], args[1:])  # raises on an unknown option or bad value
+
+
+def test_the_feeder_schedules_demo_work_with_a_command_the_cli_takes(
+    compose: dict[str, Any],
+) -> None:
+    """``docker compose up`` shows work flowing: the feeder schedules a type of the demo's
+    App, given that App (a typo refused at once). Seen failing with nothing scheduling."""
+    feeder = compose["services"]["feeder"]
+    assert feeder["entrypoint"] == ["sh", "-c"]
+    words = shlex.split(feeder["command"][0])
+    args = words[words.index("duejobs") + 1 : words.index(">")]
+    assert args[:2] == ["schedule", "send-reminder"] and "duejobs.demo:app" in args
+    command = main.get_command(click.Context(main), args[0])
+    assert command is not None
+    command.make_context(args[0], args[1:])
+
+
+def test_the_workers_default_app_imports_with_the_images_install_alone() -> None:
+    """The image installs ``.[binary]``: the demo's handlers, which the workers load by
+    default, import without the demo's progress display (``rich``). Seen failing with an
+    import error and a restart loop."""
+    code = "import sys; sys.modules['rich'] = None; import duejobs.demo; print('imported')"
+    env = {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": "postgresql://u@db/x",
+        "DUEJOBS_REDIS_URL": "redis://r",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr
 
 
 @pytest.mark.parametrize(
