@@ -83,6 +83,20 @@ def test_every_extra_the_docs_install_exists() -> None:
     assert ("fastapi.md", "fastapi") in named
 
 
+def test_no_page_installs_duejobs_by_a_name_not_published_yet() -> None:
+    """Until the package is on PyPI, ``pip install "duejobs[...]"`` fails: every install line
+    of the README and docs/ names a checkout (``path/to/duejobs[...]``, ``.[...]``) or the
+    wheel it builds, but for the README's "once published". Seen failing on six pages."""
+    bare = re.compile(r"""pip install ['"]?duejobs[\[\s'"]""")
+    lines = [
+        f"{page.name}: {line.strip()}"
+        for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]
+        for line in page.read_text().splitlines()
+        if bare.search(line) and "nce published" not in line
+    ]
+    assert lines == []
+
+
 def test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel() -> None:
     required = [Requirement(r) for r in importlib.metadata.requires("duejobs") or []]
     always = {r.name.lower(): r for r in required if r.marker is None}
