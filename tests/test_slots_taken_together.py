@@ -97,6 +97,22 @@ def _stop_while_taking(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(RqWire, "take", stopped_meanwhile)
 
 
+def _four_taken_as_a_stop_comes(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[uuid.UUID], int]:
+    """Four jobs taken by a worker of four slots as a warm stop comes: their schedules, and
+    the claims made ahead that no slot used once the worker returned."""
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
+    system.scheduler.run_once()
+    _stop_while_taking(monkeypatch)
+    runtime = Runtime(system.app, WorkerConfig(concurrency=4))
+    try:
+        Worker(runtime).work()
+        return ids, runtime.claimer.waiting
+    finally:
+        runtime.close()
+
+
 def test_a_stop_signal_while_jobs_are_taken_together_runs_them_then_stops(
     system: System, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,14 +120,7 @@ def test_a_stop_signal_while_jobs_are_taken_together_runs_them_then_stops(
     came off the queue) lets every job taken run, then stops: none is left out of the queue
     unrun. Seen failing with the worker still idle in memory there (the stop raised into it
     and the jobs taken were dropped)."""
-    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
-    system.scheduler.run_once()
-    _stop_while_taking(monkeypatch)
-    runtime = Runtime(system.app, WorkerConfig(concurrency=4))
-    try:
-        Worker(runtime).work()
-    finally:
-        runtime.close()
+    ids, _ = _four_taken_as_a_stop_comes(system, monkeypatch)
     assert [system.status(i) for i in ids] == ["succeeded"] * 4
 
 
@@ -175,15 +184,8 @@ def test_a_warm_stop_runs_every_job_taken_together(
 ) -> None:
     """A warm stop that comes as jobs are taken for every free slot: each of them runs, the
     worker waits for its slots, keeps no claim made ahead, and retires from RQ."""
-    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
-    system.scheduler.run_once()
-    _stop_while_taking(monkeypatch)
-    runtime = Runtime(system.app, WorkerConfig(concurrency=4))
-    try:
-        Worker(runtime).work()
-        assert runtime.claimer.waiting == 0
-    finally:
-        runtime.close()
+    ids, waiting = _four_taken_as_a_stop_comes(system, monkeypatch)
+    assert waiting == 0
     assert [system.status(i) for i in ids] == ["succeeded"] * 4
     assert system.redis.scard("rq:workers") == 0
 

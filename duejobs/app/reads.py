@@ -49,7 +49,7 @@ class ReadAPI(Scoped):
     def get(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> Schedule | None:
         """The schedule as stored now, or None (also for another tenant's id)."""
         sid = schedule_id_of(schedule_id)
-        with self._current(conn) as c:
+        with self._reading(conn, current=True) as (c, _):
             return store.get_schedule(c, sid, self._tenant)
 
     def history(
@@ -67,7 +67,7 @@ class ReadAPI(Scoped):
         size = None if newest is None else check_list_limit(newest)
         if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
             raise InvalidListError(f"before must be an event id (an int), got {before!r}")
-        with self._current(conn) as c:
+        with self._reading(conn, current=True) as (c, _):
             return store.history(c, sid, self._tenant, size, before)
 
     def list(
@@ -124,26 +124,19 @@ class ReadAPI(Scoped):
         return Page(page, cursor, fresh)
 
     @contextlib.contextmanager
-    def _reading(self, conn: Conn | None) -> Iterator[tuple[Connection, Freshness]]:
+    def _reading(
+        self, conn: Conn | None, *, current: bool = False
+    ) -> Iterator[tuple[Connection, Freshness]]:
         """An operator's read: on the caller's connection (as current as it is), else where
-        :meth:`Core.reading` sends it (the read replica, when there is one)."""
+        :meth:`Core.reading` sends it — the read replica, when there is one, unless
+        ``current`` (one schedule's row, history or attempts: the primary, under
+        ``read_timeout``, so that a lock a migration holds stops it, saying so)."""
         if conn is not None:
             with self._core.transaction(conn) as c:
                 yield c, replica.CURRENT
         else:
-            with self._core.reading() as read:
+            with self._core.reading(current=current) as read:
                 yield read
-
-    @contextlib.contextmanager
-    def _current(self, conn: Conn | None) -> Iterator[Connection]:
-        """A read of one schedule: in the caller's transaction, else on the primary under
-        ``read_timeout`` (a lock a migration or ``VACUUM FULL`` holds stops it, saying so)."""
-        if conn is not None:
-            with self._core.transaction(conn) as c:
-                yield c
-        else:
-            with self._core.reading(current=True) as (c, _):
-                yield c
 
     def attempts(
         self, schedule_id: ScheduleId, *, newest: int | None = None, conn: Conn | None = None
@@ -152,7 +145,7 @@ class ReadAPI(Scoped):
         ended, its error. With ``newest``: that many of the latest, newest first."""
         sid = schedule_id_of(schedule_id)
         size = None if newest is None else check_list_limit(newest)
-        with self._current(conn) as c:
+        with self._reading(conn, current=True) as (c, _):
             return store.attempts(c, sid, self._tenant, size)
 
     def is_past_deadline(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
