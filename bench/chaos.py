@@ -156,7 +156,15 @@ class _Cluster:
                 "--log-level",
                 "warning",
             ],
-            "reconciler": ["reconcile", "--every", "1s", "--log-level", "warning"],
+            "reconciler": [
+                "reconcile",
+                "--every",
+                "1s",
+                "--partitions-every",
+                "1s",
+                "--log-level",
+                "warning",
+            ],
         }
         self.queues = config.queues
         counts = {"scheduler": config.schedulers, "worker": config.workers, "reconciler": 1}

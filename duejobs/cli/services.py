@@ -36,6 +36,7 @@ from duejobs.observability.stats import GaugeRefresh
 from duejobs.observability.stats import collect as collect_stats
 from duejobs.observability.stats import render as render_stats
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services.partition_maintenance import EVERY as PARTITIONS_EVERY
 from duejobs.services.partition_maintenance import PartitionMaintenance
 from duejobs.services.pruner import PruneConfig, Pruner, PruneResult
 from duejobs.services.reconciler import ReconcileConfig, Reconciler, ReconcileResult
@@ -168,6 +169,11 @@ def _print_reconciled(result: ReconcileResult, as_json: bool) -> None:
     GaugeRefresh.DEFAULT_EVERY,
     "With --metrics-port: refresh the stats gauges at most this often.",
 )
+@duration_option(
+    "--partitions-every",
+    PARTITIONS_EVERY,
+    "With --every, in partitioned mode: make the coming partitions this often.",
+)
 @_operations
 @click.pass_context
 def reconcile(
@@ -176,12 +182,13 @@ def reconcile(
     window: timedelta,
     as_json: bool,
     stats_every: timedelta,
+    partitions_every: timedelta,
     log_level: str,
     log_format: str,
     metrics_port: int | None,
 ) -> None:
     """Heal drift between PostgreSQL and Redis: one pass, or one every --every seconds; in
-    partitioned mode, the coming partitions made beside it (once, or every 10 minutes).
+    partitioned mode, the coming partitions made beside it (once, or every --partitions-every).
 
     With --metrics-port, the figures of `duejobs stats` are exported after the first pass and
     then at most every --stats-every: they count every live row (about 4 s at 5 million live
@@ -212,7 +219,9 @@ def reconcile(
             report(reconciler.run_once())
             partitions.run_once()
             return
-        beside = threading.Thread(target=partitions.run, name="partitions", daemon=True)
+        beside = threading.Thread(
+            target=partitions.run, args=(partitions_every,), name="partitions", daemon=True
+        )
         beside.start()
 
         def stop() -> None:
