@@ -35,7 +35,7 @@ from duejobs.observability.stats import collect, render
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig, claim_due
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig
-from tests.support import sample
+from tests.support import sample, wait_for
 from tests.support.deliveries import job_id, push_of
 from tests.support.system import System
 
@@ -514,6 +514,39 @@ def test_a_retried_attempt_gets_the_unknown_type_grace_of_its_own(
         without.close()
     stored = system.app.get(s.id)
     assert stored is not None and (stored.status, stored.attempts) == (Status.SCHEDULED, 1)
+
+
+def test_a_put_back_does_not_extend_the_expiry(system: System, producer: App) -> None:
+    """A delivery of an unknown type put back moves its row's due time (so the reconciler
+    finds its job where it belongs), but its expiry stays measured from the due time it had:
+    past that, a worker with the handler expires it rather than running it. Seen failing with
+    the expiry measured from the moved due time (the schedule ran)."""
+    s = producer.schedule("deployed-later", {}, delay=0, expires_after=timedelta(seconds=4))
+    with system.app.engine.begin() as conn:
+        deadline = conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET due_at = now() - interval '2 seconds' WHERE id = :id "
+                "RETURNING due_at + expires_after"
+            ),
+            {"id": s.id},
+        ).scalar_one()
+    without = Runtime(producer)
+    try:
+        assert without.handle(s.id, 1, 1, "default") is Outcome.DEFERRED
+    finally:
+        without.close()
+    wait_for(lambda: _db_past(system.app, deadline), 10, "the first due time's expiry")
+    system.app.handler("deployed-later")(lambda ctx, payload: None)
+    _due_now(system.app, s.id)
+    assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.SKIPPED
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.CANCELLED and stored.attempts == 0
+    assert stored.last_error is not None and stored.last_error.startswith("expired")
+
+
+def _db_past(app: App, instant: datetime) -> bool:
+    with app.engine.connect() as conn:
+        return bool(conn.execute(text("SELECT now() > :at"), {"at": instant}).scalar_one())
 
 
 def test_handler_timeout_counts_as_a_failed_attempt(system: System) -> None:

@@ -24,7 +24,15 @@ WITH req AS (
     JOIN /*schema*/scheduled_jobs j ON j.id = r.id AND j.tenant = r.tenant
     WHERE j.status = 'scheduled' AND j.version = r.version AND j.attempts = r.attempt - 1
       AND j.due_at <= statement_timestamp()
-      AND (j.expires_after IS NULL OR j.due_at + j.expires_after >= statement_timestamp())
+      -- Not expired, measured from the due time before any put-back (defer_unknown_type
+      -- moves due_at; its events keep the time it moved from): looked up for rows with an
+      -- expiry only.
+      AND (j.expires_after IS NULL OR j.due_at + j.expires_after >= statement_timestamp()
+           AND NOT EXISTS (SELECT 1 FROM /*schema*/scheduled_job_events e
+               WHERE e.schedule_id = j.id AND e.version = j.version AND e.kind = 'requeued'
+                 AND e.detail ->> 'reason' = 'unknown_type'
+                 AND CAST(e.detail ->> 'moved_from' AS timestamptz) + j.expires_after
+                     < statement_timestamp()))
       AND j.type = ANY(CAST(:types AS text[]))
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
@@ -85,7 +93,13 @@ WITH cur AS (
                WHEN version <> :version THEN 'superseded' WHEN status <> :current_status
                OR attempts <> :current_attempts THEN 'duplicate' END,
                     CASE WHEN due_at > statement_timestamp() THEN 'not_due'
-                         WHEN due_at + expires_after < statement_timestamp() THEN 'expired'
+                         WHEN due_at + expires_after < statement_timestamp()
+                           OR EXISTS (SELECT 1 FROM /*schema*/scheduled_job_events e
+                               WHERE e.schedule_id = cur.id AND e.version = cur.version
+                                 AND e.kind = 'requeued'
+                                 AND e.detail ->> 'reason' = 'unknown_type'
+                                 AND CAST(e.detail ->> 'moved_from' AS timestamptz)
+                                     + expires_after < statement_timestamp()) THEN 'expired'
                          WHEN NOT (type = ANY(CAST(:types AS text[]))) THEN 'unknown_type'
                     END) AS reason
     FROM cur
@@ -121,18 +135,24 @@ WHERE id = :id AND version = :version AND status = 'scheduled'
 -- name: defer_unknown_type
 -- A delivery of a type the worker has no handler for, put back: the row due again at the
 -- time its job goes back for (so the reconciler finds the job where it belongs), no attempt
--- used, the history saying so (its first such event starts the grace period).
-WITH upd AS (
-    UPDATE /*schema*/scheduled_jobs SET due_at = :due_at, updated_at = statement_timestamp()
-    WHERE id = :id AND version = :version AND status = 'scheduled' AND attempts = :attempt - 1
-    RETURNING id, tenant, version, due_at
+-- used, the history saying so (its first such event starts the grace period) and keeping
+-- the due time it moved from, from which its expiry stays measured (claim_runs).
+WITH cur AS (
+    SELECT id, due_at FROM /*schema*/scheduled_jobs WHERE id = :id
+), upd AS (
+    UPDATE /*schema*/scheduled_jobs s SET due_at = :due_at, updated_at = statement_timestamp()
+    FROM cur
+    WHERE s.id = cur.id AND s.version = :version AND s.status = 'scheduled'
+      AND s.attempts = :attempt - 1
+    RETURNING s.id, s.tenant, s.version, s.due_at, cur.due_at AS moved_from
 )
 INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
 SELECT id, tenant, 'requeued', version,
        jsonb_build_object('reason', 'unknown_type', 'due_at',
            (to_jsonb(CAST(due_at AS timestamptz) AT TIME ZONE 'UTC') #>> '{}') || '+00:00',
-           'attempt', :attempt,
-                          'worker', CAST(:worker AS text))
+           'moved_from',
+           (to_jsonb(CAST(moved_from AS timestamptz) AT TIME ZONE 'UTC') #>> '{}') || '+00:00',
+           'attempt', :attempt, 'worker', CAST(:worker AS text))
 FROM upd
 
 -- name: fail_unknown_type
