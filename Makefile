@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo dist test test-all test-under-load lint docs browser pgbouncer test-django6 test-rq2 bench mutation clean
+.PHONY: demo dist test test-all test-install test-under-load lint docs browser pgbouncer test-django6 test-rq2 bench mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,8 +77,14 @@ pgbouncer:
 # start, pause or kill servers of their own) in one process. PYTEST_ARGS= runs all in one.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 test: lint docs browser pgbouncer
-	$(BIN)/pytest $(PYTEST_ARGS) -m "not serial"
-	$(BIN)/pytest -m serial
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not serial and not install"
+	$(BIN)/pytest -m "serial and not install"
+
+# What a newcomer runs before any code: every install line of the README and docs/, and the
+# compose file's demo from the image's own install, each in a new virtualenv (from PyPI's
+# index: minutes, so not in `make test`).
+test-install: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m install
 
 # The default suite three times in a row while a CPU hog keeps one core busy: a test that
 # fails here fails by chance on a loaded machine, and must be fixed.
@@ -86,13 +92,15 @@ test-under-load: $(STAMP)
 	@$(BIN)/python -c 'while True: pass' & hog=$$!; trap "kill $$hog" EXIT; \
 	for run in 1 2 3; do \
 		echo "loaded run $$run of 3"; \
-		$(BIN)/pytest $(PYTEST_ARGS) -q -p no:cacheprovider -m "not serial" || exit 1; \
-		$(BIN)/pytest -q -p no:cacheprovider -m serial || exit 1; \
+		$(BIN)/pytest $(PYTEST_ARGS) -q -p no:cacheprovider -m "not serial and not install" \
+			|| exit 1; \
+		$(BIN)/pytest -q -p no:cacheprovider -m "serial and not install" || exit 1; \
 	done
 
-# What CI runs: `make test`, then the Django and asyncio tests on Django 6 and the suite on
+# What CI runs: `make test`, the install lines, then the Django and asyncio tests on Django 6 and the suite on
 # the other RQ releases (both schema modes covered on every run).
 test-all: test
+	$(MAKE) test-install
 	$(MAKE) test-django6
 	$(MAKE) test-rq2
 
@@ -126,7 +134,8 @@ RQ_TESTS := tests/test_rq_api.py tests/test_delivery_path.py tests/test_concurre
 	touch $@
 
 test-rq2: .venv-rq2.0/.installed-stamp .venv-rq2.12/.installed-stamp
-	DUEJOBS_TEST_PARTITIONED=1 .venv-rq2.0/bin/python -m pytest -q -p no:cacheprovider
+	DUEJOBS_TEST_PARTITIONED=1 .venv-rq2.0/bin/python -m pytest -q -p no:cacheprovider \
+		-m "not install"
 	.venv-rq2.12/bin/python -m pytest -q -p no:cacheprovider $(RQ_TESTS)
 
 bench: $(STAMP)

@@ -18,12 +18,14 @@ import subprocess
 import sys
 import tomllib
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
 import duejobs
+from tests.support.installs import PAGES, install_lines
 from tests.support.processes import ROOT
 from tests.support.servers import Servers
 
@@ -95,6 +97,19 @@ def test_no_page_installs_duejobs_by_a_name_not_published_yet() -> None:
         if bare.search(line) and "nce published" not in line
     ]
     assert lines == []
+
+
+def test_make_test_install_runs_every_install_line_the_pages_give() -> None:
+    """Each ``pip install`` of duejobs a page gives (a checkout's path, ``.``, or the wheel
+    built), in a fenced block, a fenced block's comment or inline code, is one that
+    ``tests/test_install_lines.py`` runs. Seen failing on the README's wheel line, in a
+    comment, before comments were read."""
+    given = re.compile(r"""pip install ['"]?(?:path/to/duejobs|\.\[|\$\(ls dist)""")
+    counted = Counter(
+        str(page.relative_to(ROOT)) for page in PAGES for _ in given.finditer(page.read_text())
+    )
+    assert Counter(line.page for line in install_lines()) == counted
+    assert {"README.md", "docs/tutorial.md", "docs/testing.md", "docs/django.md"} <= set(counted)
 
 
 def test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel() -> None:
