@@ -51,6 +51,10 @@ class InvalidQueueError(InvalidScheduleError):
     """A queue name that is not ``[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}``."""
 
 
+class InvalidPriorityError(InvalidScheduleError):
+    """A priority that is not an integer from -100 to 100."""
+
+
 class InvalidKeyError(InvalidScheduleError):
     """The business key is empty, not a string, or too long."""
 

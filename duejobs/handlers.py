@@ -63,6 +63,7 @@ class Handler:
     # The exception classes retried (None: every one), and those never retried.
     retry_on: tuple[builtins.type[BaseException], ...] | None = None
     never_retry: tuple[builtins.type[BaseException], ...] = ()
+    priority: int = 0  # its schedules' unless a call gives its own
 
     def retries(self, error: BaseException) -> bool:
         """Whether an attempt that failed with ``error`` may be retried (attempts left

@@ -72,6 +72,7 @@ class Schedule:
     started_at: datetime | None
     finished_at: datetime | None
     queue: str = "duejobs"  # the RQ queue it is delivered on
+    priority: int = 0  # higher runs first among due work of its tenant and queue
     # What schedule() did: True when it created this schedule, False when it returned the
     # live schedule already holding the key; None when the schedule was read (get, list).
     created: bool | None = field(default=None, compare=False)
@@ -147,6 +148,7 @@ class ScheduleRequest:
     jitter: timedelta | float | None = None
     expires_after: timedelta | float | None = None
     queue: str | None = None
+    priority: int | None = None
 
 
 @dataclass(frozen=True)
@@ -234,12 +236,15 @@ class Delivery:
     queue: str
     due_at: datetime | None = field(default=None, compare=False)
     job_id: str = field(default="", compare=False)
+    # Its schedule's priority, which picks the RQ queue of its band (duejobs.delivery.bands);
+    # known on the pushing side only, as due_at.
+    priority: int = field(default=0, compare=False)
 
     @classmethod
     def of(cls, row: Any, **more: Any) -> Self:
         """One built from a row the store read (``id``, ``tenant``, ``version``,
-        ``attempt``, ``queue``, ``due_at``, ``queue_job_id``) or from another delivery, with
-        the fields its own kind adds."""
+        ``attempt``, ``queue``, ``due_at``, ``queue_job_id``, ``priority``) or from another
+        delivery, with the fields its own kind adds."""
         if isinstance(row, Delivery):
             return cls(
                 row.schedule_id,
@@ -249,6 +254,7 @@ class Delivery:
                 row.queue,
                 row.due_at,
                 row.job_id,
+                row.priority,
                 **more,
             )
         return cls(
@@ -259,6 +265,7 @@ class Delivery:
             row.queue,
             row.due_at.astimezone(UTC),
             row.queue_job_id,
+            row.priority,
             **more,
         )
 
@@ -293,6 +300,7 @@ class RecurringSpec:
     misfire: Misfire
     grace: timedelta
     queue: str
+    priority: int = 0
 
 
 @dataclass(frozen=True)
@@ -319,3 +327,4 @@ class Recurring:
     queue: str = "duejobs"
     # Why the scheduler set it aside (status "error"), or None.
     last_error: str | None = None
+    priority: int = 0  # that of its occurrences

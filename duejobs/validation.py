@@ -14,6 +14,7 @@ from duejobs.errors import (
     EmptyTypeError,
     InvalidKeyError,
     InvalidListError,
+    InvalidPriorityError,
     InvalidQueueError,
     InvalidScheduleError,
     InvalidTenantError,
@@ -79,6 +80,24 @@ def check_queue(queue: object) -> str:
             f"use), got {queue!r}"
         )
     return queue
+
+
+# Priorities as django.tasks counts them: higher runs first, the default in the middle.
+MIN_PRIORITY, DEFAULT_PRIORITY, MAX_PRIORITY = -100, 0, 100
+
+
+def check_priority(priority: object) -> int:
+    """A priority: an int from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY` (not a bool)."""
+    if (
+        not isinstance(priority, int)
+        or isinstance(priority, bool)
+        or not MIN_PRIORITY <= priority <= MAX_PRIORITY
+    ):
+        raise InvalidPriorityError(
+            f"priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} (higher runs "
+            f"first), got {priority!r}"
+        )
+    return priority
 
 
 def check_key(key: object) -> str | None:

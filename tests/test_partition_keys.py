@@ -154,7 +154,16 @@ def test_revision_0009_moves_the_key_trigger_after_the_insert_and_back(parted: A
     jobs = partition_name("scheduled_jobs", DAILY.start_of(db_now(parted)))
     _alembic(parted, "downgrade", "0008")
     assert jobs in _before_insert_row_triggers(parted)
-    held = parted.schedule("record", {}, delay=60, key="k").id
+    held = id_at(db_now(parted))
+    with schema_tx(parted) as conn:  # written as at revision 0008 (no column of later ones)
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, type, key, payload, run_at, due_at) "
+                "VALUES (:id, 'record', 'k', '{}', now() + interval '1 minute', "
+                "now() + interval '1 minute')"
+            ),
+            {"id": held},
+        )
     with schema_tx(parted) as conn:  # as revision 0008 inserted it: the trigger skips the row
         skipped = conn.execute(
             text(

@@ -274,6 +274,7 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
                     timezone=None,
                     local_run_at=None,
                     queue="duejobs",
+                    priority=0,
                     trace_context=None,
                 ),
                 "scheduled_jobs_live_key_idx",

@@ -53,6 +53,7 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq_dashboard.cli import make_flask_app
 
+from duejobs.delivery.bands import bands
 from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import build_worker
@@ -345,7 +346,12 @@ def test_rq_dashboard_shows_duejobs_queues_jobs_and_workers(
     )
     assert finished["ended_at"] and finished["exc_info"] is None
     (shown,) = dashboard.get("/0/data/workers.json").json["workers"]
-    assert (shown["state"], shown["queues"], shown["successful_job_count"]) == ("busy", [name], 0)
+    listened = bands([name])  # the queue's RQ queues, one per priority band
+    assert (shown["state"], shown["queues"], shown["successful_job_count"]) == (
+        "busy",
+        listened,
+        0,
+    )
     assert shown["current_job"] == "idle"  # rq-dashboard's word for none
 
     system.redis.set(release, 1)

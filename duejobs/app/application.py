@@ -38,7 +38,7 @@ from duejobs import store
 from duejobs.app.quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
 from duejobs.app.reads import ReadAPI
 from duejobs.app.recurring import RecurringAPI
-from duejobs.app.scope import RequestChecks, ScheduleId, schedule_id_of
+from duejobs.app.scope import RequestChecks, ScheduleId, change_of, schedule_id_of
 from duejobs.app.tasks import TaskAPI
 from duejobs.config import Settings
 from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types, make_engine
@@ -65,7 +65,9 @@ from duejobs.store.partitions import Partitioning
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_MAX_PAYLOAD_BYTES,
+    DEFAULT_PRIORITY,
     check_key,
+    check_priority,
     check_queue,
     check_tenant,
     check_type,
@@ -188,6 +190,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         queue: str | None = None,
         retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         never_retry: type[BaseException] | tuple[type[BaseException], ...] = (),
+        priority: int = DEFAULT_PRIORITY,
     ) -> Callable[[F], F]:
         """Register the function that runs schedules of ``job_type`` in workers.
 
@@ -199,10 +202,12 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         (see :meth:`schedule`); leave it at zero for types whose time must be exact.
         ``queue``: the RQ queue this type's schedules are delivered on (default: the App's),
         so that a pool of workers (``duejobs worker --queue``) serves it apart from the
-        others — a slow type then cannot hold up a fast one. Durations: a ``timedelta`` or
-        seconds.
+        others — a slow type then cannot hold up a fast one. ``priority``: this type's
+        schedules' (see :meth:`schedule`), unless a call gives its own. Durations: a
+        ``timedelta`` or seconds.
         """
         route = None if queue is None else check_queue(queue)
+        rank = check_priority(priority)
         spread = as_delay(jitter, "jitter")
         policy = RetryPolicy(
             max_attempts=max_attempts,
@@ -219,7 +224,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
 
         def register(func: F) -> F:
             self._core.handlers[job_type] = Handler(
-                job_type, func, policy, limit, spread, route, retried, refused
+                job_type, func, policy, limit, spread, route, retried, refused, rank
             )
             return func
 
@@ -240,6 +245,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         jitter: timedelta | float | None = None,
         expires_after: timedelta | float | None = None,
         queue: str | None = None,
+        priority: int | None = None,
         conn: Conn | None = None,
     ) -> Schedule:
         """Persist the intent to run ``job_type`` with ``payload`` at a time.
@@ -259,6 +265,9 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
 
         ``queue``: the RQ queue to deliver it on (default: its type's, else the App's) — to
         route by tenant, say.
+
+        ``priority`` (-100 to 100; default: its type's, else 0): higher runs first among its
+        queue's due work, within its tenant's share, starving none (docs/usage.md).
         """
         new = RequestChecks(self).row(
             ScheduleRequest(
@@ -272,6 +281,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
                 jitter,
                 expires_after,
                 queue,
+                priority,
             )
         )
         with tracing.span("duejobs.schedule", type=new.job_type, tenant=new.tenant) as span:
@@ -342,20 +352,15 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         delay: timedelta | float | None = None,
         timezone: str | None = None,
         expected_version: int | None = None,
+        priority: int | None = None,
         conn: Conn | None = None,
     ) -> Schedule:
-        """Move a live schedule to a new time; returns it at version + 1.
-
-        The delivery of the old version becomes stale: a worker that receives it skips it.
-        """
+        """Move a live schedule to a new time (and ``priority``, if given); returns it at
+        version + 1. The old version's delivery becomes stale: a worker skips it."""
         sid = schedule_id_of(schedule_id)
-        when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
-        if expected_version is not None and (
-            isinstance(expected_version, bool) or not isinstance(expected_version, int)
-        ):
-            raise InvalidScheduleError(f"expected_version must be an int, got {expected_version!r}")
+        when, rank = change_of(delay, run_at, timezone, priority, expected_version)
         with self._core.transaction(conn) as c:
-            schedule, old_job = store.reschedule(c, sid, self._tenant, when, expected_version)
+            schedule, old_job = store.reschedule(c, sid, self._tenant, when, expected_version, rank)
             if schedule is None:
                 self._explain_refusal(c, sid, expected_version)
         assert schedule is not None
@@ -456,17 +461,18 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         delay: timedelta | float | None = None,
         timezone: str | None = None,
         tenant: str | None = None,
+        priority: int | None = None,
         conn: Conn | None = None,
     ) -> Schedule:
         """:meth:`reschedule` the live schedule holding ``key``
         (:class:`~duejobs.errors.ScheduleNotFoundError` when none does)."""
         owner, key = self._write_tenant(tenant), _required_key(key)
-        when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+        when, rank = change_of(delay, run_at, timezone, priority)
         with self._core.transaction(conn) as c:
             holder = store.live_by_key(c, owner, key)
             if holder is None:
                 raise ScheduleNotFoundError(f"no live schedule holds key {key!r} of {owner!r}")
-            schedule, old_job = store.reschedule(c, holder.id, self._tenant, when, None)
+            schedule, old_job = store.reschedule(c, holder.id, self._tenant, when, None, rank)
             if schedule is None:
                 self._explain_refusal(c, holder.id, None)
         assert schedule is not None

@@ -162,6 +162,7 @@ class AsyncApp:
         jitter: timedelta | float | None = None,
         expires_after: timedelta | float | None = None,
         queue: str | None = None,
+        priority: int | None = None,
         conn: AsyncConn | None = None,
     ) -> Schedule:
         """:meth:`App.schedule`, awaited."""
@@ -178,6 +179,7 @@ class AsyncApp:
             jitter=jitter,
             expires_after=expires_after,
             queue=queue,
+            priority=priority,
         )
 
     async def schedule_many(
@@ -195,6 +197,7 @@ class AsyncApp:
         delay: timedelta | float | None = None,
         timezone: str | None = None,
         expected_version: int | None = None,
+        priority: int | None = None,
         conn: AsyncConn | None = None,
     ) -> Schedule:
         """:meth:`App.reschedule`, awaited."""
@@ -206,6 +209,7 @@ class AsyncApp:
             delay=delay,
             timezone=timezone,
             expected_version=expected_version,
+            priority=priority,
         )
 
     async def cancel(self, schedule_id: ScheduleId, *, conn: AsyncConn | None = None) -> bool:
@@ -256,6 +260,7 @@ class AsyncApp:
         delay: timedelta | float | None = None,
         timezone: str | None = None,
         tenant: str | None = None,
+        priority: int | None = None,
         conn: AsyncConn | None = None,
     ) -> Schedule:
         """:meth:`App.reschedule_by_key`, awaited."""
@@ -267,6 +272,7 @@ class AsyncApp:
             delay=delay,
             timezone=timezone,
             tenant=tenant,
+            priority=priority,
         )
 
     # -- reading -----------------------------------------------------------------------

@@ -16,6 +16,7 @@ from duejobs.errors import (
     InvalidScheduleError,
     ScheduleNotFoundError,
 )
+from duejobs.handlers import Handler
 from duejobs.models import (
     DstGap,
     DstOverlap,
@@ -28,7 +29,9 @@ from duejobs.models import (
 from duejobs.scheduler.occurrences import Rule, check_cron, occurrences, plan
 from duejobs.timespec import as_delay, zone
 from duejobs.validation import (
+    DEFAULT_PRIORITY,
     check_list_limit,
+    check_priority,
     check_text,
     check_type,
     encode_payload,
@@ -52,9 +55,27 @@ def _known(app: Scoped, job_type: object) -> str:
     return checked
 
 
+def _priority(handler: Handler | None, priority: object) -> int:
+    """A definition's priority: given, checked; else its type's, else the default."""
+    if priority is None:
+        return handler.priority if handler else DEFAULT_PRIORITY
+    return check_priority(priority)
+
+
 # What update_recurring may change: every field of a definition but its identity.
 _UPDATABLE = frozenset(
-    ("cron", "type", "payload", "timezone", "dst_gap", "dst_overlap", "misfire", "grace", "queue")
+    (
+        "cron",
+        "type",
+        "payload",
+        "timezone",
+        "dst_gap",
+        "dst_overlap",
+        "misfire",
+        "grace",
+        "queue",
+        "priority",
+    )
 )
 
 
@@ -75,14 +96,15 @@ class RecurringAPI(Scoped):
         misfire: Misfire | str = Misfire.LATEST,
         grace: timedelta | float = timedelta(0),
         queue: str | None = None,
+        priority: int | None = None,
     ) -> Recurring:
         """Create (or replace) the recurring schedule ``name`` of the tenant.
 
         Occurrences become ordinary schedules shortly before they are due (see
         :mod:`duejobs.scheduler.occurrences` for the DST and misfire policies). Calling it again
         with the same definition changes nothing; with another one it bumps the version and cancels
-        the occurrences not yet run. ``queue``: as for :meth:`schedule` (default: the type's, else
-        the App's).
+        the occurrences not yet run. ``queue`` and ``priority``: its occurrences', as for
+        :meth:`schedule` (default: the type's, else the App's queue and priority 0).
         """
         spec = self._recurring_spec(
             name,
@@ -96,6 +118,7 @@ class RecurringAPI(Scoped):
             misfire=misfire,
             grace=grace,
             queue=queue,
+            priority=priority,
         )
         return self._apply(spec)
 
@@ -118,13 +141,14 @@ class RecurringAPI(Scoped):
             misfire=Misfire.LATEST,
             grace=timedelta(0),
             queue=None,
+            priority=None,
         )
         self._core.declared_recurring[(spec.tenant, name)] = spec
 
     def sync_recurring(self) -> list[Recurring]:
         """Write every definition declared in code (:meth:`declare_recurring`) as
         :meth:`recurring` would; the stored definitions, in order. One whose stored cron,
-        time zone, type, payload and queue are those declared is left as it is — paused or
+        time zone, type, payload, queue and priority are those declared is left as it is — paused or
         quarantined by an operator, it stays so; a changed one bumps its version. Definitions
         made otherwise are left alone."""
         written = []
@@ -132,8 +156,8 @@ class RecurringAPI(Scoped):
             with self._core.transaction(None) as c:
                 stored = store.get_recurring(c, spec.tenant, spec.name)
             same = stored is not None and (
-                (stored.cron, stored.timezone, stored.type, stored.queue)
-                == (spec.cron, spec.timezone, spec.type, spec.queue)
+                (stored.cron, stored.timezone, stored.type, stored.queue, stored.priority)
+                == (spec.cron, spec.timezone, spec.type, spec.queue, spec.priority)
                 and json.loads(spec.payload_json) == stored.payload
             )
             written.append(stored if same and stored is not None else self._apply(spec))
@@ -162,6 +186,7 @@ class RecurringAPI(Scoped):
         misfire: Misfire | str,
         grace: timedelta | float,
         queue: str | None,
+        priority: int | None,
     ) -> RecurringSpec:
         """A definition checked field by field (the error names the field)."""
         if not isinstance(name, str) or not name or len(name) > 200:
@@ -181,6 +206,7 @@ class RecurringAPI(Scoped):
             misfire=_choice(Misfire, misfire, "misfire"),
             grace=as_delay(grace, "grace"),
             queue=self._route(self.handler_for(type), queue),
+            priority=_priority(self.handler_for(type), priority),
         )
 
     @staticmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import NamedTuple
 
 from redis.exceptions import RedisError
@@ -26,10 +26,12 @@ from duejobs.errors import (
 )
 from duejobs.handlers import Handler
 from duejobs.models import QueueJob, ScheduleRequest
-from duejobs.timespec import as_delay, parse_when
+from duejobs.timespec import When, as_delay, parse_when
 from duejobs.validation import (
+    DEFAULT_PRIORITY,
     DEFAULT_TENANT,
     check_key,
+    check_priority,
     check_queue,
     check_tenant,
     check_type,
@@ -205,6 +207,10 @@ class RequestChecks:
         else:
             spread = as_delay(request.jitter, "jitter")
         expiry = request.expires_after
+        if request.priority is None:
+            rank = handler.priority if handler else DEFAULT_PRIORITY
+        else:
+            rank = check_priority(request.priority)
         return store.NewRow(  # positional: a third cheaper, and this runs once per row
             tenant,
             job_type,
@@ -215,4 +221,21 @@ class RequestChecks:
             None if expiry is None else as_delay(expiry, "expires_after"),
             handler.retry.max_attempts if handler else None,
             route,
+            rank,
         )
+
+
+def change_of(
+    delay: timedelta | float | None,
+    run_at: datetime | None,
+    timezone: str | None,
+    priority: object,
+    expected_version: object = None,
+) -> tuple[When, int | None]:
+    """A reschedule's arguments, checked: its new time, and its new priority (None: kept)."""
+    when = parse_when(delay=delay, run_at=run_at, timezone=timezone)
+    if expected_version is not None and (
+        isinstance(expected_version, bool) or not isinstance(expected_version, int)
+    ):
+        raise InvalidScheduleError(f"expected_version must be an int, got {expected_version!r}")
+    return when, None if priority is None else check_priority(priority)

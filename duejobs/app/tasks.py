@@ -67,6 +67,7 @@ class When(TypedDict, total=False):
     jitter: Duration | None
     expires_after: Duration | None
     queue: str | None
+    priority: int | None
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class Task(Generic[P]):
     ) -> Schedule:
         """:meth:`App.schedule <duejobs.App.schedule>` of this task's type (the same
         keyword arguments: ``delay``/``run_at``, ``timezone``, ``key``, ``tenant``,
-        ``jitter``, ``expires_after``, ``queue``)."""
+        ``jitter``, ``expires_after``, ``queue``, ``priority``)."""
         return self.app.schedule(self.type, payload, conn=conn, **options)
 
     def request(self, payload: P, **options: Unpack[When]) -> ScheduleRequest:

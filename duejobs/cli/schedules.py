@@ -15,7 +15,7 @@ from duejobs.cli.base import DURATION, JSON_TEXT, TENANT_OPTION, F, _app
 from duejobs.cli.group import main
 from duejobs.models import Event, Schedule, Status
 from duejobs.terminal import printable
-from duejobs.validation import DEFAULT_TENANT
+from duejobs.validation import DEFAULT_TENANT, MAX_PRIORITY, MIN_PRIORITY
 
 
 def _schedule_dict(s: Schedule) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def _schedule_dict(s: Schedule) -> dict[str, Any]:
         "timezone": s.timezone,
         "run_at_local": s.run_at_local.isoformat(),
         "attempts": s.attempts,
+        "priority": s.priority,
         "queue_job_id": s.queue_job_id,
         "last_error": s.last_error,
         "payload": s.payload,
@@ -55,6 +56,13 @@ def _print_schedule(s: Schedule, as_json: bool) -> None:
     for name, value in data.items():
         shown = json.dumps(value, ensure_ascii=False) if name == "payload" else value
         click.echo(f"{name:>13}  {printable(shown)}")
+
+
+PRIORITY_OPTION = click.option(
+    "--priority",
+    type=click.IntRange(MIN_PRIORITY, MAX_PRIORITY),
+    help="Higher runs first among due work (-100 to 100; default: the type's, else 0).",
+)
 
 
 def _when_options(func: F) -> F:
@@ -130,6 +138,7 @@ def _target_options(func: F) -> F:
 )
 @click.option("--key", help="Business key: scheduling a live key again returns the same schedule.")
 @TENANT_OPTION
+@PRIORITY_OPTION
 @click.option(
     "--app",
     "app_ref",
@@ -148,6 +157,7 @@ def schedule(
     payload: object,
     key: str | None,
     tenant: str | None,
+    priority: int | None,
     app_ref: str | None,
     as_json: bool,
 ) -> None:
@@ -157,7 +167,13 @@ def schedule(
     types it has."""
     with _app(ctx, app_ref=app_ref) as app:
         s = app.schedule(
-            job_type, payload, timezone=timezone, key=key, tenant=tenant, **_when(delay, at)
+            job_type,
+            payload,
+            timezone=timezone,
+            key=key,
+            tenant=tenant,
+            priority=priority,
+            **_when(delay, at),
         )
         _print_schedule(s, as_json)
 
@@ -217,6 +233,7 @@ def retry(
 @_target_options
 @_when_options
 @click.option("--expected-version", type=int, help="Refuse if the schedule moved meanwhile.")
+@PRIORITY_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
 def reschedule(
@@ -228,6 +245,7 @@ def reschedule(
     at: str | None,
     timezone: str | None,
     expected_version: int | None,
+    priority: int | None,
     as_json: bool,
 ) -> None:
     """Move a schedule (by SCHEDULE_ID or --key) --in DURATION or --at TIME (its version goes
@@ -238,7 +256,13 @@ def reschedule(
         raise click.UsageError("give the new time: --in DURATION or --at TIME")
     with _app(ctx) as app:
         target = schedule_id or _by_key(app, str(key), tenant)
-        s = app.reschedule(target, timezone=timezone, expected_version=expected_version, **when)
+        s = app.reschedule(
+            target,
+            timezone=timezone,
+            expected_version=expected_version,
+            priority=priority,
+            **when,
+        )
         _print_schedule(s, as_json)
 
 

@@ -18,6 +18,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
+from duejobs.delivery.bands import band_queue, queue_of
 from duejobs.delivery.nodes import NODE_WAIT, Node
 from duejobs.delivery.scripts import TAKE_OFF_SCRIPT
 from duejobs.models import Delivery
@@ -121,7 +122,8 @@ class Deliverer:
             node.close()
 
     def _node(self, queue: str | None) -> Node:
-        return self._homes.get(queue or self.queue.name, self._default)
+        """The node of ``queue`` (an RQ queue of its bands: its queue's node)."""
+        return self._homes.get(queue_of(queue or self.queue.name), self._default)
 
     @property
     def scheduled_key(self) -> str:
@@ -219,12 +221,13 @@ class Deliverer:
         return sorted({name for node in self._nodes for name in self._queues_on(node)})
 
     def push(self, pushes: Sequence[Push], now: datetime) -> PushResult:
-        """Push a batch, one round trip per queue it names: due ones (``due_at <= now``) onto
+        """Push a batch, one round trip per RQ queue it names (a queue's band for each
+        delivery's priority: :mod:`duejobs.delivery.bands`): due ones (``due_at <= now``) onto
         their queue, the rest into its scheduled registry; due ones marked ``front`` go to the
         front of the queue, in the batch's order. ``now`` is the database clock."""
         by_node: dict[int, tuple[Node, dict[str, list[Push]]]] = {}
         for p in pushes:
-            name = p.delivery.queue or self.queue.name
+            name = band_queue(p.delivery.queue or self.queue.name, p.delivery.priority)
             node = self._node(name)
             by_node.setdefault(id(node), (node, {}))[1].setdefault(name, []).append(p)
         stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only

@@ -32,6 +32,7 @@ _STAGING_COLUMNS = (
     "timezone",
     "local_run_at",
     "queue",
+    "priority",
 )
 
 
@@ -74,6 +75,7 @@ def insert_schedules(conn: Connection, rows: Iterable[NewRow]) -> list[uuid.UUID
                     when.timezone,
                     when.local_run_at,
                     r.queue,
+                    r.priority,
                 )
             )
             first, last = first or raw, raw
@@ -104,6 +106,7 @@ _DIRECT_COLUMNS = (
     "timezone",
     "local_run_at",
     "queue",
+    "priority",
 )
 # Binary COPY: ``bytea`` marks fields given in their binary form already, which psycopg's
 # C adapter for bytes sends as they are (its own uuid and jsonb adapters run in Python):
@@ -121,6 +124,7 @@ _DIRECT_TYPES = (
     "text",
     "timestamp",
     "text",
+    "int2",
 )
 _JSONB = b"\x01"
 
@@ -147,6 +151,7 @@ def _insert_staged(
             r.when.timezone,
             r.when.local_run_at,
             r.queue,
+            r.priority,
         )
         for i, sid, r in keyed
     ]

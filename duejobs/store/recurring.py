@@ -135,6 +135,7 @@ def insert_occurrences(
             "version": recurring.version,
             "name": recurring.name,
             "queue": recurring.queue,
+            "priority": recurring.priority,
         },
     )
     assert row is not None

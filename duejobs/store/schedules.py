@@ -53,6 +53,7 @@ class NewRow:
     expires_after: timedelta | None = None
     max_attempts: int | None = None
     queue: str = "duejobs"
+    priority: int = 0
     # "<link|child> <traceparent>" of the caller (duejobs.observability.tracing); None when tracing
     # is off.
     trace_context: str | None = None
@@ -74,6 +75,7 @@ def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
         "key": new.key,
         "payload": new.payload_json,
         "queue": new.queue,
+        "priority": new.priority,
         "trace_context": new.trace_context,
         **_when_params(new.when),
     }
@@ -138,8 +140,9 @@ def reschedule(
     tenant: str | None,
     when: When,
     expected_version: int | None,
+    priority: int | None = None,
 ) -> tuple[Schedule | None, QueueJob | None]:
-    """Move a live schedule to a new time under version + 1.
+    """Move a live schedule to a new time (and to ``priority``, if given) under version + 1.
 
     Returns (schedule, queue job of the superseded version if it was pushed) or (None, None)
     when no live row matched; :func:`get_schedule` then tells why.
@@ -147,7 +150,13 @@ def reschedule(
     row = run_one(
         conn,
         "reschedule",
-        {"id": schedule_id, "tenant": tenant, "expected": expected_version, **_when_params(when)},
+        {
+            "id": schedule_id,
+            "tenant": tenant,
+            "expected": expected_version,
+            "priority": priority,
+            **_when_params(when),
+        },
     )
     if row is None:
         return None, None

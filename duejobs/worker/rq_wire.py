@@ -33,8 +33,9 @@ the worker's own writes shared by the batch); a job alone at one slot, twelve â€
 and the next job's take one script, the worker's key written once for both
 (``python -m bench concurrency`` prints both).
 
-Taking needs Redis 6.2 or later (``LPOP`` with a count). Every call here may raise a Redis
-error: the worker's loop decides what an outage means (:mod:`duejobs.worker.redis_waits`).
+Taking needs Redis 7.0 or later (``LMPOP``: one command looks through every band). Every
+call here may raise a Redis error: the worker's loop decides what an outage means
+(:mod:`duejobs.worker.redis_waits`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from rq.utils import utcformat
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from duejobs.delivery import FAILURE_TTL, RESULT_TTL
+from duejobs.delivery.bands import bands, queue_of, take_order
 from duejobs.models import Delivery
 
 # Seconds a worker's key lives without a beat (RQ's default worker_ttl, 420, plus RQ's 60).
@@ -77,7 +79,8 @@ TAKE = (
     """
 -- One script for what the worker writes as jobs come and go: the jobs that ran finished,
 -- then up to ``most`` waiting jobs taken, then the worker's key once.
--- KEYS[1]: the worker's key; then, per queue in order, its list and its started registry.
+-- KEYS[1]: the worker's key; then, per RQ queue in this take's order (its bands: see
+--   duejobs.delivery.bands), its list and its started registry.
 -- ARGV[1..9]: most, job key prefix, now (RQ's format), started score, worker name, run-id
 --   base, an id popped already (or ''), that id's queue index, the worker's state when no
 --   job is taken ('' to leave it);
@@ -120,13 +123,18 @@ local function start(id, q)
     taken[#taken + 1] = {id, q, data, run}
 end
 if ARGV[7] ~= '' then start(ARGV[7], tonumber(ARGV[8])) end
-for q = 1, (#KEYS - 1) / 2 do
-    local left = most - #taken
-    if left <= 0 then break end
-    local ids = redis.call('LPOP', KEYS[2 * q], left)
-    if ids then
-        for _, id in ipairs(ids) do start(id, q) end
-    end
+-- One LMPOP takes from the first queue in order that holds jobs; the next, if there is
+-- room left, from those after it (that one is empty then).
+local listed, q = (#KEYS - 1) / 2, 1
+while q <= listed and most - #taken > 0 do
+    local call = {'LMPOP', listed - q + 1}
+    for i = q, listed do call[#call + 1] = KEYS[2 * i] end
+    call[#call + 1], call[#call + 2], call[#call + 3] = 'LEFT', 'COUNT', most - #taken
+    local popped = redis.call(unpack(call))
+    if not popped then break end
+    while KEYS[2 * q] ~= popped[1] do q = q + 1 end
+    for _, id in ipairs(popped[2]) do start(id, q) end
+    q = q + 1
 end
 local state = #taken > 0 and 'busy' or ARGV[9]
 if state ~= '' then
@@ -168,16 +176,14 @@ class RqWire:
 
     def __init__(self, redis: Redis, queues: Sequence[str], name: str) -> None:
         self.redis = redis
-        self.queues = list(queues)
+        self.queues = bands(queues)  # the RQ queues of each queue's priority bands, in order
         self.name = name
         self.key = Worker.redis_worker_namespace_prefix + name
         self._queue_keys = [Queue.redis_queue_namespace_prefix + q for q in self.queues]
         self._started_keys = [StartedJobRegistry(q, connection=redis).key for q in self.queues]
         self._finished_keys = [FinishedJobRegistry(q, connection=redis).key for q in self.queues]
         self._failed_keys = [FailedJobRegistry(q, connection=redis).key for q in self.queues]
-        self._take_keys = [self.key]
-        for queue_key, started_key in zip(self._queue_keys, self._started_keys, strict=True):
-            self._take_keys += [queue_key, started_key]
+        self._takes = 0  # takes made, which sets each one's order (bands.take_order)
         self._script = redis.register_script(TAKE)
         self._job_prefix = Job.redis_job_namespace_prefix
         self._lost: list[str] = []  # run-id bases of takes whose answers were lost
@@ -287,7 +293,7 @@ class RqWire:
         if popped is None:
             return []
         key, job_id = (_text(part) for part in popped)
-        return self._run(most, job_id, self._queue_keys.index(key) + 1, (), "")
+        return self._run(most, job_id, self._queue_keys.index(key), (), "")
 
     def finish(self, done: Sequence[Finished], state: str) -> None:
         """RQ's finish of jobs that ran (one script), the worker's figures and ``state``
@@ -298,19 +304,28 @@ class RqWire:
         self, most: int, first: str, index: int, finishing: Sequence[Finished], state: str
     ) -> list[Taken]:
         """The script: ``finishing`` finished, then ``first`` (an id popped already, from the
-        queue at ``index``, counted from 1) and as many more waiting jobs as make ``most``
-        started; the worker ``state`` if none is."""
+        RQ queue at ``index`` of :attr:`queues`) and as many more waiting jobs as make
+        ``most`` started, looked for in this take's order of bands; the worker ``state`` if
+        none is."""
+        taking = bool(most or first)
+        if taking:
+            self._takes += 1
+        order = take_order(self._takes, len(self.queues)) if taking else []
+        keys = [self.key]
+        for i in order:
+            keys += [self._queue_keys[i], self._started_keys[i]]
         stamp, base = datetime.now(UTC), uuid.uuid4().hex[:16]
         args: list[EncodableT] = [most, self._job_prefix, utcformat(stamp)]
-        args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, index, state]
+        position = order.index(index) + 1 if first else 0
+        args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, position, state]
         figures = self._finishes(finishing, stamp, args)
-        if most or first:  # until its answer comes: it may run and its answer be lost
+        if taking:  # until its answer comes: it may run and its answer be lost
             self._lost.append(base)
-        rows = self._script(keys=self._take_keys, args=args)
-        if most or first:
+        rows = self._script(keys=keys, args=args)
+        if taking:
             self._lost.remove(base)
         self.succeeded, self.failed, self.working_time = figures
-        return [self._taken(*row) for row in rows]
+        return [self._taken(job, self.queues[order[int(at) - 1]], *rest) for job, at, *rest in rows]
 
     def _finishes(
         self, done: Sequence[Finished], now: datetime, args: list[EncodableT]
@@ -347,16 +362,16 @@ class RqWire:
         registries by their run ids (``<job id>:<base><n>``)."""
         found: list[Taken] = []
         for base in self._lost:
-            for index, started in enumerate(self._started_keys, start=1):
+            for queue, started in zip(self.queues, self._started_keys, strict=True):
                 for member, _score in self.redis.zscan_iter(started, match=f"*:{base}*"):
                     job_id, run = _text(member).rsplit(":", 1)
                     data = self.redis.hget(self._job_prefix + job_id, "data")
-                    found.append(self._taken(job_id, index, data or "", run))
+                    found.append(self._taken(job_id, queue, data or "", run))
         self._lost.clear()
         return found
 
-    def _taken(self, job_id: Any, index: Any, data: Any, run: Any) -> Taken:
-        job, queue = _text(job_id), self.queues[int(index) - 1]
+    def _taken(self, job_id: Any, queue: str, data: Any, run: Any) -> Taken:
+        job = _text(job_id)
         if not data:
             return Taken(job, queue, "", None, "its hash is gone")
         try:
@@ -373,7 +388,8 @@ def delivery_of(data: bytes | str, queue: str) -> Delivery:
         raw = zlib.decompress(raw)
     _function, _instance, args, _kwargs = json.loads(raw)
     schedule_id, version, attempt, tenant = args
-    return Delivery(uuid.UUID(str(schedule_id)), str(tenant), int(version), int(attempt), queue)
+    home = queue_of(queue)  # the schedule's queue, whichever band its job came on
+    return Delivery(uuid.UUID(str(schedule_id)), str(tenant), int(version), int(attempt), home)
 
 
 def _text(value: Any) -> str:

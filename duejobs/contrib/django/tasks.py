@@ -31,9 +31,8 @@ What maps:
   the task), retried with duejobs' backoff when larger; ``OPTIONS['TIMEOUT']`` seconds
   (default 300).
 
-What does not: ``priority`` (``supports_priority`` is false): RQ serves a queue first in,
-first out and duejobs claims by due time, so a priority could not be honoured — route urgent
-tasks to a queue of their own instead.
+* ``priority`` (Django's range, -100 to 100, higher first; ``supports_priority``) → the
+  schedule's priority (:meth:`duejobs.App.schedule`).
 """
 
 from __future__ import annotations
@@ -97,7 +96,7 @@ class DuejobsBackend(BaseTaskBackend):
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = False
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -116,10 +115,13 @@ class DuejobsBackend(BaseTaskBackend):
         payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs)}
         app = get_app()
         queue = None if task.queue_name == DEFAULT_TASK_QUEUE_NAME else task.queue_name
+        rank = task.priority
         if task.run_after is None:
-            schedule = app.schedule(self.type, payload, delay=0, queue=queue)
+            schedule = app.schedule(self.type, payload, delay=0, queue=queue, priority=rank)
         else:
-            schedule = app.schedule(self.type, payload, run_at=task.run_after, queue=queue)
+            schedule = app.schedule(
+                self.type, payload, run_at=task.run_after, queue=queue, priority=rank
+            )
         result = self._result(task, schedule, payload, store.StoredResult(None, [], []))
         # Once the schedule is committed for good: none for an atomic block rolled back.
         app.core.after_commit(lambda: task_enqueued.send(type(self), task_result=result))

@@ -6,7 +6,7 @@
 CREATE TEMPORARY TABLE IF NOT EXISTS duejobs_staging (
     ord integer, id uuid, tenant text, type text, key text, payload text,
     run_at timestamptz, delay interval, jitter_offset interval, expires_after interval,
-    max_attempts integer, timezone text, local_run_at timestamp, queue text
+    max_attempts integer, timezone text, local_run_at timestamp, queue text, priority smallint
 ) ON COMMIT DROP
 
 -- name: move_staged
@@ -15,9 +15,9 @@ CREATE TEMPORARY TABLE IF NOT EXISTS duejobs_staging (
 WITH new AS (
     INSERT INTO /*schema*/scheduled_jobs
         (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
-         max_attempts, timezone, local_run_at, queue)
+         max_attempts, timezone, local_run_at, queue, priority)
     SELECT id, tenant, type, key, CAST(payload AS jsonb), at, at + jitter_offset,
-           jitter_offset, expires_after, max_attempts, timezone, local_run_at, queue
+           jitter_offset, expires_after, max_attempts, timezone, local_run_at, queue, priority
     -- a key twice in the batch: its first row
     FROM (SELECT DISTINCT ON (tenant, key) *, COALESCE(run_at, statement_timestamp() + delay) AS at
           FROM duejobs_staging ORDER BY tenant, key, ord) AS staged

@@ -128,7 +128,7 @@ WITH plan AS (
     FROM unnest(ARRAY(SELECT id FROM due)) AS d(id)
     WHERE s.id = d.id
     RETURNING s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at,
-              s.queue_job_id, s.queue
+              s.queue_job_id, s.queue, s.priority
 ), event AS (
     INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'enqueued', version, jsonb_build_object('queue_job_id', queue_job_id)

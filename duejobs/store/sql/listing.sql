@@ -8,7 +8,7 @@
 SELECT * FROM (
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
         AND queue_job_id IS NULL
         AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
@@ -25,7 +25,7 @@ SELECT * FROM (
     UNION ALL
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
         AND queue_job_id IS NOT NULL
         AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
@@ -42,7 +42,7 @@ SELECT * FROM (
     UNION ALL
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'running'
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status = 'running'
         AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{running}' AS text[]))
         AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
@@ -58,7 +58,7 @@ SELECT * FROM (
     UNION ALL
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status IN ('succeeded', 'failed',
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status IN ('succeeded', 'failed',
         'cancelled') AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{succeeded,failed,cancelled}' AS text[]))
         AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
@@ -79,7 +79,7 @@ LIMIT :limit
 SELECT * FROM (
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
         AND queue_job_id IS NULL
         AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
@@ -96,7 +96,7 @@ SELECT * FROM (
     UNION ALL
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
         AND queue_job_id IS NOT NULL
         AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{scheduled}' AS text[]))
@@ -113,7 +113,7 @@ SELECT * FROM (
     UNION ALL
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status = 'running'
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status = 'running'
         AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{running}' AS text[]))
         AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
@@ -129,7 +129,7 @@ SELECT * FROM (
     UNION ALL
     (SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue FROM /*schema*/scheduled_jobs WHERE status IN ('succeeded', 'failed',
+        finished_at, queue, priority FROM /*schema*/scheduled_jobs WHERE status IN ('succeeded', 'failed',
         'cancelled') AND (CAST(:statuses AS text[]) IS NULL
         OR CAST(:statuses AS text[]) && CAST('{succeeded,failed,cancelled}' AS text[]))
         AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)

@@ -6,7 +6,7 @@
 -- the rows whose id differs from the one stored: those no scheduler has pushed yet.
 WITH page AS (
     SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at, s.queue,
-           s.queue_job_id AS current, 'dj-' || replace(s.tenant, '.',
+           s.priority, s.queue_job_id AS current, 'dj-' || replace(s.tenant, '.',
                '_') || '-' || replace(CAST(s.id AS text), '-',
                '') || '-v' || s.version || '-a' || (s.attempts + 1) AS job
     FROM /*schema*/scheduled_jobs s
@@ -36,7 +36,7 @@ WITH page AS (
     FROM upd
 )
 SELECT id, tenant, version, attempt, due_at, job AS queue_job_id,
-       current IS NOT NULL AS was_pushed, queue
+       current IS NOT NULL AS was_pushed, queue, priority
 FROM page
 ORDER BY due_at, id
 
@@ -107,7 +107,8 @@ FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
 -- name: pending_deliveries
 -- The scheduled rows of :ids (schedule ids) whose recorded queue job is still one of :jobs:
 -- the deliveries a job left on a node its queue moved off still stands for.
-SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at, s.queue, s.queue_job_id
+SELECT s.id, s.tenant, s.version, s.attempts + 1 AS attempt, s.due_at, s.queue, s.queue_job_id,
+       s.priority
 FROM /*schema*/scheduled_jobs s
 WHERE s.id = ANY(CAST(:ids AS uuid[])) AND s.status = 'scheduled'
   AND s.queue_job_id = ANY(CAST(:jobs AS text[]))

@@ -5,14 +5,14 @@
 WITH new AS (
     INSERT INTO /*schema*/scheduled_jobs
         (id, tenant, type, key, payload, run_at, due_at, jitter_offset, expires_after,
-         max_attempts, timezone, local_run_at, queue, trace_context)
+         max_attempts, timezone, local_run_at, queue, trace_context, priority)
     SELECT :id, :tenant, :type, :key, CAST(:payload AS jsonb),
         COALESCE(CAST(:run_at AS timestamptz), statement_timestamp() + CAST(:delay AS interval)),
            COALESCE(CAST(:run_at AS timestamptz),
                statement_timestamp() + CAST(:delay AS interval)) + CAST(:jitter_offset AS
                interval), :jitter_offset,
            CAST(:expires_after AS interval), CAST(:max_attempts AS integer), :timezone,
-           :local_run_at, :queue, :trace_context
+           :local_run_at, :queue, :trace_context, CAST(:priority AS smallint)
     -- the key is held by a live schedule: seen here, or (one committed since this statement
     -- began) by the unique index of the plain schema, which skips the row, or the key
     -- trigger of partitioned mode, which fails it (duejobs/store/partitions.py)
@@ -21,7 +21,7 @@ WITH new AS (
     ON CONFLICT DO NOTHING
     RETURNING id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
         queue_job_id, version, attempts, last_error, created_at, updated_at, started_at,
-        finished_at, queue
+        finished_at, queue, priority
 ), event AS (
     INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'created', version, CASE WHEN timezone IS NULL AND local_run_at IS NULL
@@ -37,18 +37,18 @@ WITH new AS (
 )
 SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
     queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at,
-    queue FROM new
+    queue, priority FROM new
 
 -- name: live_by_key
 SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
     queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at,
-    queue FROM /*schema*/scheduled_jobs WHERE tenant = :tenant AND key = :key
+    queue, priority FROM /*schema*/scheduled_jobs WHERE tenant = :tenant AND key = :key
     AND status IN ('scheduled', 'running')
 
 -- name: get_schedule
 SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
     queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at,
-    queue FROM /*schema*/scheduled_jobs WHERE id = :id
+    queue, priority FROM /*schema*/scheduled_jobs WHERE id = :id
     AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 
 -- name: reschedule
@@ -68,6 +68,7 @@ WITH cur AS (
             statement_timestamp() + CAST(:delay AS interval)) + s.jitter_offset,
         timezone = COALESCE(CAST(:timezone AS text), s.timezone),
         local_run_at = :local_run_at,
+        priority = COALESCE(CAST(:priority AS smallint), s.priority),
         version = s.version + 1,
         status = 'scheduled',
         queue_job_id = NULL,
@@ -88,11 +89,13 @@ WITH cur AS (
                '+00:00',
                               'old_version', old_version, 'timezone', timezone,
                               'local_run_at', local_run_at)
+           || CASE WHEN CAST(:priority AS smallint) IS NULL THEN CAST('{}' AS jsonb)
+                   ELSE jsonb_build_object('priority', CAST(:priority AS smallint)) END
     FROM upd
 )
 SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
     queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at,
-    queue, old_queue_job_id FROM upd
+    queue, priority, old_queue_job_id FROM upd
 
 -- name: cancel
 -- Cancel a live schedule (version + 1) with its `cancelled` event; its queue job id.
@@ -157,7 +160,7 @@ WITH cur AS (
 )
 SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
     queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at,
-    queue FROM upd
+    queue, priority FROM upd
 
 -- name: history
 SELECT id, schedule_id, kind, version, at, detail FROM /*schema*/scheduled_job_events

@@ -1,0 +1,64 @@
+"""Priority on the wire: each queue is three RQ queues, one per band of priorities, which a
+worker takes from in order — RQ's own way to rank work (a worker listens to its queues in
+the order given), so RQ's tools show each band as the queue it is.
+
+* ``<queue>+high``: priorities above 0;
+* ``<queue>``: priority 0 (the default: a queue whose schedules never set one is the RQ queue
+  of its name alone, as before priorities existed);
+* ``<queue>+low``: priorities below 0.
+
+A queue's name never holds ``+`` (:func:`duejobs.validation.check_queue`), so no queue of a
+user's is another's band. Within a band, jobs go in the order they were pushed (the
+scheduler pushes a claim's rows in priority order within each tenant's turn): 10 and 50 share
+a band on the wire. No band starves: a worker serves a lower band first at one take in
+:data:`RESERVE` (:func:`take_order`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+_HIGH, _LOW = "+high", "+low"
+# One take in RESERVE serves a lower band first, the default and the low band in turn: while
+# every band holds work, each lower band gets at least one take in 2 * RESERVE of a worker's.
+RESERVE = 8
+
+
+def band_queue(queue: str, priority: int) -> str:
+    """The RQ queue a job of ``queue`` with ``priority`` goes on."""
+    if priority > 0:
+        return queue + _HIGH
+    if priority < 0:
+        return queue + _LOW
+    return queue
+
+
+def queue_of(name: str) -> str:
+    """The queue whose band is the RQ queue ``name`` (``name`` itself for the default band)."""
+    for suffix in (_HIGH, _LOW):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def bands(queues: Sequence[str]) -> list[str]:
+    """The RQ queues a worker of ``queues`` listens to, highest band first within each queue,
+    the queues in their order: ``a+high, a, a+low, b+high, b, b+low``."""
+    return [name for queue in queues for name in (queue + _HIGH, queue, queue + _LOW)]
+
+
+def take_order(take: int, listened: int) -> list[int]:
+    """The order (indexes into :func:`bands`' list of ``listened`` RQ queues) in which the
+    worker's take number ``take`` (counted from 1) looks for jobs: each queue in turn, its
+    highest band first; at every :data:`RESERVE`-th take, each queue's default band first
+    instead at the first such take, its low band at the next, in turn — then its others in
+    their usual order."""
+    usual = list(range(listened))
+    if take % RESERVE:
+        return usual
+    lower = 1 + (take // RESERVE + 1) % 2  # 1: the default band, 2: the low band
+    order = []
+    for group in range(0, listened, 3):
+        trio = usual[group : group + 3]
+        order += [trio[lower], *(i for i in trio if i != trio[lower])]
+    return order
