@@ -53,8 +53,8 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq_dashboard.cli import make_flask_app
 
-from duejobs.delivery.bands import bands
 from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
+from duejobs.delivery.bands import bands
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import build_worker
 from duejobs.worker.rq_wire import delivery_of
