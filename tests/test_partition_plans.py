@@ -130,6 +130,8 @@ def test_the_claims_kept_plan_reads_indexes_as_a_partition_planned_empty_fills(
     removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
     assert sum(removed) < 100, plan
     assert "claim_tenant_idx" in plan, plan
+    if name == "claim_shares":  # a tenant's urgent rows first, from their own index
+        assert "claim_priority_idx" in plan, plan
 
 
 def test_the_claim_plans_its_two_statements_once_per_connection(parted: App) -> None:

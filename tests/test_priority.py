@@ -5,6 +5,7 @@ band starved (duejobs.delivery.bands)."""
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -14,6 +15,7 @@ from duejobs import App, ScheduleRequest
 from duejobs.delivery.bands import RESERVE, band_queue, bands, queue_of, take_order
 from duejobs.errors import InvalidPriorityError
 from duejobs.models import EventKind
+from duejobs.scheduler.loop import DueRow, claim_due
 from tests.support.system import System
 
 # ``bands`` and ``take_order``, pure logic: what the worker's take order is.
@@ -180,3 +182,33 @@ def test_a_rescheduled_priority_moves_a_pushed_job_to_its_new_band(system: Syste
     assert system.redis.zcard(f"rq:scheduled:{queue}") == 0  # the superseded job removed
     assert system.redis.llen(f"rq:queue:{queue}+high") == 1
     system.run_until(lambda: system.status(s.id) == "succeeded")
+
+
+# -- the claim ---------------------------------------------------------------------------------
+
+
+def _claim(app: App, limit: int) -> list[DueRow]:
+    with app.engine.begin() as conn:
+        return claim_due(conn, timedelta(minutes=15), limit).rows
+
+
+def test_a_tenants_urgent_rows_are_claimed_before_its_older_backlog_in_priority_order(
+    app: App,
+) -> None:
+    """Seen failing with the share taken oldest first (the urgent rows waited for the
+    backlog to be pushed)."""
+    app.handler("mail")(lambda ctx, payload: None)
+    backlog = [app.schedule("mail", {}, delay=0).id for _ in range(20)]
+    urgent = [app.schedule("mail", {}, delay=0, priority=p).id for p in (10, 50)]
+    rows = _claim(app, 5)
+    assert [r.schedule_id for r in rows] == [urgent[1], urgent[0], *backlog[:3]]
+    assert [r.priority for r in rows] == [50, 10, 0, 0, 0]
+
+
+def test_a_tenants_urgent_rows_never_take_another_tenants_share(app: App) -> None:
+    app.handler("mail")(lambda ctx, payload: None)
+    for _ in range(10):
+        app.schedule("mail", {}, delay=0, tenant="loud", priority=90)
+        app.schedule("mail", {}, delay=0, tenant="quiet")
+    rows = _claim(app, 10)
+    assert Counter(r.tenant for r in rows) == {"loud": 5, "quiet": 5}

@@ -151,9 +151,10 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         trans = conn.begin()
         conn.execute(
             text(
-                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, status) "
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, status, priority) "
                 "SELECT gen_random_uuid(), 'x', '{}', t, t, "
-                "       CASE WHEN g % 2 = 0 THEN 'scheduled' ELSE 'succeeded' END "
+                "       CASE WHEN g % 2 = 0 THEN 'scheduled' ELSE 'succeeded' END, "
+                "       CASE WHEN g % 10 = 0 THEN 5 ELSE 0 END "  # a tenth of them urgent
                 "FROM (SELECT g, now() + interval '30 days' + g * interval '1s' AS t "
                 "      FROM generate_series(1, 1000000) g) AS far"
             )
@@ -213,6 +214,13 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         claim,
     ), claim
     assert full_scans(claim) == [], claim
+    # Its urgent rows first, from their own index, bounded by due_at the same way: 100,000
+    # urgent rows due next month are never read. Seen failing without that index.
+    assert re.search(
+        r"Index Scan using scheduled_jobs(?:_default)?_claim_priority_idx .*\n"
+        r"\s*Index Cond: .*due_at",
+        claim,
+    ), claim
 
 
 def test_every_part_runs_with_its_tables_in_a_schema_of_its_own(

@@ -91,10 +91,11 @@ FROM (SELECT set_config('synchronous_commit', 'off', true)) AS always
 LEFT JOIN picked p ON true
 
 -- name: claim_shares
--- Second half: take each tenant's share of the batch, oldest first, FOR UPDATE SKIP LOCKED
--- (a capped tenant's share cut to the room its cap leaves, counted afresh), record the queue
--- job ids and an `enqueued` event, and return the rows in turns — every tenant's first row,
--- then every tenant's second — so that the push interleaves tenants in the queue as well.
+-- Second half: take each tenant's share of the batch — its rows above priority 0 first, then
+-- the oldest — FOR UPDATE SKIP LOCKED (a capped tenant's share cut to the room its cap
+-- leaves, counted afresh), record the queue job ids and an `enqueued` event, and return the
+-- rows in turns — every tenant's first row, then every tenant's second, each tenant's in
+-- priority then due order — so that the push interleaves tenants in the queue as well.
 WITH plan AS (
     SELECT p.tenant, p.cap,
            CASE WHEN p.cap IS NULL THEN p.share
@@ -106,16 +107,35 @@ WITH plan AS (
     FROM unnest(CAST(:tenants AS text[]), CAST(:shares AS integer[]),
                 CAST(:caps AS integer[])) AS p(tenant, share, cap)
 ), due AS (
+    -- Each tenant's share: its rows above priority 0 first (the oldest, from their own small
+    -- index: however many older rows of its wait, they never hold these up), then its others,
+    -- oldest first — read only for the room the first leave (the LIMIT stops pulling rows, and
+    -- so locking them, once the share is full).
     SELECT c.id FROM plan p CROSS JOIN LATERAL (
-        SELECT s.id FROM /*schema*/scheduled_jobs s
-        WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL
-            AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
-            AND (s.tenant, s.due_at) <= (p.tenant,
-            statement_timestamp() + CASE
-            WHEN p.cap IS NULL THEN CAST(:window AS interval) ELSE interval '0' END)
-        ORDER BY s.tenant, s.due_at
+        SELECT urgent.id FROM (
+            SELECT s.id FROM /*schema*/scheduled_jobs s
+            WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL AND s.priority > 0
+                AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
+                AND (s.tenant, s.due_at) <= (p.tenant,
+                statement_timestamp() + CASE
+                WHEN p.cap IS NULL THEN CAST(:window AS interval) ELSE interval '0' END)
+            ORDER BY s.tenant, s.due_at
+            LIMIT GREATEST(p.n, 0)
+            FOR UPDATE SKIP LOCKED
+        ) AS urgent
+        UNION ALL
+        SELECT other.id FROM (
+            SELECT s.id FROM /*schema*/scheduled_jobs s
+            WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL AND s.priority <= 0
+                AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
+                AND (s.tenant, s.due_at) <= (p.tenant,
+                statement_timestamp() + CASE
+                WHEN p.cap IS NULL THEN CAST(:window AS interval) ELSE interval '0' END)
+            ORDER BY s.tenant, s.due_at
+            LIMIT GREATEST(p.n, 0)
+            FOR UPDATE SKIP LOCKED
+        ) AS other
         LIMIT GREATEST(p.n, 0)
-        FOR UPDATE SKIP LOCKED
     ) AS c
 ), upd AS (
     UPDATE /*schema*/scheduled_jobs s
@@ -134,6 +154,7 @@ WITH plan AS (
     SELECT id, tenant, 'enqueued', version, jsonb_build_object('queue_job_id', queue_job_id)
     FROM upd
 )
-SELECT upd.*, row_number() OVER (PARTITION BY upd.tenant ORDER BY upd.due_at) AS turn
+SELECT upd.*,
+       row_number() OVER (PARTITION BY upd.tenant ORDER BY upd.priority DESC, upd.due_at) AS turn
 FROM upd
-ORDER BY turn, upd.due_at
+ORDER BY turn, upd.priority DESC, upd.due_at
