@@ -61,6 +61,8 @@ from bench.chaos_app import EFFECTS
 from duejobs import store
 from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
+from duejobs.delivery import QUEUES_KEY
+from duejobs.delivery.bands import band_queue
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DuejobsError
 from duejobs.store.migrate import upgrade
@@ -400,6 +402,7 @@ FAULT_KINDS = (
     "delete-job-hashes",
     "delete-queue-entries",
     "delete-registry-members",
+    "forget-queue-list",
     "kill-reconciler",
     "kill-scheduler",
     "kill-worker",
@@ -446,6 +449,7 @@ class _Faults:
             "delete-job-hashes": self._delete_hashes,
             "delete-queue-entries": self._delete_entries,
             "delete-registry-members": self._delete_members,
+            "forget-queue-list": self._forget_queues,
             "pg-terminate-one": lambda: self._terminate(everyone=False),
             "pg-terminate-all": lambda: self._terminate(everyone=True),
         }
@@ -499,9 +503,10 @@ class _Faults:
         return up[0] if len(up) == 1 else self.rng.choice(up)
 
     def _on_node(self) -> tuple[redis.Redis, str]:
-        """A node's client and its queue's name, for a fault on its keys."""
+        """A node's client and one of its queue's RQ queues (a band: see
+        :mod:`duejobs.delivery.bands`), for a fault on its keys."""
         node = self._node()
-        return self.clients[node], self.queues[node]
+        return self.clients[node], band_queue(self.queues[node], self.rng.choice(PRIORITIES))
 
     def _node_down(self) -> None:
         """A node killed and started again, empty, a few seconds later: meanwhile its
@@ -543,6 +548,11 @@ class _Faults:
         for job in self._sample(client.zrange(key, 0, 500)):
             client.zrem(key, job)
 
+    def _forget_queues(self) -> None:
+        """The set of every queue duejobs pushed to, deleted (an operator's cleanup): the
+        jobs waiting in a band's scheduled registry must still be promoted."""
+        self._on_node()[0].delete(QUEUES_KEY)
+
     def _terminate(self, everyone: bool) -> None:
         with psycopg.connect(self.servers.database_url, autocommit=True) as admin:
             pids = [
@@ -554,6 +564,10 @@ class _Faults:
             ]
             for pid in pids if everyone else self._sample(pids, 1):
                 admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+
+
+# The priorities schedules are given: one of each band, the default band the most.
+PRIORITIES = (-50, 0, 0, 50)
 
 
 def _plan(app: duejobs.App, rng: random.Random, config: ChaosConfig) -> list[object]:
@@ -574,7 +588,12 @@ def _plan(app: duejobs.App, rng: random.Random, config: ChaosConfig) -> list[obj
         queue = rng.choice(config.queues) if config.nodes > 1 else None
         requests.append(
             duejobs.ScheduleRequest(
-                job_type, payload, delay=timedelta(seconds=delay), tenant=tenant, queue=queue
+                job_type,
+                payload,
+                delay=timedelta(seconds=delay),
+                tenant=tenant,
+                queue=queue,
+                priority=rng.choice(PRIORITIES),  # every band of the queue in use
             )
         )
     ids: list[object] = list(app.schedule_many(requests))
@@ -595,7 +614,8 @@ def _change(app: duejobs.App, ids: list[object], rng: random.Random, report: Cha
     target = rng.choice(ids)
     try:
         if rng.random() < 0.5:
-            app.reschedule(target, delay=timedelta(seconds=rng.uniform(0, 8)))  # type: ignore[arg-type]
+            delay = timedelta(seconds=rng.uniform(0, 8))
+            app.reschedule(target, delay=delay, priority=rng.choice(PRIORITIES))  # type: ignore[arg-type]
             report.actions["rescheduled"] += 1
         else:
             app.cancel(target)  # type: ignore[arg-type]

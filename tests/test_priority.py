@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from duejobs import App, ScheduleRequest
+from duejobs.delivery import QUEUES_KEY
 from duejobs.delivery.bands import RESERVE, band_queue, bands, queue_of, take_order
 from duejobs.errors import InvalidPriorityError
 from duejobs.models import EventKind
@@ -212,3 +213,17 @@ def test_a_tenants_urgent_rows_never_take_another_tenants_share(app: App) -> Non
         app.schedule("mail", {}, delay=0, tenant="quiet")
     rows = _claim(app, 10)
     assert Counter(r.tenant for r in rows) == {"loud": 5, "quiet": 5}
+
+
+def test_a_bands_waiting_jobs_are_promoted_though_the_list_of_queues_is_lost(
+    system: System,
+) -> None:
+    """The set of queues pushed to deleted (an operator's cleanup, a fault): the high band's
+    scheduled registry is still promoted at its time. Seen failing with promotion over that
+    set alone: the job waited in the registry, which the reconciler counts as present."""
+    s = system.app.schedule("record", {}, delay=timedelta(milliseconds=300), priority=50)
+    system.scheduler.run_once()
+    queue = system.app.core.queue
+    assert system.redis.zcard(f"rq:scheduled:{queue}+high") == 1
+    system.redis.delete(QUEUES_KEY)
+    system.run_until(lambda: system.status(s.id) == "succeeded")

@@ -18,7 +18,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcformat
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from duejobs.delivery.bands import band_queue, queue_of
+from duejobs.delivery.bands import band_queue, bands, queue_of
 from duejobs.delivery.nodes import NODE_WAIT, Node
 from duejobs.delivery.scripts import TAKE_OFF_SCRIPT
 from duejobs.models import Delivery
@@ -208,13 +208,15 @@ class Deliverer:
         )
 
     def _queues_on(self, node: Node) -> list[str]:
-        """The queues on ``node``: those it is configured for, and every queue duejobs has
-        pushed to there (a queue moved away keeps its leftovers promoted and counted)."""
+        """The RQ queues on ``node``: every band of the queues it is configured for and of
+        every queue duejobs has pushed to there (a queue moved away keeps its leftovers
+        promoted and counted) — each band of a queue known, so that a band's jobs are
+        promoted and counted even once the list of queues pushed to is lost."""
         known = {m.decode() if isinstance(m, bytes) else m for m in node.redis.smembers(QUEUES_KEY)}
         homed = {queue for queue, home in self._homes.items() if home is node}
         if self._node(self.queue.name) is node:
             homed.add(self.queue.name)
-        return sorted(known | homed)
+        return sorted(bands(sorted({queue_of(name) for name in known | homed})))
 
     def queues(self) -> list[str]:
         """The default queue and every queue duejobs has pushed to, on every node."""

@@ -3,14 +3,14 @@ PostgreSQL, Redis and worker processes, then the worker's promises checked on wh
 handlers recorded (``tests.support.apps.traced``, outside any fence).
 
 The plan (one seed, one setting: ``--concurrency`` N, or ``--processes``): ``schedules``
-traced schedules due throughout the plan, some failing their first attempt; then, over
-``seconds``, reschedules and cancels with and without ``conn=`` (which leaves the old job in
-Redis), retries of finished ones, superseded copies and second copies of current deliveries
-pushed to Redis, every Redis client connection dropped at once, Redis out of reach for longer
-than a lease (every connection to its database cut as soon as it is made, for ``OUTAGE``
-seconds), one FLUSHDB and one SIGKILL of the worker (a new one started), more of each in a
-longer plan. A scheduler and a reconciler
-run in this process throughout.
+traced schedules due throughout the plan, of every priority band, some failing their first
+attempt; then, over ``seconds``, reschedules (some to another band) and cancels with and
+without ``conn=`` (which leaves the old job in Redis), retries of finished ones, superseded
+copies and second copies of current deliveries pushed to Redis, every Redis client
+connection dropped at once, Redis out of reach for longer than a lease (every connection to
+its database cut as soon as it is made, for ``OUTAGE`` seconds), one FLUSHDB and one SIGKILL
+of the worker (a new one started), more of each in a longer plan. A scheduler and a
+reconciler run in this process throughout.
 
 The promises (:func:`violations`):
 
@@ -162,6 +162,10 @@ def _group_pids(leader: int) -> set[int]:
     return pids
 
 
+# The priorities the plan's schedules are given: one of each band, the default band the most.
+PRIORITIES = (-50, 0, 0, 50)
+
+
 class _Plan:
     """One seed's plan, carried out against the App and Redis."""
 
@@ -177,6 +181,7 @@ class _Plan:
                     "fail_times": int(self.rng.random() < 0.2),
                 },
                 delay=self.rng.uniform(0, seconds),  # due throughout the plan: faults meet work
+                priority=self.rng.choice(PRIORITIES),  # every band of the queue in use
             ).id
             for _ in range(schedules)
         ]
@@ -199,8 +204,10 @@ class _Plan:
         rescheduled, a live one retried) is refused by the App, as it would be for a user."""
         sid = self.rng.choice(self.ids)
         with contextlib.suppress(DuejobsError):
-            if kind == "reschedule":
-                self.app.reschedule(sid, delay=self.rng.uniform(0, 1))
+            if kind == "reschedule":  # to another band, at times
+                self.app.reschedule(
+                    sid, delay=self.rng.uniform(0, 1), priority=self.rng.choice(PRIORITIES)
+                )
             elif kind == "reschedule_conn":
                 with self.app.engine.begin() as conn:
                     self.app.reschedule(sid, delay=self.rng.uniform(0, 1), conn=conn)
