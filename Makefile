@@ -88,7 +88,7 @@ test-install: $(STAMP)
 
 # The default suite three times in a row while a CPU hog keeps one core busy: a test that
 # fails here fails by chance on a loaded machine, and must be fixed.
-test-under-load: $(STAMP)
+test-under-load: $(STAMP) browser pgbouncer
 	@$(BIN)/python -c 'while True: pass' & hog=$$!; trap "kill $$hog" EXIT; \
 	for run in 1 2 3; do \
 		echo "loaded run $$run of 3"; \

@@ -14,9 +14,12 @@ from sqlalchemy import text
 from duejobs import App, ScheduleRequest
 from duejobs.delivery import QUEUES_KEY
 from duejobs.delivery.bands import RESERVE, band_queue, bands, queue_of, take_order
-from duejobs.errors import InvalidPriorityError
+from duejobs.errors import InvalidPriorityError, InvalidQueueError
 from duejobs.models import EventKind
 from duejobs.scheduler.loop import DueRow, claim_due
+from duejobs.services.reconciler import Reconciler
+from duejobs.worker import build_worker, rq_wire
+from tests.support.redis_versions import as_redis_6_2_runs_it
 from tests.support.system import System
 
 # ``bands`` and ``take_order``, pure logic: what the worker's take order is.
@@ -143,6 +146,14 @@ def _start_order(app: App, ids: list[uuid.UUID]) -> list[uuid.UUID]:
         return [r.id for r in rows]
 
 
+@pytest.fixture(params=["as-served", "as-redis-6.2"])
+def take(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker's take as this Redis runs it, and as Redis 6.2 does (no LMPOP)."""
+    if request.param == "as-redis-6.2":
+        monkeypatch.setattr(rq_wire, "TAKE", as_redis_6_2_runs_it(rq_wire.TAKE))
+
+
+@pytest.mark.usefixtures("take")
 def test_a_worker_takes_the_higher_band_first(system: System) -> None:
     """Due work of every band waiting: the high band's runs first, then the default, then
     the low (fewer jobs than a reserved take comes round for)."""
@@ -154,6 +165,7 @@ def test_a_worker_takes_the_higher_band_first(system: System) -> None:
     assert _start_order(system.app, low + normal + high) == high + normal + low
 
 
+@pytest.mark.usefixtures("take")
 def test_no_lower_band_starves_behind_a_stream_of_higher_priority_work(system: System) -> None:
     """With the high band never empty, the default and the low band still get one take in
     2 * RESERVE each: their jobs start at takes RESERVE, 2 RESERVE, 3 RESERVE, 4 RESERVE of
@@ -185,6 +197,35 @@ def test_a_rescheduled_priority_moves_a_pushed_job_to_its_new_band(system: Syste
     system.run_until(lambda: system.status(s.id) == "succeeded")
 
 
+def test_a_sparse_tenants_job_waits_behind_no_other_tenants_urgent_flood(system: System) -> None:
+    """One tenant's urgent jobs fill the high band; another tenant with nothing waiting
+    schedules one job at priority 0: pushed to the front of the highest band, it is the next
+    job a worker takes, and the reconciler's push finds it there (no second job on its own
+    band). Seen failing with the front lane on the job's own band (it waited for the first
+    reserved take, the RESERVE-th)."""
+    loud = [
+        system.app.schedule("record", {}, delay=0, tenant="loud", priority=90).id
+        for _ in range(2 * RESERVE)
+    ]
+    system.scheduler.run_once()
+    quiet = system.app.schedule("record", {}, delay=0, tenant="quiet").id
+    system.scheduler.run_once()
+    queue = system.app.core.queue
+    assert Reconciler(system.app).run_once().repushed == 0
+    assert system.redis.llen(f"rq:queue:{queue}") == 0
+    assert system.redis.llen(f"rq:queue:{queue}+high") == len(loud) + 1
+    system.work()
+    assert _start_order(system.app, [quiet, *loud])[0] == quiet
+
+
+@pytest.mark.parametrize("queues", [["mail+high"], ["mail", "bad name"], "mail"])
+def test_a_worker_refuses_a_bands_rq_queue_or_a_bad_queue_name(app: App, queues: object) -> None:
+    """Seen failing with the names taken as given (``mail+high`` listened to as a queue of
+    its own, with bands ``mail+high+high``...; a string taken letter by letter)."""
+    with pytest.raises(InvalidQueueError, match="queue"):
+        build_worker(app, queues=queues)  # type: ignore[arg-type]
+
+
 # -- the claim ---------------------------------------------------------------------------------
 
 
@@ -204,6 +245,19 @@ def test_a_tenants_urgent_rows_are_claimed_before_its_older_backlog_in_priority_
     rows = _claim(app, 5)
     assert [r.schedule_id for r in rows] == [urgent[1], urgent[0], *backlog[:3]]
     assert [r.priority for r in rows] == [50, 10, 0, 0, 0]
+
+
+def test_an_urgent_row_due_later_never_takes_the_place_of_one_due_now(app: App) -> None:
+    """Priority ranks due work: a tenant's share goes to its rows due now before its urgent
+    rows due later in the window, and its due row is the first of its turn. Seen failing with
+    the urgent rows read up to the window's end (the share went to the rows due later)."""
+    app.handler("mail")(lambda ctx, payload: None)
+    later = [app.schedule("mail", {}, delay=timedelta(minutes=5), priority=80) for _ in range(3)]
+    now = [app.schedule("mail", {}, delay=0).id for _ in range(3)]
+    rows = _claim(app, 3)
+    assert [r.schedule_id for r in rows] == now
+    rows = _claim(app, 4)
+    assert [r.schedule_id for r in rows] == [s.id for s in later]
 
 
 def test_a_tenants_urgent_rows_never_take_another_tenants_share(app: App) -> None:

@@ -137,7 +137,12 @@ def build_worker(
     from duejobs.worker.loop import Worker
     from duejobs.worker.runtime import Runtime
 
-    return Worker(Runtime(app, config, name=name), queues)
+    runtime = Runtime(app, config, name=name)
+    try:
+        return Worker(runtime, queues)
+    except BaseException:  # a queue refused: nothing left open
+        runtime.close()
+        raise
 
 
 __all__ = [

@@ -55,7 +55,9 @@ from redis.exceptions import (
 )
 
 from duejobs.config import redacted
+from duejobs.errors import InvalidQueueError
 from duejobs.redis_urls import GIVEN_REDIS, redis_client
+from duejobs.validation import check_queue
 from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits, is_outage
 from duejobs.worker.rq_wire import Finished, RqWire, Taken
@@ -83,7 +85,10 @@ class Worker:
 
     def __init__(self, runtime: Runtime, queues: Sequence[str] = ()) -> None:
         self.runtime = runtime
-        names = list(queues) or [runtime.default_queue]
+        if isinstance(queues, str):
+            raise InvalidQueueError(f"queues must be a list of queue names, got {queues!r}")
+        # A band's RQ queue (``mail+high``) is no queue: its worker would listen to its bands.
+        names = [check_queue(queue) for queue in queues] or [runtime.default_queue]
         url = runtime.redis_url_for(names)
         self.name = runtime.name
         given = runtime.core.settings.redis_client if url == GIVEN_REDIS else None

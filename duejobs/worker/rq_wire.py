@@ -33,9 +33,9 @@ the worker's own writes shared by the batch); a job alone at one slot, twelve â€
 and the next job's take one script, the worker's key written once for both
 (``python -m bench concurrency`` prints both).
 
-Taking needs Redis 7.0 or later (``LMPOP``: one command looks through every band). Every
-call here may raise a Redis error: the worker's loop decides what an outage means
-(:mod:`duejobs.worker.redis_waits`).
+Taking needs Redis 6.2 or later (``LPOP`` with a count; on 7.0 and later one ``LMPOP`` looks
+through every band). Every call here may raise a Redis error: the worker's loop decides what
+an outage means (:mod:`duejobs.worker.redis_waits`).
 """
 
 from __future__ import annotations
@@ -123,18 +123,30 @@ local function start(id, q)
     taken[#taken + 1] = {id, q, data, run}
 end
 if ARGV[7] ~= '' then start(ARGV[7], tonumber(ARGV[8])) end
--- One LMPOP takes from the first queue in order that holds jobs; the next, if there is
--- room left, from those after it (that one is empty then).
-local listed, q = (#KEYS - 1) / 2, 1
-while q <= listed and most - #taken > 0 do
-    local call = {'LMPOP', listed - q + 1}
-    for i = q, listed do call[#call + 1] = KEYS[2 * i] end
-    call[#call + 1], call[#call + 2], call[#call + 3] = 'LEFT', 'COUNT', most - #taken
-    local popped = redis.call(unpack(call))
-    if not popped then break end
-    while KEYS[2 * q] ~= popped[1] do q = q + 1 end
-    for _, id in ipairs(popped[2]) do start(id, q) end
-    q = q + 1
+-- Each RQ queue in this take's order gives what it holds, up to the room left. Where Redis
+-- has LMPOP (7.0), one call takes from the first that holds jobs, the next from those after it
+-- (that one is empty then): one command where an LPOP per empty band would cost one each.
+local listed = (#KEYS - 1) / 2
+if redis.REDIS_VERSION_NUM then
+    local q = 1
+    while q <= listed and most - #taken > 0 do
+        local call = {'LMPOP', listed - q + 1}
+        for i = q, listed do call[#call + 1] = KEYS[2 * i] end
+        call[#call + 1], call[#call + 2], call[#call + 3] = 'LEFT', 'COUNT', most - #taken
+        local popped = redis.call(unpack(call))
+        if not popped then break end
+        while KEYS[2 * q] ~= popped[1] do q = q + 1 end
+        for _, id in ipairs(popped[2]) do start(id, q) end
+        q = q + 1
+    end
+else  -- Redis 6.2
+    for q = 1, listed do
+        if most - #taken <= 0 then break end
+        local popped = redis.call('LPOP', KEYS[2 * q], most - #taken)
+        if popped then
+            for _, id in ipairs(popped) do start(id, q) end
+        end
+    end
 end
 local state = #taken > 0 and 'busy' or ARGV[9]
 if state ~= '' then

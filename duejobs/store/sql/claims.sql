@@ -91,11 +91,12 @@ FROM (SELECT set_config('synchronous_commit', 'off', true)) AS always
 LEFT JOIN picked p ON true
 
 -- name: claim_shares
--- Second half: take each tenant's share of the batch — its rows above priority 0 first, then
--- the oldest — FOR UPDATE SKIP LOCKED (a capped tenant's share cut to the room its cap
+-- Second half: take each tenant's share of the batch — its due rows above priority 0 first,
+-- then the oldest — FOR UPDATE SKIP LOCKED (a capped tenant's share cut to the room its cap
 -- leaves, counted afresh), record the queue job ids and an `enqueued` event, and return the
--- rows in turns — every tenant's first row, then every tenant's second, each tenant's in
--- priority then due order — so that the push interleaves tenants in the queue as well.
+-- rows in turns — every tenant's first row, then every tenant's second, each tenant's due rows
+-- in priority then due order, then its later ones — so that the push interleaves tenants in
+-- the queue as well.
 WITH plan AS (
     SELECT p.tenant, p.cap,
            CASE WHEN p.cap IS NULL THEN p.share
@@ -107,18 +108,18 @@ WITH plan AS (
     FROM unnest(CAST(:tenants AS text[]), CAST(:shares AS integer[]),
                 CAST(:caps AS integer[])) AS p(tenant, share, cap)
 ), due AS (
-    -- Each tenant's share: its rows above priority 0 first (the oldest, from their own small
-    -- index: however many older rows of its wait, they never hold these up), then its others,
-    -- oldest first — read only for the room the first leave (the LIMIT stops pulling rows, and
-    -- so locking them, once the share is full).
+    -- Each tenant's share: its due rows above priority 0 first (the oldest, from their own
+    -- small index: however many older rows of its wait, they never hold these up), then its
+    -- others — the rest of its due rows and those due later in the window —, oldest first, read
+    -- only for the room the first leave (the LIMIT stops pulling rows, and so locking them,
+    -- once the share is full). Priority ranks due work: a row due in ten minutes never takes
+    -- the place of one due now, whatever their priorities.
     SELECT c.id FROM plan p CROSS JOIN LATERAL (
         SELECT urgent.id FROM (
             SELECT s.id FROM /*schema*/scheduled_jobs s
             WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL AND s.priority > 0
                 AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
-                AND (s.tenant, s.due_at) <= (p.tenant,
-                statement_timestamp() + CASE
-                WHEN p.cap IS NULL THEN CAST(:window AS interval) ELSE interval '0' END)
+                AND (s.tenant, s.due_at) <= (p.tenant, statement_timestamp())
             ORDER BY s.tenant, s.due_at
             LIMIT GREATEST(p.n, 0)
             FOR UPDATE SKIP LOCKED
@@ -126,7 +127,8 @@ WITH plan AS (
         UNION ALL
         SELECT other.id FROM (
             SELECT s.id FROM /*schema*/scheduled_jobs s
-            WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL AND s.priority <= 0
+            WHERE s.status = 'scheduled' AND s.queue_job_id IS NULL
+                AND (s.priority <= 0 OR s.due_at > statement_timestamp())
                 AND (s.tenant, s.due_at) >= (p.tenant, CAST('-infinity' AS timestamptz))
                 AND (s.tenant, s.due_at) <= (p.tenant,
                 statement_timestamp() + CASE
@@ -155,6 +157,7 @@ WITH plan AS (
     FROM upd
 )
 SELECT upd.*,
-       row_number() OVER (PARTITION BY upd.tenant ORDER BY upd.priority DESC, upd.due_at) AS turn
+       row_number() OVER (PARTITION BY upd.tenant ORDER BY upd.due_at > statement_timestamp(),
+                          upd.priority DESC, upd.due_at) AS turn
 FROM upd
-ORDER BY turn, upd.priority DESC, upd.due_at
+ORDER BY turn, upd.due_at > statement_timestamp(), upd.priority DESC, upd.due_at
