@@ -4,6 +4,7 @@ outages and restarts of Redis and PostgreSQL, graceful and cold shutdown."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from prometheus_client import Counter
 from sqlalchemy import text
 
 from duejobs import App
@@ -25,6 +27,8 @@ from duejobs.config import sqlalchemy_url
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DatabaseUnavailableError
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services import loop as services_loop
+from duejobs.services.loop import Loop
 from duejobs.store.migrate import upgrade
 from tests.support import sample, wait_for
 from tests.support.network import free_port
@@ -157,6 +161,37 @@ def test_cold_shutdown_leaves_a_running_row_with_a_lease_to_rescue(
     assert lease is True  # the reconciler rescues it once the lease expires
     assert _count(app, "SELECT count(*) FROM test_effects") == 0
     assert procs[0].stop() == 0
+
+
+def test_a_services_passes_start_every_pause_however_long_each_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The reconciler's rescue bound (the lease plus ``--every``) needs passes that start
+    every ``--every``: a pass taking 0.3 s of a 0.5 s pause is followed 0.2 s after it ends,
+    one taking 0.7 s at once. On a clock the passes move, so no time is waited. Seen failing
+    with the pause waited after the pass's end (0.5 s each)."""
+    clock = [0.0]
+    monkeypatch.setattr(services_loop.time, "monotonic", lambda: clock[0])
+    loop = Loop(
+        "rate-test", logging.getLogger("rate-test"), Counter("rate_test_failed", "", registry=None)
+    )
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(round(seconds, 6))
+        clock[0] += seconds
+        if len(waits) == 3:
+            loop.stop()
+
+    monkeypatch.setattr(loop, "wait", wait)
+    took = iter([0.3, 0.7, 0.1])
+
+    def run_once() -> None:
+        clock[0] += next(took)
+
+    pause = timedelta(seconds=0.5)
+    loop.run_forever(run_once, lambda _: pause, pause, pause)
+    assert waits == [0.2, 0.0, 0.4]
 
 
 # A service loop asked to stop by SIGTERM over and over, the signal landing at a random instant:

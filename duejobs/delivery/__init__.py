@@ -26,9 +26,7 @@ What it promises:
   the queue when the *database* clock, passed in by the scheduler, reaches them — the worker's
   check against the database clock stays the guarantee.
 * **Fair order.** Jobs the scheduler marks ``front`` (the first job of a tenant with fewer
-  than two jobs waiting) go to the front of the queue's highest priority band, like RQ's
-  ``at_front``: no other tenant's backlog, urgent or not, holds them up
-  (:mod:`duejobs.delivery.bands`).
+  than two jobs waiting) go to the front of the queue, like RQ's ``at_front``.
 * **One round trip per batch**, not per job; **JSON only** — a job carries ids and the
   version, never the payload, and a Redis writer cannot get code executed by unpickling.
 

@@ -13,11 +13,11 @@ scheduler pushes a claim's rows in priority order within each tenant's turn): 10
 a band on the wire. No band starves: a worker serves a lower band first at one take in
 :data:`RESERVE` (:func:`take_order`).
 
-Priority ranks a tenant's own work; across tenants, fairness comes first: the one job at a
-time a *sparse* tenant (fewer than two of its jobs waiting) has pushed to the front goes to
-the front of the highest band, so a tenant flooding the high band holds up no tenant that has
-little waiting. Past that, the high band is shared in push order: in-flight quotas bound how
-many of one tenant's jobs wait there.
+Priority ranks a tenant's own work, and the claim's fair shares hold across tenants; on the
+wire a band is shared by the queue's tenants. What bounds one tenant's urgent flood for the
+others: a *sparse* tenant's next job (fewer than two of its jobs waiting) goes to the front of
+its band, so it waits at most ``2 * RESERVE`` takes of a worker, the reserved take of its band,
+however long the high band; in-flight quotas bound how many of a tenant's jobs wait at all.
 """
 
 from __future__ import annotations
@@ -30,10 +30,9 @@ _HIGH, _LOW = "+high", "+low"
 RESERVE = 8
 
 
-def band_queue(queue: str, priority: int, front: bool = False) -> str:
-    """The RQ queue a job of ``queue`` with ``priority`` goes on; a job pushed to the front
-    (the scheduler's sparse-tenant lane) goes on the highest band, whatever its priority."""
-    if front or priority > 0:
+def band_queue(queue: str, priority: int) -> str:
+    """The RQ queue a job of ``queue`` with ``priority`` goes on."""
+    if priority > 0:
         return queue + _HIGH
     if priority < 0:
         return queue + _LOW

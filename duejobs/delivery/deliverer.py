@@ -226,13 +226,10 @@ class Deliverer:
         """Push a batch, one round trip per RQ queue it names (a queue's band for each
         delivery's priority: :mod:`duejobs.delivery.bands`): due ones (``due_at <= now``) onto
         their queue, the rest into its scheduled registry; due ones marked ``front`` go to the
-        front of the queue's highest band, in the batch's order. A job already waiting in
-        another band of its queue is found there (its hash's ``origin``). ``now`` is the
-        database clock."""
+        front of the queue, in the batch's order. ``now`` is the database clock."""
         by_node: dict[int, tuple[Node, dict[str, list[Push]]]] = {}
         for p in pushes:
-            front = p.front and p.delivery.when_due <= now
-            name = band_queue(p.delivery.queue or self.queue.name, p.delivery.priority, front)
+            name = band_queue(p.delivery.queue or self.queue.name, p.delivery.priority)
             node = self._node(name)
             by_node.setdefault(id(node), (node, {}))[1].setdefault(name, []).append(p)
         stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only

@@ -69,27 +69,19 @@ local ntemplate = tonumber(ARGV[5])
 local template = {}
 for i = 1, ntemplate do template[i] = ARGV[5 + i] end
 local queued, deferred, present_, created, front = 0, 0, 0, {}, {}
-local name = ARGV[6 + ntemplate]
--- A job may wait in another band of its queue than this one (a sparse tenant's job pushed to
--- the front of the highest band): it is looked for where its hash says it went.
-local lists = string.sub(KEYS[1], 1, #KEYS[1] - #name)
-local registries = string.sub(KEYS[2], 1, #KEYS[2] - #name)
 redis.call('SADD', KEYS[3], KEYS[1])
-redis.call('SADD', KEYS[4], name)
+redis.call('SADD', KEYS[4], ARGV[6 + ntemplate])
 for i = 7 + ntemplate, #ARGV, 5 do
     local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
-    local state = redis.call('HMGET', key, 'status', 'origin')
-    local status, origin = state[1], state[2] or name
+    local status = redis.call('HGET', key, 'status')
     local strict = ARGV[i + 4] == '1'
-    if status and present(key, id, status, lists .. origin, registries .. origin, score, strict,
-                          workers) then
+    if status and present(key, id, status, KEYS[1], KEYS[2], score, strict, workers) then
         present_ = present_ + 1
     else
         if status then  -- a stale hash: replace it, and any stray entry of its id
             redis.call('DEL', key)
             redis.call('LREM', KEYS[5], 0, id)
             redis.call('ZREM', KEYS[2], id)
-            if origin ~= name then redis.call('ZREM', registries .. origin, id) end
             unstart(KEYS[6], id)
         end
         created[#created + 1] = id

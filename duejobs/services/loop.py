@@ -11,8 +11,12 @@ long the outage lasts; the first pass that succeeds afterwards is logged as a re
 :meth:`Loop.stop` (SIGTERM/SIGINT in the CLI) ends the loop at its next wait, never in the
 middle of a pass.
 
-What it does not promise: a pass at a fixed rate — the next pass starts a pause after the
-previous one ended, and the service says how long from what the pass returned.
+Passes keep their rate: the next pass starts the service's pause (which it says from what
+the pass returned) after the previous one *started*, at once if that pass took longer — so a
+bound stated as "within the lease plus ``--every``" holds however long a pass takes.
+
+What it does not promise: passes that never overlap a slow one's time (a pass longer than
+the pause is followed at once by the next, never run beside it).
 """
 
 from __future__ import annotations
@@ -107,10 +111,11 @@ class Loop:
         report: Callable[[R], None] | None = None,
     ) -> None:
         """Pass after pass until :meth:`stop`: after a pass, ``report`` its result and wait
-        ``pause(result)``; after a failure (of the pass or of its report), wait
-        :func:`backoff` of the failures in a row."""
+        until ``pause(result)`` after the pass started; after a failure (of the pass or of
+        its report), wait :func:`backoff` of the failures in a row."""
         failures = 0
         while not self.stopping:
+            started = time.monotonic()
             try:
                 result = run_once()
                 if report is not None:  # its figures may read Redis and PostgreSQL too
@@ -132,4 +137,4 @@ class Loop:
             if failures:
                 self.log.info("%s recovered after %d failed passes", self.name, failures)
             failures = 0
-            self.wait(pause(result).total_seconds())
+            self.wait(max(0.0, pause(result).total_seconds() - (time.monotonic() - started)))
