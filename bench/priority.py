@@ -11,7 +11,7 @@ no-op jobs. Three phases each, all times by the database clock:
 3. backlog with urgent work: the same backlog, and 2 s into its drain the urgent stream of
    phase 1 — the urgent jobs' lag p99, and the backlog's drain time again.
 
-Targets (duejobs): the urgent p99 during the backlog <= 2x its idle p99 (seen 1.2x); the
+Targets (duejobs): the urgent p99 during the backlog <= 2x its idle p99 (seen 1.3x); the
 backlog's drain with them <= 1.1x without. Procrastinate's figures are printed beside
 duejobs' (its fetch orders by priority, then id).
 
