@@ -59,8 +59,8 @@ if TYPE_CHECKING:
         Push,
         PushResult,
     )
-    from duejobs.delivery.job_ids import STUCK_AFTER, job_tenant, job_tenant_part, parse_job_id
-    from duejobs.delivery.scripts import LIST_SCAN_LIMIT
+    from duejobs.delivery.scripts import LIST_SCAN_LIMIT, STUCK_AFTER
+    from duejobs.ids import job_tenant, job_tenant_part, parse_job_id
 
 _HOMES = {
     "DEFAULT_QUEUE": "duejobs.delivery.deliverer",
@@ -69,15 +69,15 @@ _HOMES = {
     "QUEUES_KEY": "duejobs.delivery.deliverer",
     "RESULT_TTL": "duejobs.delivery.deliverer",
     "SCHEDULED_PREFIX": "duejobs.delivery.deliverer",
-    "STUCK_AFTER": "duejobs.delivery.job_ids",
+    "STUCK_AFTER": "duejobs.delivery.scripts",
     "WORKER_PREFIX": "duejobs.delivery.deliverer",
     "Deliverer": "duejobs.delivery.deliverer",
     "JobState": "duejobs.delivery.deliverer",
     "Push": "duejobs.delivery.deliverer",
     "PushResult": "duejobs.delivery.deliverer",
-    "job_tenant": "duejobs.delivery.job_ids",
-    "job_tenant_part": "duejobs.delivery.job_ids",
-    "parse_job_id": "duejobs.delivery.job_ids",
+    "job_tenant": "duejobs.ids",
+    "job_tenant_part": "duejobs.ids",
+    "parse_job_id": "duejobs.ids",
     "LIST_SCAN_LIMIT": "duejobs.delivery.scripts",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())

@@ -5,6 +5,14 @@ by the database clock, a put-back into the scheduled registry, and a removal."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+# A row overdue by more than this whose job is not on its queue or in its scheduled registry is
+# missing, whatever its job hash says: no live worker waits that long between taking a job
+# from Redis and claiming its row (the claim's lock wait is bounded, an early delivery waits at
+# most a second). A worker merely slow there meets a second delivery, which it skips.
+STUCK_AFTER = timedelta(seconds=15)
+
 # A queue list longer than this is not read to check a ``queued`` hash: its id is trusted to
 # be there (a call reads at most this many entries per queue; in-flight quotas keep queues
 # far shorter).

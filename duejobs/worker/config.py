@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
-from duejobs.delivery.job_ids import STUCK_AFTER
+from duejobs.delivery.scripts import STUCK_AFTER
 from duejobs.errors import ConfigurationError
 from duejobs.validation import check_count, check_duration
 
