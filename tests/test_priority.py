@@ -257,6 +257,18 @@ def test_an_urgent_row_due_later_never_takes_the_place_of_one_due_now(app: App) 
     assert [r.schedule_id for r in rows] == [s.id for s in later]
 
 
+def test_a_tenants_turn_starts_with_its_due_row_before_an_urgent_one_due_later(app: App) -> None:
+    """The row pushed first (and to the front, its tenant having nothing waiting) is the one
+    due now. Seen failing with each tenant's turns in priority order alone (the urgent row
+    due in five minutes came first, and the front lane went to a row that is not due)."""
+    app.handler("mail")(lambda ctx, payload: None)
+    later = app.schedule("mail", {}, delay=timedelta(minutes=5), priority=80).id
+    now = app.schedule("mail", {}, delay=0).id
+    rows = _claim(app, 2)
+    assert [r.schedule_id for r in rows] == [now, later]
+    assert [r.front for r in rows] == [True, False]
+
+
 def test_a_tenants_urgent_rows_never_take_another_tenants_share(app: App) -> None:
     app.handler("mail")(lambda ctx, payload: None)
     for _ in range(10):

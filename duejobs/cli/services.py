@@ -87,7 +87,7 @@ def _once_or_every(service: _Pass[R], every: timedelta | None, report: Callable[
 @duration_option(
     "--poll-interval",
     _SCHEDULER.poll_interval,
-    "Pause between passes.",
+    "From one pass's start to the next's.",
 )
 @click.option(
     "--concurrency",
