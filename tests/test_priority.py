@@ -246,8 +246,8 @@ def test_a_tenants_urgent_rows_are_claimed_before_its_older_backlog_in_priority_
 
 def test_an_urgent_row_due_later_never_takes_the_place_of_one_due_now(app: App) -> None:
     """Priority ranks due work: a tenant's share goes to its rows due now before its urgent
-    rows due later in the window, and its due row is the first of its turn. Seen failing with
-    the urgent rows read up to the window's end (the share went to the rows due later)."""
+    rows due later in the window. Seen failing with the urgent rows read up to the window's
+    end (the share went to the rows due later)."""
     app.handler("mail")(lambda ctx, payload: None)
     later = [app.schedule("mail", {}, delay=timedelta(minutes=5), priority=80) for _ in range(3)]
     now = [app.schedule("mail", {}, delay=0).id for _ in range(3)]

@@ -26,7 +26,6 @@ from duejobs.cli.base import (
 from duejobs.cli.group import main
 from duejobs.errors import ConfigurationError, DuejobsError, describe
 from duejobs.timespec import spell_duration
-from duejobs.validation import check_queue
 from duejobs.worker.config import WorkerConfig
 
 
@@ -156,7 +155,7 @@ def worker(
         app = load_app(app_ref)
         sync_declared(app)
         try:
-            worker = build_worker(app, config, [check_queue(q) for q in queues], name=name)
+            worker = build_worker(app, config, queues, name=name)
         except ConfigurationError as exc:  # queues on several nodes: bad flags, exit 2
             raise click.BadParameter(str(exc), param_hint="--queue") from exc
         except DuejobsError as exc:
