@@ -132,6 +132,25 @@ def _parsed(url: str) -> URL:
     )
 
 
+def _as_given(url: str) -> str | None:
+    """A PostgreSQL URL of one host that libpq reads whole, with psycopg's scheme and nothing
+    else rewritten; None for any other (:func:`_parsed` reads those). libpq's reading checks
+    it, so an App or a worker is made without loading SQLAlchemy, which reads such a URL the
+    same way when its engine is made."""
+    scheme, _, rest = url.partition("://")
+    if not rest or scheme.split("+", 1)[0] not in ("postgresql", "postgres"):
+        return None
+    if "," in _authority(url):
+        return None
+    from duejobs.store.connecting import libpq_reading  # the store alone speaks to libpq
+
+    try:
+        port = libpq_reading(f"postgresql://{rest}").get("port", "")
+    except Exception:  # a parameter libpq does not know (prepare_threshold), or no URL
+        return None
+    return f"postgresql+psycopg://{rest}" if port.isdigit() or not port else None
+
+
 def sqlalchemy_url(url: str) -> str:
     """A PostgreSQL URL in the form SQLAlchemy needs to use psycopg 3. Any spelling
     SQLAlchemy reads as PostgreSQL is accepted (``postgres://``, ``postgresql://``,
@@ -145,6 +164,9 @@ def sqlalchemy_url(url: str) -> str:
             "the database URL has more than one '@' before its host: percent-encode the "
             "user name and password (@ is %40)"
         )
+    plain = _as_given(url)
+    if plain is not None:
+        return plain
     try:
         parsed = _parsed(url)
     except Exception:

@@ -5,9 +5,11 @@ An :class:`~duejobs.App` is a facade over one :class:`Core` (its tenant scopes s
 scheduler, the worker, the reconciler, the pruner and the figures take either and use the
 Core alone, so none of them depends on the App's public API.
 
-Promises: one engine per Core, whose connections carry no session setting (a pooler may hand
-their server sessions to anyone) and whose pooled connections are checked for a server-side
-close without a round trip; one Redis client, made on first use;
+Promises: one engine per Core, made on first use, whose connections carry no session setting
+(a pooler may hand their server sessions to anyone) and whose pooled connections are checked
+for a server-side close without a round trip; connections outside it made the same way
+(:meth:`Core.connect_directly`: a worker's bookkeeping, which thus loads no SQLAlchemy); one
+Redis client, made on first use;
 :meth:`Core.transaction` commits or rolls back as one, and an outage inside it surfaces as
 :class:`~duejobs.errors.DatabaseUnavailableError`, a schema never migrated as
 :class:`~duejobs.errors.SchemaMissingError`.
@@ -22,18 +24,9 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeAlias, cast
 
 from redis import Redis
-from sqlalchemy import Connection, Engine, create_engine, event, make_url
-from sqlalchemy.exc import (
-    DBAPIError,
-    DisconnectionError,
-    InterfaceError,
-    OperationalError,
-    ProgrammingError,
-)
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 
 from duejobs import store
 from duejobs.config import (
@@ -52,12 +45,14 @@ from duejobs.handlers import Handler
 from duejobs.models import RecurringSpec
 from duejobs.observability import replica, tracing
 from duejobs.redis_urls import GIVEN_REDIS, REDIS_POOL, redis_client, same_redis
+from duejobs.store import dbapi
 from duejobs.validation import check_count, check_duration, check_queue
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-Conn: TypeAlias = Connection | store.Driver
+Conn: TypeAlias = "Connection | store.Driver"
 """What ``conn=`` takes: a SQLAlchemy connection or a plain psycopg one, in the caller's
 transaction."""
 
@@ -65,27 +60,6 @@ transaction."""
 POOL_SIZE, POOL_OVERFLOW = 5, 10
 # How long one statement of an operator's read (a list, the figures) may run by default.
 DEFAULT_READ_TIMEOUT = timedelta(seconds=10)
-
-
-# connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
-# No startup ``options``: a pooler refuses them (PgBouncer: "unsupported startup parameter"),
-# and a session setting would outlive duejobs' transaction on a pooled server session. What a
-# statement needs is set for its transaction alone (jit and the plan settings in the claim's
-# query claim_plan, the worker's lock limit and commit durability in bookkeeping_settings);
-# durations cross as absolute time (duejobs.store.adapters) and instants are read as UTC, so
-# no statement depends on the session's time zone.
-# Keepalives and a TCP user timeout: a server whose host is gone (a lost machine, a network
-# partition; not a killed process, whose host answers at once) is noticed within half a
-# minute, where the kernel alone retransmits for about fifteen, a worker's bookkeeping and its
-# heartbeat waiting all that time. Each applies unless the URL gives its own.
-_CONNECT_ARGS: dict[str, Any] = {
-    "connect_timeout": 10,
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,
-}
 
 
 def make_engine(
@@ -97,7 +71,9 @@ def make_engine(
     """An engine whose connections carry no session setting, notice being dropped before use,
     and keep prepared statements as ``prepared`` says; they reach duejobs' tables in
     ``schema``."""
-    url, connect_args, prepared = _driver_options(database_url, prepared)
+    from sqlalchemy import create_engine, event
+
+    url, connect_args, mode = store.driver_options(database_url, prepared)
     engine = create_engine(
         url,
         connect_args=connect_args,
@@ -105,7 +81,7 @@ def make_engine(
         max_overflow=POOL_OVERFLOW,
         execution_options={store.SCHEMA_OPTION: schema},
     )
-    event.listen(engine, "connect", store.Connected(prepared).on_connect)
+    event.listen(engine, "connect", store.Connected(mode).on_connect)
     event.listen(engine, "checkout", _discard_if_closed_by_server)
     return engine
 
@@ -118,9 +94,10 @@ def make_async_engine(
 ) -> AsyncEngine:
     """:func:`make_engine`'s engine on psycopg's async connections (for an event loop).
     SQLAlchemy's asyncio extension (and its ORM) is loaded here, by an AsyncApp alone."""
+    from sqlalchemy import event
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    url, connect_args, prepared = _driver_options(database_url, prepared)
+    url, connect_args, mode = store.driver_options(database_url, prepared)
     engine = create_async_engine(
         url,
         connect_args=connect_args,
@@ -128,34 +105,9 @@ def make_async_engine(
         max_overflow=POOL_OVERFLOW,
         execution_options={store.SCHEMA_OPTION: schema},
     )
-    event.listen(engine.sync_engine, "connect", store.Connected(prepared).on_connect)
+    event.listen(engine.sync_engine, "connect", store.Connected(mode).on_connect)
     event.listen(engine.sync_engine, "checkout", _discard_if_closed_by_server)
     return engine
-
-
-def _driver_options(
-    database_url: str, prepared: PreparedStatements
-) -> tuple[str, dict[str, Any], PreparedStatements]:
-    """The URL, psycopg's arguments and the prepared-statement mode for an engine. psycopg's
-    own ``prepare_threshold`` in the URL is honoured: ``None`` (or empty) turns preparing off
-    as ``prepared_statements="off"`` does, a count is psycopg's threshold (SQLAlchemy would
-    hand either to psycopg as text, which it refuses)."""
-    url = make_url(database_url)
-    threshold = url.query.get("prepare_threshold")
-    args = {k: v for k, v in _CONNECT_ARGS.items() if k not in url.query}
-    if threshold is None:
-        return database_url, args, prepared
-    url = url.difference_update_query(["prepare_threshold"])
-    text = threshold if isinstance(threshold, str) else threshold[-1]
-    if text.strip().lower() in ("", "none", "null"):
-        prepared = PreparedStatements.OFF
-    elif text.strip().isdigit():
-        args["prepare_threshold"] = int(text)
-    else:
-        raise ConfigurationError(
-            f"prepare_threshold in the database URL must be a count or None, got {text!r}"
-        )
-    return url.render_as_string(hide_password=False), args, prepared
 
 
 def closed_by_server(dbapi_connection: Any) -> bool:
@@ -184,10 +136,11 @@ def connection_ended(conn: Connection) -> bool:
 def _discard_if_closed_by_server(dbapi_connection: Any, record: Any, proxy: Any) -> None:
     """Replace a pooled connection the server closed (:func:`closed_by_server`)."""
     if closed_by_server(dbapi_connection):
-        raise DisconnectionError("the server closed this connection")
+        raise dbapi.DisconnectionError("the server closed this connection")
 
 
 _DELIVERER_LOCK = threading.Lock()
+_ENGINE_LOCK = threading.Lock()
 
 
 def check_strict_types(name: str, value: object) -> bool | None:
@@ -202,7 +155,6 @@ class Core:
     """The shared parts of one App (see the module docstring)."""
 
     settings: Settings
-    engine: Engine
     max_payload_bytes: int
     queue: str
     handlers: dict[str, Handler] = field(default_factory=dict)
@@ -224,6 +176,10 @@ class Core:
     read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT
     _deliverer: Deliverer | None = None
     _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
+    # The engine, made on first use (see engine), and the pool it is made with.
+    _engine: Engine | None = None
+    _pool_size: int = POOL_SIZE
+    _connector: store.Connector | None = None  # connect_directly's, made on first use
 
     @classmethod
     def build(
@@ -237,7 +193,7 @@ class Core:
         read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT,
     ) -> Self:
         """The one way an App's Core is made (the App, Django's, and through
-        :meth:`with_engines` the AsyncApp's): its options checked, its engine made."""
+        :meth:`with_engines` the AsyncApp's): its options checked."""
         if trace_runs not in tracing.TRACE_RUNS:
             raise ConfigurationError(
                 f"trace_runs must be one of {', '.join(tracing.TRACE_RUNS)}, got {trace_runs!r}"
@@ -248,11 +204,6 @@ class Core:
         check_count("max_payload_bytes", max_payload_bytes, 1, 2**31 - 1)
         return cls(
             settings,
-            make_engine(
-                settings.database_url,
-                schema=settings.schema,
-                prepared=settings.prepared_statements,
-            ),
             max_payload_bytes,
             check_queue(queue),
             trace_runs=trace_runs,
@@ -263,7 +214,7 @@ class Core:
     def with_engines(self, engine: Engine, read_engine: Engine | None) -> Core:
         """This Core on other engines (the AsyncApp's, whose sync faces they are): the same
         settings, options, handlers and quota cache; a deliverer of its own."""
-        return dataclasses.replace(self, engine=engine, read_engine=read_engine, _deliverer=None)
+        return dataclasses.replace(self, _engine=engine, read_engine=read_engine, _deliverer=None)
 
     def __post_init__(self) -> None:
         if self.read_engine is None and self.settings.read_database_url is not None:
@@ -271,6 +222,33 @@ class Core:
             self.read_engine = make_engine(
                 url, schema=schema, prepared=self.settings.prepared_statements
             )
+
+    @property
+    def engine(self) -> Engine:
+        """The engine of this Core's own transactions, made on first use: a worker's claims
+        and outcomes run on connections of its own (:mod:`duejobs.store.direct`), so one
+        whose handlers open no transaction never loads SQLAlchemy."""
+        with _ENGINE_LOCK:
+            if self._engine is None:
+                self._engine = make_engine(
+                    self.settings.database_url,
+                    self._pool_size,
+                    self.settings.schema,
+                    self.settings.prepared_statements,
+                )
+            return self._engine
+
+    def connect_directly(self) -> Connection:
+        """A connection of the caller's own outside the engine, in autocommit (a worker's
+        bookkeeping and heartbeat: :class:`~duejobs.store.connecting.Direct`); the caller
+        closes it."""
+        with _ENGINE_LOCK:
+            if self._connector is None:
+                settings = self.settings
+                self._connector = store.Connector(
+                    settings.database_url, settings.schema, settings.prepared_statements
+                )
+        return cast("Connection", self._connector.connect())
 
     @property
     def core(self) -> Core:
@@ -301,16 +279,12 @@ class Core:
         smaller is replaced by a larger one, the old one closed. The deliverer's Redis pool,
         made on first use, holds as many."""
         self._redis_connections = max(self._redis_connections, connections)
-        if connections <= POOL_SIZE + POOL_OVERFLOW:
+        if connections <= self._pool_size + POOL_OVERFLOW:
             return
-        old = self.engine
-        self.engine = make_engine(
-            self.settings.database_url,
-            connections,
-            self.settings.schema,
-            self.settings.prepared_statements,
-        )
-        old.dispose()
+        with _ENGINE_LOCK:
+            self._pool_size, old, self._engine = connections, self._engine, None
+        if old is not None:
+            old.dispose()
 
     def refuses_unknown_types(self) -> bool:
         """Whether scheduling a type with no handler registered here is refused: as asked
@@ -323,7 +297,8 @@ class Core:
 
     def close(self) -> None:
         """Close pooled database and Redis connections."""
-        self.engine.dispose()
+        if self._engine is not None:
+            self._engine.dispose()
         if self.read_engine is not None:
             self.read_engine.dispose()
         if self._deliverer is not None:
@@ -335,20 +310,20 @@ class Core:
         migrated."""
         try:
             yield
-        except (OperationalError, InterfaceError) as exc:
+        except (dbapi.OperationalError, dbapi.InterfaceError) as exc:
             raise DatabaseUnavailableError(f"{which} is unavailable: {exc.orig}") from exc
-        except PoolTimeoutError as exc:  # every connection of the pool busy for its wait
+        except dbapi.PoolTimeoutError as exc:  # every connection of the pool busy for its wait
             raise DatabaseUnavailableError(
                 f"{which} is unavailable here: no connection of this process's pool came free "
                 f"in time ({exc.args[0].split(' (Background')[0]})"
             ) from exc
-        except ProgrammingError as exc:
+        except dbapi.ProgrammingError as exc:
             if store.is_missing_table(exc.orig):
                 raise SchemaMissingError(
                     f"duejobs' tables are missing ({exc.orig}): run `duejobs migrate` first"
                 ) from exc
             raise
-        except DBAPIError as exc:
+        except dbapi.DBAPIError as exc:
             if exc.connection_invalidated:
                 raise DatabaseUnavailableError(
                     f"{which} dropped the connection: {exc.orig}"

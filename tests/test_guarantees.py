@@ -462,6 +462,7 @@ def test_durable_bookkeeping_decides_whether_the_workers_commits_wait_for_the_di
         with runtime.bookkeeping.connection() as conn:
             assert store.bookkeeping_durability(conn).synchronous_commit == expected
             # for its statements alone: the session itself keeps the server's setting
-            assert conn.exec_driver_sql("SHOW synchronous_commit").scalar_one() == "on"
+            session = conn.connection.driver_connection.execute("SHOW synchronous_commit")
+            assert session.fetchone() == ("on",)
     finally:
         runtime.close()

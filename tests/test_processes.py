@@ -4,6 +4,7 @@ outages and restarts of Redis and PostgreSQL, graceful and cold shutdown."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import platform
@@ -33,6 +34,7 @@ from duejobs.store.migrate import upgrade
 from tests.support import sample, wait_for
 from tests.support.network import free_port
 from tests.support.processes import ROOT, SCHEDULER, WORKER, Proc
+from tests.support.system import System
 
 FAILED = "duejobs_scheduler_failed_passes_total"
 
@@ -359,3 +361,19 @@ def _answers(client: redis.Redis) -> bool:
         return bool(client.ping())
     except redis.RedisError:
         return False
+
+
+def test_a_worker_runs_its_first_job_without_loading_sqlalchemy(
+    system: System, spawn: Callable[..., Proc], tmp_path: Path, database_url: str, redis_url: str
+) -> None:
+    """A burst worker's claims, outcomes and heartbeat run on connections of its own, so one
+    whose handlers open no transaction starts, and finishes its first job, without the
+    tenth of a second SQLAlchemy's import costs. Seen failing: ``["sqlalchemy"]``, the App's
+    settings and engine loading it as the App was made."""
+    report = tmp_path / "loaded.json"
+    with contextlib.closing(App(database_url=database_url, redis_url=redis_url)) as app:
+        app.schedule("loaded", {"to": str(report)}, delay=0)
+    system.scheduler.run_once()
+    worker = spawn("worker", "--app", "tests.support.light_app:app", "--burst")
+    assert worker.popen.wait(60) == 0, worker.output()
+    assert json.loads(report.read_text()) == []

@@ -29,10 +29,9 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis import Redis
-from sqlalchemy import Connection
 
 from duejobs import store
 from duejobs.app.quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
@@ -60,7 +59,6 @@ from duejobs.models import (
     ScheduleRequest,
 )
 from duejobs.observability import metrics, replica, tracing
-from duejobs.services import partition_maintenance
 from duejobs.store.partitions import Partitioning
 from duejobs.timespec import as_delay, parse_when
 from duejobs.validation import (
@@ -72,6 +70,9 @@ from duejobs.validation import (
     check_tenant,
     check_type,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 __all__ = ["QUOTA_CACHE_SECONDS", "UNSET", "App", "ScheduleId", "Unset", "make_engine"]
 
@@ -164,7 +165,9 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         partitioned mode (:mod:`duejobs.services.partition_maintenance`): made at once on empty
         tables, and on filled ones by :func:`~duejobs.services.partition_maintenance.convert`,
         online — which takes as long as copying the tables takes."""
-        from duejobs.store.migrate import upgrade  # Alembic, loaded only by the schema's changes
+        # Alembic and the conversion, loaded only by the schema's changes
+        from duejobs.services import partition_maintenance
+        from duejobs.store.migrate import upgrade
 
         with self._core.database():
             revisions = upgrade(self.engine, partitioned=partitioned)

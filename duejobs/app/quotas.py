@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.app.scope import Scoped
@@ -16,6 +15,9 @@ from duejobs.errors import (
 from duejobs.validation import (
     check_tenant,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # How long an App trusts the quota it read for a tenant (one query saved per schedule()).
 QUOTA_CACHE_SECONDS = 10.0

@@ -10,8 +10,7 @@ import builtins
 import contextlib
 from collections.abc import Iterable, Iterator
 from datetime import datetime
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.app.scope import ScheduleId, Scoped, schedule_id_of
@@ -29,6 +28,9 @@ from duejobs.validation import (
     check_statuses,
     check_type,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 def _position(cursor: object) -> store.Position:

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from duejobs import store
 from duejobs.app.scope import Scoped, registration
@@ -36,6 +34,9 @@ from duejobs.validation import (
     check_type,
     encode_payload,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 E = TypeVar("E", DstGap, DstOverlap, Misfire)
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime, timedelta
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from redis.exceptions import RedisError
-from sqlalchemy import Engine
 
 from duejobs import store
 from duejobs.config import Settings
@@ -37,6 +36,9 @@ from duejobs.validation import (
     check_type,
     payload_encoder,
 )
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 log = logging.getLogger("duejobs")
 

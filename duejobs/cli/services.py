@@ -14,7 +14,6 @@ from typing import Protocol, TypeVar
 
 import click
 from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
 
 from duejobs.app.application import App
 from duejobs.cli.base import (
@@ -40,6 +39,7 @@ from duejobs.services.partition_maintenance import EVERY as PARTITIONS_EVERY
 from duejobs.services.partition_maintenance import PartitionMaintenance
 from duejobs.services.pruner import PruneConfig, Pruner, PruneResult
 from duejobs.services.reconciler import ReconcileConfig, Reconciler, ReconcileResult
+from duejobs.store import dbapi
 from duejobs.timespec import spell_duration
 
 # The services' defaults, which the flags show and take: stated once, in the configs.
@@ -206,7 +206,7 @@ def reconcile(
             if metrics_port is not None:
                 try:
                     gauges.maybe_refresh()
-                except (DuejobsError, RedisError, SQLAlchemyError) as exc:
+                except (DuejobsError, RedisError, dbapi.SQLAlchemyError) as exc:
                     # The pass's repairs are done and counted: the figures wait for the next
                     # pass (a replica that is down is its own gauge, duejobs_read_replica_up).
                     said = outage(exc) or describe(exc)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
 
 from duejobs import App, store
 from duejobs.errors import DuejobsError, describe, outage
 from duejobs.observability import stats
+from duejobs.store import dbapi
 
 log = logging.getLogger("duejobs.dashboard")
 
@@ -51,7 +51,7 @@ class Figures:
         if wait:
             try:
                 return Reading(*self._read(), 0.0, None)
-            except (DuejobsError, RedisError, SQLAlchemyError):
+            except (DuejobsError, RedisError, dbapi.SQLAlchemyError):
                 if current is None:
                     raise  # nothing to show: the page says what is unavailable
                 return Reading(*current, age, self._failed)

@@ -11,13 +11,13 @@ from typing import Any, Protocol, TypeVar
 
 from markupsafe import Markup
 from redis.exceptions import RedisError
-from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from duejobs.delivery import JobState
 from duejobs.errors import DuejobsError, outage
 from duejobs.models import Schedule, Status
+from duejobs.store import dbapi
 from duejobs.terminal import bidi_escaped
 
 log = logging.getLogger("duejobs.dashboard")
@@ -50,7 +50,7 @@ def answering_outages(page: Callable[[P, Request], Response]) -> Callable[[P, Re
     def guarded(self: P, request: Request) -> Response:
         try:
             return page(self, request)
-        except (RedisError, OperationalError, InterfaceError, DuejobsError) as exc:
+        except (RedisError, dbapi.OperationalError, dbapi.InterfaceError, DuejobsError) as exc:
             said = outage(exc)
             if said is None:
                 raise

@@ -39,12 +39,15 @@ from __future__ import annotations
 import math
 import time
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
-from sqlalchemy import Connection
 
 from duejobs import store
 from duejobs.models import CURRENT, Freshness
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 __all__ = [
     "CURRENT",

@@ -27,9 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING, Any
 
 from duejobs import store
 from duejobs.core import HasCore
@@ -38,6 +36,9 @@ from duejobs.models import CURRENT, Freshness, Schedule
 from duejobs.observability import metrics
 from duejobs.services.reconciler import orphan_jobs
 from duejobs.terminal import printable
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 @dataclass(frozen=True)

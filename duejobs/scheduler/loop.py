@@ -67,8 +67,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.core import HasCore
@@ -78,6 +77,9 @@ from duejobs.observability import metrics, tracing
 from duejobs.scheduler import occurrences
 from duejobs.services.loop import Loop, backoff
 from duejobs.validation import check_count, check_duration
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 log = logging.getLogger("duejobs.scheduler")
 

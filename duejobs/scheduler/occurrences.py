@@ -29,17 +29,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
 from redis.exceptions import RedisError
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import InterfaceError, OperationalError
 
 from duejobs import store
 from duejobs.errors import InvalidCronError, describe
 from duejobs.models import DstGap, DstOverlap, Misfire, Occurrence, Recurring
 from duejobs.observability import metrics
+from duejobs.store import dbapi
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
 
 log = logging.getLogger("duejobs.recurring")
 
@@ -209,10 +212,6 @@ class MaterializeResult:
     quarantined: int = 0
 
 
-# Errors that say nothing about a definition: the pass fails and the scheduler retries it.
-_OUTAGES = (OperationalError, InterfaceError, RedisError)
-
-
 def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> MaterializeResult:
     """Turn the occurrences entering ``window`` into rows; see the module docstring.
 
@@ -232,7 +231,8 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> Mat
             try:
                 with conn.begin_nested():
                     made, missed, dropped = _materialize(conn, r, now, window)
-            except _OUTAGES:
+            # Errors that say nothing about a definition: the pass fails and is retried.
+            except (dbapi.OperationalError, dbapi.InterfaceError, RedisError):
                 raise
             except Exception as exc:
                 error = describe(exc)

@@ -31,7 +31,8 @@ from typing import TypeVar
 
 from prometheus_client import Counter
 from redis.exceptions import RedisError
-from sqlalchemy.exc import SQLAlchemyError
+
+from duejobs.store import dbapi
 
 R = TypeVar("R")
 
@@ -124,7 +125,7 @@ class Loop:
                 self.failed.inc()
                 failures += 1
                 wait = backoff(interval, cap, failures)
-                outage = isinstance(exc, SQLAlchemyError | RedisError)
+                outage = isinstance(exc, dbapi.SQLAlchemyError | RedisError)
                 self.log.warning(
                     "%s pass failed (%s); retrying in %.1f s",
                     self.name,

@@ -50,9 +50,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-
-from sqlalchemy import Connection, Engine
-from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.core import HasCore
@@ -60,7 +58,11 @@ from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at
 from duejobs.observability import metrics
 from duejobs.services.loop import Loop
+from duejobs.store import dbapi
 from duejobs.store.partitions import Partition, Partitioning
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
 
 log = logging.getLogger("duejobs.partitions")
 
@@ -127,7 +129,7 @@ def create_ahead(engine: Engine) -> list[str]:
             with engine.begin() as conn:
                 created.append(store.create_range(conn, settings, start))
             ends.append(start + settings.period)
-        except SQLAlchemyError as exc:
+        except dbapi.SQLAlchemyError as exc:
             log.warning("partition of %s not created: %s", start.isoformat(), exc)
             failed = failed or exc
     metrics.PARTITIONS_READY_AHEAD.set((max(ends) - now).total_seconds() if ends else 0.0)
@@ -175,7 +177,7 @@ def drop_behind(engine: Engine, older_than: timedelta) -> Behind:
                 if store.drop_partition(conn, partition, older_than):
                     dropped.append(partition)
                     held += rows
-        except OperationalError as exc:
+        except dbapi.OperationalError as exc:
             if not store.is_lock_conflict(exc):
                 raise
             busy.append(partition.name)
@@ -402,7 +404,7 @@ def _in_turns(
                     store.wait_out_autovacuum(conn, vacuumed)
                 step(conn)
             return
-        except OperationalError as exc:
+        except dbapi.OperationalError as exc:
             if not store.is_lock_conflict(exc) or attempt == SWAP_ATTEMPTS:
                 raise
             with engine.connect() as conn:

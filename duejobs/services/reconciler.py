@@ -50,8 +50,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.core import HasCore
@@ -61,6 +60,9 @@ from duejobs.observability import metrics
 from duejobs.services.loop import Loop
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_count, check_duration
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 log = logging.getLogger("duejobs.reconcile")
 # How often the passes that fixed nothing are summed into one log line.

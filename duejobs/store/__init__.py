@@ -16,7 +16,12 @@ quotas — names its statements, passes their parameters and builds one record t
 
 from __future__ import annotations
 
-from duejobs.models import Delivery
+from typing import TYPE_CHECKING
+
+from duejobs.lazy import lazy_exports
+
+# Imported at once: lent, partitions, quotas and attempts each name a function and a module
+# here, and a module imported after its function was bound would take the name.
 from duejobs.store.attempts import (
     Closing,
     Durability,
@@ -40,57 +45,7 @@ from duejobs.store.attempts import (
     record_stale,
     renew_claim,
 )
-from duejobs.store.bulk import insert_schedules
-from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
-from duejobs.store.connecting import Connected, absolute_durations, behind_pooler
-from duejobs.store.conversion import (
-    BRIEF_LOCK_TIMEOUT,
-    autovacuumed,
-    conversion_left,
-    copy_batch,
-    drop_schema,
-    last_key,
-    link_recurring,
-    mirror,
-    oldest_stamped,
-    staging_schema,
-    swap,
-    unmirror,
-    wait_out_autovacuum,
-)
-from duejobs.store.execution import (
-    advisory_lock,
-    create_database,
-    database_now,
-    drop_database,
-    is_lock_conflict,
-    is_missing_table,
-    is_statement_timeout,
-    server_answers,
-    session_unlock,
-    try_session_lock,
-    use_schema,
-)
-from duejobs.store.figures import (
-    Activity,
-    LagPoint,
-    LiveFigures,
-    ReplayPosition,
-    ScheduleOutcome,
-    activity,
-    bound_statements,
-    lag_series,
-    live_figures,
-    outcomes,
-    replay_position,
-    restore_statement_timeout,
-    start_lag,
-    status_counts,
-    wal_position,
-)
 from duejobs.store.lent import AsyncDriver, Driver, lent
-from duejobs.store.listing import ListFilter, Position, list_schedules
-from duejobs.store.partition_keys import time_key_insert
 from duejobs.store.partitions import (
     PARTITIONED,
     Partition,
@@ -105,14 +60,6 @@ from duejobs.store.partitions import (
     partitioning,
     partitions,
 )
-from duejobs.store.queries import (
-    DEFAULT_QUOTA_TENANT,
-    QUERIES,
-    SCHEMA_OPTION,
-    TABLES,
-    Query,
-    in_schema,
-)
 from duejobs.store.quotas import (
     QUOTA_COLUMNS,
     Quota,
@@ -122,37 +69,6 @@ from duejobs.store.quotas import (
     quotas,
     set_quota,
 )
-from duejobs.store.reconciliation import (
-    OverdueRow,
-    WindowRow,
-    overdue_rows,
-    pending_deliveries,
-    record_repushed,
-    rescue_expired,
-    schedule_states,
-    schedule_tenants,
-    window_page,
-)
-from duejobs.store.recurring import (
-    advance_recurring,
-    cancel_occurrences,
-    delete_recurring,
-    due_recurring,
-    get_recurring,
-    insert_occurrences,
-    list_recurring,
-    quarantine_recurring,
-    save_recurring,
-    set_recurring_status,
-)
-from duejobs.store.results import (
-    AttemptRecord,
-    StoredResult,
-    add_error,
-    outcome_of,
-    save_return_value,
-)
-from duejobs.store.retention import prune_finished
 from duejobs.store.schedules import (
     NewRow,
     attempts,
@@ -165,7 +81,200 @@ from duejobs.store.schedules import (
     reschedule,
     retry,
 )
-from duejobs.store.testing import advance_live, empty_tables, next_due_in
+
+if TYPE_CHECKING:
+    from duejobs.models import Delivery
+    from duejobs.store.bulk import insert_schedules
+    from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
+    from duejobs.store.connecting import (
+        Connected,
+        Connector,
+        absolute_durations,
+        behind_pooler,
+        driver_options,
+    )
+    from duejobs.store.conversion import (
+        BRIEF_LOCK_TIMEOUT,
+        autovacuumed,
+        conversion_left,
+        copy_batch,
+        drop_schema,
+        last_key,
+        link_recurring,
+        mirror,
+        oldest_stamped,
+        staging_schema,
+        swap,
+        unmirror,
+        wait_out_autovacuum,
+    )
+    from duejobs.store.execution import (
+        advisory_lock,
+        create_database,
+        database_now,
+        drop_database,
+        is_lock_conflict,
+        is_missing_table,
+        is_statement_timeout,
+        server_answers,
+        session_unlock,
+        try_session_lock,
+        use_schema,
+    )
+    from duejobs.store.figures import (
+        Activity,
+        LagPoint,
+        LiveFigures,
+        ReplayPosition,
+        ScheduleOutcome,
+        activity,
+        bound_statements,
+        lag_series,
+        live_figures,
+        outcomes,
+        replay_position,
+        restore_statement_timeout,
+        start_lag,
+        status_counts,
+        wal_position,
+    )
+    from duejobs.store.listing import ListFilter, Position, list_schedules
+    from duejobs.store.partition_keys import time_key_insert
+    from duejobs.store.queries import (
+        DEFAULT_QUOTA_TENANT,
+        QUERIES,
+        SCHEMA_OPTION,
+        TABLES,
+        Query,
+        in_schema,
+    )
+    from duejobs.store.reconciliation import (
+        OverdueRow,
+        WindowRow,
+        overdue_rows,
+        pending_deliveries,
+        record_repushed,
+        rescue_expired,
+        schedule_states,
+        schedule_tenants,
+        window_page,
+    )
+    from duejobs.store.recurring import (
+        advance_recurring,
+        cancel_occurrences,
+        delete_recurring,
+        due_recurring,
+        get_recurring,
+        insert_occurrences,
+        list_recurring,
+        quarantine_recurring,
+        save_recurring,
+        set_recurring_status,
+    )
+    from duejobs.store.results import (
+        AttemptRecord,
+        StoredResult,
+        add_error,
+        outcome_of,
+        save_return_value,
+    )
+    from duejobs.store.retention import prune_finished
+    from duejobs.store.testing import advance_live, empty_tables, next_due_in
+
+# Each name the package exports and the module it lives in, imported on first use: a
+# worker loads the statements it runs, not the operators' reads, partitions or conversion.
+_HOMES = {
+    "Delivery": "duejobs.models",
+    "insert_schedules": "duejobs.store.bulk",
+    "ClaimedRow": "duejobs.store.claims",
+    "TenantDue": "duejobs.store.claims",
+    "claim_shares": "duejobs.store.claims",
+    "walk_tenants": "duejobs.store.claims",
+    "Connected": "duejobs.store.connecting",
+    "Connector": "duejobs.store.connecting",
+    "absolute_durations": "duejobs.store.connecting",
+    "behind_pooler": "duejobs.store.connecting",
+    "driver_options": "duejobs.store.connecting",
+    "BRIEF_LOCK_TIMEOUT": "duejobs.store.conversion",
+    "autovacuumed": "duejobs.store.conversion",
+    "conversion_left": "duejobs.store.conversion",
+    "copy_batch": "duejobs.store.conversion",
+    "drop_schema": "duejobs.store.conversion",
+    "last_key": "duejobs.store.conversion",
+    "link_recurring": "duejobs.store.conversion",
+    "mirror": "duejobs.store.conversion",
+    "oldest_stamped": "duejobs.store.conversion",
+    "staging_schema": "duejobs.store.conversion",
+    "swap": "duejobs.store.conversion",
+    "unmirror": "duejobs.store.conversion",
+    "wait_out_autovacuum": "duejobs.store.conversion",
+    "advisory_lock": "duejobs.store.execution",
+    "create_database": "duejobs.store.execution",
+    "database_now": "duejobs.store.execution",
+    "drop_database": "duejobs.store.execution",
+    "is_lock_conflict": "duejobs.store.execution",
+    "is_missing_table": "duejobs.store.execution",
+    "is_statement_timeout": "duejobs.store.execution",
+    "server_answers": "duejobs.store.execution",
+    "session_unlock": "duejobs.store.execution",
+    "try_session_lock": "duejobs.store.execution",
+    "use_schema": "duejobs.store.execution",
+    "Activity": "duejobs.store.figures",
+    "LagPoint": "duejobs.store.figures",
+    "LiveFigures": "duejobs.store.figures",
+    "ReplayPosition": "duejobs.store.figures",
+    "ScheduleOutcome": "duejobs.store.figures",
+    "activity": "duejobs.store.figures",
+    "bound_statements": "duejobs.store.figures",
+    "lag_series": "duejobs.store.figures",
+    "live_figures": "duejobs.store.figures",
+    "outcomes": "duejobs.store.figures",
+    "replay_position": "duejobs.store.figures",
+    "restore_statement_timeout": "duejobs.store.figures",
+    "start_lag": "duejobs.store.figures",
+    "status_counts": "duejobs.store.figures",
+    "wal_position": "duejobs.store.figures",
+    "ListFilter": "duejobs.store.listing",
+    "Position": "duejobs.store.listing",
+    "list_schedules": "duejobs.store.listing",
+    "time_key_insert": "duejobs.store.partition_keys",
+    "DEFAULT_QUOTA_TENANT": "duejobs.store.queries",
+    "QUERIES": "duejobs.store.queries",
+    "Query": "duejobs.store.queries",
+    "SCHEMA_OPTION": "duejobs.store.queries",
+    "TABLES": "duejobs.store.queries",
+    "in_schema": "duejobs.store.queries",
+    "OverdueRow": "duejobs.store.reconciliation",
+    "WindowRow": "duejobs.store.reconciliation",
+    "overdue_rows": "duejobs.store.reconciliation",
+    "pending_deliveries": "duejobs.store.reconciliation",
+    "record_repushed": "duejobs.store.reconciliation",
+    "rescue_expired": "duejobs.store.reconciliation",
+    "schedule_states": "duejobs.store.reconciliation",
+    "schedule_tenants": "duejobs.store.reconciliation",
+    "window_page": "duejobs.store.reconciliation",
+    "advance_recurring": "duejobs.store.recurring",
+    "cancel_occurrences": "duejobs.store.recurring",
+    "delete_recurring": "duejobs.store.recurring",
+    "due_recurring": "duejobs.store.recurring",
+    "get_recurring": "duejobs.store.recurring",
+    "insert_occurrences": "duejobs.store.recurring",
+    "list_recurring": "duejobs.store.recurring",
+    "quarantine_recurring": "duejobs.store.recurring",
+    "save_recurring": "duejobs.store.recurring",
+    "set_recurring_status": "duejobs.store.recurring",
+    "AttemptRecord": "duejobs.store.results",
+    "StoredResult": "duejobs.store.results",
+    "add_error": "duejobs.store.results",
+    "outcome_of": "duejobs.store.results",
+    "save_return_value": "duejobs.store.results",
+    "prune_finished": "duejobs.store.retention",
+    "advance_live": "duejobs.store.testing",
+    "empty_tables": "duejobs.store.testing",
+    "next_due_in": "duejobs.store.testing",
+}
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 __all__ = [
     "BRIEF_LOCK_TIMEOUT",
@@ -181,6 +290,7 @@ __all__ = [
     "ClaimedRow",
     "Closing",
     "Connected",
+    "Connector",
     "Delivery",
     "Driver",
     "Durability",
@@ -230,6 +340,7 @@ __all__ = [
     "defer_unknown_type",
     "delete_orphan_effects",
     "delete_recurring",
+    "driver_options",
     "drop_database",
     "drop_partition",
     "drop_schema",

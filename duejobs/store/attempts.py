@@ -7,9 +7,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING, Any
 
 from duejobs.models import (
     Delivery,
@@ -17,6 +15,9 @@ from duejobs.models import (
     Status,
 )
 from duejobs.store.execution import record, run, run_count, run_one, with_local_settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # -- the delivery path: worker ---------------------------------------------------------------
 

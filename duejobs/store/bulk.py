@@ -5,13 +5,15 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Iterable, Sequence
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs.ids import id_stream
 from duejobs.store.execution import copying, database_now, meanwhile, run
 from duejobs.store.schedules import NewRow, insert_keyed
 from duejobs.timespec import jitter_offset
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # Bulk scheduling: rows are streamed with COPY into a session-local staging table, then moved
 # with one INSERT ... SELECT (database clock for delays, key conflicts skipped) that also

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs.models import Delivery
 from duejobs.store.execution import run
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 @dataclass(frozen=True)

@@ -26,14 +26,38 @@ import struct
 import threading
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qsl
 
+import psycopg
 from psycopg.adapt import AdaptersMap, PyFormat
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.datetime import TimedeltaBinaryDumper, TimedeltaDumper
 
-from duejobs.store.queries import QUERIES
+from duejobs.errors import ConfigurationError
+from duejobs.store import dbapi
+from duejobs.store.queries import QUERIES, SCHEMA_OPTION
 
 log = logging.getLogger("duejobs.store")
+
+# connect_timeout: an unreachable host fails in seconds, not after the kernel's TCP retries.
+# No startup ``options``: a pooler refuses them (PgBouncer: "unsupported startup parameter"),
+# and a session setting would outlive duejobs' transaction on a pooled server session. What a
+# statement needs is set for its transaction alone (jit and the plan settings in the claim's
+# query claim_plan, the worker's lock limit and commit durability in bookkeeping_settings);
+# durations cross as absolute time (duejobs.store.adapters) and instants are read as UTC, so
+# no statement depends on the session's time zone.
+# Keepalives and a TCP user timeout: a server whose host is gone (a lost machine, a network
+# partition; not a killed process, whose host answers at once) is noticed within half a
+# minute, where the kernel alone retransmits for about fifteen, a worker's bookkeeping and its
+# heartbeat waiting all that time. Each applies unless the URL gives its own.
+CONNECT_ARGS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
 
 _MICROSECONDS = 1_000_000
 _INTERVAL = struct.Struct("!qii")  # PostgreSQL's binary interval: microseconds, days, months
@@ -117,3 +141,112 @@ class Connected:
                     driver.info.host,
                     driver.info.port,
                 )
+
+
+def driver_options(database_url: str, prepared: str) -> tuple[str, dict[str, Any], str]:
+    """The URL, psycopg's arguments and the prepared-statement mode (a
+    :class:`~duejobs.config.PreparedStatements` value) for connections to ``database_url``
+    (as :func:`~duejobs.config.sqlalchemy_url` writes it). psycopg's own ``prepare_threshold``
+    in the URL is honoured: ``None`` (or empty) turns preparing off as
+    ``prepared_statements="off"`` does, a count is psycopg's threshold (SQLAlchemy would hand
+    either to psycopg as text, which it refuses; libpq refuses the parameter)."""
+    head, _, query = database_url.partition("?")
+    pairs = [pair for pair in query.split("&") if pair]
+    keys = [key for key, _ in (parse_qsl(pair, keep_blank_values=True)[0] for pair in pairs)]
+    args = {k: v for k, v in CONNECT_ARGS.items() if k not in keys}
+    thresholds = [
+        value
+        for key, value in (parse_qsl(pair, keep_blank_values=True)[0] for pair in pairs)
+        if key == "prepare_threshold"
+    ]
+    if not thresholds:
+        return database_url, args, prepared
+    kept = [pair for pair, key in zip(pairs, keys, strict=True) if key != "prepare_threshold"]
+    text = thresholds[-1].strip()
+    if text.lower() in ("", "none", "null"):
+        prepared = "off"
+    elif text.isdigit():
+        args["prepare_threshold"] = int(text)
+    else:
+        raise ConfigurationError(
+            f"prepare_threshold in the database URL must be a count or None, got {text!r}"
+        )
+    return head + ("?" + "&".join(kept) if kept else ""), args, prepared
+
+
+class Direct:
+    """A connection duejobs makes on psycopg itself, outside SQLAlchemy's engine, offering
+    what the store calls on SQLAlchemy's ``Connection`` (:mod:`duejobs.store.execution`).
+
+    A worker's claims, outcomes and lease renewals are single statements in autocommit on
+    connections it keeps for itself (:mod:`duejobs.worker.bookkeeping`): they need no pool and
+    no transaction of SQLAlchemy's, and a worker that runs them on these starts without
+    loading it. Made by :class:`Connector` as the engine makes its own — the same libpq
+    options, the same set-up, in autocommit — and failing the same way: the store's errors
+    are SQLAlchemy's classes (:mod:`duejobs.store.dbapi`), and one that breaks the connection
+    invalidates it. It is not a pool (its owner keeps its connections) and holds no
+    transaction."""
+
+    def __init__(self, driver: psycopg.Connection[Any], schema: str) -> None:
+        self.driver_connection = self.dbapi_connection = driver
+        self.invalidated = False
+        self._options: dict[str, Any] = {SCHEMA_OPTION: schema}
+
+    @property
+    def connection(self) -> Direct:
+        return self
+
+    @property
+    def closed(self) -> bool:
+        return self.driver_connection.closed
+
+    def in_transaction(self) -> bool:
+        return False  # autocommit: each statement commits as it ends
+
+    def get_execution_options(self) -> dict[str, Any]:
+        return dict(self._options)
+
+    def execution_options(self, **options: Any) -> Direct:
+        """Options as SQLAlchemy's connection keeps them; the isolation level can only be
+        ``AUTOCOMMIT``, which it is."""
+        level = options.pop("isolation_level", "AUTOCOMMIT")
+        if level != "AUTOCOMMIT":
+            raise ValueError(f"a direct connection is in autocommit, not {level}")
+        self._options.update(options)
+        return self
+
+    def invalidate(self, exc: BaseException | None = None) -> None:
+        """Close it for good: it broke, or is not trusted with another statement."""
+        self.invalidated = True
+        self.driver_connection.close()
+
+    def close(self) -> None:
+        self.driver_connection.close()
+
+
+class Connector:
+    """Makes :class:`Direct` connections to one database, each set up as an engine sets up its
+    own (:class:`Connected`: the pooler named once per connector)."""
+
+    def __init__(self, database_url: str, schema: str, prepared: str) -> None:
+        url, self._args, prepared = driver_options(database_url, prepared)
+        self._conninfo = "postgresql://" + url.split("://", 1)[1]
+        self._connected = Connected(prepared)
+        self._schema = schema
+
+    def connect(self) -> Direct:
+        """A new connection, in autocommit; a failure to connect or to set it up surfaces as
+        SQLAlchemy's ``OperationalError`` (or its kin), as an engine's would."""
+        try:
+            driver = psycopg.connect(self._conninfo, **self._args)
+        except psycopg.Error as exc:
+            raise dbapi.DBAPIError.instance(None, None, exc, psycopg.Error) from exc
+        try:
+            self._connected.on_connect(driver, None)
+            driver.autocommit = True
+        except psycopg.Error as exc:
+            driver.close()
+            raise dbapi.DBAPIError.instance(
+                None, None, exc, psycopg.Error, connection_invalidated=True
+            ) from exc
+        return Direct(driver, self._schema)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql as pgsql
-from sqlalchemy import Connection
 
 from duejobs.errors import PartitioningError
 from duejobs.ids import time_of
@@ -27,6 +26,9 @@ from duejobs.store.partitions import (
     table_rights,
 )
 from duejobs.store.queries import ddl
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # How long the swap waits for each table's lock before it gives up and tries again.
 BRIEF_LOCK_TIMEOUT = "100ms"  # x the six tables locked: under the 1 s deadlock_timeout

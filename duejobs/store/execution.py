@@ -17,17 +17,19 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from psycopg import sql as pgsql
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError, StatementError
 
+from duejobs.store import dbapi
 from duejobs.store.connecting import absolute_durations, sends_absolute_durations
 from duejobs.store.lent import Awaited, Lent, adapted
 from duejobs.store.queries import SCHEMA_OPTION, TABLES, Query, in_schema
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 T = TypeVar("T")
 # A connection's execution option: (statement name, parameters) of a ``set_config(..., true)``
@@ -234,7 +236,7 @@ def _surfaced(
     statement: str,
     params: dict[str, Any] | None,
     exc: psycopg.Error,
-) -> StatementError:
+) -> dbapi.StatementError:
     """A psycopg error as SQLAlchemy would raise it; a broken connection leaves the pool (a
     lock timeout does not break it)."""
     broken = driver.closed or (
@@ -243,7 +245,9 @@ def _surfaced(
     )
     if broken:
         conn.invalidate(exc)
-    return DBAPIError.instance(statement, params, exc, psycopg.Error, connection_invalidated=broken)
+    return dbapi.DBAPIError.instance(
+        statement, params, exc, psycopg.Error, connection_invalidated=broken
+    )
 
 
 def _utc(value: datetime | None) -> datetime | None:

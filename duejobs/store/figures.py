@@ -6,14 +6,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs.models import (
     EventKind,
     Status,
 )
 from duejobs.store.execution import _utc, run, run_one
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # -- observability ---------------------------------------------------------------------------
 

@@ -11,16 +11,17 @@ or closes a lent transaction, and reads and writes on it as on its own connectio
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import Any, TypeAlias, TypeVar, cast
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 import psycopg
 from psycopg.types.json import JsonbLoader
-from sqlalchemy import Connection
-from sqlalchemy.util import await_only
 
 from duejobs.store.connecting import absolute_durations
 from duejobs.store.queries import SCHEMA_OPTION
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 T = TypeVar("T")
 
@@ -37,9 +38,11 @@ def lent(conn: object, *, awaited: bool = False, schema: str = "public") -> Conn
     statements, which reach duejobs' tables in ``schema``. Anything else is a ``TypeError``
     naming what was given."""
     if isinstance(conn, Lent):
-        return cast(Connection, conn)
+        return cast("Connection", conn)
     if isinstance(conn, psycopg.AsyncConnection if awaited else psycopg.Connection):
-        return cast(Connection, Lent(conn, schema))
+        return cast("Connection", Lent(conn, schema))
+    from sqlalchemy import Connection  # loaded already where a caller has one
+
     if isinstance(conn, Connection) and not awaited:
         if conn.get_execution_options().get(SCHEMA_OPTION, "public") != schema:
             conn.execution_options(**{SCHEMA_OPTION: schema})
@@ -102,6 +105,14 @@ class Lent:
         if idle:
             driver.execute("SELECT 1")
         return driver.transaction()
+
+
+def await_only(awaitable: Awaitable[T]) -> T:
+    """SQLAlchemy's ``await_only``: the result of ``awaitable``, awaited from the greenlet an
+    AsyncApp's ``run_sync`` runs the store in (SQLAlchemy is loaded there)."""
+    from sqlalchemy.util import await_only as awaited
+
+    return awaited(awaitable)
 
 
 @contextlib.contextmanager

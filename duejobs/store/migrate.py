@@ -12,15 +12,18 @@ Revisions live in ``migrations/`` (installed as ``duejobs.migrations``); the rev
 from __future__ import annotations
 
 from importlib.resources import files
+from typing import TYPE_CHECKING
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
 
 from duejobs import store
 from duejobs.store.partitions import Partitioning
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 VERSION_TABLE = "duejobs_alembic_version"
 # An arbitrary, fixed advisory-lock key shared by every duejobs migrator.

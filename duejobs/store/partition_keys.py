@@ -9,11 +9,15 @@ live schedules, kept by the triggers made here on ``scheduled_jobs``: a row that
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from psycopg import sql as pgsql
-from sqlalchemy import Connection
 
 from duejobs.store.execution import run_composed, schema_of
 from duejobs.store.queries import ddl
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 LIVE_KEY_INDEX = "scheduled_jobs_live_key_idx"
 

@@ -37,15 +37,17 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql as pgsql
-from sqlalchemy import Connection
 
 from duejobs.errors import PartitioningError
 from duejobs.ids import first_id_at, time_of
 from duejobs.store.execution import database_now, run, run_composed, run_count, run_one, schema_of
 from duejobs.store.partition_keys import LIVE_KEY_INDEX, key_triggers
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # Each partitioned table and the column it is partitioned by; scheduled_jobs first.
 PARTITIONED = {

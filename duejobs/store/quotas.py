@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs.store.execution import run, run_one
 from duejobs.store.queries import DEFAULT_QUOTA_TENANT
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # -- tenant quotas ---------------------------------------------------------------------------
 

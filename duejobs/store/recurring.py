@@ -7,9 +7,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timedelta
-from typing import Any
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING, Any
 
 from duejobs.ids import stamped
 from duejobs.models import (
@@ -23,6 +21,9 @@ from duejobs.models import (
     RecurringStatus,
 )
 from duejobs.store.execution import record, run, run_one
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # -- recurring schedules ---------------------------------------------------------------------
 

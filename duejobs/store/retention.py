@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs.store.execution import run, run_count
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 # -- retention -------------------------------------------------------------------------------
 

@@ -5,10 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, timedelta
-from typing import Any
-
-from sqlalchemy import Connection
-from sqlalchemy.exc import IntegrityError
+from typing import TYPE_CHECKING, Any
 
 from duejobs.errors import KeyInUseError
 from duejobs.ids import new_id
@@ -20,10 +17,14 @@ from duejobs.models import (
     Schedule,
     Status,
 )
+from duejobs.store import dbapi
 from duejobs.store.execution import record, run, run_one
 from duejobs.store.partition_keys import LIVE_KEY_INDEX
 from duejobs.store.partitions import is_partitioned
 from duejobs.timespec import When, jitter_offset
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 def as_schedule(m: Any, created: bool | None = None) -> Schedule:
@@ -116,7 +117,7 @@ def insert_keyed(conn: Connection, name: str, params: dict[str, Any] | None = No
         try:
             with conn.begin_nested():
                 return run(conn, name, params)
-        except IntegrityError as exc:
+        except dbapi.IntegrityError as exc:
             races += 1
             if races == _KEY_RACES or _constraint(exc) != LIVE_KEY_INDEX:
                 raise
@@ -178,7 +179,7 @@ def retry(
     try:
         with conn.begin_nested():
             row = run_one(conn, "retry", params)
-    except IntegrityError as exc:
+    except dbapi.IntegrityError as exc:
         if _constraint(exc) != LIVE_KEY_INDEX:
             raise
         raise KeyInUseError(
@@ -188,7 +189,7 @@ def retry(
     return None if row is None else as_schedule(row)
 
 
-def _constraint(exc: IntegrityError) -> str | None:
+def _constraint(exc: dbapi.IntegrityError) -> str | None:
     """The name of the constraint (or index) an integrity error is about."""
     return getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
 

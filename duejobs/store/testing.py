@@ -4,11 +4,13 @@ wait for the next one, and every table emptied between two tests."""
 from __future__ import annotations
 
 from datetime import timedelta
-
-from sqlalchemy import Connection
+from typing import TYPE_CHECKING
 
 from duejobs.store.execution import run, run_one
 from duejobs.store.partitions import partitioning
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
 def advance_live(conn: Connection, by: timedelta) -> None:

@@ -22,26 +22,30 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
-
-from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.core import Core, connection_ended
+from duejobs.store import dbapi
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 
-def lock_busy(exc: DBAPIError) -> bool:
+def lock_busy(exc: dbapi.DBAPIError) -> bool:
     """The statement gave up waiting for a row lock (``lock_timeout``)."""
     return getattr(exc.orig, "sqlstate", None) == "55P03"
 
 
-def unreachable(exc: DBAPIError) -> bool:
+def unreachable(exc: dbapi.DBAPIError) -> bool:
     """The database was not reached (a refused or timed-out connect) or the connection broke
     (ended by the server, a pooler, a failover): worth another try on a fresh connection,
     unlike a statement's own error or a lock timeout."""
     if lock_busy(exc):
         return False
-    return exc.connection_invalidated or isinstance(exc, OperationalError | InterfaceError)
+    return exc.connection_invalidated or isinstance(
+        exc, dbapi.OperationalError | dbapi.InterfaceError
+    )
 
 
 class Bookkeeping:
@@ -75,7 +79,7 @@ class Bookkeeping:
             conn = None
         if conn is None:
             # A row lock held by an application's open transaction must not hold the worker.
-            new = self._core.engine.connect()
+            new = self._core.connect_directly()
             conn = store.for_bookkeeping(new, self._lock_timeout, self._durable)
             with self._lock:
                 self._open.add(conn)
@@ -85,7 +89,7 @@ class Bookkeeping:
             # The connection is fine after a lock timeout; after anything else — a statement
             # that failed, or one cut short by a handler's timeout landing in it — it is
             # not trusted with the next step.
-            if not (isinstance(exc, DBAPIError) and lock_busy(exc)):
+            if not (isinstance(exc, dbapi.DBAPIError) and lock_busy(exc)):
                 self._discard(conn)
                 raise
             self._put_back(conn)
@@ -100,9 +104,11 @@ class Bookkeeping:
     def _discard(self, conn: Connection) -> None:
         with self._lock:
             self._open.discard(conn)
-        with contextlib.suppress(DBAPIError):
+        try:  # the class is looked up only if an error comes (store.dbapi)
             conn.invalidate()
             conn.close()
+        except dbapi.DBAPIError:
+            pass
 
     def close(self) -> None:
         """Discard every connection (the slots must have stopped)."""

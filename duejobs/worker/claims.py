@@ -37,12 +37,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sqlalchemy.exc import DBAPIError
-
 from duejobs import store
 from duejobs.core import Core
 from duejobs.models import Delivery
-from duejobs.store import RunClaim, SkipReason
+from duejobs.store import RunClaim, SkipReason, dbapi
 from duejobs.worker.bookkeeping import Bookkeeping, lock_busy, unreachable
 from duejobs.worker.config import WorkerConfig
 from duejobs.worker.group_commit import GroupCommit
@@ -146,7 +144,7 @@ class Claimer:
                     verdict = store.claim_verdict(
                         conn, delivery, worker=self._name, types=self.types()
                     )
-            except DBAPIError as exc:
+            except dbapi.DBAPIError as exc:
                 if not lock_busy(exc):
                     raise
                 return None
@@ -168,7 +166,7 @@ class Claimer:
         once more on a fresh connection."""
         try:
             return self._claims.submit(delivery)
-        except DBAPIError as exc:
+        except dbapi.DBAPIError as exc:
             if not unreachable(exc):
                 raise
             log.warning("the claim was not answered (%s); claiming again", exc.orig)
@@ -224,7 +222,7 @@ class Claimer:
                     types=self.types(),
                     claim=claim,
                 )
-        except DBAPIError as exc:
+        except dbapi.DBAPIError as exc:
             if unreachable(exc):  # it may have committed: each delivery asks (_landed)
                 with self._lock:
                     self._unanswered.update(dict.fromkeys(deliveries, claim))

@@ -31,10 +31,7 @@ import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
-
-from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
+from typing import TYPE_CHECKING, Any
 
 from duejobs import store
 from duejobs.core import Core
@@ -42,12 +39,15 @@ from duejobs.errors import HandlerTimeoutError, describe
 from duejobs.handlers import Handler
 from duejobs.models import Status
 from duejobs.observability import tracing
-from duejobs.store import Closing, SkipReason
+from duejobs.store import Closing, SkipReason, dbapi
 from duejobs.worker.bookkeeping import Bookkeeping, lock_busy, unreachable
 from duejobs.worker.config import EXIT_WEDGED, Outcome, WorkerConfig
 from duejobs.worker.context import Context
 from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.slot_pool import SlotPool
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 log = logging.getLogger("duejobs.worker")
 
@@ -160,7 +160,7 @@ class Completer:
             try:
                 if self._closings.submit(closing):
                     return _CLOSED[closing.outcome]
-            except DBAPIError as exc:
+            except dbapi.DBAPIError as exc:
                 if not unreachable(exc):
                     raise
                 landed = True
@@ -172,7 +172,7 @@ class Completer:
         while True:
             try:
                 closed = self._close_locked(closing, conn, landed)
-            except DBAPIError as exc:
+            except dbapi.DBAPIError as exc:
                 broken = unreachable(exc)
                 if conn is not None or not (broken or lock_busy(exc)):
                     raise

@@ -16,15 +16,16 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
-
-from sqlalchemy import Connection, Engine
+from typing import TYPE_CHECKING, Any
 
 from duejobs import store
 from duejobs.core import Conn, Core
 from duejobs.errors import EffectAlreadyAppliedError, ScheduleChangedError
 from duejobs.models import Delivery, Status
 from duejobs.store import SkipReason
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection, Engine
 
 
 @dataclass

@@ -21,13 +21,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-
-from sqlalchemy import Connection
-from sqlalchemy.exc import DBAPIError
+from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.core import Core, connection_ended
 from duejobs.models import Delivery
+from duejobs.store import dbapi
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 log = logging.getLogger("duejobs.worker")
 
@@ -109,14 +111,12 @@ class Heartbeat:
             try:
                 if self._conn is None or connection_ended(self._conn):
                     self._close_connection()
-                    self._conn = self._core.engine.connect().execution_options(
-                        isolation_level="AUTOCOMMIT"
-                    )
+                    self._conn = self._core.connect_directly()
                 store.extend_leases(self._conn, [w.delivery for w in due], self._lease)
                 return
             except Exception as exc:  # keep beating; the next beat may reach the database
                 self._close_connection()
-                broken = isinstance(exc, DBAPIError) and exc.connection_invalidated
+                broken = isinstance(exc, dbapi.DBAPIError) and exc.connection_invalidated
                 if last_try or not broken:
                     log.warning("could not renew %d leases", len(due), exc_info=True)
                     return

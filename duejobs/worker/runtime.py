@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError
-
 from duejobs import store
 from duejobs.config import redacted
 from duejobs.core import HasCore
@@ -37,7 +35,7 @@ from duejobs.errors import (
 from duejobs.handlers import Handler
 from duejobs.models import Delivery, Status
 from duejobs.observability import metrics, tracing
-from duejobs.store import RunClaim, SkipReason
+from duejobs.store import RunClaim, SkipReason, dbapi
 from duejobs.timespec import spell_duration
 from duejobs.worker.bookkeeping import Bookkeeping
 from duejobs.worker.claims import Claimer
@@ -180,7 +178,7 @@ class Runtime:
         try:
             with self.bookkeeping.connection() as conn:
                 durability = store.bookkeeping_durability(conn)
-        except DBAPIError as exc:  # the database down at start: the worker waits it out
+        except dbapi.DBAPIError as exc:  # the database down at start: the worker waits it out
             log.warning("could not read how PostgreSQL commits (%s); going on", exc.orig)
             return
         if durability.standbys and durability.synchronous_commit == "off":

@@ -1,0 +1,60 @@
+"""The database errors duejobs raises and catches: SQLAlchemy's classes, named here without
+loading SQLAlchemy.
+
+The store runs its statements on psycopg and surfaces a failure as SQLAlchemy would
+(:mod:`duejobs.store.execution`), whichever connection ran it: the App's engine, a caller's
+own, or a worker's bookkeeping connection (:mod:`duejobs.store.direct`). Code that catches
+them writes ``except dbapi.OperationalError``: the name is looked up when an error reaches
+the clause, so SQLAlchemy (a tenth of a second to import) is loaded by the first error or
+the first use of an engine, not by a worker's start, whose claims and closes need neither.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sqlalchemy.exc import (
+        DBAPIError,
+        DisconnectionError,
+        IntegrityError,
+        InterfaceError,
+        OperationalError,
+        ProgrammingError,
+        SQLAlchemyError,
+        StatementError,
+    )
+    from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+    __all__ = [
+        "DBAPIError",
+        "DisconnectionError",
+        "IntegrityError",
+        "InterfaceError",
+        "OperationalError",
+        "PoolTimeoutError",
+        "ProgrammingError",
+        "SQLAlchemyError",
+        "StatementError",
+    ]
+
+_NAMES = {
+    "DBAPIError": "DBAPIError",
+    "DisconnectionError": "DisconnectionError",
+    "IntegrityError": "IntegrityError",
+    "InterfaceError": "InterfaceError",
+    "OperationalError": "OperationalError",
+    "PoolTimeoutError": "TimeoutError",  # the pool's wait for a connection ran out
+    "ProgrammingError": "ProgrammingError",
+    "SQLAlchemyError": "SQLAlchemyError",
+    "StatementError": "StatementError",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("sqlalchemy.exc"), _NAMES[name])
+    globals()[name] = value
+    return value
