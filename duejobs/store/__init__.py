@@ -19,9 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from duejobs.lazy import lazy_exports
-
-# Imported at once: lent, partitions, quotas and attempts each name a function and a module
-# here, and a module imported after its function was bound would take the name.
 from duejobs.store.attempts import (
     Closing,
     Durability,
@@ -45,6 +42,31 @@ from duejobs.store.attempts import (
     record_stale,
     renew_claim,
 )
+
+# Imported at once: the statements a schedule's life runs (written, claimed, pushed, run,
+# closed, re-pushed), and lent, partitions, quotas and attempts, which each name a function
+# and a module here (a module imported after its function was bound would take the name).
+from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
+from duejobs.store.connecting import (
+    Connected,
+    Connector,
+    absolute_durations,
+    behind_pooler,
+    driver_options,
+)
+from duejobs.store.execution import (
+    advisory_lock,
+    create_database,
+    database_now,
+    drop_database,
+    is_lock_conflict,
+    is_missing_table,
+    is_statement_timeout,
+    server_answers,
+    session_unlock,
+    try_session_lock,
+    use_schema,
+)
 from duejobs.store.lent import AsyncDriver, Driver, lent
 from duejobs.store.partitions import (
     PARTITIONED,
@@ -60,6 +82,14 @@ from duejobs.store.partitions import (
     partitioning,
     partitions,
 )
+from duejobs.store.queries import (
+    DEFAULT_QUOTA_TENANT,
+    QUERIES,
+    SCHEMA_OPTION,
+    TABLES,
+    Query,
+    in_schema,
+)
 from duejobs.store.quotas import (
     QUOTA_COLUMNS,
     Quota,
@@ -68,6 +98,29 @@ from duejobs.store.quotas import (
     live_quota,
     quotas,
     set_quota,
+)
+from duejobs.store.reconciliation import (
+    OverdueRow,
+    WindowRow,
+    overdue_rows,
+    pending_deliveries,
+    record_repushed,
+    rescue_expired,
+    schedule_states,
+    schedule_tenants,
+    window_page,
+)
+from duejobs.store.recurring import (
+    advance_recurring,
+    cancel_occurrences,
+    delete_recurring,
+    due_recurring,
+    get_recurring,
+    insert_occurrences,
+    list_recurring,
+    quarantine_recurring,
+    save_recurring,
+    set_recurring_status,
 )
 from duejobs.store.schedules import (
     NewRow,
@@ -85,14 +138,6 @@ from duejobs.store.schedules import (
 if TYPE_CHECKING:
     from duejobs.models import Delivery
     from duejobs.store.bulk import insert_schedules
-    from duejobs.store.claims import ClaimedRow, TenantDue, claim_shares, walk_tenants
-    from duejobs.store.connecting import (
-        Connected,
-        Connector,
-        absolute_durations,
-        behind_pooler,
-        driver_options,
-    )
     from duejobs.store.conversion import (
         BRIEF_LOCK_TIMEOUT,
         autovacuumed,
@@ -107,19 +152,6 @@ if TYPE_CHECKING:
         swap,
         unmirror,
         wait_out_autovacuum,
-    )
-    from duejobs.store.execution import (
-        advisory_lock,
-        create_database,
-        database_now,
-        drop_database,
-        is_lock_conflict,
-        is_missing_table,
-        is_statement_timeout,
-        server_answers,
-        session_unlock,
-        try_session_lock,
-        use_schema,
     )
     from duejobs.store.figures import (
         Activity,
@@ -140,37 +172,6 @@ if TYPE_CHECKING:
     )
     from duejobs.store.listing import ListFilter, Position, list_schedules
     from duejobs.store.partition_keys import time_key_insert
-    from duejobs.store.queries import (
-        DEFAULT_QUOTA_TENANT,
-        QUERIES,
-        SCHEMA_OPTION,
-        TABLES,
-        Query,
-        in_schema,
-    )
-    from duejobs.store.reconciliation import (
-        OverdueRow,
-        WindowRow,
-        overdue_rows,
-        pending_deliveries,
-        record_repushed,
-        rescue_expired,
-        schedule_states,
-        schedule_tenants,
-        window_page,
-    )
-    from duejobs.store.recurring import (
-        advance_recurring,
-        cancel_occurrences,
-        delete_recurring,
-        due_recurring,
-        get_recurring,
-        insert_occurrences,
-        list_recurring,
-        quarantine_recurring,
-        save_recurring,
-        set_recurring_status,
-    )
     from duejobs.store.results import (
         AttemptRecord,
         StoredResult,
@@ -181,20 +182,11 @@ if TYPE_CHECKING:
     from duejobs.store.retention import prune_finished
     from duejobs.store.testing import advance_live, empty_tables, next_due_in
 
-# Each name the package exports and the module it lives in, imported on first use: a
-# worker loads the statements it runs, not the operators' reads, partitions or conversion.
+# The rest, imported on first use: the operators' reads and figures, bulk writes,
+# django.tasks' results, retention, the conversion, the tests' helpers.
 _HOMES = {
     "Delivery": "duejobs.models",
     "insert_schedules": "duejobs.store.bulk",
-    "ClaimedRow": "duejobs.store.claims",
-    "TenantDue": "duejobs.store.claims",
-    "claim_shares": "duejobs.store.claims",
-    "walk_tenants": "duejobs.store.claims",
-    "Connected": "duejobs.store.connecting",
-    "Connector": "duejobs.store.connecting",
-    "absolute_durations": "duejobs.store.connecting",
-    "behind_pooler": "duejobs.store.connecting",
-    "driver_options": "duejobs.store.connecting",
     "BRIEF_LOCK_TIMEOUT": "duejobs.store.conversion",
     "autovacuumed": "duejobs.store.conversion",
     "conversion_left": "duejobs.store.conversion",
@@ -208,17 +200,6 @@ _HOMES = {
     "swap": "duejobs.store.conversion",
     "unmirror": "duejobs.store.conversion",
     "wait_out_autovacuum": "duejobs.store.conversion",
-    "advisory_lock": "duejobs.store.execution",
-    "create_database": "duejobs.store.execution",
-    "database_now": "duejobs.store.execution",
-    "drop_database": "duejobs.store.execution",
-    "is_lock_conflict": "duejobs.store.execution",
-    "is_missing_table": "duejobs.store.execution",
-    "is_statement_timeout": "duejobs.store.execution",
-    "server_answers": "duejobs.store.execution",
-    "session_unlock": "duejobs.store.execution",
-    "try_session_lock": "duejobs.store.execution",
-    "use_schema": "duejobs.store.execution",
     "Activity": "duejobs.store.figures",
     "LagPoint": "duejobs.store.figures",
     "LiveFigures": "duejobs.store.figures",
@@ -238,31 +219,6 @@ _HOMES = {
     "Position": "duejobs.store.listing",
     "list_schedules": "duejobs.store.listing",
     "time_key_insert": "duejobs.store.partition_keys",
-    "DEFAULT_QUOTA_TENANT": "duejobs.store.queries",
-    "QUERIES": "duejobs.store.queries",
-    "Query": "duejobs.store.queries",
-    "SCHEMA_OPTION": "duejobs.store.queries",
-    "TABLES": "duejobs.store.queries",
-    "in_schema": "duejobs.store.queries",
-    "OverdueRow": "duejobs.store.reconciliation",
-    "WindowRow": "duejobs.store.reconciliation",
-    "overdue_rows": "duejobs.store.reconciliation",
-    "pending_deliveries": "duejobs.store.reconciliation",
-    "record_repushed": "duejobs.store.reconciliation",
-    "rescue_expired": "duejobs.store.reconciliation",
-    "schedule_states": "duejobs.store.reconciliation",
-    "schedule_tenants": "duejobs.store.reconciliation",
-    "window_page": "duejobs.store.reconciliation",
-    "advance_recurring": "duejobs.store.recurring",
-    "cancel_occurrences": "duejobs.store.recurring",
-    "delete_recurring": "duejobs.store.recurring",
-    "due_recurring": "duejobs.store.recurring",
-    "get_recurring": "duejobs.store.recurring",
-    "insert_occurrences": "duejobs.store.recurring",
-    "list_recurring": "duejobs.store.recurring",
-    "quarantine_recurring": "duejobs.store.recurring",
-    "save_recurring": "duejobs.store.recurring",
-    "set_recurring_status": "duejobs.store.recurring",
     "AttemptRecord": "duejobs.store.results",
     "StoredResult": "duejobs.store.results",
     "add_error": "duejobs.store.results",
