@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from duejobs import App
-from duejobs.app import quotas as app_module
+from duejobs.app import scope as scope_module
 from duejobs.errors import QuotaExceededError, TenantMismatchError
 from tests.support.system import System
 
@@ -60,7 +60,7 @@ def test_a_cleared_tenant_quota_falls_back_to_the_default(app: App) -> None:
 def test_another_app_applies_a_changed_quota_once_its_cache_expires(
     app: App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app_module, "QUOTA_CACHE_SECONDS", 0.3)
+    monkeypatch.setattr(scope_module, "QUOTA_CACHE_SECONDS", 0.3)
     other = App(database_url=str(app.engine.url.render_as_string(hide_password=False)))
     other.schedule("x", {}, delay=60, tenant="acme")  # caches "no quota"
     app.set_quota("acme", max_live=1)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from redis import Redis
 
 from duejobs import store
-from duejobs.app.quotas import QUOTA_CACHE_SECONDS, UNSET, QuotaAPI, Unset
+from duejobs.app.quotas import UNSET, QuotaAPI, Unset
 from duejobs.app.reads import ReadAPI
 from duejobs.app.recurring import RecurringAPI
 from duejobs.app.scope import RequestChecks, ScheduleId, change_of, schedule_id_of
@@ -54,10 +54,7 @@ from duejobs.errors import (
     VersionConflictError,
 )
 from duejobs.handlers import Handler, RetryPolicy, exception_classes
-from duejobs.models import (
-    Schedule,
-    ScheduleRequest,
-)
+from duejobs.models import Schedule, ScheduleRequest
 from duejobs.observability import metrics, replica, tracing
 from duejobs.store.partitions import Partitioning
 from duejobs.timespec import as_delay, parse_when
@@ -74,7 +71,7 @@ from duejobs.validation import (
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
-__all__ = ["QUOTA_CACHE_SECONDS", "UNSET", "App", "ScheduleId", "Unset", "make_engine"]
+__all__ = ["UNSET", "App", "ScheduleId", "Unset", "make_engine"]
 
 log = logging.getLogger("duejobs")
 F = TypeVar("F", bound=Callable[..., Any])

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import enum
-import time
-from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.app.scope import Scoped
@@ -15,12 +13,6 @@ from duejobs.errors import (
 from duejobs.validation import (
     check_tenant,
 )
-
-if TYPE_CHECKING:
-    from sqlalchemy import Connection
-
-# How long an App trusts the quota it read for a tenant (one query saved per schedule()).
-QUOTA_CACHE_SECONDS = 10.0
 
 
 class Unset(enum.Enum):
@@ -51,7 +43,8 @@ class QuotaAPI(Scoped):
           the table, so a tenant's burst never sits in the queue ahead of other tenants.
 
         Tenant ``"*"`` holds the defaults; a tenant's cleared cap follows the default.
-        Other processes apply a ``max_live`` change within ``QUOTA_CACHE_SECONDS``; the
+        Other processes apply a ``max_live`` change within
+        :data:`~duejobs.app.scope.QUOTA_CACHE_SECONDS`; the
         scheduler reads ``max_inflight`` on every claim.
         """
         if self._tenant is not None:
@@ -80,11 +73,3 @@ class QuotaAPI(Scoped):
             raise TenantMismatchError("quotas are read through an unscoped App")
         with self.engine.connect() as c:
             return store.quotas(c)
-
-    def _live_quota(self, conn: Connection, tenant: str) -> int | None:
-        cached = self._core.quotas.get(tenant)
-        if cached is not None and time.monotonic() - cached[0] < QUOTA_CACHE_SECONDS:
-            return cached[1]
-        cap = store.live_quota(conn, tenant)
-        self._core.quotas[tenant] = (time.monotonic(), cap)
-        return cap

@@ -7,6 +7,7 @@ is written — its type, tenant, queue, key, payload, time, jitter and expiry, e
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
@@ -38,7 +39,10 @@ from duejobs.validation import (
 )
 
 if TYPE_CHECKING:
-    from sqlalchemy import Engine
+    from sqlalchemy import Connection, Engine
+
+# How long an App trusts the live quota it read for a tenant (one query saved per schedule()).
+QUOTA_CACHE_SECONDS = 10.0
 
 log = logging.getLogger("duejobs")
 
@@ -138,6 +142,16 @@ class Scoped:
                 f"this App is scoped to tenant {self._tenant!r} and cannot write for {tenant!r}"
             )
         return self._tenant
+
+    def _live_quota(self, conn: Connection, tenant: str) -> int | None:
+        """The tenant's cap on live schedules, checked before a write: read at most every
+        :data:`QUOTA_CACHE_SECONDS` (one query saved per schedule())."""
+        cached = self._core.quotas.get(tenant)
+        if cached is not None and time.monotonic() - cached[0] < QUOTA_CACHE_SECONDS:
+            return cached[1]
+        cap = store.live_quota(conn, tenant)
+        self._core.quotas[tenant] = (time.monotonic(), cap)
+        return cap
 
 
 _NO_JITTER = timedelta(0)
