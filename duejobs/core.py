@@ -165,7 +165,7 @@ class Core:
     quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     # The replica the operators' reads go to (duejobs.observability.replica), and how far behind it
     # may be.
-    read_engine: Engine | None = None
+    _read_engine: Engine | None = None  # read_engine's, made on first use
     read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
     # The recurring definitions declared in code, by (tenant, name): App.sync_recurring.
     declared_recurring: dict[tuple[str, str], RecurringSpec] = field(default_factory=dict)
@@ -214,14 +214,18 @@ class Core:
     def with_engines(self, engine: Engine, read_engine: Engine | None) -> Core:
         """This Core on other engines (the AsyncApp's, whose sync faces they are): the same
         settings, options, handlers and quota cache; a deliverer of its own."""
-        return dataclasses.replace(self, _engine=engine, read_engine=read_engine, _deliverer=None)
+        return dataclasses.replace(self, _engine=engine, _read_engine=read_engine, _deliverer=None)
 
-    def __post_init__(self) -> None:
-        if self.read_engine is None and self.settings.read_database_url is not None:
-            url, schema = self.settings.read_database_url, self.settings.schema
-            self.read_engine = make_engine(
-                url, schema=schema, prepared=self.settings.prepared_statements
-            )
+    @property
+    def read_engine(self) -> Engine | None:
+        """The engine of the read replica the operators' reads go to, if one is configured
+        (``read_database_url``); made on first use, as :attr:`engine` is."""
+        url = self.settings.read_database_url
+        with _ENGINE_LOCK:
+            if self._read_engine is None and url is not None:
+                prepared = self.settings.prepared_statements
+                self._read_engine = make_engine(url, schema=self.settings.schema, prepared=prepared)
+            return self._read_engine
 
     @property
     def engine(self) -> Engine:
@@ -299,8 +303,8 @@ class Core:
         """Close pooled database and Redis connections."""
         if self._engine is not None:
             self._engine.dispose()
-        if self.read_engine is not None:
-            self.read_engine.dispose()
+        if self._read_engine is not None:
+            self._read_engine.dispose()
         if self._deliverer is not None:
             self._deliverer.close()
 
