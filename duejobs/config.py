@@ -132,23 +132,41 @@ def _parsed(url: str) -> URL:
     )
 
 
+# A URL SQLAlchemy and libpq read alike: user and password of unreserved characters only (no
+# percent-encoding, no "/", "?", "+" or space), one host name, a numeric port, a plain database
+# name, and query parameters with plain names, each given once, and values of unreserved
+# characters, "/" and percent-encoding (which both decode alike; not "+").
+_PLAIN_URL = re.compile(
+    r"postgres(?:ql)?(?:\+\w+)?://(?:[\w.~-]*(?::[\w.~-]*)?@)?[\w.-]*(?::\d+)?(?:/[\w.-]*)?"
+    r"(?:\?[a-z_]+=(?:[\w.~/-]|%[0-9A-Fa-f]{2})*(?:&[a-z_]+=(?:[\w.~/-]|%[0-9A-Fa-f]{2})*)*)?",
+    re.ASCII,
+)
+
+
+def plain_url(url: str) -> bool:
+    """Whether ``url`` is read the same by SQLAlchemy and by libpq (:data:`_PLAIN_URL`, no
+    parameter twice): such a URL is taken as given, and a worker's own connections
+    (:meth:`~duejobs.core.Core.connect_directly`) reach the server its engine would."""
+    if _PLAIN_URL.fullmatch(url) is None:
+        return False
+    keys = [pair.split("=", 1)[0] for pair in url.partition("?")[2].split("&") if pair]
+    return len(keys) == len(set(keys)) and "prepare_threshold" not in keys
+
+
 def _as_given(url: str) -> str | None:
-    """A PostgreSQL URL of one host that libpq reads whole, with psycopg's scheme and nothing
-    else rewritten; None for any other (:func:`_parsed` reads those). libpq's reading checks
-    it, so an App or a worker is made without loading SQLAlchemy, which reads such a URL the
-    same way when its engine is made."""
-    scheme, _, rest = url.partition("://")
-    if not rest or scheme.split("+", 1)[0] not in ("postgresql", "postgres"):
-        return None
-    if "," in _authority(url):
+    """A :func:`plain_url` that libpq reads, with psycopg's scheme and nothing else rewritten;
+    None for any other (:func:`_parsed` reads those with SQLAlchemy). An App or a worker is
+    then made without loading SQLAlchemy."""
+    if not plain_url(url):
         return None
     from duejobs.store.connecting import libpq_reading  # the store alone speaks to libpq
 
+    rest = url.partition("://")[2]
     try:
-        port = libpq_reading(f"postgresql://{rest}").get("port", "")
-    except Exception:  # a parameter libpq does not know (prepare_threshold), or no URL
+        libpq_reading(f"postgresql://{rest}")
+    except Exception:  # a parameter libpq does not know
         return None
-    return f"postgresql+psycopg://{rest}" if port.isdigit() or not port else None
+    return f"postgresql+psycopg://{rest}"
 
 
 def sqlalchemy_url(url: str) -> str:

@@ -33,6 +33,7 @@ from duejobs.config import (
     DEFAULT_SCHEMA,
     PreparedStatements,
     Settings,
+    plain_url,
 )
 from duejobs.delivery import Deliverer
 from duejobs.errors import (
@@ -245,7 +246,11 @@ class Core:
     def connect_directly(self) -> Connection:
         """A connection of the caller's own outside the engine, in autocommit (a worker's
         bookkeeping and heartbeat: :class:`~duejobs.store.connecting.Direct`); the caller
-        closes it."""
+        closes it. A URL libpq might read otherwise than SQLAlchemy (not a
+        :func:`~duejobs.config.plain_url`: several hosts, percent-encoded characters) gets a
+        connection of the engine instead, in autocommit, so both reach the same server."""
+        if not plain_url(self.settings.database_url):
+            return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         with _ENGINE_LOCK:
             if self._connector is None:
                 settings = self.settings

@@ -55,6 +55,9 @@ _NAMES = {
 def __getattr__(name: str) -> Any:
     if name not in _NAMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # The package first, as its own import does it: another thread importing SQLAlchemy at
+    # the same moment (an engine made) then finishes before its submodule is read.
+    importlib.import_module("sqlalchemy")
     value = getattr(importlib.import_module("sqlalchemy.exc"), _NAMES[name])
     globals()[name] = value
     return value
