@@ -151,17 +151,14 @@ def driver_options(database_url: str, prepared: str) -> tuple[str, dict[str, Any
     ``prepared_statements="off"`` does, a count is psycopg's threshold (SQLAlchemy would hand
     either to psycopg as text, which it refuses; libpq refuses the parameter)."""
     head, _, query = database_url.partition("?")
-    pairs = [pair for pair in query.split("&") if pair]
-    keys = [key for key, _ in (parse_qsl(pair, keep_blank_values=True)[0] for pair in pairs)]
-    args = {k: v for k, v in CONNECT_ARGS.items() if k not in keys}
-    thresholds = [
-        value
-        for key, value in (parse_qsl(pair, keep_blank_values=True)[0] for pair in pairs)
-        if key == "prepare_threshold"
+    pairs = [
+        (pair, *parse_qsl(pair, keep_blank_values=True)[0]) for pair in query.split("&") if pair
     ]
+    args = {k: v for k, v in CONNECT_ARGS.items() if k not in {key for _, key, _ in pairs}}
+    thresholds = [value for _, key, value in pairs if key == "prepare_threshold"]
     if not thresholds:
         return database_url, args, prepared
-    kept = [pair for pair, key in zip(pairs, keys, strict=True) if key != "prepare_threshold"]
+    kept = [pair for pair, key, _ in pairs if key != "prepare_threshold"]
     text = thresholds[-1].strip()
     if text.lower() in ("", "none", "null"):
         prepared = "off"
