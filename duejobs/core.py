@@ -203,6 +203,9 @@ class Core:
         if read_timeout is not None:
             check_duration("read_timeout", read_timeout)
         check_count("max_payload_bytes", max_payload_bytes, 1, 2**31 - 1)
+        for url in (settings.database_url, settings.read_database_url):
+            if url is not None:  # a bad prepare_threshold refused now, not at the first query
+                store.driver_options(url, settings.prepared_statements)
         return cls(
             settings,
             max_payload_bytes,

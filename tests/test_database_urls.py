@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pytest
 from psycopg.conninfo import conninfo_to_dict
@@ -114,3 +114,45 @@ def test_a_server_whose_host_is_gone_is_noticed_within_half_a_minute(
 def test_libpq_reads_each_form_as_duejobs_passes_it_on(url: str, reads: dict[str, str]) -> None:
     parts = conninfo_to_dict(libpq_url(url))
     assert {k: parts.get(k) for k in reads} == reads
+
+
+# Passwords SQLAlchemy and libpq read differently when written raw: libpq ends the user part
+# at the first "/" (a "123/x" password becomes a host and a port), SQLAlchemy decodes "%20"
+# before it hands the URL on (libpq then refuses the raw space, quoting the password).
+@pytest.mark.parametrize(
+    ("password", "several_hosts"),
+    [("123/x", False), ("a%20b", True)],
+    ids=["slash-in-password", "space-in-password-several-hosts"],
+)
+def test_a_workers_own_connections_reach_the_engines_server_whatever_the_urls_form(
+    database_url: str, app: App, password: str, several_hosts: bool
+) -> None:
+    """A worker's claims and outcomes run on connections it makes itself
+    (``Core.connect_directly``); they must reach the server, database and user the App's
+    engine reaches. Seen failing on the code that took such URLs as given: libpq read the first
+    with another user (or the user as the host), and refused the second quoting the password."""
+    p = _parts(database_url)
+    role = "duejobs_url_forms"
+    with app.core.transaction() as conn:
+        conn.exec_driver_sql(
+            f"DO $$ BEGIN CREATE ROLE {role} LOGIN; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        conn.exec_driver_sql(f"ALTER ROLE {role} PASSWORD '{unquote(password)}'")  # a constant
+    if several_hosts:
+        where = f"{DEAD[0]}:{DEAD[1]},{quote(p['host'], safe='')}:{p['port']}/{p['dbname']}"
+    else:  # the host in the query: it may be a socket's directory
+        where = f"/{p['dbname']}?host={quote(p['host'], safe='/')}&port={p['port']}"
+    other = App(f"postgresql://{role}:{password}@{where}")
+    server = "SELECT current_user, current_database(), inet_server_port()"
+    try:
+        with other.core.engine.connect() as conn:
+            engines = conn.exec_driver_sql(server).one()
+        direct = other.core.connect_directly()
+        try:
+            own = direct.connection.driver_connection.execute(server).fetchone()  # type: ignore[union-attr]
+        finally:
+            direct.close()
+    finally:
+        other.close()
+    assert tuple(own) == tuple(engines) == (role, p["dbname"], engines[2])

@@ -173,6 +173,21 @@ def test_prepare_threshold_none_in_the_url_turns_preparing_off(database_url: str
         off.close()
 
 
+@pytest.mark.parametrize("read", [False, True], ids=["database-url", "read-database-url"])
+def test_a_prepare_threshold_that_is_not_a_count_is_refused_as_the_app_is_made(
+    database_url: str, read: bool
+) -> None:
+    """Seen failing once engines were made on first use: the App was made, and the refusal
+    came with its first query."""
+    bad = make_url(database_url).update_query_dict({"prepare_threshold": "often"})
+    bad_url = bad.render_as_string(hide_password=False)
+    with pytest.raises(ConfigurationError, match=r"prepare_threshold .* got 'often'"):
+        if read:
+            App(database_url, read_database_url=bad_url)
+        else:
+            App(bad_url)
+
+
 @pytest.mark.parametrize("value", ["sometimes", "", 1])
 def test_a_bad_prepared_statements_value_is_refused_naming_it(
     database_url: str, value: object

@@ -242,8 +242,11 @@ class Connector:
             self._connected.on_connect(driver, None)
             driver.autocommit = True
         except psycopg.Error as exc:
+            # Marked broken as a statement's error would be (the server gone, not a setting
+            # it refused), so a refusal is not reported as a dropped connection.
+            broken = driver.closed or isinstance(exc, psycopg.OperationalError)
             driver.close()
             raise dbapi.DBAPIError.instance(
-                None, None, exc, psycopg.Error, connection_invalidated=True
+                None, None, exc, psycopg.Error, connection_invalidated=broken
             ) from exc
         return Direct(driver, self._schema)

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 from duejobs import store
 from duejobs.core import Core, connection_ended
 from duejobs.models import Delivery
-from duejobs.store import dbapi
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -116,7 +115,9 @@ class Heartbeat:
                 return
             except Exception as exc:  # keep beating; the next beat may reach the database
                 self._close_connection()
-                broken = isinstance(exc, dbapi.DBAPIError) and exc.connection_invalidated
+                # Read off the error, not by its class: looking the class up could import
+                # SQLAlchemy, which fails once the interpreter is shutting down.
+                broken = getattr(exc, "connection_invalidated", False) is True
                 if last_try or not broken:
                     log.warning("could not renew %d leases", len(due), exc_info=True)
                     return
