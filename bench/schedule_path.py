@@ -6,8 +6,9 @@ imported left out), and the SQL file of every statement sent. Recorded with the 
 profiler in every thread, in a process of its own (a profiler in the test suite's processes
 slows their workers' threads past use).
 
-The passes' own work is counted with the schedule's (the scheduler's recurring occurrences,
-quotas, metrics, traces, the set-up of new connections): what a newcomer reads to follow it.
+The passes' own work is counted with the schedule's (quotas, metrics, traces, the set-up of
+new connections): what a newcomer reads to follow it. The recurring definitions' pass, on a
+loop of its own beside the scheduler's claims, is not on a one-off schedule's path.
 Target: 25 files from ``App.schedule`` to the reconciler's re-push.
 
     python -m bench.schedule_path

@@ -310,12 +310,23 @@ def test_a_worker_config_that_cannot_work_is_refused(knobs: dict[str, Any], name
 # -- loops that one bad pass cannot stop ------------------------------------------------------
 
 
-@pytest.mark.parametrize("loop", ["scheduler", "reconciler"])
+# Each loop, the function one of its passes calls, and the counter of its failed passes.
+_LOOPS = {
+    "scheduler": (store, "walk_tenants", "duejobs_scheduler_failed_passes_total"),
+    "recurring": (occurrences, "materialize_once", "duejobs_recurring_failed_passes_total"),
+    "reconciler": (store, "rescue_expired", "duejobs_reconciler_failed_passes_total"),
+}
+
+
+@pytest.mark.parametrize("loop", list(_LOOPS))
 def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
     system: System, monkeypatch: pytest.MonkeyPatch, loop: str
 ) -> None:
+    """The scheduler's claims and its recurring loop run in ``Scheduler.run``; each pass's
+    failure is counted on its own loop's counter and the loop goes on to do its work."""
+    module, name, counter = _LOOPS[loop]
     calls = {"n": 0}
-    real = occurrences.materialize_once if loop == "scheduler" else store.rescue_expired
+    real = getattr(module, name)
 
     def fails_once(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
@@ -323,26 +334,27 @@ def test_an_unexpected_error_in_a_pass_does_not_stop_the_loop(
             raise RuntimeError("a bug one row's data sets off")
         return real(*args, **kwargs)
 
-    if loop == "scheduler":
-        monkeypatch.setattr(occurrences, "materialize_once", fails_once)
-        service: Scheduler | Reconciler = system.scheduler
-        run: Callable[[], None] = system.scheduler.run
-    else:
-        monkeypatch.setattr(store, "rescue_expired", fails_once)
+    monkeypatch.setattr(module, name, fails_once)
+    service: Scheduler | Reconciler = system.scheduler
+    run: Callable[[], None] = system.scheduler.run
+    if loop == "reconciler":
         service = Reconciler(system.app)
         run = functools.partial(service.run, timedelta(milliseconds=50))
-    failed_before = sample("duejobs_scheduler_failed_passes_total")
+    failed_before = sample(counter)
     s = system.app.schedule("record", {}, delay=0)
+    system.app.recurring("tick", cron="* * * * *", type="record")
     thread = threading.Thread(target=run)
     thread.start()
     try:
         wait_for(lambda: system.app.get(s.id).queue_job_id is not None, 10, "a push")  # type: ignore[union-attr]
+        if loop != "reconciler":
+            wait_for(lambda: system.app.list(recurring="tick").schedules, 10, "an occurrence")
     finally:
         service.stop()
         thread.join(10)
+    assert not thread.is_alive()
     assert calls["n"] >= 2
-    if loop == "scheduler":
-        assert sample("duejobs_scheduler_failed_passes_total") == failed_before + 1
+    assert sample(counter) == failed_before + 1
 
 
 def test_a_report_that_fails_does_not_stop_the_loop(system: System) -> None:

@@ -117,7 +117,7 @@ def test_reschedule_changes_the_priority_and_the_history_says_so(app: App) -> No
 
 def test_a_recurring_definitions_priority_is_its_occurrences(system: System) -> None:
     system.app.recurring("tick", cron="* * * * *", type="record", priority=-20)
-    system.scheduler.run_once()
+    system.scheduler_pass()
     occurrences = system.app.list(recurring="tick").schedules
     assert occurrences and {o.priority for o in occurrences} == {-20}
     assert system.app.recurring("tick", cron="* * * * *", type="record", priority=-20).version == 1

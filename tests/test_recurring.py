@@ -323,7 +323,7 @@ def test_a_definition_that_fails_at_run_time_is_quarantined_and_the_pass_goes_on
     _break_zone(app, "broken")
     one_off = app.schedule("record", {}, delay=0)
     before = sample("duejobs_recurring_quarantined_total", tenant="default")
-    result = system.scheduler.run_once()  # raised ZoneInfoNotFoundError before, every pass
+    result = system.scheduler_pass()  # raised ZoneInfoNotFoundError before, every pass
     assert result.claimed >= 1
     broken, fine = app.get_recurring("broken"), app.get_recurring("fine")
     assert broken is not None and broken.status == "error"
@@ -336,7 +336,7 @@ def test_a_definition_that_fails_at_run_time_is_quarantined_and_the_pass_goes_on
     assert system.status(one_off.id) == "succeeded"
     # Set aside, not retried every pass: another pass quarantines nothing again (it may
     # claim the fine definition's next occurrence, come into the window meanwhile).
-    system.scheduler.run_once()
+    system.scheduler_pass()
     assert sample("duejobs_recurring_quarantined_total", tenant="default") == before + 1
     assert [e.kind.value for e in app.history(broken.id)] == ["quarantined"]
 

@@ -128,7 +128,7 @@ def test_a_recurring_schedule_delivers_its_occurrences_on_its_types_queue(
 ) -> None:
     definition = routed.app.recurring("minutely-report", cron="* * * * *", type="report")
     assert definition.queue == "reports"
-    routed.scheduler.run_once()
+    routed.scheduler_pass()
     with routed.app.engine.connect() as conn:
         queues = conn.execute(
             text("SELECT DISTINCT queue FROM scheduled_jobs WHERE recurring_id = :id"),

@@ -216,3 +216,27 @@ def test_lag_p99_is_measured_per_tenant_and_shown_for_tenants_with_nothing_live(
     rows = {line.split()[0]: line.split() for line in render(stats).splitlines()[-2:]}
     assert rows["late"][6] == f"{lag['late']['p99']:,.0f}"  # nothing live, still listed
     assert rows["prompt"][6] == f"{lag['prompt']['p99']:,.0f}"
+
+
+def test_a_recurring_definition_no_scheduler_has_reached_shows_as_behind(system: System) -> None:
+    """An occurrence past its time by more than ``late_after`` and not yet a row — the
+    scheduler's recurring loop stopped or failing — is counted (of its tenant alone for a
+    tenant's App), exported, and cleared by the loop's next pass."""
+    app = system.app
+    app.recurring("digest", cron="* * * * *", type="record", tenant="acme")
+    app.recurring("digest", cron="0 9 * * *", type="record", tenant="globex")
+    assert collect(app).recurring_behind == 0
+    with app.engine.begin() as conn:  # the loop has not run for ten minutes
+        conn.execute(
+            text(
+                "UPDATE recurring_schedules SET next_run_at = now() - interval '10 minutes' "
+                "WHERE tenant = 'acme'"
+            )
+        )
+    stats = collect(app)
+    assert stats.recurring_behind == 1 and "recurring behind      1" in render(stats)
+    assert collect(app.tenant("globex")).recurring_behind == 0
+    observe_stats(stats)
+    assert sample("duejobs_recurring_behind") == 1
+    system.scheduler.recurring.run_once()
+    assert collect(app).recurring_behind == 0

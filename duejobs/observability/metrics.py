@@ -11,8 +11,8 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
   (passes in which a tenant's due rows waited for room under its in-flight quota);
 * any App: ``duejobs_quota_refusals_total{tenant}`` (also occurrences of recurring schedules
   beyond the tenant's live quota);
-* scheduler: ``duejobs_recurring_quarantined_total{tenant}`` (definitions it could not
-  evaluate, set to status ``error``);
+* scheduler's recurring loop: ``duejobs_recurring_quarantined_total{tenant}`` (definitions
+  it could not evaluate, set to status ``error``), ``duejobs_recurring_failed_passes_total``;
 * pruner: ``duejobs_pruned_total`` (finished schedules deleted with their history),
   ``duejobs_pruner_failed_passes_total``;
 * reconciler: ``duejobs_reconciler_fixed_total{kind}``, ``duejobs_reconciler_failed_passes_total``,
@@ -23,6 +23,7 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
   ``duejobs_in_flight{tenant}`` (pushed to Redis or running, what an in-flight quota caps),
   ``duejobs_late{tenant}``, ``duejobs_overdue{tenant}``, ``duejobs_oldest_overdue_seconds``,
   ``duejobs_schedules_without_job``, ``duejobs_jobs_without_schedule``,
+  ``duejobs_recurring_behind`` (definitions the scheduler's recurring loop is late on),
   ``duejobs_redis_jobs{where}``;
 * any reader of the figures from a read replica: ``duejobs_read_replica_lag_seconds``
   (:mod:`duejobs.observability.replica`);
@@ -74,6 +75,10 @@ THROTTLED = Counter(
     ["tenant"],
 )
 FAILED_PASSES = Counter("duejobs_scheduler_failed_passes", "Scheduler passes that failed (outage).")
+RECURRING_FAILED_PASSES = Counter(
+    "duejobs_recurring_failed_passes",
+    "Recurring definitions' passes that failed (an outage or a bug).",
+)
 RECONCILE_FAILED_PASSES = Counter(
     "duejobs_reconciler_failed_passes", "Reconciler passes that failed (an outage or a bug)."
 )
@@ -117,6 +122,10 @@ OVERDUE = Gauge("duejobs_overdue", "Scheduled rows already due.", ["tenant"])
 LATE = Gauge("duejobs_late", "Scheduled rows due longer ago than the late threshold.", ["tenant"])
 OLDEST = Gauge("duejobs_oldest_overdue_seconds", "Age of the oldest overdue row.")
 WITHOUT_JOB = Gauge("duejobs_schedules_without_job", "Overdue rows with no live queue job.")
+RECURRING_BEHIND = Gauge(
+    "duejobs_recurring_behind",
+    "Active recurring definitions whose next occurrence is late and not yet a row.",
+)
 ORPHANS = Gauge("duejobs_jobs_without_schedule", "Waiting queue jobs with no current schedule.")
 REDIS_JOBS = Gauge("duejobs_redis_jobs", "Jobs in Redis.", ["where"])
 

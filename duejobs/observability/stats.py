@@ -55,6 +55,8 @@ class Stats:
     schedules_without_job: int
     jobs_without_schedule: int
     quotas: list[store.Quota]
+    # Active recurring definitions whose next occurrence is late and not yet a row.
+    recurring_behind: int
     # The caps that apply to each tenant listed (its own, else the default's), as the
     # scheduler and the App read them.
     tenant_caps: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
@@ -92,6 +94,7 @@ class Stats:
             "deferred": self.deferred,
             "schedules_without_job": self.schedules_without_job,
             "jobs_without_schedule": self.jobs_without_schedule,
+            "recurring_behind": self.recurring_behind,
             "oldest_overdue_seconds": self.oldest_overdue_seconds,
             "live": [
                 {**{k: iso(v) for k, v in asdict(f).items()}, "in_flight": f.in_flight}
@@ -118,6 +121,7 @@ def collect(
         live = store.live_figures(conn, late_after, scope)
         recent = store.activity(conn, since, scope)
         overdue = store.overdue_rows(conn, check_limit, STUCK_AFTER, scope)
+        behind = store.recurring_behind(conn, late_after, scope)
         quotas = [
             q
             for q in store.quotas(conn)
@@ -143,6 +147,7 @@ def collect(
         schedules_without_job=(len(overdue) - len(pushed)) + alive.count(False),
         jobs_without_schedule=len(orphans),
         quotas=quotas,
+        recurring_behind=behind,
         tenant_caps=tenant_caps,
         freshness=fresh,
     )
@@ -221,7 +226,8 @@ def render(stats: Stats) -> str:
         f"  overdue   {overall.overdue:>9}   late (> {stats.late_after.total_seconds():g} s) "
         f"{overall.late:>6}   oldest overdue {stats.oldest_overdue_seconds:,.1f} s",
         f"  schedules without job {stats.schedules_without_job:>6}   "
-        f"jobs without schedule {stats.jobs_without_schedule:>6}",
+        f"jobs without schedule {stats.jobs_without_schedule:>6}   "
+        f"recurring behind {stats.recurring_behind:>6}",
         "",
         "  " + "   ".join(f"{k} {v}" for k, v in recent.counts.items()),
         "",
@@ -341,6 +347,7 @@ def observe_stats(stats: Stats, limit: int = metrics.MAX_TENANT_LABELS) -> None:
     metrics.OLDEST.set(stats.oldest_overdue_seconds)
     metrics.WITHOUT_JOB.set(stats.schedules_without_job)
     metrics.ORPHANS.set(stats.jobs_without_schedule)
+    metrics.RECURRING_BEHIND.set(stats.recurring_behind)
     if stats.queued is not None and stats.deferred is not None:
         metrics.REDIS_JOBS.labels("queue").set(stats.queued)
         metrics.REDIS_JOBS.labels("scheduled").set(stats.deferred)

@@ -17,8 +17,9 @@ Each pass (:meth:`Scheduler.run_once`):
 4. keeps taking batches while they come back full, then promotes the jobs whose time has come,
    by the database clock, from the scheduled registry onto the queue.
 
-Each pass first materializes the occurrences of recurring schedules that enter the window
-(:mod:`duejobs.scheduler.occurrences`), so they are claimed in the same pass.
+The occurrences of recurring schedules become rows on a loop of their own, which
+:meth:`Scheduler.run` starts beside the claims (:mod:`duejobs.scheduler.occurrences`): a
+pass claims them as it claims any row.
 
 :meth:`Scheduler.run` repeats passes every ``poll_interval`` (sub-second, so a job due in 2 s
 does not wait for the next window).
@@ -63,6 +64,7 @@ is the App's.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -128,10 +130,14 @@ class Scheduler:
         # Where the next claim's walk over tenants starts (shared by the claim loops).
         self._cursor = ""
         self._pool = ThreadPoolExecutor(self.config.concurrency, "duejobs-claim")
+        self.recurring = occurrences.Materializer(
+            self.core, self.config.window, self.config.poll_interval, self.config.max_backoff
+        )
 
     def stop(self) -> None:
-        """Ask the loop to stop after the batch in flight."""
+        """Ask the loops to stop after the batch in flight."""
         self._loop.stop()
+        self.recurring.stop()
 
     def close(self) -> None:
         """Release the claim threads (the loop must have stopped)."""
@@ -187,7 +193,6 @@ class Scheduler:
         return result
 
     def _pass(self) -> PassResult:
-        occurrences.materialize_once(self.core.engine, self.config.window)
         if self.config.concurrency == 1:
             drained = [self._drain()]
         else:
@@ -222,14 +227,21 @@ class Scheduler:
         return self.config.poll_interval
 
     def run(self) -> None:
-        """Pass after pass until :meth:`stop` (see :mod:`duejobs.services.loop`)."""
-        self._loop.run_forever(
-            self.run_once,
-            self._pause,
-            self.config.poll_interval,
-            self.config.max_backoff,
-            report=_log_pass,
-        )
+        """Pass after pass until :meth:`stop` (see :mod:`duejobs.services.loop`), the
+        recurring definitions' loop beside it in a thread."""
+        recurring = threading.Thread(target=self.recurring.run, name="duejobs-recurring")
+        recurring.start()
+        try:
+            self._loop.run_forever(
+                self.run_once,
+                self._pause,
+                self.config.poll_interval,
+                self.config.max_backoff,
+                report=_log_pass,
+            )
+        finally:
+            self.recurring.stop()
+            recurring.join()
         log.info("scheduler stopped")
 
 

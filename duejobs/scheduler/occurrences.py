@@ -20,8 +20,17 @@ What it promises:
   and cancels the occurrences not yet run; pausing cancels them too; resuming starts from the
   next occurrence after now (what fell in the pause is not a misfire).
 
-Knobs: the scheduler's ``window``; at most ``LIMIT`` occurrences per definition per pass (a
-long ``misfire="all"`` backlog continues on the next pass).
+The pass runs on a loop of its own (:class:`Materializer`), which the scheduler starts beside
+its claims in :meth:`~duejobs.scheduler.loop.Scheduler.run`: a one-off schedule's claim never
+waits for cron evaluation, and a definition that is slow to evaluate delays only recurring
+work. Its failures are counted in ``duejobs_recurring_failed_passes_total`` and, like every
+loop's, never end it (:mod:`duejobs.services.loop`); definitions it has fallen behind on show
+in ``duejobs stats`` (``recurring_behind``).
+
+Knobs: the scheduler's ``window``, ``poll_interval`` (a pass's cadence, so an occurrence that
+enters the window is claimable on the scheduler's next pass) and ``max_backoff``; at most
+``LIMIT`` occurrences per definition per pass (a long ``misfire="all"`` backlog continues on
+the next pass).
 """
 
 from __future__ import annotations
@@ -39,10 +48,13 @@ from duejobs import store
 from duejobs.errors import InvalidCronError, describe
 from duejobs.models import DstGap, DstOverlap, Misfire, Occurrence, Recurring
 from duejobs.observability import metrics
+from duejobs.services.loop import Loop
 from duejobs.store import dbapi
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection, Engine
+
+    from duejobs.core import HasCore
 
 log = logging.getLogger("duejobs.recurring")
 
@@ -288,3 +300,29 @@ def _admitted(conn: Connection, r: Recurring, wanted: list[Occurrence]) -> list[
             cap,
         )
     return wanted[:room]
+
+
+class Materializer:
+    """The recurring definitions' loop: a :func:`materialize_once` pass every
+    ``poll_interval`` (see the module docstring for what it promises)."""
+
+    def __init__(
+        self, app: HasCore, window: timedelta, poll_interval: timedelta, max_backoff: timedelta
+    ) -> None:
+        self.core = app.core
+        self.window, self.poll_interval, self.max_backoff = window, poll_interval, max_backoff
+        self._loop = Loop("recurring", log, metrics.RECURRING_FAILED_PASSES)
+
+    def run_once(self) -> MaterializeResult:
+        """One pass: the occurrences entering the window made rows."""
+        return materialize_once(self.core.engine, self.window)
+
+    def stop(self) -> None:
+        """End the loop at its next wait (a pass under way finishes)."""
+        self._loop.stop()
+
+    def run(self) -> None:
+        """Pass after pass until :meth:`stop`."""
+        self._loop.run_forever(
+            self.run_once, lambda _: self.poll_interval, self.poll_interval, self.max_backoff
+        )

@@ -119,6 +119,14 @@ def lag_series(
     ]
 
 
+def recurring_behind(conn: Connection, late_after: timedelta, tenant: str | None = None) -> int:
+    """Active recurring definitions whose next occurrence is past by more than ``late_after``
+    and not yet made a row."""
+    row = run_one(conn, "recurring_behind", {"late_after": late_after, "tenant": tenant})
+    assert row is not None
+    return int(row.behind)
+
+
 def status_counts(conn: Connection, ids: Sequence[uuid.UUID]) -> dict[str, int]:
     """How many of these schedules are in each status."""
     rows = run(conn, "status_counts", {"ids": list(ids)})

@@ -54,6 +54,7 @@ def run_due(app: HasCore) -> int:
     ran = 0
     try:
         for _ in range(MAX_ROUNDS):
+            scheduler.recurring.run_once()
             claimed = scheduler.run_once().claimed
             if claimed == 0:
                 return ran

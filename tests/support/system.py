@@ -9,7 +9,7 @@ import redis
 from sqlalchemy import text
 
 from duejobs import App
-from duejobs.scheduler.loop import Scheduler
+from duejobs.scheduler.loop import PassResult, Scheduler
 from duejobs.worker import Runtime, Worker
 
 
@@ -22,6 +22,11 @@ class System:
         self.runtime = runtime
         self.redis = redis_client
 
+    def scheduler_pass(self) -> PassResult:
+        """What the running scheduler does: its recurring loop's pass, then its claims'."""
+        self.scheduler.recurring.run_once()
+        return self.scheduler.run_once()
+
     def work(self) -> None:
         """A worker (this process) that drains the queue and returns."""
         Worker(self.runtime).work(burst=True)
@@ -31,7 +36,7 @@ class System:
         deadline = time.monotonic() + timeout
         while not done():
             assert time.monotonic() < deadline, "deadline passed before the work was done"
-            self.scheduler.run_once()
+            self.scheduler_pass()
             self.work()
             time.sleep(0.02)
 

@@ -68,6 +68,13 @@ WHERE kind = 'started' AND at >= statement_timestamp() - CAST(:since AS interval
   AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 GROUP BY 1 ORDER BY 1
 
+-- name: recurring_behind
+-- Active recurring definitions whose next occurrence is past by more than LATE_AFTER and not
+-- yet a row: the scheduler's recurring loop is not running, or failing, or behind.
+SELECT count(*) AS behind FROM /*schema*/recurring_schedules
+WHERE status = 'active' AND next_run_at < statement_timestamp() - CAST(:late_after AS interval)
+  AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+
 -- name: status_counts
 SELECT status, count(*) AS n FROM /*schema*/scheduled_jobs
 WHERE id = ANY(CAST(:ids AS uuid[])) GROUP BY status
