@@ -489,7 +489,7 @@ def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
     if change == "delete_recurring":
         name = f"digest-{uuid.uuid4().hex[:8]}"
         app.recurring(name, cron="* * * * *", type="shop.remind", payload={"order_id": 3})
-        Scheduler(app).run_once()  # the next occurrence made
+        Scheduler(app).recurring.run_once()  # the next occurrence made
         s = app.list(recurring=name).schedules[0]
     else:
         s = app.schedule("shop.remind", {"order_id": 3}, delay=timedelta(seconds=30))
