@@ -344,7 +344,9 @@ def test_cancel_reschedule_and_a_paused_recurring_touch_only_their_queues_node(
     on_a = spread.schedule("record", {}, delay=0, queue="a")
     on_c = spread.schedule("record", {}, delay=0, queue="c")
     spread.recurring("every-minute", cron="* * * * *", type="record", queue="c")
-    Scheduler(spread).run_once()
+    scheduler = Scheduler(spread)
+    scheduler.recurring.run_once()
+    scheduler.run_once()
     with nodes[0].client() as a, nodes[2].client() as c:  # pushed: there is something to remove
         assert a.llen("rq:queue:a") == 1
         assert c.llen("rq:queue:c") == 1 and c.zcard("rq:scheduled:c") >= 1
