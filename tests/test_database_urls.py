@@ -4,6 +4,7 @@ message."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import quote, unquote
@@ -132,13 +133,11 @@ def test_a_workers_own_connections_reach_the_engines_server_whatever_the_urls_fo
     engine reaches. Seen failing on the code that took such URLs as given: libpq read the first
     with another user (or the user as the host), and refused the second quoting the password."""
     p = _parts(database_url)
-    role = "duejobs_url_forms"
+    role = f"duejobs_url_{uuid.uuid4().hex[:12]}"  # of this test alone, dropped after it
     with app.core.transaction() as conn:
         conn.exec_driver_sql(
-            f"DO $$ BEGIN CREATE ROLE {role} LOGIN; "
-            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            f"CREATE ROLE {role} LOGIN PASSWORD '{unquote(password)}'"  # a constant
         )
-        conn.exec_driver_sql(f"ALTER ROLE {role} PASSWORD '{unquote(password)}'")  # a constant
     if several_hosts:
         where = f"{DEAD[0]}:{DEAD[1]},{quote(p['host'], safe='')}:{p['port']}/{p['dbname']}"
     else:  # the host in the query: it may be a socket's directory
@@ -155,4 +154,6 @@ def test_a_workers_own_connections_reach_the_engines_server_whatever_the_urls_fo
             direct.close()
     finally:
         other.close()
+        with app.core.transaction() as conn:
+            conn.exec_driver_sql(f"DROP ROLE {role}")
     assert tuple(own) == tuple(engines) == (role, p["dbname"], engines[2])

@@ -15,10 +15,10 @@ import pytest
 from croniter import croniter
 from sqlalchemy import text
 
-from duejobs import App
+from duejobs import App, store
 from duejobs.errors import InvalidCronError, InvalidScheduleError, UnknownTimezoneError
 from duejobs.models import DstGap, DstOverlap
-from duejobs.scheduler.occurrences import Rule, materialize_once, occurrences
+from duejobs.scheduler.occurrences import MaterializeResult, Rule, materialize_once, occurrences
 from tests.support import sample
 from tests.support.system import System
 
@@ -451,3 +451,30 @@ def _waits_for_a_lock(app: App) -> bool:
                 )
             ).scalar_one()
         )
+
+
+def test_a_tenant_whose_quota_lock_is_held_waits_and_the_others_go_on(app: App) -> None:
+    """An application's transaction holding a tenant's quota lock (``schedule_many`` on its
+    own connection, left open) holds back that tenant's occurrences for the next pass, not
+    everyone's: seen failing with the lock waited for without bound (the pass, and every
+    tenant's occurrences, held until the application committed)."""
+    app.set_quota("acme", max_live=100)
+    app.recurring("digest", cron="* * * * *", type="record", tenant="acme")
+    app.recurring("digest", cron="* * * * *", type="record", tenant="globex")
+    holder = app.engine.connect()
+    holder.begin()
+    store.count_live_up_to(holder, "acme", 100)  # the tenant's lock, held to the commit
+    passes: list[MaterializeResult] = []
+    thread = threading.Thread(target=lambda: passes.append(materialize_once(app.engine, WINDOW)))
+    thread.start()
+    try:
+        thread.join(20)
+        assert not thread.is_alive(), "the pass waited for the lock without bound"
+    finally:
+        holder.rollback()
+        holder.close()
+        thread.join()
+    assert passes[0].waiting == 1 and passes[0].created >= 14
+    assert _rows(app, "tenant = 'acme'") == []
+    assert materialize_once(app.engine, WINDOW).created >= 14  # acme's, on the next pass
+    assert len(_rows(app, "tenant = 'acme'")) >= 14

@@ -92,6 +92,7 @@ def test_stats_command_prints_a_table_and_json(
     data = json.loads(as_json.stdout)
     overall = next(f for f in data["live"] if f["tenant"] is None and f["type"] is None)
     assert data["schedules_without_job"] == 1 and overall["scheduled"] == 1
+    assert data["recurring_behind"] == 0
 
 
 def test_stats_command_for_one_tenant_shows_that_tenants_figures_alone(

@@ -12,7 +12,8 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
 * any App: ``duejobs_quota_refusals_total{tenant}`` (also occurrences of recurring schedules
   beyond the tenant's live quota);
 * scheduler's recurring loop: ``duejobs_recurring_quarantined_total{tenant}`` (definitions
-  it could not evaluate, set to status ``error``), ``duejobs_recurring_failed_passes_total``;
+  it could not evaluate, set to status ``error``), ``duejobs_recurring_failed_passes_total``,
+  ``duejobs_recurring_last_pass_timestamp_seconds`` (a loop that stopped finishing passes);
 * pruner: ``duejobs_pruned_total`` (finished schedules deleted with their history),
   ``duejobs_pruner_failed_passes_total``;
 * reconciler: ``duejobs_reconciler_fixed_total{kind}``, ``duejobs_reconciler_failed_passes_total``,
@@ -78,6 +79,10 @@ FAILED_PASSES = Counter("duejobs_scheduler_failed_passes", "Scheduler passes tha
 RECURRING_FAILED_PASSES = Counter(
     "duejobs_recurring_failed_passes",
     "Recurring definitions' passes that failed (an outage or a bug).",
+)
+RECURRING_LAST_PASS = Gauge(
+    "duejobs_recurring_last_pass_timestamp_seconds",
+    "When the recurring definitions' loop last finished a pass (Unix time).",
 )
 RECONCILE_FAILED_PASSES = Counter(
     "duejobs_reconciler_failed_passes", "Reconciler passes that failed (an outage or a bug)."

@@ -85,6 +85,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("duejobs.scheduler")
 
+# Seconds a stop waits for the recurring loop's pass under way.
+RECURRING_STOP_WAIT = 30
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -133,6 +136,8 @@ class Scheduler:
         self.recurring = occurrences.Materializer(
             self.core, self.config.window, self.config.poll_interval, self.config.max_backoff
         )
+        # Each claim loop and the recurring loop hold a connection at once.
+        self.core.ensure_pool(self.config.concurrency + 1)
 
     def stop(self) -> None:
         """Ask the loops to stop after the batch in flight."""
@@ -229,7 +234,9 @@ class Scheduler:
     def run(self) -> None:
         """Pass after pass until :meth:`stop` (see :mod:`duejobs.services.loop`), the
         recurring definitions' loop beside it in a thread."""
-        recurring = threading.Thread(target=self.recurring.run, name="duejobs-recurring")
+        recurring = threading.Thread(
+            target=self.recurring.run, name="duejobs-recurring", daemon=True
+        )
         recurring.start()
         try:
             self._loop.run_forever(
@@ -241,7 +248,9 @@ class Scheduler:
             )
         finally:
             self.recurring.stop()
-            recurring.join()
+            recurring.join(RECURRING_STOP_WAIT)
+            if recurring.is_alive():  # a pass held up past its locks' bounds: not waited for
+                log.warning("the recurring loop did not stop within %d s", RECURRING_STOP_WAIT)
         log.info("scheduler stopped")
 
 

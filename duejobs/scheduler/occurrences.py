@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("duejobs.recurring")
 
 LIMIT = 10_000
+BATCH = 100  # definitions per pass; a full one is followed by the next at once
 _TICK = timedelta(microseconds=1)
 
 
@@ -215,27 +216,33 @@ def latest_before(r: Rule, moment: datetime, not_before: datetime) -> Occurrence
 class MaterializeResult:
     """What one pass did: definitions handled, occurrences created, definitions that had
     missed occurrences (handled by their misfire policy), occurrences refused by their
-    tenant's ``max_live`` quota, definitions quarantined."""
+    tenant's ``max_live`` quota, definitions quarantined, definitions left for the next pass
+    (their tenant's quota lock held by another transaction past a second)."""
 
     definitions: int = 0
     created: int = 0
     misfired: int = 0
     refused: int = 0
     quarantined: int = 0
+    waiting: int = 0
 
 
-def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> MaterializeResult:
+def materialize_once(engine: Engine, window: timedelta, batch: int = BATCH) -> MaterializeResult:
     """Turn the occurrences entering ``window`` into rows; see the module docstring.
 
     Each definition is handled in a savepoint of its own: one that fails for any reason but
     an outage (a zone this host's tzdata lacks, an expression that ran out of occurrences,
     an instant past the calendar) is quarantined — status ``error``, ``last_error``, a
     ``quarantined`` event on its id, ``duejobs_recurring_quarantined_total{tenant}`` and an
-    error log line — and the pass goes on for the others."""
-    created = misfired = refused = quarantined = 0
+    error log line — and the pass goes on for the others. One whose tenant's quota lock
+    another transaction holds past a second (an application's ``schedule_many`` on its own
+    connection, left open) waits for the next pass; the others go on."""
+    created = misfired = refused = quarantined = waiting = 0
     with engine.begin() as conn:
         definitions = store.due_recurring(conn, window, batch)
         now = store.database_now(conn) if definitions else None
+        if definitions:
+            store.bounded_locks(conn)
         # Tenants' quota locks are taken in one order by every materializer (and by
         # schedule_many), so concurrent passes cannot deadlock on them.
         for r in sorted(definitions, key=lambda d: d.tenant):
@@ -243,8 +250,14 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> Mat
             try:
                 with conn.begin_nested():
                     made, missed, dropped = _materialize(conn, r, now, window)
+            except dbapi.OperationalError as exc:
+                if not store.is_lock_conflict(exc):
+                    raise  # an outage: the pass fails and is retried
+                log.info("recurring %s of tenant %s: quota lock held, next pass", r.name, r.tenant)
+                waiting += 1
+                continue
             # Errors that say nothing about a definition: the pass fails and is retried.
-            except (dbapi.OperationalError, dbapi.InterfaceError, RedisError):
+            except (dbapi.InterfaceError, RedisError):
                 raise
             except Exception as exc:
                 error = describe(exc)
@@ -254,7 +267,7 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = 100) -> Mat
                 quarantined += 1
                 continue
             created, misfired, refused = created + made, misfired + missed, refused + dropped
-    return MaterializeResult(len(definitions), created, misfired, refused, quarantined)
+    return MaterializeResult(len(definitions), created, misfired, refused, quarantined, waiting)
 
 
 def _materialize(
@@ -315,7 +328,9 @@ class Materializer:
 
     def run_once(self) -> MaterializeResult:
         """One pass: the occurrences entering the window made rows."""
-        return materialize_once(self.core.engine, self.window)
+        result = materialize_once(self.core.engine, self.window)
+        metrics.RECURRING_LAST_PASS.set_to_current_time()
+        return result
 
     def stop(self) -> None:
         """End the loop at its next wait (a pass under way finishes)."""
@@ -323,6 +338,9 @@ class Materializer:
 
     def run(self) -> None:
         """Pass after pass until :meth:`stop`."""
-        self._loop.run_forever(
-            self.run_once, lambda _: self.poll_interval, self.poll_interval, self.max_backoff
-        )
+        self._loop.run_forever(self.run_once, self._pause, self.poll_interval, self.max_backoff)
+
+    def _pause(self, result: MaterializeResult) -> timedelta:
+        """None after a full pass (a backlog after downtime is caught up at once, before its
+        occurrences pass their ``grace``), else the poll interval."""
+        return timedelta(0) if result.definitions >= BATCH else self.poll_interval
