@@ -23,14 +23,18 @@ What it promises:
 The pass runs on a loop of its own (:class:`Materializer`), which the scheduler starts beside
 its claims in :meth:`~duejobs.scheduler.loop.Scheduler.run`: a one-off schedule's claim never
 waits for cron evaluation, and a definition that is slow to evaluate delays only recurring
-work. Its failures are counted in ``duejobs_recurring_failed_passes_total`` and, like every
-loop's, never end it (:mod:`duejobs.services.loop`); definitions it has fallen behind on show
-in ``duejobs stats`` (``recurring_behind``).
+work, and a tenant whose quota lock another transaction holds past a second waits for the
+next pass while the others' occurrences are made. Its failures are counted in
+``duejobs_recurring_failed_passes_total`` and, like every loop's, never end it
+(:mod:`duejobs.services.loop`); ``duejobs_recurring_last_pass_timestamp_seconds`` says when it
+last finished a pass, and definitions it has fallen behind on show in ``duejobs stats``
+(``recurring_behind``).
 
 Knobs: the scheduler's ``window``, ``poll_interval`` (a pass's cadence, so an occurrence that
 enters the window is claimable on the scheduler's next pass) and ``max_backoff``; at most
-``LIMIT`` occurrences per definition per pass (a long ``misfire="all"`` backlog continues on
-the next pass).
+``LIMIT`` occurrences per definition and ``BATCH`` definitions per pass (a long
+``misfire="all"`` backlog continues on the next pass; after a full batch of definitions, the
+next pass starts at once).
 """
 
 from __future__ import annotations
