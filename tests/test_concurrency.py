@@ -42,6 +42,8 @@ Seen failing against builds broken on purpose:
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -52,8 +54,9 @@ from rq import Worker as RQWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from duejobs import Status
+from duejobs import Status, store
 from duejobs.worker import Runtime, Worker, WorkerConfig
+from duejobs.worker.bookkeeping import MAX_CONNECTIONS
 from tests.support import wait_for
 from tests.support.apps import snooze
 from tests.support.processes import WORKER, Proc
@@ -235,6 +238,35 @@ def test_many_slots_share_a_few_bookkeeping_connections(system: System) -> None:
     finally:
         runtime.close()
     assert [system.status(i) for i in ids] == ["succeeded"] * 64
+
+
+def test_single_slots_steps_all_at_once_share_a_bounded_number_of_connections(
+    system: System,
+) -> None:
+    """Forty slots' own steps at one instant (verdicts, claims made ahead renewed: what a
+    loaded machine brings together) open at most ``MAX_CONNECTIONS``; the others wait for one.
+    Seen failing without the bound: 40 connections, and 200 slots on a busy machine filled
+    the test server's hundred (``too many clients already``)."""
+    runtime = Runtime(system.app, WorkerConfig(concurrency=64))
+    together = threading.Barrier(40)
+    peak: list[int] = []
+
+    def step() -> None:
+        together.wait()
+        with runtime.bookkeeping.connection() as conn:
+            store.database_now(conn)
+            peak.append(runtime.bookkeeping.opened)
+            time.sleep(0.05)  # held while the others arrive
+
+    threads = [threading.Thread(target=step) for _ in range(40)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        runtime.close()
+    assert len(peak) == 40 and max(peak) <= MAX_CONNECTIONS
 
 
 def test_two_hundred_slots_do_not_run_out_of_redis_connections(

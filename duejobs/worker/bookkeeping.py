@@ -6,7 +6,11 @@ statement cannot serve another at the same time. Bookkeeping connections are the
 checked out for one step (a batch of claims or outcomes, a verdict, a stale record) and put
 back for the next, so a process holds as many as run at once — a few, however many slots
 (the group commit of :mod:`duejobs.worker.group_commit` runs one statement for many of them) — not
-one per slot.
+one per slot. Steps of single slots (a verdict, a claim made ahead renewed, a stale record)
+can still come together when a loaded machine holds many slots up at once: a process opens
+at most ``MAX_CONNECTIONS``, and a step beyond them waits for one put back (each step holds
+its connection for its statements alone, never while it waits for another), so 200 slots
+cannot fill a server's ``max_connections``.
 
 What they promise: each step's statement carries its own limits for its own transaction (a
 row lock waited for at most ``claim_lock_timeout``; the commit durable only with
@@ -30,6 +34,9 @@ from duejobs.store import dbapi
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
+
+# The bookkeeping connections a worker process opens at most.
+MAX_CONNECTIONS = 8
 
 
 def lock_busy(exc: dbapi.DBAPIError) -> bool:
@@ -63,6 +70,7 @@ class Bookkeeping:
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
         self._lock = threading.Lock()
+        self._room = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     @property
     def opened(self) -> int:
@@ -72,6 +80,11 @@ class Bookkeeping:
 
     @contextlib.contextmanager
     def connection(self) -> Iterator[Connection]:
+        with self._room, self._checked_out() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def _checked_out(self) -> Iterator[Connection]:
         with self._lock:
             conn = self._idle.pop() if self._idle else None
         if conn is not None and connection_ended(conn):
