@@ -15,8 +15,10 @@ from collections.abc import Iterator
 
 from sqlalchemy import Connection, Engine, text
 
+# Each ended session waited for (up to 5 s): the fault has happened when the caller goes on,
+# however slowly a loaded machine's backends exit.
 _END_IDLE = text(
-    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity "
     "WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle'"
 )
 
