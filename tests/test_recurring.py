@@ -18,7 +18,14 @@ from sqlalchemy import text
 from duejobs import App, store
 from duejobs.errors import InvalidCronError, InvalidScheduleError, UnknownTimezoneError
 from duejobs.models import DstGap, DstOverlap
-from duejobs.scheduler.occurrences import MaterializeResult, Rule, materialize_once, occurrences
+from duejobs.scheduler.occurrences import (
+    BATCH,
+    Materializer,
+    MaterializeResult,
+    Rule,
+    materialize_once,
+    occurrences,
+)
 from tests.support import sample
 from tests.support.system import System
 
@@ -478,3 +485,18 @@ def test_a_tenant_whose_quota_lock_is_held_waits_and_the_others_go_on(app: App) 
     assert _rows(app, "tenant = 'acme'") == []
     assert materialize_once(app.engine, WINDOW).created >= 14  # acme's, on the next pass
     assert len(_rows(app, "tenant = 'acme'")) >= 14
+
+
+def test_the_recurring_loop_says_when_it_last_finished_a_pass(system: System) -> None:
+    """``duejobs_recurring_last_pass_timestamp_seconds``: what an alert on a stalled loop
+    reads (a pass that raised leaves it where it was)."""
+    before = time.time()
+    system.scheduler.recurring.run_once()
+    assert sample("duejobs_recurring_last_pass_timestamp_seconds") >= before
+
+
+def test_a_full_batch_of_definitions_is_followed_by_the_next_pass_at_once(app: App) -> None:
+    """A backlog after downtime is caught up without waiting a poll interval per batch."""
+    loop = Materializer(app, WINDOW, timedelta(seconds=1), timedelta(seconds=5))
+    full, short = MaterializeResult(definitions=BATCH), MaterializeResult(definitions=BATCH - 1)
+    assert (loop._pause(full), loop._pause(short)) == (timedelta(0), timedelta(seconds=1))
