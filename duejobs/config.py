@@ -16,6 +16,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,11 @@ REDIS_NODES_ENV = "DUEJOBS_REDIS_NODES"
 REDIS_ENV = "DUEJOBS_REDIS_URL"
 SCHEMA_ENV = "DUEJOBS_SCHEMA"
 PREPARED_STATEMENTS_ENV = "DUEJOBS_PREPARED_STATEMENTS"
+RESULT_TTL_ENV = "DUEJOBS_RESULT_TTL"
+# How long a finished or failed job's hash, its result and its registry entry stay in Redis:
+# RQ's own default result_ttl (seconds).
+DEFAULT_RESULT_TTL = 500
+_MAX_RESULT_TTL = timedelta(days=365)
 DEFAULT_SCHEMA = "public"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -78,6 +84,30 @@ def check_prepared_statements(value: object) -> PreparedStatements:
             f"prepared_statements ({PREPARED_STATEMENTS_ENV}) must be one of {choices}, "
             f"got {value!r}"
         ) from None
+
+
+def check_result_ttl(value: object) -> int:
+    """``result_ttl`` in whole seconds, from 1 s to a year: a number of seconds, a timedelta,
+    or the CLI's duration text (``"500"``, ``"10m"``); anything else is a
+    :class:`ConfigurationError` naming it."""
+    bad = ConfigurationError(
+        f"result_ttl ({RESULT_TTL_ENV}) must be whole seconds from 1s to 365d "
+        f"(500, '10m'), got {value!r}"
+    )
+    if isinstance(value, str):
+        from duejobs.timespec import parse_duration  # the CLI's one duration syntax
+
+        try:
+            value = parse_duration(value, "result_ttl")
+        except DuejobsError:
+            raise bad from None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = timedelta(seconds=value)
+    if not isinstance(value, timedelta) or not timedelta(seconds=1) <= value <= _MAX_RESULT_TTL:
+        raise bad
+    if value % timedelta(seconds=1):
+        raise bad
+    return value // timedelta(seconds=1)
 
 
 _SECRET_PARAMETERS = ("password", "sslpassword", "passfile", "sslkey")
@@ -263,6 +293,8 @@ class Settings:
     read_database_url: str | None = None  # a streaming replica of database_url
     redis_nodes: tuple[tuple[str, str], ...] = ()  # (queue, URL): queues on another Redis
     prepared_statements: PreparedStatements = PreparedStatements.AUTO
+    # Seconds a finished or failed job stays in Redis (DUEJOBS_RESULT_TTL).
+    result_ttl: int = DEFAULT_RESULT_TTL
     # A ready client given instead of the URL (App(redis=...)): the default node.
     redis_client: Redis | None = field(default=None, repr=False, compare=False)
 
@@ -276,6 +308,7 @@ class Settings:
         redis_nodes: Mapping[str, str] | None = None,
         prepared_statements: str | None = None,
         redis_client: object = None,
+        result_ttl: object = None,
     ) -> Settings:
         """Explicit arguments first, then the environment; no database URL is a clear error.
         A ready ``redis_client`` stands for the default Redis (the URL's variable is not
@@ -317,6 +350,11 @@ class Settings:
                 redis_nodes if redis_nodes is not None else os.environ.get(REDIS_NODES_ENV)
             ),
             prepared_statements=check_prepared_statements(prepared),
+            result_ttl=check_result_ttl(
+                result_ttl
+                if result_ttl is not None
+                else os.environ.get(RESULT_TTL_ENV) or DEFAULT_RESULT_TTL
+            ),
             redis_client=redis_client,
         )
 

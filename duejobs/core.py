@@ -282,7 +282,9 @@ class Core:
                     given = self.settings.redis_client if url == GIVEN_REDIS else None
                     clients[server] = given or redis_client(url, size)
                 nodes = {q: clients[same_redis(url)] for q, url in self.settings.redis_nodes}
-                self._deliverer = Deliverer(clients[same_redis(default)], self.queue, nodes)
+                self._deliverer = Deliverer(
+                    clients[same_redis(default)], self.queue, nodes, self.settings.result_ttl
+                )
         return self._deliverer
 
     def ensure_pool(self, connections: int) -> None:

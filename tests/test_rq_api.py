@@ -53,7 +53,8 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq_dashboard.cli import make_flask_app
 
-from duejobs.delivery import FAILURE_TTL, JOB_FUNCTION, RESULT_TTL
+from duejobs.config import DEFAULT_RESULT_TTL
+from duejobs.delivery import JOB_FUNCTION
 from duejobs.delivery.bands import bands
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import build_worker
@@ -107,7 +108,8 @@ def test_a_due_job_is_queued_as_rq_queues_one(system: System) -> None:
     assert job.get_status() == JobStatus.QUEUED
     assert _queue(system).get_job_ids() == [job.id] and _queue(system).count == 1
     assert (job.func_name, job.args, job.kwargs) == (JOB_FUNCTION, [str(s.id), 1, 1, "default"], {})
-    assert (job.origin, job.result_ttl, job.failure_ttl) == ("duejobs", RESULT_TTL, FAILURE_TTL)
+    ttl = DEFAULT_RESULT_TTL  # RQ's own result_ttl: both kept as long
+    assert (job.origin, job.result_ttl, job.failure_ttl) == ("duejobs", ttl, ttl)
     assert job.enqueued_at is not None and job.created_at is not None
 
 

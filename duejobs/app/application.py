@@ -104,7 +104,8 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
     of ``redis_url`` (``Sentinel(...).master_for("mymaster")``, a client with TLS or options of
     one's own): the App's queues use it, and so do the workers made from the App. An ``AsyncApp``
     built on the App uses it too. Give it a ``socket_timeout`` (a call to a Redis that hangs waits
-    that long) and no ``decode_responses``."""
+    that long) and no ``decode_responses``. ``result_ttl`` (``DUEJOBS_RESULT_TTL``, 500 s): how long
+    a finished or failed job stays in Redis, in whole seconds (an int or a timedelta)."""
 
     def __init__(
         self,
@@ -122,6 +123,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         strict_types: bool | None = None,
         prepared_statements: str | None = None,
         redis: Redis | None = None,
+        result_ttl: int | timedelta | None = None,
     ) -> None:
         settings = Settings.from_env(
             database_url,
@@ -131,6 +133,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
             redis_nodes,
             prepared_statements,
             redis_client=redis,
+            result_ttl=result_ttl,
         )
         self._core = Core.build(
             settings,

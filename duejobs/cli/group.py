@@ -94,16 +94,35 @@ class _Cli(click.Group):
     help="Whether connections keep prepared statements (DUEJOBS_PREPARED_STATEMENTS; "
     "default auto: none through a connection pooler).",
 )
+@click.option(
+    "--result-ttl",
+    default=None,
+    metavar="DURATION",
+    help="How long a finished or failed job's hash, result and registry entry stay in Redis "
+    "(DUEJOBS_RESULT_TTL; default 500s, RQ's).",
+)
 @click.version_option(package_name="duejobs", prog_name="duejobs")
 @click.pass_context
-def main(ctx: click.Context, data_dir: Path, prepared_statements: str | None) -> None:
+def main(
+    ctx: click.Context, data_dir: Path, prepared_statements: str | None, result_ttl: str | None
+) -> None:
     """duejobs: durable delayed and scheduled jobs on PostgreSQL and RQ."""
     ctx.ensure_object(dict)
     ctx.obj["data_dir"] = data_dir
-    if prepared_statements is not None:  # for every App of this process, --app's included
-        from duejobs.config import PREPARED_STATEMENTS_ENV  # (not imported for --help)
+    # Both for every App of this process, --app's included (not imported for --help).
+    if prepared_statements is not None:
+        from duejobs.config import PREPARED_STATEMENTS_ENV
 
         os.environ[PREPARED_STATEMENTS_ENV] = prepared_statements
+    if result_ttl is not None:
+        from duejobs.config import RESULT_TTL_ENV, check_result_ttl
+        from duejobs.errors import ConfigurationError
+
+        try:
+            check_result_ttl(result_ttl)
+        except ConfigurationError as exc:
+            raise click.BadParameter(str(exc), param_hint="--result-ttl") from None
+        os.environ[RESULT_TTL_ENV] = result_ttl
 
 
 def run_alone(name: str, args: list[str], prog_name: str, app: str | None = None) -> NoReturn:

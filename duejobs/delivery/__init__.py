@@ -48,10 +48,8 @@ from duejobs.lazy import lazy_exports
 if TYPE_CHECKING:
     from duejobs.delivery.deliverer import (
         DEFAULT_QUEUE,
-        FAILURE_TTL,
         JOB_FUNCTION,
         QUEUES_KEY,
-        RESULT_TTL,
         SCHEDULED_PREFIX,
         WORKER_PREFIX,
         Deliverer,
@@ -64,10 +62,8 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "DEFAULT_QUEUE": "duejobs.delivery.deliverer",
-    "FAILURE_TTL": "duejobs.delivery.deliverer",
     "JOB_FUNCTION": "duejobs.delivery.deliverer",
     "QUEUES_KEY": "duejobs.delivery.deliverer",
-    "RESULT_TTL": "duejobs.delivery.deliverer",
     "SCHEDULED_PREFIX": "duejobs.delivery.deliverer",
     "STUCK_AFTER": "duejobs.delivery.scripts",
     "WORKER_PREFIX": "duejobs.delivery.deliverer",
@@ -84,11 +80,9 @@ __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 __all__ = [
     "DEFAULT_QUEUE",
-    "FAILURE_TTL",
     "JOB_FUNCTION",
     "LIST_SCAN_LIMIT",
     "QUEUES_KEY",
-    "RESULT_TTL",
     "SCHEDULED_PREFIX",
     "STUCK_AFTER",
     "WORKER_PREFIX",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -16,8 +16,9 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
+from duejobs.config import DEFAULT_RESULT_TTL
 from duejobs.delivery.bands import band_queue, bands, queue_of
 from duejobs.delivery.nodes import NODE_WAIT, Node
 from duejobs.delivery.scripts import TAKE_OFF_SCRIPT
@@ -28,11 +29,6 @@ T = TypeVar("T")
 
 DEFAULT_QUEUE = "duejobs"
 JOB_FUNCTION = "duejobs.worker.perform"
-# A queue job that raised (the database was unreachable, say) stays visible this long.
-FAILURE_TTL = 24 * 3600
-# Finished queue jobs linger briefly for inspection. (0 would make RQ delete each job on the
-# spot, which costs it about 1 ms per job more than letting the key expire.)
-RESULT_TTL = 60
 
 
 @dataclass(frozen=True)
@@ -58,6 +54,17 @@ class Push:
     # The row is overdue by more than STUCK_AFTER: only the queue list or the scheduled
     # registry proves the job is still there (see :data:`~duejobs.delivery.scripts.PRESENT`).
     stuck: bool = False
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    """What one cleanup of RQ's registries and worker sets removed (:meth:`Deliverer.clean`):
+    finished and failed entries past their expiry, started entries a dead worker left, and
+    dead workers' places in the worker sets."""
+
+    expired: int = 0
+    abandoned: int = 0
+    dead_workers: int = 0
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,12 @@ class Deliverer:
         connection: Redis,
         queue_name: str = DEFAULT_QUEUE,
         nodes: Mapping[str, Redis] | None = None,
+        result_ttl: int = DEFAULT_RESULT_TTL,
     ) -> None:
         self.redis = connection
+        # Seconds a finished or failed job stays (the job hash's result_ttl and failure_ttl,
+        # as RQ's readers read them; the worker writes the expiry).
+        self.result_ttl = result_ttl
         self.queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
         self._queues: dict[str, tuple[Queue, list[Any]]] = {}
         self._push_keys: dict[str, list[str]] = {}
@@ -176,15 +187,14 @@ class Deliverer:
         outages = all(isinstance(f, (ConnectionError, TimeoutError)) for f in failures)
         return not outages and called == len(self._nodes)
 
-    @staticmethod
-    def _constant_fields(queue: Queue) -> list[Any]:
+    def _constant_fields(self, queue: Queue) -> list[Any]:
         """The job-hash fields RQ writes that are the same for every duejobs job."""
         job = queue.create_job(
             JOB_FUNCTION,
             args=["-", 0, 0, "-"],
             timeout=-1,
-            result_ttl=RESULT_TTL,
-            failure_ttl=FAILURE_TTL,
+            result_ttl=self.result_ttl,
+            failure_ttl=self.result_ttl,
         )
         job.origin = queue.name
         fields = job.to_dict()
@@ -278,6 +288,30 @@ class Deliverer:
             return moved
 
         return sum(self._each(self._nodes, promote_on))
+
+    def clean(self, most: int = 1000) -> Cleaned:
+        """RQ's registry cleanup on every node (see
+        :data:`~duejobs.delivery.scripts.CLEAN_SCRIPT`), one script per node: what expired
+        leaves the finished and failed registries, a dead worker's started entries (at most
+        ``most`` per queue and call) leave the started registries, dead workers leave the
+        worker sets."""
+        stamp = utcformat(datetime.now(UTC))
+
+        def clean_on(node: Node) -> Cleaned:
+            keys = [REDIS_WORKER_KEYS]
+            for name in self._queues_on(node):
+                queue, _ = self._routed(name)
+                keys += [
+                    queue.finished_job_registry.key,
+                    queue.failed_job_registry.key,
+                    queue.started_job_registry.key,
+                    WORKERS_BY_QUEUE_KEY % name,
+                ]
+            args: list[Any] = [self._prefix, WORKER_PREFIX, self.result_ttl, most, stamp]
+            return Cleaned(*(int(n) for n in node.clean(keys=keys, args=args)))
+
+        done = self._each(self._nodes, clean_on)
+        return Cleaned(*(sum(getattr(c, f.name) for c in done) for f in fields(Cleaned)))
 
     def live(self, jobs: Sequence[tuple[Any, ...]]) -> list[bool]:
         """Whether Redis can still hand each job — (id, due at, overdue past ``STUCK_AFTER``

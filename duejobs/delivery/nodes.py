@@ -41,6 +41,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from duejobs.delivery.scripts import (
+    CLEAN_SCRIPT,
     DEFER_SCRIPT,
     LIVE_SCRIPT,
     PROMOTE_SCRIPT,
@@ -95,6 +96,7 @@ class Node:
         self.promote: Script = redis.register_script(PROMOTE_SCRIPT)
         self.remove: Script = redis.register_script(REMOVE_SCRIPT)
         self.defer: Script = redis.register_script(DEFER_SCRIPT)
+        self.clean: Script = redis.register_script(CLEAN_SCRIPT)
         self._lane = ThreadPoolExecutor(NODE_THREADS, "duejobs-node") if threads else None
         self._lock = threading.Lock()
         self._down = False

@@ -192,3 +192,54 @@ for i = 4, #ARGV do
 end
 return taken
 """
+
+
+# RQ's own registry cleanup, which RQ's worker runs every ten minutes in its loop (duejobs'
+# worker has a loop of its own), by Redis' clock, on which the job hashes expire:
+# KEYS[1] ``rq:workers``; then per RQ queue its finished, failed and started registries and its
+# worker set. ARGV: the job-hash prefix, the worker-key prefix, the result TTL, the most
+# started entries looked at per queue, RQ's stamp of now.
+# * finished and failed entries past their expiry (their hashes are gone) are removed: a
+#   range by score, whose cost is what expired, not what is there;
+# * a started entry whose worker stopped refreshing it (its score passed) and whose worker's
+#   key is gone is removed, its hash, still ``started``, failed into the failed registry to
+#   expire there as RQ's cleanup of abandoned jobs does (the row is the reconciler's rescue);
+#   an entry a live worker still holds is left alone, whatever the clocks say;
+# * a worker set member whose key is gone (a worker SIGKILLed, its key expired) is removed.
+# Returns the counts: expired entries, abandoned started entries, dead workers.
+CLEAN_SCRIPT = """
+if redis.replicate_commands then redis.replicate_commands() end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local prefix, workers, ttl, most, stamp = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+local expired, abandoned, dead = 0, 0, 0
+local function bury(set)
+    for _, key in ipairs(redis.call('SMEMBERS', set)) do
+        if redis.call('EXISTS', key) == 0 then
+            dead = dead + redis.call('SREM', set, key)
+        end
+    end
+end
+bury(KEYS[1])
+for i = 2, #KEYS, 4 do
+    expired = expired + redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+    expired = expired + redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', now)
+    local stale = redis.call('ZRANGEBYSCORE', KEYS[i + 2], '-inf', now, 'LIMIT', 0, most)
+    for _, member in ipairs(stale) do
+        local id = string.match(member, '^(.*):[^:]*$') or member
+        local key = prefix .. id
+        local worker = redis.call('HGET', key, 'worker_name')
+        if not worker or redis.call('EXISTS', workers .. worker) == 0 then
+            redis.call('ZREM', KEYS[i + 2], member)
+            if redis.call('HGET', key, 'status') == 'started' then
+                redis.call('HSET', key, 'status', 'failed', 'ended_at', stamp)
+                redis.call('EXPIRE', key, ttl)
+                redis.call('ZADD', KEYS[i + 1], now + ttl, id)
+            end
+            abandoned = abandoned + 1
+        end
+    end
+    bury(KEYS[i + 3])
+end
+return {expired, abandoned, dead}
+"""

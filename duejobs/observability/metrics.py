@@ -119,6 +119,13 @@ OVERDUE_REPUSHED = Counter(
     "duejobs_overdue_repushed",
     "Rows overdue past the stuck threshold re-pushed though their job hash looked alive.",
 )
+REDIS_CLEANED = Counter(
+    "duejobs_redis_cleaned",
+    "Entries the reconciler removed from RQ's structures: expired finished and failed registry "
+    "entries (expired), dead workers' started entries (abandoned), dead workers' places in the "
+    "worker sets (dead_workers).",
+    ["kind"],
+)
 
 SCHEDULED = Gauge("duejobs_scheduled", "Scheduled rows.", ["tenant"])
 RUNNING = Gauge("duejobs_running", "Running rows.", ["tenant"])

@@ -20,6 +20,13 @@ makes Redis agree with PostgreSQL again:
    the death. A handler that is merely slow keeps renewing its lease and is never rescued.
 3. **Jobs without a schedule.** Waiting queue jobs whose schedule is missing, finished,
    cancelled, or at another version are removed from Redis.
+4. **What RQ's own worker would clean.** Finished and failed registry entries past their
+   expiry (``result_ttl``: their hashes are gone) leave the registries, a dead worker's started
+   entries leave the started registries (their hashes failed, to expire), and dead workers
+   leave ``rq:workers`` and the per-queue worker sets — RQ's ``clean_registries``, which
+   duejobs' worker, with a loop of its own, does not run. It costs what expired, not what is
+   there, so it runs every pass: a registry holds at most a pass's worth past its expiry.
+   Counted in ``duejobs_redis_cleaned_total``.
 
 Then jobs whose time has come are promoted, as the scheduler does. (In partitioned mode, the
 partitions of the coming periods are made by a service of their own, which ``duejobs
@@ -95,6 +102,10 @@ class ReconcileResult:
     failed: int = 0
     orphans_removed: int = 0
     promoted: int = 0
+    # RQ's structures cleaned (see the module docstring's fourth step).
+    expired_removed: int = 0
+    abandoned_removed: int = 0
+    dead_workers_removed: int = 0
 
     @property
     def fixed(self) -> int:
@@ -144,6 +155,7 @@ class Reconciler:
         checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
         promoted = self.deliverer.promote(now)
+        cleaned = self.deliverer.clean(self.config.batch_size)
         result = ReconcileResult(
             checked=checked,
             repushed=repushed,
@@ -152,10 +164,16 @@ class Reconciler:
             failed=rescued.get(Status.FAILED.value, 0),
             orphans_removed=removed,
             promoted=promoted,
+            expired_removed=cleaned.expired,
+            abandoned_removed=cleaned.abandoned,
+            dead_workers_removed=cleaned.dead_workers,
         )
         for kind in ("repushed", "rescued", "failed", "orphans_removed"):
             metrics.FIXED.labels(kind).inc(getattr(result, kind))
         metrics.OVERDUE_REPUSHED.inc(result.overdue_repushed)
+        metrics.REDIS_CLEANED.labels("expired").inc(cleaned.expired)
+        metrics.REDIS_CLEANED.labels("abandoned").inc(cleaned.abandoned)
+        metrics.REDIS_CLEANED.labels("dead_workers").inc(cleaned.dead_workers)
         if result.fixed:
             log.info("reconciled: %s", result)
         else:

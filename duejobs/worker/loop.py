@@ -95,7 +95,7 @@ class Worker:
         # No retry inside redis-py: the loop retries (redis_waits), knowing a take it sent
         # may have run (rq_wire's lost takes); a client given to the App keeps its own.
         client = given or redis_client(url, runtime.config.concurrency + _REDIS_SPARE, 0)
-        self.wire = RqWire(client, names, self.name)
+        self.wire = RqWire(client, names, self.name, runtime.core.settings.result_ttl)
         self.waits = RedisWaits(redacted(url))
         self._pool = runtime.slots
         self._stop = threading.Event()

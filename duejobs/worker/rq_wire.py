@@ -14,10 +14,11 @@ What it writes, in RQ's layout (the same from RQ 2.0 to 3.0, read through RQ's p
   worker, and entered into the queue's started registry as ``<job id>:<run id>`` (RQ 2.0+'s
   member form), its score refreshed while it runs (:meth:`RqWire.keep_started`).
 * **A job finished** (the same script, for the jobs finishing together — at one slot with the
-  take of the next job): its hash
-  ``finished`` (or ``failed``) with its end, kept ``RESULT_TTL`` (``FAILURE_TTL``), out of the
-  started registry and into the finished (failed) one, and its result in RQ's results stream:
-  the outcome (``succeeded``, ``skipped``...) as the job's return value, or the error.
+  take of the next job): its hash ``finished`` (or ``failed``) with its end, kept
+  ``result_ttl`` (``DUEJOBS_RESULT_TTL``), out of the started registry and into the finished
+  (failed) one scored with its expiry (the reconciler removes it then), and its result in
+  RQ's results stream: the outcome (``succeeded``, ``skipped``...) as the job's return value,
+  or the error.
 
 What it does not write: RQ's per-run execution records (``rq:execution:*``), nor the
 worker's ``current_job``: a worker's current jobs are those its started registries hold under
@@ -64,7 +65,7 @@ from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import utcformat
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from duejobs.delivery import FAILURE_TTL, RESULT_TTL
+from duejobs.config import DEFAULT_RESULT_TTL
 from duejobs.delivery.bands import bands, queue_of, take_order
 from duejobs.models import Delivery
 
@@ -186,8 +187,11 @@ class Finished:
 class RqWire:
     """One worker's RQ records on one Redis (see the module docstring)."""
 
-    def __init__(self, redis: Redis, queues: Sequence[str], name: str) -> None:
+    def __init__(
+        self, redis: Redis, queues: Sequence[str], name: str, result_ttl: int = DEFAULT_RESULT_TTL
+    ) -> None:
         self.redis = redis
+        self.result_ttl = result_ttl  # seconds a finished or failed job stays
         self.queues = bands(queues)  # the RQ queues of each queue's priority bands, in order
         self.name = name
         self.key = Worker.redis_worker_namespace_prefix + name
@@ -353,11 +357,11 @@ class RqWire:
         for item in done:
             at = self.queues.index(item.taken.queue)
             if item.error is None:
-                registry, ttl, status = self._finished_keys[at], RESULT_TTL, "finished"
+                registry, ttl, status = self._finished_keys[at], self.result_ttl, "finished"
                 kind, field = Result.Type.SUCCESSFUL.value, "return_value"
                 value = base64.b64encode(json.dumps(item.outcome).encode()).decode()
             else:
-                registry, ttl, status = self._failed_keys[at], FAILURE_TTL, "failed"
+                registry, ttl, status = self._failed_keys[at], self.result_ttl, "failed"
                 kind, field = Result.Type.FAILED.value, "exc_string"
                 value = base64.b64encode(zlib.compress(item.error.encode())).decode()
             args += [item.taken.job_id, self._started_keys[at], item.taken.run, registry]

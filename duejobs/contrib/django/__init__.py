@@ -17,7 +17,8 @@ long a statement of an operator's read may run, a ``timedelta``, default 10 s); 
 (``"link"`` or ``"child"``: :mod:`duejobs.observability.tracing`); ``STRICT_TYPES`` (``False`` for a
 project that schedules another service's types: see ``App(strict_types=)``); ``PREPARED_STATEMENTS``
 (``"auto"``, ``"on"`` or ``"off"``: see ``App(prepared_statements=)``); ``REDIS`` (a ready
-``redis.Redis`` client instead of ``REDIS_URL``: see ``App(redis=)``). An unknown key or a database
+``redis.Redis`` client instead of ``REDIS_URL``: see ``App(redis=)``); ``RESULT_TTL`` (seconds a
+finished or failed job stays in Redis: see ``App(result_ttl=)``). An unknown key or a database
 that is not PostgreSQL on psycopg 3 is :class:`~django.core.exceptions.ImproperlyConfigured`.
 
 Promises:
@@ -72,7 +73,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _KEYS = {
     *("REDIS_URL", "REDIS_NODES", "DATABASE", "DATABASE_URL", "SCHEMA", "QUEUE"),
     *("READ_DATABASE_URL", "READ_MAX_LAG", "READ_TIMEOUT", "MAX_PAYLOAD_BYTES", "TRACE_RUNS"),
-    *("STRICT_TYPES", "PREPARED_STATEMENTS", "REDIS"),
+    *("STRICT_TYPES", "PREPARED_STATEMENTS", "REDIS", "RESULT_TTL"),
 }
 
 
@@ -182,6 +183,7 @@ class DjangoApp(App):
             config.get("REDIS_NODES"),
             config.get("PREPARED_STATEMENTS"),
             redis_client=config.get("REDIS"),
+            result_ttl=config.get("RESULT_TTL"),
         )
         read_max_lag = config.get("READ_MAX_LAG", DEFAULT_MAX_LAG)
         check_duration("DUEJOBS['READ_MAX_LAG']", read_max_lag)  # named as it is set
