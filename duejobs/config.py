@@ -15,7 +15,7 @@ import contextlib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -357,6 +357,21 @@ class Settings:
             ),
             redis_client=redis_client,
         )
+
+    def __repr__(self) -> str:
+        """Every setting, each URL as a message may show it: no password (a repr reaches
+        debuggers, error reports and ``%r`` in logs)."""
+        shown: dict[str, object] = {}
+        for knob in fields(self):
+            value = getattr(self, knob.name)
+            if not knob.repr:
+                continue
+            if knob.name.endswith("_url") and value is not None:
+                value = redacted(value)
+            elif knob.name == "redis_nodes":
+                value = tuple((queue, redacted(url)) for queue, url in value)
+            shown[knob.name] = value
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @property
     def has_redis(self) -> bool:

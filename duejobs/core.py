@@ -180,7 +180,8 @@ class Core:
     # The engine, made on first use (see engine), and the pool it is made with.
     _engine: Engine | None = None
     _pool_size: int = POOL_SIZE
-    _connector: store.Connector | None = None  # connect_directly's, made on first use
+    # connect_directly's, made on first use (it holds the URL: never in a repr)
+    _connector: store.Connector | None = field(default=None, repr=False)
 
     @classmethod
     def build(

@@ -178,8 +178,13 @@ class HandlerTimeoutError(BaseException):
 
 def describe(exc: BaseException) -> str:
     """An error as duejobs stores it (``last_error``): its type and message, as text
-    PostgreSQL can hold (no NUL, no lone surrogate), at most 2,000 characters."""
-    text = f"{type(exc).__name__}: {exc}"[:2000].replace("\x00", "\\x00")
+    PostgreSQL can hold (no NUL, no lone surrogate), at most 2,000 characters; a placeholder
+    for a message whose ``str()`` raises, so that the attempt is closed all the same."""
+    try:
+        message = str(exc)
+    except Exception as broken:  # a handler's exception whose text cannot be made
+        message = f"<its str() raised {type(broken).__name__}>"
+    text = f"{type(exc).__name__}: {message}"[:2000].replace("\x00", "\\x00")
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 

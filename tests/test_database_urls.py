@@ -157,3 +157,22 @@ def test_a_workers_own_connections_reach_the_engines_server_whatever_the_urls_fo
         with app.core.transaction() as conn:
             conn.exec_driver_sql(f"DROP ROLE {role}")
     assert tuple(own) == tuple(engines) == (role, p["dbname"], engines[2])
+
+
+def test_no_password_reaches_the_repr_of_an_apps_settings_or_core() -> None:
+    """A repr lands in debuggers, error reports and logs (``%r``): the database's, the
+    replica's, Redis', a node's and Sentinel's passwords stay out of it."""
+    app = App(
+        "postgresql://app:db-s3cret@127.0.0.1:1/app",
+        "redis+sentinel://:redis-s3cret@127.0.0.1:1/mymaster/0?sentinel_password=sentinel-s3cret",
+        read_database_url="postgresql://ro:replica-s3cret@127.0.0.1:1/app",
+        redis_nodes={"reports": "redis://:node-s3cret@127.0.0.1:1/0"},
+    )
+    try:
+        shown = repr(app.settings) + repr(app.core) + str(app.settings)
+        for secret in ("db-s3cret", "redis-s3cret", "sentinel-s3cret", "replica-s3cret"):
+            assert secret not in shown, shown
+        assert "node-s3cret" not in shown, shown
+        assert "127.0.0.1" in repr(app.settings)  # still says where it points
+    finally:
+        app.close()

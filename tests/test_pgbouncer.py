@@ -32,6 +32,7 @@ from tests.support.servers import Servers
 # What a statement of duejobs' sets, and what another client must never read from it.
 SETTINGS = (
     "lock_timeout",
+    "idle_in_transaction_session_timeout",
     "synchronous_commit",
     "statement_timeout",
     "TimeZone",

@@ -386,3 +386,48 @@ def test_a_worker_runs_its_first_job_without_loading_sqlalchemy(
     worker = spawn("worker", "--app", "tests.support.light_app:app", "--burst", extra_env=replica)
     assert worker.popen.wait(60) == 0, worker.output()
     assert json.loads(report.read_text()) == []
+
+
+_WORKER_SIGNALLED_AT_EVERY_LINE = """
+import logging, signal, sys
+from duejobs import App
+from duejobs.worker import Runtime, Worker
+
+logging.disable(logging.CRITICAL)
+worker = Worker(Runtime(App()))
+
+def at_every_line(frame, event, arg):
+    # A SIGTERM landing at this instant: Python runs its handler here, in this thread.
+    if event == "line":
+        worker._stopped_at = None  # each one a first SIGTERM, which stops the worker
+        worker._on_signal(signal.SIGTERM, None)
+    return at_every_line
+
+sys.settrace(at_every_line)
+worker._stop.wait(0.2)  # the loop's own wait (held by rq suspend, or an outage's pause)
+worker.stop()  # a stop under way (the CLI's, the supervisor's)
+sys.settrace(None)
+print("stopped", worker._stopping())
+"""
+
+
+def test_a_workers_sigterm_never_hangs_it_whatever_line_it_lands_on(env: dict[str, str]) -> None:
+    """A signal's handler runs in the main thread between two of its lines: a stop that takes
+    a lock that line holds (a ``threading.Event``'s, inside its own ``wait()`` or ``set()``)
+    waits for itself for good. Here the handler runs at every line of the worker's wait for a
+    stop and of its stop: seen hanging with the worker's stop made of ``threading.Event``."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", _WORKER_SIGNALLED_AT_EVERY_LINE],
+        cwd=ROOT,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        pytest.fail("a SIGTERM hung the worker in its own stop")
+    assert child.returncode == 0 and "stopped True" in out, out

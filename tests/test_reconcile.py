@@ -340,11 +340,11 @@ def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(
 ) -> None:
     faults = iter([RedisError("redis went away"), RuntimeError("a bug")])
 
-    def failing(*args: object, **kwargs: object) -> dict[str, int]:
+    def failing(*args: object, **kwargs: object) -> store.Rescued:
         fault = next(faults, None)
         if fault is not None:
             raise fault
-        return {}
+        return store.Rescued({}, 0)
 
     monkeypatch.setattr(store, "rescue_expired", failing)
     reconciler = Reconciler(system.app)

@@ -107,3 +107,20 @@ def test_a_policy_naming_something_other_than_an_exception_class_is_refused(
     with pytest.raises(InvalidHandlerError, match=name):
         system.app.handler("never-registered", **{name: value})
     assert system.app.handler_for("never-registered") is None
+
+
+class Unprintable(ValueError):
+    """An exception whose text cannot be made: its ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def test_an_exception_whose_str_raises_closes_the_attempt_by_the_retry_policy(
+    system: System,
+) -> None:
+    outcome, stored = _failing_once(system, Unprintable())
+    assert outcome is Outcome.RETRYING and stored.status is Status.SCHEDULED
+    assert stored.last_error.startswith("Unprintable: <its str() raised RuntimeError>")
+    outcome, stored = _failing_once(system, Unprintable(), never_retry=(Unprintable,))
+    assert outcome is Outcome.FAILED and stored.status is Status.FAILED

@@ -19,7 +19,7 @@ from duejobs import App
 from duejobs.observability.metrics import _BoundedLabel
 from duejobs.observability.stats import collect, observe_stats, render
 from duejobs.worker import Runtime, WorkerConfig
-from tests.support import sample
+from tests.support import sample, wait_for
 from tests.support.cli import run
 from tests.support.system import System
 
@@ -214,7 +214,8 @@ def test_lag_p99_is_measured_per_tenant_and_shown_for_tenants_with_nothing_live(
     assert lag["prompt"]["p99"] is not None and lag["prompt"]["p99"] < 60_000
     assert over_15_min("late") - before["late"] == 1  # the histogram, per tenant
     assert over_15_min("prompt") - before["prompt"] == 0
-    rows = {line.split()[0]: line.split() for line in render(stats).splitlines()[-2:]}
+    split = [line.split() for line in render(stats).splitlines()]
+    rows = {cells[0]: cells for cells in split if cells[:1] in (["late"], ["prompt"])}
     assert rows["late"][6] == f"{lag['late']['p99']:,.0f}"  # nothing live, still listed
     assert rows["prompt"][6] == f"{lag['prompt']['p99']:,.0f}"
 
@@ -241,3 +242,45 @@ def test_a_recurring_definition_no_scheduler_has_reached_shows_as_behind(system:
     assert sample("duejobs_recurring_behind") == 1
     system.scheduler.recurring.run_once()
     assert collect(app).recurring_behind == 0
+
+
+def test_stats_show_each_tables_size_and_its_dead_tuples(system: System) -> None:
+    """What grows in PostgreSQL: each table's size, and the dead tuples vacuum has yet to
+    remove (the statistics collector counts them shortly after the commit: polled)."""
+    app = system.app
+    ids = [app.schedule("record", {}, delay=timedelta(hours=1)).id for _ in range(20)]
+    for schedule_id in ids:
+        app.cancel(schedule_id)
+
+    def jobs() -> object:
+        return next(t for t in collect(app).tables or () if t.table == "scheduled_jobs")
+
+    wait_for(lambda: jobs().dead_tuples >= 20, 30, "the dead tuples to be counted")  # type: ignore[attr-defined]
+    figures = collect(app)
+    jobs_table = next(t for t in figures.tables or () if t.table == "scheduled_jobs")
+    assert jobs_table.bytes > jobs_table.index_bytes > 0
+    assert {t.table for t in figures.tables or ()} >= {"scheduled_jobs", "scheduled_job_events"}
+    observe_stats(figures)
+    assert sample("duejobs_table_dead_tuples", table="scheduled_jobs") >= 20
+    assert "scheduled_jobs" in render(figures) and "dead" in render(figures)
+    assert collect(app.tenant("acme")).tables is None  # everyone's: not a tenant's figure
+
+
+def test_stats_show_redis_memory_and_each_structure(system: System) -> None:
+    app = system.app
+    for _ in range(5):
+        app.schedule("record", {}, delay=0)
+    for _ in range(3):
+        app.schedule("record", {}, delay=timedelta(minutes=5))
+    system.scheduler_pass()
+    figures = collect(app)
+    assert figures.redis is not None
+    held = figures.redis.structures
+    assert (held["queue"].entries, held["scheduled"].entries) == (5, 3)
+    assert held["queue"].bytes > 0 and figures.redis.used_memory > 0 and figures.redis.keys >= 8
+    observe_stats(figures)
+    assert sample("duejobs_redis_entries", structure="queue") == 5
+    assert json.loads(json.dumps(figures.as_dict()))["redis"]["structures"]["scheduled"] == {
+        "entries": 3,
+        "bytes": held["scheduled"].bytes,
+    }

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -16,7 +16,7 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import utcformat
-from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from duejobs.config import DEFAULT_RESULT_TTL
 from duejobs.delivery.bands import band_queue, bands, queue_of
@@ -54,17 +54,6 @@ class Push:
     # The row is overdue by more than STUCK_AFTER: only the queue list or the scheduled
     # registry proves the job is still there (see :data:`~duejobs.delivery.scripts.PRESENT`).
     stuck: bool = False
-
-
-@dataclass(frozen=True)
-class Cleaned:
-    """What one cleanup of RQ's registries and worker sets removed (:meth:`Deliverer.clean`):
-    finished and failed entries past their expiry, started entries a dead worker left, and
-    dead workers' places in the worker sets."""
-
-    expired: int = 0
-    abandoned: int = 0
-    dead_workers: int = 0
 
 
 @dataclass(frozen=True)
@@ -289,29 +278,14 @@ class Deliverer:
 
         return sum(self._each(self._nodes, promote_on))
 
-    def clean(self, most: int = 1000) -> Cleaned:
-        """RQ's registry cleanup on every node (see
-        :data:`~duejobs.delivery.scripts.CLEAN_SCRIPT`), one script per node: what expired
-        leaves the finished and failed registries, a dead worker's started entries (at most
-        ``most`` per queue and call) leave the started registries, dead workers leave the
-        worker sets."""
-        stamp = utcformat(datetime.now(UTC))
+    def on_each_node(self, work: Callable[[Node, list[str]], T]) -> list[T]:
+        """``work(node, its RQ queues)`` on every node at once, as every call spanning nodes
+        goes (:meth:`_each`): what the nodes that answered returned."""
+        return self._each(self._nodes, lambda node: work(node, self._queues_on(node)))
 
-        def clean_on(node: Node) -> Cleaned:
-            keys = [REDIS_WORKER_KEYS]
-            for name in self._queues_on(node):
-                queue, _ = self._routed(name)
-                keys += [
-                    queue.finished_job_registry.key,
-                    queue.failed_job_registry.key,
-                    queue.started_job_registry.key,
-                    WORKERS_BY_QUEUE_KEY % name,
-                ]
-            args: list[Any] = [self._prefix, WORKER_PREFIX, self.result_ttl, most, stamp]
-            return Cleaned(*(int(n) for n in node.clean(keys=keys, args=args)))
-
-        done = self._each(self._nodes, clean_on)
-        return Cleaned(*(sum(getattr(c, f.name) for c in done) for f in fields(Cleaned)))
+    def rq_queue(self, name: str) -> Queue:
+        """The RQ queue called ``name`` (a band's too), on its node."""
+        return self._routed(name)[0]
 
     def live(self, jobs: Sequence[tuple[Any, ...]]) -> list[bool]:
         """Whether Redis can still hand each job — (id, due at, overdue past ``STUCK_AFTER``

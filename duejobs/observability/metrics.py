@@ -70,6 +70,13 @@ BATCH_SIZE = Histogram(
 PUSHED = Counter("duejobs_scheduler_pushed", "Jobs pushed by the scheduler.", ["where"])
 PROMOTED = Counter("duejobs_scheduler_promoted", "Deferred jobs moved onto the queue.")
 PASS_SECONDS = Histogram("duejobs_scheduler_pass_seconds", "Duration of a scheduler pass.")
+BATCH_SECONDS = Histogram(
+    "duejobs_worker_batch_seconds",
+    "Duration of one of a worker's bookkeeping steps (group commit): the statement of its "
+    "claims, of its outcomes, or the script of its finishes in Redis.",
+    ["kind"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
 THROTTLED = Counter(
     "duejobs_scheduler_throttled",
     "Scheduler passes in which a tenant's due rows waited for its in-flight quota.",
@@ -118,6 +125,40 @@ FIXED = Counter("duejobs_reconciler_fixed", "Drift fixed by the reconciler.", ["
 OVERDUE_REPUSHED = Counter(
     "duejobs_overdue_repushed",
     "Rows overdue past the stuck threshold re-pushed though their job hash looked alive.",
+)
+# What grows, from the figures of `duejobs stats` (the reconciler's gauges).
+TABLE_BYTES = Gauge(
+    "duejobs_table_bytes",
+    "A table's size with its indexes and TOAST (partitions summed).",
+    ["table"],
+)
+TABLE_INDEX_BYTES = Gauge("duejobs_table_index_bytes", "A table's indexes' size.", ["table"])
+TABLE_LIVE_TUPLES = Gauge(
+    "duejobs_table_live_tuples",
+    "A table's live tuples (the statistics collector's count).",
+    ["table"],
+)
+TABLE_DEAD_TUPLES = Gauge(
+    "duejobs_table_dead_tuples",
+    "A table's dead tuples, not yet vacuumed (the statistics collector's count).",
+    ["table"],
+)
+REDIS_USED_MEMORY = Gauge("duejobs_redis_used_memory_bytes", "Redis' used_memory (every node).")
+REDIS_KEYS = Gauge("duejobs_redis_keys", "Keys in duejobs' Redis databases (every node).")
+REDIS_ENTRIES = Gauge(
+    "duejobs_redis_entries",
+    "Entries of each structure duejobs writes to Redis, summed over queues and nodes.",
+    ["structure"],
+)
+REDIS_STRUCTURE_BYTES = Gauge(
+    "duejobs_redis_structure_bytes",
+    "Bytes of each structure duejobs writes to Redis (MEMORY USAGE, sampled).",
+    ["structure"],
+)
+LOCKED_PAST_LEASE = Gauge(
+    "duejobs_locked_past_lease",
+    "Running rows past their lease that another transaction holds locked, so that the "
+    "reconciler cannot rescue them (set by the reconciler each pass).",
 )
 REDIS_CLEANED = Counter(
     "duejobs_redis_cleaned",

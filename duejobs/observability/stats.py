@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from duejobs import store
 from duejobs.core import HasCore
 from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part, parse_job_id
+from duejobs.delivery.registries import RedisFigures, structures
 from duejobs.models import CURRENT, Freshness, Schedule
 from duejobs.observability import metrics
 from duejobs.services.reconciler import orphan_jobs
@@ -62,6 +63,10 @@ class Stats:
     tenant_caps: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     # How current the figures are: from the read replica, they may be behind.
     freshness: Freshness = CURRENT
+    # What grows (None for a tenant-scoped App: both are everyone's): duejobs' tables, with
+    # their dead tuples, and what Redis holds, by structure.
+    tables: list[store.TableFigures] | None = None
+    redis: RedisFigures | None = None
 
     def caps(self, tenant: str) -> tuple[int | None, int | None]:
         """A tenant's effective (max_live, max_inflight): its own, else the default's."""
@@ -103,6 +108,10 @@ class Stats:
             "quotas": [asdict(q) for q in self.quotas],
             "activity": [asdict(a) for a in self.activity],
             "freshness": self.freshness.as_dict(),
+            "tables": None
+            if self.tables is None
+            else [{k: iso(v) for k, v in asdict(t).items()} for t in self.tables],
+            "redis": None if self.redis is None else asdict(self.redis),
         }
 
 
@@ -133,6 +142,8 @@ def collect(
         pushed = [(r.queue_job_id, r.due_at, r.stuck, r.queue) for r in overdue if r.queue_job_id]
         alive = deliverer.live(pushed) if pushed else []
         queued, deferred = deliverer.depth() if scope is None else (None, None)
+        tables = store.table_figures(conn) if scope is None else None
+        held = structures(deliverer) if scope is None else None
         orphans = list(orphan_jobs(core, reading=conn))
         if scope is not None:
             orphans = _of_tenant(conn, orphans, scope)
@@ -150,6 +161,8 @@ def collect(
         recurring_behind=behind,
         tenant_caps=tenant_caps,
         freshness=fresh,
+        tables=tables,
+        redis=held,
     )
 
 
@@ -273,7 +286,42 @@ def render(stats: Stats) -> str:
                 ]
             )
         lines += ["", *_columns(tenant_rows)]
-    return "\n".join(lines)
+    return "\n".join(lines + _storage_lines(stats))
+
+
+def _mib(value: int) -> str:
+    return f"{value / 2**20:,.1f}"
+
+
+def _storage_lines(stats: Stats) -> list[str]:
+    """What grows: each table's size and dead tuples, Redis' memory and each structure."""
+    lines: list[str] = []
+    if stats.tables:
+        rows = [["table", "MiB", "index MiB", "live", "dead", "last autovacuum"]]
+        for t in stats.tables:
+            vacuumed = "-" if t.last_autovacuum is None else f"{t.last_autovacuum:%H:%M:%S}"
+            rows.append(
+                [
+                    t.table,
+                    _mib(t.bytes),
+                    _mib(t.index_bytes),
+                    str(t.live_tuples),
+                    str(t.dead_tuples),
+                    vacuumed,
+                ]
+            )
+        lines += ["", *_columns(rows)]
+    if stats.redis is not None:
+        held = stats.redis
+        rows = [["redis", "entries", "KiB"]]
+        for kind, one in held.structures.items():
+            rows.append([kind, str(one.entries), f"{one.bytes / 1024:,.1f}"])
+        lines += [
+            "",
+            f"  redis used_memory {_mib(held.used_memory)} MiB   keys {held.keys}",
+            *_columns(rows),
+        ]
+    return lines
 
 
 # The tenants whose gauges observe_stats set last (one with no live rows loses its series).
@@ -351,3 +399,14 @@ def observe_stats(stats: Stats, limit: int = metrics.MAX_TENANT_LABELS) -> None:
     if stats.queued is not None and stats.deferred is not None:
         metrics.REDIS_JOBS.labels("queue").set(stats.queued)
         metrics.REDIS_JOBS.labels("scheduled").set(stats.deferred)
+    for t in stats.tables or ():
+        metrics.TABLE_BYTES.labels(t.table).set(t.bytes)
+        metrics.TABLE_INDEX_BYTES.labels(t.table).set(t.index_bytes)
+        metrics.TABLE_LIVE_TUPLES.labels(t.table).set(t.live_tuples)
+        metrics.TABLE_DEAD_TUPLES.labels(t.table).set(t.dead_tuples)
+    if stats.redis is not None:
+        metrics.REDIS_USED_MEMORY.set(stats.redis.used_memory)
+        metrics.REDIS_KEYS.set(stats.redis.keys)
+        for kind, one in stats.redis.structures.items():
+            metrics.REDIS_ENTRIES.labels(kind).set(one.entries)
+            metrics.REDIS_STRUCTURE_BYTES.labels(kind).set(one.bytes)

@@ -28,6 +28,12 @@ makes Redis agree with PostgreSQL again:
    there, so it runs every pass: a registry holds at most a pass's worth past its expiry.
    Counted in ``duejobs_redis_cleaned_total``.
 
+Rows past their lease that another transaction holds locked are not rescued (the rescue never
+waits for a lock): they are counted in ``duejobs_locked_past_lease`` and said at warning each
+pass, since no rescue can come before that transaction ends — the worker's fence bounds its
+own on the server (``fence_idle_timeout``), docs/deployment.md says which server settings
+bound the others.
+
 Then jobs whose time has come are promoted, as the scheduler does. (In partitioned mode, the
 partitions of the coming periods are made by a service of their own, which ``duejobs
 reconcile`` runs beside this one: :mod:`duejobs.services.partition_maintenance`.)
@@ -61,7 +67,7 @@ from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.core import HasCore
-from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
+from duejobs.delivery import STUCK_AFTER, Push, parse_job_id, registries
 from duejobs.models import Status
 from duejobs.observability import metrics
 from duejobs.services.loop import Loop
@@ -106,6 +112,8 @@ class ReconcileResult:
     expired_removed: int = 0
     abandoned_removed: int = 0
     dead_workers_removed: int = 0
+    # Running rows past their lease another transaction held locked (not rescued).
+    locked_past_lease: int = 0
 
     @property
     def fixed(self) -> int:
@@ -151,11 +159,13 @@ class Reconciler:
     def run_once(self) -> ReconcileResult:
         """Rescue, re-push, remove orphans, promote; returns the counts."""
         with self.core.engine.begin() as conn:
-            rescued = store.rescue_expired(conn, self.config.batch_size)
+            rescue = store.rescue_expired(conn, self.config.batch_size)
+        rescued = rescue.by_status
+        self._report_locked(rescue.locked)
         checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
         promoted = self.deliverer.promote(now)
-        cleaned = self.deliverer.clean(self.config.batch_size)
+        cleaned = registries.clean(self.deliverer, self.config.batch_size)
         result = ReconcileResult(
             checked=checked,
             repushed=repushed,
@@ -167,6 +177,7 @@ class Reconciler:
             expired_removed=cleaned.expired,
             abandoned_removed=cleaned.abandoned,
             dead_workers_removed=cleaned.dead_workers,
+            locked_past_lease=rescue.locked or 0,
         )
         for kind in ("repushed", "rescued", "failed", "orphans_removed"):
             metrics.FIXED.labels(kind).inc(getattr(result, kind))
@@ -179,6 +190,23 @@ class Reconciler:
         else:
             self._quiet.count(result)
         return result
+
+    def _report_locked(self, locked: int | None) -> None:
+        """Running rows past their lease that a transaction still holds (the rescue skips
+        them): a handler inside its fence longer than its lease, or a session left idle in
+        its transaction by a client gone without a reset, until the server ends it (the
+        worker's ``fence_idle_timeout``; ``idle_in_transaction_session_timeout`` for an
+        application's own). Exported, and said at warning while there are any."""
+        if locked is None:  # a full batch: the next pass tells
+            return
+        metrics.LOCKED_PAST_LEASE.set(locked)
+        if locked:
+            log.warning(
+                "%d running schedule(s) past their lease are held locked by another "
+                "transaction: not rescued until it ends (docs/deployment.md, the server "
+                "settings that bound it)",
+                locked,
+            )
 
     def _repush_window(self) -> tuple[int, int, int, datetime]:
         checked = repushed = stuck = 0

@@ -101,6 +101,7 @@ from duejobs.store.quotas import (
 )
 from duejobs.store.reconciliation import (
     OverdueRow,
+    Rescued,
     WindowRow,
     overdue_rows,
     pending_deliveries,
@@ -159,6 +160,7 @@ if TYPE_CHECKING:
         LiveFigures,
         ReplayPosition,
         ScheduleOutcome,
+        TableFigures,
         activity,
         bound_statements,
         lag_series,
@@ -169,6 +171,7 @@ if TYPE_CHECKING:
         restore_statement_timeout,
         start_lag,
         status_counts,
+        table_figures,
         wal_position,
     )
     from duejobs.store.listing import ListFilter, Position, list_schedules
@@ -204,6 +207,8 @@ _HOMES = {
     "Activity": "duejobs.store.figures",
     "LagPoint": "duejobs.store.figures",
     "LiveFigures": "duejobs.store.figures",
+    "TableFigures": "duejobs.store.figures",
+    "table_figures": "duejobs.store.figures",
     "ReplayPosition": "duejobs.store.figures",
     "ScheduleOutcome": "duejobs.store.figures",
     "activity": "duejobs.store.figures",
@@ -263,10 +268,12 @@ __all__ = [
     "Query",
     "Quota",
     "ReplayPosition",
+    "Rescued",
     "RunClaim",
     "ScheduleOutcome",
     "SkipReason",
     "StoredResult",
+    "TableFigures",
     "TenantDue",
     "WindowRow",
     "absolute_durations",
@@ -369,6 +376,7 @@ __all__ = [
     "start_lag",
     "status_counts",
     "swap",
+    "table_figures",
     "time_key_insert",
     "try_session_lock",
     "unmirror",

@@ -180,20 +180,20 @@ def fail_unknown_type(conn: Connection, delivery: Delivery, error: str, worker: 
 
 
 def change_since_claim(
-    conn: Connection, delivery: Delivery, *, lock: bool = False
+    conn: Connection, delivery: Delivery, *, fence_idle: timedelta | None = None
 ) -> SkipReason | None:
     """None while the attempt is still the current one; otherwise what changed.
-    With ``lock`` the row stays locked until the transaction ends (the effect fence)."""
-    row = run_one(
-        conn,
-        "change_since_claim_locked" if lock else "change_since_claim",
-        {
-            "id": delivery.schedule_id,
-            "version": delivery.version,
-            "current_status": Status.RUNNING.value,
-            "current_attempts": delivery.attempt,
-        },
-    )
+    With ``fence_idle`` (the effect fence) the row stays locked until the transaction ends,
+    and the server ends the session should the transaction sit idle longer than that."""
+    params: dict[str, Any] = {
+        "id": delivery.schedule_id,
+        "version": delivery.version,
+        "current_status": Status.RUNNING.value,
+        "current_attempts": delivery.attempt,
+    }
+    if fence_idle is not None:
+        params["idle_timeout"] = f"{max(1, fence_idle // timedelta(milliseconds=1))}ms"
+    row = run_one(conn, "change_since_claim_locked" if fence_idle else "change_since_claim", params)
     if row is None:
         return SkipReason.MISSING
     return None if row.reason is None else SkipReason(row.reason)
@@ -253,7 +253,7 @@ def finish(conn: Connection, closings: Sequence[Closing]) -> list[bool]:
     """Close running attempts, in one statement; whether each was closed, in their order.
     One is left open when it is no longer current (the schedule was cancelled, rescheduled
     or rescued meanwhile) or when another transaction holds its row now (see
-    :func:`change_since_claim` with ``lock``)."""
+    :func:`change_since_claim` with ``fence_idle``)."""
     params = {
         "synchronous_commit": None,  # a bookkeeping connection gives its own
         "ids": [c.delivery.schedule_id for c in closings],

@@ -12,7 +12,8 @@ from duejobs.models import (
     EventKind,
     Status,
 )
-from duejobs.store.execution import _utc, run, run_one
+from duejobs.store.execution import _utc, run, run_one, schema_of
+from duejobs.store.queries import TABLES
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -196,3 +197,34 @@ def replay_position(conn: Connection, lsn: str) -> ReplayPosition:
     row = run_one(conn, "replay_position", {"lsn": lsn})
     assert row is not None
     return ReplayPosition(bool(row.in_recovery), bool(row.caught_up), row.behind)
+
+
+@dataclass(frozen=True)
+class TableFigures:
+    """One of duejobs' tables as the server holds it (a partitioned table's partitions summed
+    under its name): its size with its indexes and TOAST, its indexes' share, its live and dead
+    tuples as the statistics collector counts them, and when autovacuum last finished on it."""
+
+    table: str
+    bytes: int
+    index_bytes: int
+    live_tuples: int
+    dead_tuples: int
+    last_autovacuum: datetime | None
+
+
+def table_figures(conn: Connection) -> list[TableFigures]:
+    """The figures of each of duejobs' tables there is (what grows, and what vacuum has left
+    to do): from the catalog and the statistics views, no table read."""
+    rows = run(conn, "table_figures", {"schema": schema_of(conn), "tables": list(TABLES)})
+    return [
+        TableFigures(
+            r.name,
+            int(r.bytes),
+            int(r.index_bytes),
+            int(r.live),
+            int(r.dead),
+            None if r.last_autovacuum is None else _utc(r.last_autovacuum),
+        )
+        for r in rows
+    ]

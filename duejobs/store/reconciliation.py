@@ -66,13 +66,26 @@ def record_repushed(conn: Connection, rows: Sequence[WindowRow]) -> None:
         )
 
 
-def rescue_expired(conn: Connection, limit: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class Rescued:
+    """What one rescue did: rows rescued, by their new status; and the running rows past their
+    lease that it could not take because a transaction held them locked (None when the batch
+    was full: the rest may merely have waited for the next one)."""
+
+    by_status: dict[str, int]
+    locked: int | None
+
+
+def rescue_expired(conn: Connection, limit: int) -> Rescued:
     """Running rows whose lease expired (their worker is gone): the attempt is recorded as
     abandoned; the row goes back to ``scheduled`` (due now) or, with its attempts exhausted,
     to ``failed``. (A row scheduled by an App that did not know the type's handler has no
     ``max_attempts``: it goes back, and the worker fails it if no attempt is left.)
-    Returns counts by new status."""
-    return {r.status: int(r.n) for r in run(conn, "rescue_expired", {"limit": limit})}
+    Rows locked by another transaction are skipped, never waited for, and counted."""
+    counts = {r.status: int(r.n) for r in run(conn, "rescue_expired", {"limit": limit})}
+    past_lease = counts.pop("past_lease", 0)
+    rescued = sum(counts.values())
+    return Rescued(counts, past_lease - rescued if rescued < limit else None)
 
 
 def schedule_states(

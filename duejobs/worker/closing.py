@@ -204,7 +204,8 @@ class Completer:
             closed_as = store.attempt_closed(conn, closing.delivery) if landed else None
             if closed_as is not None:
                 return _CLOSED[closed_as]
-            change = store.change_since_claim(conn, closing.delivery, lock=True)
+            fence_idle = self._config.fence_idle_timeout  # the close locks the row, as a fence
+            change = store.change_since_claim(conn, closing.delivery, fence_idle=fence_idle)
             if change is None:
                 return _CLOSED[closing.outcome] if store.finish(conn, [closing])[0] else None
             store.record_stale(conn, closing.delivery, change)

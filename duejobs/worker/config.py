@@ -74,6 +74,16 @@ class WorkerConfig:
             "delivery goes back for a second later.",
         ),
     )
+    fence_idle_timeout: timedelta = field(
+        default=timedelta(minutes=1),
+        metadata=_knob(
+            "How long the effect fence's transaction (ctx.transaction()) may sit idle between "
+            "two statements before PostgreSQL ends its session and releases the row: the bound "
+            "on a row held by a connection that vanished without a reset (a network blackhole). "
+            "Set for that transaction alone.",
+            at_most=timedelta(hours=1),
+        ),
+    )
     concurrency: int = field(
         default=1,
         metadata=_knob(

@@ -15,7 +15,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from duejobs import store
@@ -38,6 +38,8 @@ class Context:
     run_at: datetime
     payload: Any
     _core: Core = field(repr=False)
+    # How long the fence's transaction may sit idle on the server (WorkerConfig's knob).
+    _fence_idle: timedelta = field(default=timedelta(minutes=1), repr=False)
     _finished: bool = field(default=False, repr=False)
 
     @property
@@ -93,6 +95,15 @@ class Context:
         connection, or Django's through :func:`duejobs.contrib.django.fenced`), whose commit
         then decides; it must commit before the handler returns, or the attempt is left to
         its lease and rescued.
+
+        The transaction bounds itself on the server: PostgreSQL ends its session once it sits
+        idle longer than the worker's ``fence_idle_timeout`` (1 min) between two statements
+        (``idle_in_transaction_session_timeout``, set for this transaction alone, so nothing
+        outlives it on a pooled connection). A client that vanished without a reset (a network
+        blackhole) leaves no row locked for the server's TCP keepalive to find, hours later:
+        the row is free within that bound, and the reconciler rescues it once its lease ends.
+        A handler idle that long inside the fence has its effect rolled back and fails the
+        attempt (it is retried).
         """
         if self._finished:
             raise RuntimeError("this attempt already committed its effect")
@@ -102,7 +113,7 @@ class Context:
             else self._core.engine.begin()
         )
         with scope as conn:
-            change = store.change_since_claim(conn, self.delivery, lock=True)
+            change = store.change_since_claim(conn, self.delivery, fence_idle=self._fence_idle)
             if change is not None:
                 raise ScheduleChangedError(self.schedule_id, change.value)
             if not store.record_effect(

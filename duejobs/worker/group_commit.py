@@ -27,6 +27,7 @@ the statements run, its sum the requests: their ratio is the round trips per req
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -120,7 +121,9 @@ class GroupCommit(Generic[Request, Answer]):
         error: BaseException | None = None
         try:
             metrics.BATCH_SIZE.labels(self._kind).observe(len(batch))
+            began = time.perf_counter()
             answers = self._run([p.request for p in batch])
+            metrics.BATCH_SECONDS.labels(self._kind).observe(time.perf_counter() - began)
             if len(answers) != len(batch):
                 raise RuntimeError(f"{len(answers)} answers to a batch of {len(batch)}")
         except BaseException as exc:  # each request's caller raises it, the leader's too

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -57,6 +58,7 @@ from redis.exceptions import (
 from duejobs.config import redacted
 from duejobs.errors import InvalidQueueError
 from duejobs.redis_urls import GIVEN_REDIS, redis_client
+from duejobs.services.loop import StopRequest
 from duejobs.validation import check_queue
 from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits, is_outage
@@ -98,11 +100,15 @@ class Worker:
         self.wire = RqWire(client, names, self.name, runtime.core.settings.result_ttl)
         self.waits = RedisWaits(redacted(url))
         self._pool = runtime.slots
-        self._stop = threading.Event()
+        # Made from a signal handler: a request that takes no lock (a ``threading.Event``'s
+        # set() waits for the lock its own wait() may hold in the very thread it interrupts).
+        self._stop = StopRequest()
         self._stopped_at: float | None = None
         self._stop_date: datetime | None = None  # for RQ's shutdown_requested_date
         self._ended = threading.Event()
-        self._wake = threading.Event()  # a beat wanted now
+        # A beat wanted now (RQ's shutdown_requested_date, the end): put() is reentrant, so a
+        # stop made from a signal handler may ask for one.
+        self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], Taken] = {}  # by (job id, run id)
         # At one slot: jobs run whose finish in RQ goes with the next take (this thread's).
@@ -135,16 +141,17 @@ class Worker:
                     self._pool.close()
                 sys.setswitchinterval(previous)
                 self._ended.set()
-                self._wake.set()
+                self._wake.put(None)
                 beating.join()
                 self.waits.call("the worker's retirement", self.wire.retire, lambda: True)
 
     def stop(self) -> None:
-        """A warm stop: take no more jobs, let the running ones finish."""
+        """A warm stop: take no more jobs, let the running ones finish. Safe in a signal
+        handler (it takes no lock)."""
         if self._stopped_at is None:
             self._stopped_at = time.monotonic()
             self._stop_date = datetime.now(UTC)
-            self._wake.set()  # RQ's shutdown_requested_date written at once
+            self._wake.put(None)  # RQ's shutdown_requested_date written at once
         self._stop.set()
 
     def _loop(self, burst: bool, max_idle: float | None) -> None:
@@ -343,8 +350,10 @@ class Worker:
         that a long handler in a one-slot worker does not silence it."""
         kept = time.monotonic()
         while True:
-            self._wake.wait(BEAT_EVERY)
-            self._wake.clear()
+            with contextlib.suppress(queue.Empty):
+                self._wake.get(timeout=BEAT_EVERY)
+            while not self._wake.empty():  # the requests made meanwhile: one beat for all
+                self._wake.get_nowait()
             if self._ended.is_set():
                 return
             try:

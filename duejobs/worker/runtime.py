@@ -216,7 +216,14 @@ class Runtime:
         metrics.LAG.labels(tenant, self._type_label(claim.type)).observe(
             (claim.db_now - claim.due_at).total_seconds()
         )
-        ctx = Context(delivery, claim.type, claim.run_at, claim.payload, self.core)
+        ctx = Context(
+            delivery,
+            claim.type,
+            claim.run_at,
+            claim.payload,
+            self.core,
+            _fence_idle=self.config.fence_idle_timeout,
+        )
         handler = self.core.handler_for(claim.type)
         assert handler is not None  # claimed for the types with a handler only
         if delivery.attempt > handler.retry.max_attempts:  # rescued beyond the policy

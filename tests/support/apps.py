@@ -71,6 +71,15 @@ def record_loosely(ctx: Context, payload: Any) -> None:
         conn.execute(_INSERT, _params(ctx))
 
 
+def fence_idle(ctx: Context, payload: Any) -> None:
+    """Inside its effect fence: a marker statement, ``idle`` seconds with nothing sent, then
+    its effect — the gap a network blackhole test cuts the connection in."""
+    with ctx.transaction() as conn:
+        conn.execute(text("SELECT 'inside the fence'"))
+        time.sleep(float(payload.get("idle", 0)))
+        conn.execute(_INSERT, _params(ctx))
+
+
 def flaky(ctx: Context, payload: Any) -> None:
     """Fails on the first `fail_times` attempts, then records."""
     if ctx.attempt <= int(payload.get("fail_times", 0)):
@@ -260,6 +269,7 @@ def register(app: duejobs.App) -> duejobs.App:
     app.handler("record")(record)
     app.handler("traced", max_attempts=3, backoff=timedelta(milliseconds=50))(traced)
     app.handler("record-loosely")(record_loosely)
+    app.handler("fence-idle", max_attempts=3)(fence_idle)
     app.handler("record-async")(record_async)
     for name, flaky_kind in (("flaky", flaky), ("flaky-async", flaky_async)):
         app.handler(name, max_attempts=3, backoff=fast, backoff_cap=timedelta(seconds=1))(

@@ -187,11 +187,14 @@ SELECT CASE WHEN status = 'cancelled' THEN 'cancelled'
     WHERE id = :id
 
 -- name: change_since_claim_locked
--- The same, keeping the row locked to the end of the transaction (the effect fence).
+-- The same, keeping the row locked to the end of the transaction (the effect fence), whose
+-- session the server ends should it sit idle past :idle_timeout (for this transaction alone):
+-- a client gone without a reset leaves the row locked no longer than that.
 SELECT CASE WHEN status = 'cancelled' THEN 'cancelled'
     WHEN version <> :version THEN 'superseded' WHEN status <> :current_status
-    OR attempts <> :current_attempts THEN 'duplicate' END AS reason FROM /*schema*/scheduled_jobs
-    WHERE id = :id FOR UPDATE
+    OR attempts <> :current_attempts THEN 'duplicate' END AS reason,
+    set_config('idle_in_transaction_session_timeout', :idle_timeout, true) AS idle_timeout
+    FROM /*schema*/scheduled_jobs WHERE id = :id FOR UPDATE
 
 -- name: extend_leases
 -- Push forward the leases of the running attempts given, in one statement. A row locked by

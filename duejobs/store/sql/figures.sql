@@ -117,3 +117,24 @@ SELECT set_config('statement_timeout', :before, true)
 SELECT pg_is_in_recovery() AS in_recovery,
        COALESCE(pg_last_wal_replay_lsn() >= CAST(:lsn AS pg_lsn), false) AS caught_up,
        statement_timestamp() - pg_last_xact_replay_timestamp() AS behind
+
+-- name: table_figures
+-- Each of duejobs' tables that exists in its schema, a partitioned table's partitions summed
+-- under the table's name: its size with indexes and TOAST, its indexes' size, its live and dead
+-- tuples (the statistics collector's counts) and when autovacuum last finished on it.
+SELECT coalesce(parent.relname, c.relname) AS name,
+       sum(pg_total_relation_size(c.oid)) AS bytes,
+       sum(pg_indexes_size(c.oid)) AS index_bytes,
+       coalesce(sum(s.n_live_tup), 0) AS live,
+       coalesce(sum(s.n_dead_tup), 0) AS dead,
+       max(s.last_autovacuum) AS last_autovacuum
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
+LEFT JOIN pg_catalog.pg_class parent ON parent.oid = i.inhparent
+LEFT JOIN pg_catalog.pg_stat_all_tables s ON s.relid = c.oid
+WHERE c.relkind = 'r'
+  AND n.nspname = :schema
+  AND coalesce(parent.relname, c.relname) = ANY(CAST(:tables AS text[]))
+GROUP BY 1
+ORDER BY 1

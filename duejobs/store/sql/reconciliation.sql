@@ -51,7 +51,8 @@ ON id = rid
 
 -- name: rescue_expired
 -- Running rows whose lease expired (their worker is gone): the attempt recorded as
--- abandoned; the row back to scheduled (due now), or failed with its attempts exhausted.
+-- abandoned; the row back to scheduled (due now), or failed with its attempts exhausted; and
+-- how many running rows were past their lease.
 WITH expired AS (
     SELECT id FROM /*schema*/scheduled_jobs
     WHERE status = 'running' AND lease_expires_at < statement_timestamp()
@@ -90,6 +91,11 @@ WITH expired AS (
     FROM upd WHERE status = 'failed'
 )
 SELECT status, count(*) AS n FROM upd GROUP BY status
+UNION ALL
+-- Every running row past its lease, as the statement found them (those rescued included): the
+-- rest were locked by a transaction that outlived the lease.
+SELECT 'past_lease', count(*) FROM /*schema*/scheduled_jobs
+    WHERE status = 'running' AND lease_expires_at < statement_timestamp()
 
 -- name: schedule_states
 SELECT id, status, version FROM /*schema*/scheduled_jobs WHERE id = ANY(CAST(:ids AS uuid[]))
