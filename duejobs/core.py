@@ -166,7 +166,8 @@ class Core:
     quotas: dict[str, tuple[float, int | None]] = field(default_factory=dict)
     # The replica the operators' reads go to (duejobs.observability.replica), and how far behind it
     # may be.
-    _read_engine: Engine | None = None  # read_engine's, made on first use
+    # read_engine's, made on first use (an engine's repr shows its URL's query: not here)
+    _read_engine: Engine | None = field(default=None, repr=False)
     read_max_lag: timedelta = replica.DEFAULT_MAX_LAG
     # The recurring definitions declared in code, by (tenant, name): App.sync_recurring.
     declared_recurring: dict[tuple[str, str], RecurringSpec] = field(default_factory=dict)
@@ -178,7 +179,7 @@ class Core:
     _deliverer: Deliverer | None = None
     _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
     # The engine, made on first use (see engine), and the pool it is made with.
-    _engine: Engine | None = None
+    _engine: Engine | None = field(default=None, repr=False)
     _pool_size: int = POOL_SIZE
     # connect_directly's, made on first use (it holds the URL: never in a repr)
     _connector: store.Connector | None = field(default=None, repr=False)

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from typing import Any
 
+import psycopg
 from sqlalchemy import text
 
 from duejobs import EventKind
+from duejobs.config import libpq_url
 from duejobs.services.reconciler import Reconciler
 from tests.support import wait_for
 from tests.support.processes import SCHEDULER, Proc
@@ -88,3 +91,34 @@ def test_rows_held_locked_past_their_lease_are_counted_by_the_reconciler(system:
         holder.close()
     freed = Reconciler(system.app).run_once()
     assert (freed.locked_past_lease, freed.rescued) == (0, 1)
+
+
+def test_the_fences_idle_bound_is_set_for_its_transaction_and_a_shorter_one_is_kept(
+    system: System, database_url: str
+) -> None:
+    """The bound is the worker's (1 min) inside the fence; an application's own transaction
+    (``conn=``) that set a shorter one keeps it; neither outlives its transaction."""
+    seen: list[str] = []
+    show = text("SHOW idle_in_transaction_session_timeout")
+
+    @system.app.handler("fence-shows-its-bound")
+    def shows(ctx: Any, payload: Any) -> None:
+        if payload.get("own"):
+            with psycopg.connect(libpq_url(database_url)) as own, own.transaction():
+                own.execute("SET LOCAL idle_in_transaction_session_timeout = '5s'")
+                with ctx.transaction(conn=own):  # the handler's writes go through its own
+                    seen.append(
+                        own.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0]
+                    )  # type: ignore[index]
+                own.execute("SELECT 1")
+            with psycopg.connect(libpq_url(database_url)) as again:
+                seen.append(again.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0])  # type: ignore[index]
+            return
+        with ctx.transaction() as conn:
+            seen.append(conn.execute(show).scalar_one())
+
+    for own in (False, True):
+        s = system.app.schedule("fence-shows-its-bound", {"own": own}, delay=0)
+        system.runtime.handle(s.id, 1, 1, "default")
+        assert system.status(s.id) == "succeeded"
+    assert seen == ["1min", "5s", "0"]

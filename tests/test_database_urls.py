@@ -176,3 +176,9 @@ def test_no_password_reaches_the_repr_of_an_apps_settings_or_core() -> None:
         assert "127.0.0.1" in repr(app.settings)  # still says where it points
     finally:
         app.close()
+    in_query = App("postgresql://app@127.0.0.1:1/app?password=query-s3cret")
+    try:
+        assert in_query.core.engine is not None  # made: its repr would show the query
+        assert "query-s3cret" not in repr(in_query.core) + repr(in_query.settings)
+    finally:
+        in_query.close()

@@ -23,6 +23,7 @@ from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from duejobs import App
 from duejobs.config import RESULT_TTL_ENV
+from duejobs.delivery import registries
 from duejobs.errors import ConfigurationError
 from duejobs.services.reconciler import Reconciler
 from tests.support import wait_for
@@ -145,3 +146,28 @@ def test_a_bad_result_ttl_on_the_command_line_or_in_the_environment_is_refused_n
     from_env = run("stats", env={**env, RESULT_TTL_ENV: "forever"})
     # a configuration error, as every variable's (exit 1)
     assert from_env.returncode == 1 and RESULT_TTL_ENV in from_env.stderr, from_env.stderr
+
+
+def test_a_registry_that_grew_without_a_reconciler_is_emptied_in_bounded_calls(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thousands of entries expired while no reconciler ran: each script call removes at
+    most its batch (Redis is never blocked by one long call), and the cleanup calls again
+    until they are gone."""
+    system.redis.zadd("rq:finished:duejobs", {f"gone-{i}": 1 for i in range(2500)})
+    system.redis.zadd("rq:finished:duejobs", {"kept": 2**40})  # not expired
+    system.redis.sadd("duejobs:queues", "duejobs")
+    deliverer = system.app.core.deliverer()
+    calls: list[int] = []
+    for node in deliverer._nodes:
+        real = node.clean
+
+        def counted(*args: object, real: object = real, **kwargs: object) -> object:
+            answer = real(*args, **kwargs)  # type: ignore[operator]
+            calls.append(int(answer[0]))
+            return answer
+
+        monkeypatch.setattr(node, "clean", counted)
+    done = registries.clean(deliverer, most=1000)
+    assert done.expired == 2500 and calls == [1000, 1000, 500]
+    assert system.redis.zrange("rq:finished:duejobs", 0, -1) == [b"kept"]

@@ -190,3 +190,20 @@ def test_without_a_replica_every_read_is_current(app: App) -> None:
     assert app.list().freshness == CURRENT
     assert stats.collect(app).freshness == CURRENT
     assert not CURRENT.stale and CURRENT.warning() is None
+
+
+def test_dead_tuples_are_counted_on_the_primary_when_the_figures_read_the_replica(
+    pair: Pair, replicated: App
+) -> None:
+    """A standby's statistics count no dead tuples (replay is not a write): read there, the
+    bloat of the hot table would never show. The table figures come from the primary."""
+    app = replicated
+    ids = [app.schedule("replicated", {}, delay=timedelta(hours=1)).id for _ in range(20)]
+    for schedule_id in ids:
+        app.cancel(schedule_id)
+
+    def dead() -> int:
+        tables = stats.collect(app).tables or []
+        return next(t.dead_tuples for t in tables if t.table == "scheduled_jobs")
+
+    wait_for(lambda: dead() >= 20, 30, "the primary's dead tuples in the figures")

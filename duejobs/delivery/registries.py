@@ -64,10 +64,15 @@ class RedisFigures:
     structures: dict[str, Structure] = field(default_factory=dict)
 
 
+# The most calls one cleanup makes per node while registries still hold expired entries.
+MAX_CALLS = 100
+
+
 def clean(deliverer: Deliverer, most: int = 1000) -> Cleaned:
     """RQ's registry cleanup on every node (see the module docstring and
-    :data:`~duejobs.delivery.scripts.CLEAN_SCRIPT`): at most ``most`` dead runs' started
-    entries per queue and call."""
+    :data:`~duejobs.delivery.scripts.CLEAN_SCRIPT`): calls of at most ``most`` entries per
+    registry, made again while a registry had more (up to :data:`MAX_CALLS` per node; the
+    next cleanup goes on)."""
     stamp = utcformat(datetime.now(UTC))
 
     def clean_on(node: Node, queues: list[str]) -> Cleaned:
@@ -87,7 +92,15 @@ def clean(deliverer: Deliverer, most: int = 1000) -> Cleaned:
             most,
             stamp,
         ]
-        return Cleaned(*(int(n) for n in node.clean(keys=keys, args=args)))
+        done = Cleaned()
+        for _ in range(MAX_CALLS):
+            expired, abandoned, dead, more = (int(n) for n in node.clean(keys=keys, args=args))
+            done = Cleaned(
+                done.expired + expired, done.abandoned + abandoned, done.dead_workers + dead
+            )
+            if not more:
+                break
+        return done
 
     done = deliverer.on_each_node(clean_on)
     return Cleaned(*(sum(getattr(c, f.name) for c in done) for f in fields(Cleaned)))

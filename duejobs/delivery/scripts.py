@@ -198,21 +198,26 @@ return taken
 # worker has a loop of its own), by Redis' clock, on which the job hashes expire:
 # KEYS[1] ``rq:workers``; then per RQ queue its finished, failed and started registries and its
 # worker set. ARGV: the job-hash prefix, the worker-key prefix, the result TTL, the most
-# started entries looked at per queue, RQ's stamp of now.
-# * finished and failed entries past their expiry (their hashes are gone) are removed: a
-#   range by score, whose cost is what expired, not what is there;
+# entries removed per registry and call, RQ's stamp of now.
+# * finished and failed entries past their expiry (their hashes are gone) are removed, at most
+#   ``most`` per registry: the oldest first, by rank (a count and a range: the call costs what
+#   it removes, and a registry that grew while no reconciler ran is emptied over several calls
+#   instead of blocking Redis in one);
 # * a started entry whose worker stopped refreshing it (its score passed) and whose worker's
 #   key is gone is removed, its hash, still ``started``, failed into the failed registry to
 #   expire there as RQ's cleanup of abandoned jobs does (the row is the reconciler's rescue);
 #   an entry a live worker still holds is left alone, whatever the clocks say;
-# * a worker set member whose key is gone (a worker SIGKILLed, its key expired) is removed.
-# Returns the counts: expired entries, abandoned started entries, dead workers.
+# * a worker set member whose key is gone (a worker SIGKILLed, its key expired) is removed (the
+#   sets are read whole: their size is the live workers').
+# Returns the counts: expired entries, abandoned started entries, dead workers; and 1 when a
+# registry had more to remove than ``most`` (call again), else 0.
 CLEAN_SCRIPT = """
 if redis.replicate_commands then redis.replicate_commands() end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local prefix, workers, ttl, most, stamp = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5]
-local expired, abandoned, dead = 0, 0, 0
+local prefix, workers, ttl, most, stamp = ARGV[1], ARGV[2], tonumber(ARGV[3]),
+    tonumber(ARGV[4]), ARGV[5]
+local expired, abandoned, dead, more = 0, 0, 0, 0
 local function bury(set)
     for _, key in ipairs(redis.call('SMEMBERS', set)) do
         if redis.call('EXISTS', key) == 0 then
@@ -220,10 +225,19 @@ local function bury(set)
         end
     end
 end
+local function expire(registry)
+    local due = redis.call('ZCOUNT', registry, '-inf', now)
+    if due > most then
+        due, more = most, 1
+    end
+    if due > 0 then
+        expired = expired + redis.call('ZREMRANGEBYRANK', registry, 0, due - 1)
+    end
+end
 bury(KEYS[1])
 for i = 2, #KEYS, 4 do
-    expired = expired + redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
-    expired = expired + redis.call('ZREMRANGEBYSCORE', KEYS[i + 1], '-inf', now)
+    expire(KEYS[i])
+    expire(KEYS[i + 1])
     local stale = redis.call('ZRANGEBYSCORE', KEYS[i + 2], '-inf', now, 'LIMIT', 0, most)
     for _, member in ipairs(stale) do
         local id = string.match(member, '^(.*):[^:]*$') or member
@@ -241,5 +255,5 @@ for i = 2, #KEYS, 4 do
     end
     bury(KEYS[i + 3])
 end
-return {expired, abandoned, dead}
+return {expired, abandoned, dead, more}
 """

@@ -142,11 +142,14 @@ def collect(
         pushed = [(r.queue_job_id, r.due_at, r.stuck, r.queue) for r in overdue if r.queue_job_id]
         alive = deliverer.live(pushed) if pushed else []
         queued, deferred = deliverer.depth() if scope is None else (None, None)
-        tables = store.table_figures(conn) if scope is None else None
         held = structures(deliverer) if scope is None else None
         orphans = list(orphan_jobs(core, reading=conn))
         if scope is not None:
             orphans = _of_tenant(conn, orphans, scope)
+    tables = None
+    if scope is None:  # on the primary: a standby's statistics count no dead tuples
+        with core.reading(current=True) as (primary, _):
+            tables = store.table_figures(primary)
     return Stats(
         at=now,
         since=since,

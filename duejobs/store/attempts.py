@@ -193,7 +193,8 @@ def change_since_claim(
     }
     if fence_idle is not None:
         params["idle_timeout"] = f"{max(1, fence_idle // timedelta(milliseconds=1))}ms"
-    row = run_one(conn, "change_since_claim_locked" if fence_idle else "change_since_claim", params)
+    locked = fence_idle is not None
+    row = run_one(conn, "change_since_claim_locked" if locked else "change_since_claim", params)
     if row is None:
         return SkipReason.MISSING
     return None if row.reason is None else SkipReason(row.reason)

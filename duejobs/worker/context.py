@@ -102,8 +102,10 @@ class Context:
         outlives it on a pooled connection). A client that vanished without a reset (a network
         blackhole) leaves no row locked for the server's TCP keepalive to find, hours later:
         the row is free within that bound, and the reconciler rescues it once its lease ends.
-        A handler idle that long inside the fence has its effect rolled back and fails the
-        attempt (it is retried).
+        A shorter limit already in force (the role's, or an application's own transaction's
+        with ``conn=``) is kept. A handler idle that long inside the fence has its effect
+        rolled back and fails the attempt with the server's error (retried as its retry
+        policy says): keep slow work that is not the database's outside the fence.
         """
         if self._finished:
             raise RuntimeError("this attempt already committed its effect")

@@ -406,8 +406,8 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self._stopped_at is None:
+            self.stop()  # first: the log line below may fail inside a signal handler
             log.warning("warm shutdown: taking no more jobs; the running ones finish")
-            self.stop()
         elif time.monotonic() - self._stopped_at > 1:  # not a process group's copy of it
             log.warning("cold shutdown: ending now; running attempts are rescued after their lease")
             os._exit(1)

@@ -188,12 +188,17 @@ SELECT CASE WHEN status = 'cancelled' THEN 'cancelled'
 
 -- name: change_since_claim_locked
 -- The same, keeping the row locked to the end of the transaction (the effect fence), whose
--- session the server ends should it sit idle past :idle_timeout (for this transaction alone):
--- a client gone without a reset leaves the row locked no longer than that.
+-- session the server ends should it sit idle past :idle_timeout (for this transaction alone;
+-- a shorter limit already in force, the role's or the application's, is kept): a client gone
+-- without a reset leaves the row locked no longer than that.
 SELECT CASE WHEN status = 'cancelled' THEN 'cancelled'
     WHEN version <> :version THEN 'superseded' WHEN status <> :current_status
     OR attempts <> :current_attempts THEN 'duplicate' END AS reason,
-    set_config('idle_in_transaction_session_timeout', :idle_timeout, true) AS idle_timeout
+    set_config('idle_in_transaction_session_timeout',
+        CASE WHEN CAST(current_setting('idle_in_transaction_session_timeout') AS interval)
+                  BETWEEN interval '1 millisecond' AND CAST(CAST(:idle_timeout AS text) AS interval)
+             THEN current_setting('idle_in_transaction_session_timeout')
+             ELSE CAST(:idle_timeout AS text) END, true) AS idle_timeout
     FROM /*schema*/scheduled_jobs WHERE id = :id FOR UPDATE
 
 -- name: extend_leases

@@ -1,0 +1,496 @@
+"""`python -m bench.soak --minutes M [--rate R] [--out DIR]`: the whole pipeline for a long
+time, under faults, with every figure that could grow sampled — the evidence that nothing grows
+without bound and nothing drifts.
+
+What runs, on a PostgreSQL and a Redis of the run's own (``bench.chaos.Servers``): a scheduler;
+three workers (16 slots, 1 slot, and 16 slots of async handlers on a queue of their own); a
+reconciler (``--every 5s``); a pruner (``--older-than 1m --every 15s``: the history bounded by
+retention); the dashboard, its overview read at every sample. ``DUEJOBS_RESULT_TTL`` is 60 s, so
+Redis reaches its level within the warm-up. The load: ``--rate`` schedules a second (300) in
+batches, delays from 0 s to two minutes (half due at once), 10% rescheduled, 5% cancelled, 2%
+failing their first attempt into a retry, 10% async, two tenants, one in ten urgent
+(priority 10), and a recurring definition replaced every second (300 of them, every minute).
+
+The faults, in turn, every ``--fault-every`` (2 min): the one-slot worker SIGKILLed (and
+started again), Redis restarted empty, PostgreSQL restarted, the reconciler stopped for a
+minute. A process that exits on its own is started again and counted.
+
+Every ``--sample-every`` (10 s) it samples: Redis' ``used_memory``, keys and each structure's
+entries; each of duejobs' tables' size and dead tuples; the scheduler's pass and the worker's
+claim and outcome statements (p99 of what each took since the last sample, from their
+histograms); each process's memory, threads, open files and connections; the dashboard's
+answer time.
+
+At the end (the load stopped, everything due run or a 5-minute deadline passed) it prints each
+series' trend after warm-up (``--warmup``, a third of the run up to 15 min) and fails (exit 1)
+on a drift (``bench.soak_figures``: a slope told apart from noise that adds more than 10% of
+the level over the window); on the claim's p99 over the last ten minutes (the last third of a
+shorter run) above 1.2 times its p99 over the first; and on any schedule lost, any effect applied
+twice, early, or for a cancelled or superseded version. It writes ``soak.csv`` and
+``soak.png`` (the series, faults marked) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+import duejobs
+from bench import soak_figures as figures
+from bench.chaos import Servers
+from bench.chaos_app import EFFECTS
+from bench.soak_app import register
+from duejobs import ScheduleRequest, store
+from duejobs.config import libpq_url
+from duejobs.delivery.registries import structures
+from duejobs.errors import DuejobsError
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = """
+CREATE TABLE IF NOT EXISTS soak_plan (
+    id uuid PRIMARY KEY, version integer NOT NULL DEFAULT 1,
+    cancelled boolean NOT NULL DEFAULT false
+)
+"""
+VIOLATIONS = {
+    "lost (never ran)": (
+        "SELECT count(*) FROM soak_plan p WHERE NOT p.cancelled AND NOT EXISTS "
+        "(SELECT 1 FROM chaos_effects e WHERE e.schedule_id = p.id)"
+    ),
+    "effect applied twice": (
+        "SELECT count(*) FROM (SELECT effect_key FROM chaos_effects "
+        "GROUP BY effect_key HAVING count(*) > 1) AS twice"
+    ),
+    "effect before its due time": "SELECT count(*) FROM chaos_effects WHERE applied_at < due_at",
+    "cancelled or superseded version ran": (
+        "SELECT count(*) FROM chaos_effects e JOIN soak_plan p ON p.id = e.schedule_id "
+        "WHERE p.cancelled OR e.version <> p.version"
+    ),
+}
+FAULTS = ("worker-kill", "redis-restart", "postgres-restart", "reconciler-pause")
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    minutes: float = 10.0
+    rate: float = 300.0
+    seed: int = 1
+    sample_every: float = 10.0
+    fault_every: float = 120.0
+    reconciler_pause: float = 60.0
+    warmup_minutes: float | None = None
+
+    @property
+    def warmup(self) -> float:
+        """Seconds of warm-up: as given, else a third of the run, at most 15 min."""
+        if self.warmup_minutes is not None:
+            return self.warmup_minutes * 60
+        return min(15 * 60.0, self.minutes * 20)
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports no one listens on now."""
+    held = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
+    ports = [int(s.getsockname()[1]) for s in held]
+    for s in held:
+        s.close()
+    return ports
+
+
+class Processes:
+    """The run's duejobs processes, by role, each restartable, their output in files."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env, self.logs = env, logs
+        ports = free_ports(4)
+        self.metrics = {"scheduler": ports[0], "worker-16": ports[1], "reconciler": ports[2]}
+        self.dashboard_port = ports[3]
+        worker = ["worker", "--app", "bench.soak_app:app", "--log-level", "warning"]
+        self.commands = {
+            "scheduler": ["scheduler", "--log-level", "warning"],
+            "worker-16": [*worker, "--concurrency", "16"],
+            "worker-1": worker,
+            "worker-async": [*worker, "--concurrency", "16", "--queue", "soak-async"],
+            "reconciler": ["reconcile", "--every", "5s", "--log-level", "warning"],
+            "pruner": ["prune", "--older-than", "1m", "--every", "15s", "--log-level", "warning"],
+            "dashboard": ["dashboard", "--port", str(self.dashboard_port)],
+        }
+        for role, port in self.metrics.items():
+            self.commands[role] += ["--metrics-port", str(port)]
+        self.procs = {role: self._start(role) for role in self.commands}
+        self.exits = 0
+
+    def _start(self, role: str) -> subprocess.Popen[bytes]:
+        out = open(self.logs / f"{role}.log", "ab")  # noqa: SIM115 - the child keeps it
+        return subprocess.Popen(
+            [sys.executable, "-m", "duejobs", *self.commands[role]],
+            env=self.env,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self, role: str) -> None:
+        self.procs[role].kill()
+        self.procs[role].wait(30)
+        self.procs[role] = self._start(role)
+
+    def pause(self, role: str, seconds: float) -> threading.Timer:
+        """Stop ``role`` (SIGTERM) and start it again ``seconds`` later."""
+        self.procs[role].terminate()
+        self.procs[role].wait(60)
+        timer = threading.Timer(seconds, lambda: self.procs.__setitem__(role, self._start(role)))
+        timer.start()
+        return timer
+
+    def revive(self, paused: set[str]) -> list[str]:
+        """Start again every process that exited on its own (not one paused on purpose)."""
+        revived = []
+        for role, proc in list(self.procs.items()):
+            if role not in paused and proc.poll() is not None:
+                self.procs[role] = self._start(role)
+                self.exits += 1
+                revived.append(role)
+        return revived
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(15)
+
+
+class Load(threading.Thread):
+    """The mixed workload, ``rate`` schedules a second in tenths of a second; each schedule
+    and its plan row (version, cancelled) written in one transaction."""
+
+    def __init__(self, app: duejobs.App, config: SoakConfig) -> None:
+        super().__init__(name="soak-load", daemon=True)
+        self.app, self.rate, self.rng = app, config.rate, random.Random(config.seed)
+        self.stopping = threading.Event()
+        self.made = self.failures = self.cancelled = self.rescheduled = 0
+        self._recent: list[Any] = []
+
+    def _request(self) -> ScheduleRequest:
+        rng = self.rng
+        roll = rng.random()
+        delay = 0.0 if roll < 0.5 else rng.uniform(1, 30) if roll < 0.8 else rng.uniform(30, 120)
+        kind = rng.random()
+        job_type = "soak-flaky" if kind < 0.02 else "soak-async" if kind < 0.12 else "soak"
+        return ScheduleRequest(
+            job_type,
+            {"n": self.made},
+            delay=timedelta(seconds=delay),
+            tenant="acme" if rng.random() < 0.7 else "globex",
+            priority=10 if rng.random() < 0.1 else 0,
+        )
+
+    def run(self) -> None:
+        tick, started = 0.1, time.monotonic()
+        for step in itertools.count():
+            if self.stopping.is_set():
+                return
+            try:
+                self._batch(max(1, round(self.rate * tick)))
+                if step % 10 == 0:
+                    self._recurring(step // 10)
+            except Exception:  # an outage (a fault): the load waits and goes on
+                self.failures += 1
+                time.sleep(0.5)
+            time.sleep(max(0.0, started + (step + 1) * tick - time.monotonic()))
+
+    def _batch(self, n: int) -> None:
+        with self.app.engine.begin() as conn:
+            ids = self.app.schedule_many([self._request() for _ in range(n)], conn=conn)
+            conn.exec_driver_sql(
+                "INSERT INTO soak_plan (id) SELECT unnest(%(ids)s::uuid[])", {"ids": ids}
+            )
+        self.made += n
+        self._recent = (self._recent + ids)[-2000:]
+        for _ in range(n):  # of as many recent schedules: 10% moved, 5% cancelled
+            roll = self.rng.random()
+            if roll < 0.10:
+                self._reschedule(self.rng.choice(self._recent))
+            elif roll < 0.15:
+                self._cancel(self.rng.choice(self._recent))
+
+    def _reschedule(self, schedule_id: Any) -> None:
+        """Moved (a new version) with its plan row, in one transaction; one that already ran
+        is refused."""
+        later = timedelta(seconds=self.rng.uniform(1, 60))
+        with contextlib.suppress(DuejobsError), self.app.engine.begin() as conn:
+            moved = self.app.reschedule(schedule_id, delay=later, conn=conn)
+            conn.exec_driver_sql(
+                "UPDATE soak_plan SET version = %(v)s WHERE id = %(id)s",
+                {"v": moved.version, "id": schedule_id},
+            )
+            self.rescheduled += 1
+
+    def _cancel(self, schedule_id: Any) -> None:
+        with self.app.engine.begin() as conn:
+            if self.app.cancel(schedule_id, conn=conn):
+                conn.exec_driver_sql(
+                    "UPDATE soak_plan SET cancelled = true WHERE id = %(id)s", {"id": schedule_id}
+                )
+                self.cancelled += 1
+
+    def _recurring(self, second: int) -> None:
+        """A recurring definition replaced (a new version) every second, 300 in turn."""
+        self.app.recurring(
+            f"soak-{second % 300}", cron="* * * * *", type="soak", payload={"v": second}
+        )
+
+
+class Sampler:
+    """One sample of every series (see the module docstring); a piece that fails during a
+    fault is left out of that sample."""
+
+    def __init__(self, app: duejobs.App, procs: Processes, started: float) -> None:
+        self.app, self.procs, self.started = app, procs, started
+        self.samples = figures.Samples()
+        self._last: dict[str, dict[float, float]] = {}
+        self.windows: list[tuple[float, dict[str, dict[float, float]]]] = []
+
+    def sample(self) -> None:
+        at = time.monotonic() - self.started
+        with contextlib.suppress(Exception):
+            held = structures(self.app.core.deliverer())
+            self.samples.add(
+                at, "redis (MiB, keys/1000)", "redis used_memory", held.used_memory / 2**20
+            )
+            self.samples.add(at, "redis (MiB, keys/1000)", "redis keys/1000", held.keys / 1000)
+            for kind, one in held.structures.items():
+                self.samples.add(at, "redis entries", f"redis {kind}", one.entries)
+        with contextlib.suppress(Exception), self.app.engine.connect() as conn:
+            for t in store.table_figures(conn):
+                self.samples.add(at, "table MiB", f"table {t.table}", t.bytes / 2**20)
+                self.samples.add(at, "dead tuples", f"dead {t.table}", t.dead_tuples)
+        self._latency(at)
+        for role, proc in self.procs.procs.items():
+            for name, value in figures.process_figures(proc.pid).items():
+                self.samples.add(at, f"process {name}", f"{role} {name}", value)
+        began = time.monotonic()
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(
+                f"http://127.0.0.1:{self.procs.dashboard_port}/", timeout=30
+            ) as page,
+        ):
+            page.read()
+            self.samples.add(
+                at, "latency p99 (ms)", "dashboard overview", 1000 * (time.monotonic() - began)
+            )
+
+    def _latency(self, at: float) -> None:
+        wanted = {
+            "claim pass": ("scheduler", "duejobs_scheduler_pass_seconds", {}),
+            "worker claim": ("worker-16", "duejobs_worker_batch_seconds", {"kind": "claim"}),
+            "worker outcome": ("worker-16", "duejobs_worker_batch_seconds", {"kind": "outcome"}),
+        }
+        window: dict[str, dict[float, float]] = {}
+        for name, (role, metric, labels) in wanted.items():
+            text = figures.scrape(self.procs.metrics[role])
+            if not text:
+                continue
+            now = figures.buckets(text, metric, **labels)
+            window[name] = figures.delta(now, self._last.get(name, {}))
+            self._last[name] = now
+            p99 = figures.quantile(window[name], 0.99)
+            if p99 is not None:
+                self.samples.add(at, "latency p99 (ms)", name, 1000 * p99)
+        self.windows.append((at, window))
+
+    def p99_between(self, name: str, start: float, end: float) -> float | None:
+        total: dict[float, float] = {}
+        for at, window in self.windows:
+            if start <= at < end and name in window:
+                figures.add(total, window[name])
+        return figures.quantile(total, 0.99)
+
+
+def _inject(
+    kind: str,
+    procs: Processes,
+    servers: Servers,
+    sampler: Sampler,
+    config: SoakConfig,
+    paused: set[str],
+) -> None:
+    if kind == "worker-kill":
+        procs.kill("worker-1")
+        sampler.samples.restart("worker-1 ")
+    elif kind == "redis-restart":
+        servers.restart_redis()
+    elif kind == "postgres-restart":
+        servers.restart_postgres()
+    else:
+        paused.add("reconciler")
+        sampler.samples.restart("reconciler ")
+        timer = procs.pause("reconciler", config.reconciler_pause)
+        threading.Thread(
+            target=lambda: (timer.join(), paused.discard("reconciler")), daemon=True
+        ).start()
+
+
+def run(config: SoakConfig, out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    servers = Servers(out / "servers")
+    pg = libpq_url(servers.database_url)
+    with psycopg.connect(pg, autocommit=True) as admin:
+        admin.execute(EFFECTS)
+        admin.execute(PLAN)
+    env = {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": servers.database_url,
+        "DUEJOBS_REDIS_URL": servers.redis_url,
+        "DUEJOBS_RESULT_TTL": "60",
+        "PYTHONPATH": str(ROOT),
+    }
+    app = register(duejobs.App(servers.database_url, servers.redis_url, result_ttl=60))
+    procs = Processes(env, out)
+    started = time.monotonic()
+    sampler, load = Sampler(app, procs, started), Load(app, config)
+    marks: list[tuple[float, str]] = []
+    paused: set[str] = set()
+    end = started + config.minutes * 60
+    try:
+        load.start()
+        kinds = itertools.cycle(FAULTS)
+        next_sample, next_fault = started, started + config.fault_every
+        while time.monotonic() < end:
+            now = time.monotonic()
+            if now >= next_sample:
+                sampler.sample()
+                next_sample += config.sample_every
+            if now >= next_fault and end - now > config.fault_every / 2:
+                kind = next(kinds)
+                marks.append((now - started, kind))
+                with contextlib.suppress(Exception):  # a fault that met another: counted anyway
+                    _inject(kind, procs, servers, sampler, config, paused)
+                next_fault += config.fault_every
+            for role in procs.revive(paused):
+                sampler.samples.restart(f"{role} ")
+            time.sleep(0.2)
+        load.stopping.set()
+        load.join(30)
+        settled = _settle(pg, procs, paused)
+    finally:
+        procs.stop()
+        app.close()
+    report = _report(config, sampler, load, procs, marks, pg, settled, out)
+    servers.stop()
+    return report
+
+
+def _settle(pg: str, procs: Processes, paused: set[str]) -> bool:
+    """Until every schedule of the plan is done (run, cancelled) — five minutes at most."""
+    deadline = time.monotonic() + 300
+    live = (
+        "SELECT count(*) FROM scheduled_jobs s JOIN soak_plan p ON p.id = s.id "
+        "WHERE s.status IN ('scheduled', 'running')"
+    )
+    while time.monotonic() < deadline:
+        procs.revive(paused)
+        with contextlib.suppress(psycopg.Error), psycopg.connect(pg) as conn:
+            if conn.execute(live).fetchone() == (0,):
+                return True
+        time.sleep(1)
+    return False
+
+
+def _report(
+    config: SoakConfig,
+    sampler: Sampler,
+    load: Load,
+    procs: Processes,
+    marks: list[tuple[float, str]],
+    pg: str,
+    settled: bool,
+    out: Path,
+) -> int:
+    with psycopg.connect(pg) as conn:
+        violations = {
+            name: int(conn.execute(sql).fetchone()[0]) for name, sql in VIOLATIONS.items()
+        }  # type: ignore[index]
+    floors = {"dead ": 10_000.0, "redis ": 100.0, "table ": 1.0}
+    found = figures.trends(sampler.samples, config.warmup, floors=floors)
+    total = config.minutes * 60
+    span = min(600.0, (total - config.warmup) / 3)
+    first = sampler.p99_between("claim pass", config.warmup, config.warmup + span)
+    last = sampler.p99_between("claim pass", total - span, total + 1)
+    ratio = (last / first) if first and last else None
+    print(
+        f"soak: {config.minutes:g} min at {config.rate:g}/s, "
+        f"warm-up {config.warmup / 60:g} min; {out}"
+    )
+    print(
+        f"  schedules {load.made}, rescheduled {load.rescheduled}, cancelled {load.cancelled}, "
+        f"load retries {load.failures}, faults {len(marks)}, processes that exited {procs.exits}"
+    )
+    print(f"  {'series':<34} {'level':>12} {'growth':>8}  verdict")
+    for t in sorted(found, key=lambda t: t.name):
+        verdict = "DRIFTS" if t.drifts else ("rising" if t.significant and t.growth > 0 else "flat")
+        print(f"  {t.name:<34} {t.level:>12.2f} {t.growth:>+8.1%}  {verdict}")
+    shown = "-" if ratio is None else f"{ratio:.2f}"
+    print(
+        f"  claim pass p99 (s): first {span / 60:.0f} min {first}, "
+        f"last {span / 60:.0f} min {last}: {shown}x (at most 1.2)"
+    )
+    for name, n in violations.items():
+        print(f"  {name}: {n}")
+    if not settled:
+        print("  the schedules did not all finish within 5 min of the load's end")
+    sampler.samples.write_csv(out / "soak.csv")
+    figures.plot(sampler.samples, out / "soak.png", config.warmup, marks)
+    failed = any(violations.values()) or any(t.drifts for t in found) or not settled
+    return 1 if failed or (ratio is not None and ratio > 1.2) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--minutes", type=float, default=SoakConfig.minutes)
+    parser.add_argument("--rate", type=float, default=SoakConfig.rate)
+    parser.add_argument("--seed", type=int, default=SoakConfig.seed)
+    parser.add_argument("--sample-every", type=float, default=SoakConfig.sample_every)
+    parser.add_argument("--fault-every", type=float, default=SoakConfig.fault_every)
+    parser.add_argument("--warmup", type=float, default=None, help="minutes")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    config = SoakConfig(
+        minutes=args.minutes,
+        rate=args.rate,
+        seed=args.seed,
+        sample_every=args.sample_every,
+        fault_every=args.fault_every,
+        warmup_minutes=args.warmup,
+    )
+    out = args.out or Path(tempfile.mkdtemp(prefix="duejobs-soak-"))
+    return run(config, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
