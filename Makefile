@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo dist test test-all test-install test-under-load lint docs browser pgbouncer test-django6 test-rq2 bench mutation clean
+.PHONY: demo dist test test-all test-install test-under-load lint docs browser pgbouncer test-django6 test-rq2 bench soak mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -138,9 +138,20 @@ test-rq2: .venv-rq2.0/.installed-stamp .venv-rq2.12/.installed-stamp
 		-m "not install"
 	.venv-rq2.12/bin/python -m pytest -q -p no:cacheprovider $(RQ_TESTS)
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[binary,django,embedded,test,bench]' --group dev
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench
+
+# The whole pipeline for SOAK_MINUTES under faults, every figure that could grow sampled: fails
+# on a drift after warm-up, a schedule lost, an effect twice or early (bench/soak.py). Its
+# figures and plot go to build/soak.
+SOAK_MINUTES ?= 10
+soak: $(BENCH_STAMP)
+	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES) --out build/soak
 
 # The modules that carry the guarantees (pyproject's only_mutate: of the store, the claim and
 # the attempts), or the mutants named here.

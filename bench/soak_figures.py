@@ -6,7 +6,8 @@ A series **drifts** when, after warm-up, its least-squares slope is told apart f
 (its 95% interval excludes it) *and* what that slope adds over the window is more than
 ``tolerance`` (10%) of the series' level: noise around a level passes, a steady climb does not,
 however small its steps. A process restarted by a fault starts a new segment of its series;
-the longest segment after warm-up is the one judged (a restarted process is a new process).
+the longest segment after warm-up is the one judged (a restarted process is a new process), and
+the samples taken while the system recovered from a fault are left out.
 """
 
 from __future__ import annotations
@@ -101,12 +102,22 @@ def trend(
 
 
 def trends(
-    samples: Samples, after: float, tolerance: float = 0.10, floors: dict[str, float] | None = None
+    samples: Samples,
+    after: float,
+    tolerance: float = 0.10,
+    floors: dict[str, float] | None = None,
+    recovering: Sequence[tuple[float, float]] = (),
 ) -> list[Trend]:
-    """Each series' trend over its longest segment after ``after`` seconds."""
+    """Each series' trend over its longest segment after ``after`` seconds, the samples taken
+    while the system recovered from a fault (``recovering``: spans of seconds) left out: a
+    Redis restarted empty refills for a result TTL, and that is no drift."""
+
+    def steady(at: float) -> bool:
+        return at >= after and not any(start <= at < end for start, end in recovering)
+
     found = []
     for s in samples.series.values():
-        kept = [[p for p in seg if p[0] >= after] for seg in s.segments]
+        kept = [[p for p in seg if steady(p[0])] for seg in s.segments]
         longest = max(kept, key=len, default=[])
         floor = next((v for k, v in (floors or {}).items() if s.name.startswith(k)), 1.0)
         found.append(trend(s.name, longest, tolerance, floor))

@@ -332,3 +332,38 @@ def test_events_and_attempts_are_stamped_with_their_statements_time(app: App) ->
         conn.rollback()
     for row in (event, attempt):
         assert row.at == row.stamp and row.at > began, (row, began)
+
+
+_AUTOVACUUM = {
+    "scheduled_jobs": "autovacuum_vacuum_scale_factor=0.02",
+    "scheduled_job_events": "autovacuum_vacuum_scale_factor=0.05",
+    "scheduled_job_attempts": "autovacuum_vacuum_scale_factor=0.05",
+    "scheduled_job_effects": "autovacuum_vacuum_scale_factor=0.05",
+}
+
+
+def test_the_hot_tables_are_vacuumed_at_a_small_share_of_dead_rows(engine: Engine) -> None:
+    """Migration 0013's storage settings, on each plain table — in partitioned mode on every
+    partition (a partitioned table takes none), those made later included."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT coalesce(parent.relname, c.relname), c.relname, "
+                "coalesce(c.reloptions, '{}') FROM pg_class c "
+                "LEFT JOIN pg_inherits i ON i.inhrelid = c.oid "
+                "LEFT JOIN pg_class parent ON parent.oid = i.inhparent "
+                "WHERE c.relkind = 'r' AND c.relnamespace = to_regnamespace(current_schema()) "
+                "AND coalesce(parent.relname, c.relname) = ANY(:tables)"
+            ),
+            {"tables": list(_AUTOVACUUM)},
+        ).all()
+    assert {table for table, _, _ in rows} == set(_AUTOVACUUM)
+    for table, name, options in rows:
+        wanted = {
+            _AUTOVACUUM[table],
+            "autovacuum_vacuum_threshold=1000",
+            "autovacuum_vacuum_cost_delay=0",
+        }
+        assert wanted <= set(options), (name, options)
+    attempts = [set(o) for t, _, o in rows if t == "scheduled_job_attempts"]
+    assert all("fillfactor=80" in o for o in attempts)

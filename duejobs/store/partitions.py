@@ -56,9 +56,19 @@ PARTITIONED = {
     "scheduled_job_attempts": "schedule_id",
     "scheduled_job_results": "schedule_id",
 }
-# Storage parameters the plain tables are created with, given to each partition instead
-# (a partitioned table holds no rows, so it takes none).
-_STORAGE = {"scheduled_job_attempts": pgsql.SQL(" WITH (fillfactor = 80)")}
+# Storage parameters the plain tables have (fillfactor since 0001, autovacuum since 0013),
+# given to each partition instead (a partitioned table holds no rows, so it takes none).
+_HOT = "autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_cost_delay = 0"
+_HISTORY = f"autovacuum_vacuum_scale_factor = 0.05, {_HOT}"
+_STORAGE = {
+    "scheduled_jobs": pgsql.SQL(
+        " WITH (autovacuum_vacuum_scale_factor = 0.02, "
+        + _HOT
+        + ", autovacuum_analyze_scale_factor = 0.05)"
+    ),
+    "scheduled_job_events": pgsql.SQL(f" WITH ({_HISTORY})"),
+    "scheduled_job_attempts": pgsql.SQL(f" WITH (fillfactor = 80, {_HISTORY})"),
+}
 _ANY_ROW = {
     "scheduled_jobs": "any_row_scheduled_jobs",
     "scheduled_job_events": "any_row_scheduled_job_events",
