@@ -302,7 +302,7 @@ def _storage_lines(stats: Stats) -> list[str]:
     if stats.tables:
         rows = [["table", "MiB", "index MiB", "live", "dead", "last autovacuum"]]
         for t in stats.tables:
-            vacuumed = "-" if t.last_autovacuum is None else f"{t.last_autovacuum:%H:%M:%S}"
+            vacuumed = "-" if t.last_autovacuum is None else f"{t.last_autovacuum:%Y-%m-%d %H:%M}"
             rows.append(
                 [
                     t.table,
