@@ -536,3 +536,18 @@ def test_dev_runs_scheduler_worker_reconciler_and_pruner_in_one_process(
     wait_for(lambda: system.status(s.id) == "succeeded", 60, "the schedule to run")
     assert "scheduler, worker (2 slots), reconciler and pruner" in dev.output()
     assert dev.stop() == 0, dev.output()
+
+
+def test_show_takes_its_documented_most_events(app: App, env: dict[str, str]) -> None:
+    """``--events 1000``, the documented maximum, prints a page of up to 1,000 (and says
+    whether earlier ones remain). Seen exiting 2: the page was asked for one event more than
+    the App's page allows, to tell whether earlier ones remain."""
+    s = app.schedule("record", {}, delay=60)
+    for minutes in range(2, 5):
+        app.reschedule(s.id, delay=timedelta(minutes=minutes))
+    shown = run("show", str(s.id), "--events", "1000", "--json", env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert [e["kind"] for e in _json(shown)["history"]] == ["created"] + ["rescheduled"] * 3
+    assert _json(shown)["earlier_before"] is None
+    last = run("show", str(s.id), "--events", "3", "--json", env=env)
+    assert _json(last)["earlier_before"] is not None

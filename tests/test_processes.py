@@ -27,7 +27,7 @@ from duejobs import App
 from duejobs.config import sqlalchemy_url
 from duejobs.embedded import EmbeddedRedis
 from duejobs.errors import DatabaseUnavailableError
-from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.scheduler.loop import PassResult, Scheduler, SchedulerConfig
 from duejobs.services import loop as services_loop
 from duejobs.services.loop import Loop
 from duejobs.store.migrate import upgrade
@@ -194,6 +194,41 @@ def test_a_services_passes_start_every_pause_however_long_each_takes(
     pause = timedelta(seconds=0.5)
     loop.run_forever(run_once, lambda _: pause, pause, pause)
     assert waits == [0.2, 0.0, 0.4]
+
+
+def test_a_pass_that_asks_for_no_pause_gets_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a full batch the scheduler and the recurring loop ask for no pause, and the next
+    pass starts at once: a zero pause is a pause of zero, not "none given" (which would wait the
+    interval). On a clock the passes move, so no time is waited. Seen failing with the pause
+    taken as ``pause(result) or interval``."""
+    clock = [0.0]
+    monkeypatch.setattr(services_loop.time, "monotonic", lambda: clock[0])
+    loop = Loop(
+        "zero-pause",
+        logging.getLogger("zero-pause"),
+        Counter("zero_pause_failed", "", registry=None),
+    )
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        clock[0] += seconds
+        if len(waits) == 2:
+            loop.stop()
+
+    monkeypatch.setattr(loop, "wait", wait)
+    interval = timedelta(seconds=5)
+    loop.run_forever(lambda: None, lambda _: timedelta(0), interval, interval)
+    assert waits == [0.0, 0.0]
+
+
+def test_the_scheduler_asks_for_no_pause_after_a_full_batch(app: App) -> None:
+    scheduler = Scheduler(app, SchedulerConfig(batch_size=10))
+    try:
+        assert scheduler._pause(PassResult(claimed=10)) == timedelta(0)
+        assert scheduler._pause(PassResult(claimed=9)) == scheduler.config.poll_interval
+    finally:
+        scheduler.close()
 
 
 # A service loop asked to stop by SIGTERM over and over, the signal landing at a random instant:

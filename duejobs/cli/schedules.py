@@ -320,12 +320,13 @@ def show(
     with _app(ctx) as app:
         schedule_id = schedule_id or _by_key(app, str(key), tenant)
         s = app.get(schedule_id)
-        latest = app.history(schedule_id, newest=newest + 1, before=before) if s else []
         if s is None:
             click.echo(f"error: no schedule {schedule_id}", err=True)
             sys.exit(1)
-    page = latest[:newest]
-    earlier = page[-1].id if len(latest) > newest else None  # where the next page starts
+        page = app.history(schedule_id, newest=newest, before=before)
+        # where the next page starts, if any event is older than this page's last
+        older = page and len(page) == newest and app.history(s.id, newest=1, before=page[-1].id)
+        earlier = page[-1].id if older else None
     events = list(reversed(page))
     if as_json:
         out = {
