@@ -111,11 +111,15 @@ def test_a_worker_outlives_a_redis_that_turned_replica(
         "NOREPLICAS Not enough good replicas to write.",
         "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist",
         "BUSY Redis is busy running a script.",
+        "UNBLOCKED force unblock from blocking operation, instance state changed (master -> "
+        "replica?)",
     ],
 )
 def test_replies_of_a_server_passing_through_trouble_are_outages_to_wait_out(reply: str) -> None:
     """What a master short of replicas, one that cannot save, or one busy with a script
     answers mends by waiting: the worker waits, its heartbeat thread included. Seen failing
-    with NOREPLICAS, MISCONF and BUSY raised (the heartbeat thread ended on them)."""
+    with NOREPLICAS, MISCONF and BUSY raised (the heartbeat thread ended on them), and with
+    UNBLOCKED — a worker waiting in BLPOP on a master turned replica — logged as an error with
+    its traceback and a fixed pause."""
     assert is_outage(redis.ResponseError(reply))
     assert not is_outage(redis.ResponseError("WRONGTYPE Operation against a key"))

@@ -5,7 +5,8 @@ treats a refused or dropped connection, a timeout, a server still loading its da
 (``LOADING``), a replica refusing writes (``READONLY``: a failover not followed yet), a
 master that went down or is not known (``MASTERDOWN``, Sentinel's ``MasterNotFound``), a
 master short of replicas (``NOREPLICAS``), a failed background save (``MISCONF``), a busy
-script (``BUSY``), a full server and too many clients as an *outage*: the call is tried
+script (``BUSY``), a blocking pop ended by the master turning replica (``UNBLOCKED``), a full
+server and too many clients as an *outage*: the call is tried
 again after a capped backoff (0.1 s doubling to ``BACKOFF_CAP``), with one warning when an
 outage starts and one line when Redis answers again — never an exit. A wrong password or ACL
 is not an outage (it does not mend by waiting): it is raised.
@@ -46,6 +47,7 @@ _FIRST_WAIT = 0.1
 _PASSING = (
     *("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"),
     *("MISCONF", "BUSY"),  # a failed background save (a full disk), a long script
+    "UNBLOCKED",  # a blocking pop ended by the server turning replica (a failover)
 )
 
 
