@@ -10,8 +10,11 @@ the order given), so RQ's tools show each band as the queue it is.
 A queue's name never holds ``+`` (:func:`duejobs.validation.check_queue`), so no queue of a
 user's is another's band. Within a band, jobs go in the order they were pushed (the
 scheduler pushes a claim's rows in priority order within each tenant's turn): 10 and 50 share
-a band on the wire. No band starves: a worker serves a lower band first at one take in
-:data:`RESERVE` (:func:`take_order`).
+a band on the wire. A flood of the high band starves neither lower band: at one take in
+:data:`RESERVE` a worker serves the default band before the high one, and the low band moves
+ahead of the high band at every other such take (:func:`take_order`). No lower band ever
+overtakes a higher one but the high band: the low band is served after the default band at
+every take, so a tenant's priority-0 work never waits behind its own negative priorities.
 
 Priority ranks a tenant's own work, and the claim's fair shares hold across tenants; on the
 wire a band is shared by the queue's tenants. What bounds one tenant's urgent flood for the
@@ -25,8 +28,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 _HIGH, _LOW = "+high", "+low"
-# One take in RESERVE serves a lower band first, the default and the low band in turn: while
-# every band holds work, each lower band gets at least one take in 2 * RESERVE of a worker's.
+# One take in RESERVE serves the lower bands before the high one: the default band first, then,
+# at every other such take, the low band before the high. While the high band floods, the
+# default band gets at least one take in RESERVE of a worker's, the low band (when the default
+# one is empty) one in 2 * RESERVE.
 RESERVE = 8
 
 
@@ -56,15 +61,15 @@ def bands(queues: Sequence[str]) -> list[str]:
 def take_order(take: int, listened: int) -> list[int]:
     """The order (indexes into :func:`bands`' list of ``listened`` RQ queues) in which the
     worker's take number ``take`` (counted from 1) looks for jobs: each queue in turn, its
-    highest band first; at every :data:`RESERVE`-th take, each queue's default band first
-    instead at the first such take, its low band at the next, in turn — then its others in
-    their usual order."""
+    highest band first; at every :data:`RESERVE`-th take, each queue's default band first, then
+    its high and low bands — or, at every other such take, its low band before its high one.
+    The default band always comes before the low band."""
     usual = list(range(listened))
     if take % RESERVE:
         return usual
-    lower = 1 + (take // RESERVE + 1) % 2  # 1: the default band, 2: the low band
+    low_turn = (take // RESERVE) % 2 == 0  # every other reserved take
     order = []
     for group in range(0, listened, 3):
-        trio = usual[group : group + 3]
-        order += [trio[lower], *(i for i in trio if i != trio[lower])]
+        high, default, low = usual[group : group + 3]
+        order += [default, low, high] if low_turn else [default, high, low]
     return order
