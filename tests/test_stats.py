@@ -284,3 +284,22 @@ def test_stats_show_redis_memory_and_each_structure(system: System) -> None:
         "entries": 3,
         "bytes": held["scheduled"].bytes,
     }
+
+
+def test_tenants_named_all_or_other_keep_series_of_their_own(system: System) -> None:
+    """The aggregate series are ``tenant="all"`` (every tenant) and ``tenant="other"`` (those
+    past the named ones): a tenant literally called so is spelled ``tenant:all`` and
+    ``tenant:other`` (a ':' no tenant name has), never added into them."""
+    app = system.app
+    for tenant, n in (("all", 2), ("other", 3), ("acme", 4)):
+        for _ in range(n):
+            app.schedule("record", {}, delay=timedelta(hours=1), tenant=tenant)
+    observe_stats(collect(app))
+
+    def scheduled(label: str) -> float | None:
+        return REGISTRY.get_sample_value("duejobs_scheduled", {"tenant": label})
+
+    assert (scheduled("all"), scheduled("tenant:all"), scheduled("tenant:other")) == (9, 2, 3)
+    assert scheduled("other") in (None, 0)
+    bounded = _BoundedLabel(1)
+    assert [bounded(t) for t in ("other", "all", "x")] == ["tenant:other", "other", "other"]

@@ -188,9 +188,17 @@ def serve(port: int) -> None:
     start_http_server(port)
 
 
+def spelled(tenant: str) -> str:
+    """A tenant's label: its name, but ``tenant:all`` and ``tenant:other`` for tenants called
+    as the aggregate series are (``all``, ``other``) — a ':' no tenant name has — so that no
+    tenant's figures are ever added into them."""
+    return f"tenant:{tenant}" if tenant in (ALL, OTHER) else tenant
+
+
 class _BoundedLabel:
-    """Keeps one label's series bounded: the first ``limit`` distinct values keep their name,
-    later ones are counted under ``"other"`` (tenants are unbounded, series must not be)."""
+    """Keeps one label's series bounded: the first ``limit`` distinct values keep their name
+    (:func:`spelled`), later ones are counted under ``"other"`` (tenants are unbounded, series
+    must not be)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -198,6 +206,7 @@ class _BoundedLabel:
         self._lock = threading.Lock()
 
     def __call__(self, value: str) -> str:
+        value = spelled(value)
         if value in self._seen:
             return value
         with self._lock:
@@ -207,7 +216,8 @@ class _BoundedLabel:
         return OTHER
 
 
-OTHER = "other"
+OTHER = "other"  # the tenants past the named ones
+ALL = "all"  # every tenant
 MAX_TENANT_LABELS = 500
 tenant_label = _BoundedLabel(MAX_TENANT_LABELS)
 PER_TENANT = (SCHEDULED, RUNNING, IN_FLIGHT, OVERDUE, LATE)

@@ -379,9 +379,9 @@ def observe_stats(stats: Stats, limit: int = metrics.MAX_TENANT_LABELS) -> None:
         if figures.type is not None:
             continue
         if figures.tenant is None:
-            tenant = "all"
+            tenant = metrics.ALL
         else:
-            tenant = figures.tenant if figures.tenant in named else metrics.OTHER
+            tenant = metrics.spelled(figures.tenant) if figures.tenant in named else metrics.OTHER
         counts = (figures.scheduled, figures.running, figures.in_flight, figures.overdue)
         summed = values.setdefault(tenant, [0.0] * len(metrics.PER_TENANT))
         for i, value in enumerate((*counts, figures.late)):
