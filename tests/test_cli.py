@@ -250,6 +250,8 @@ def test_schedule_before_migrate_says_to_run_migrate(servers: Servers, redis_url
 _BAD_FLAGS = [
     (["schedule", "x", "--in", "5q"], "--in"),
     (["schedule", "x", "--at", "9999-12-31T23:00:00-05:00"], "run_at"),
+    # thousands of levels: Python's JSON decoder ran out of stack (a 54-line traceback)
+    (["schedule", "x", "--in", "1m", "--payload", "[" * 10_000 + "]" * 10_000], "--payload"),
     (["scheduler", "--log-level", "loud"], "--log-level"),
     (["scheduler", "--poll-interval", "0"], "--poll-interval"),
     (["reconcile", "--every", "0"], "--every"),

@@ -157,6 +157,15 @@ class JSONText(_ParamType):
             return json.loads(value)
         except ValueError as exc:
             self.fail(f"not JSON: {exc}", param, ctx)
+        except RecursionError:  # Python's decoder recurses: thousands of levels run it out
+            from duejobs.validation import MAX_PAYLOAD_DEPTH
+
+            self.fail(
+                f"nested more than {MAX_PAYLOAD_DEPTH} levels deep (a payload is ids and a few "
+                "fields, not a tree)",
+                param,
+                ctx,
+            )
 
 
 JSON_TEXT = JSONText()
