@@ -217,7 +217,15 @@ def sqlalchemy_url(url: str) -> str:
         return plain
     try:
         parsed = _parsed(url)
-    except Exception:
+    except Exception as exc:
+        # libpq names a parameter it does not know (its other messages may quote the text)
+        said = r'invalid (?:connection option|URI query parameter): ?"([a-z_]{1,63})"\s*'
+        unknown = re.fullmatch(said, str(exc))
+        if unknown:
+            raise ConfigurationError(
+                f"the database URL has parameters libpq does not know: {unknown[1]} "
+                "(see libpq's connection parameters)"
+            ) from None
         raise ConfigurationError(
             f"not a database URL: {redacted(url)} (expected postgresql://user:pass@host/db)"
         ) from None

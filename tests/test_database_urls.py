@@ -182,3 +182,16 @@ def test_no_password_reaches_the_repr_of_an_apps_settings_or_core() -> None:
         assert "query-s3cret" not in repr(in_query.core) + repr(in_query.settings)
     finally:
         in_query.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app@127.0.0.1:1/app?foo=bar",
+        "postgresql://app@127.0.0.1:1,127.0.0.1:2/app?sslmode=prefer&tyop=1",
+    ],
+)
+def test_a_parameter_libpq_does_not_know_is_refused_as_the_app_is_made(url: str) -> None:
+    """Refused naming it, at once, not at the first query with a 153-line traceback."""
+    with pytest.raises(ConfigurationError, match="libpq does not know: (foo|tyop)"):
+        App(url)

@@ -21,6 +21,7 @@ What it does not detect: a pooler that forwards PostgreSQL's own process id (non
 
 from __future__ import annotations
 
+import functools
 import logging
 import struct
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 import psycopg
+from psycopg import pq
 from psycopg.adapt import AdaptersMap, PyFormat
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.datetime import TimedeltaBinaryDumper, TimedeltaDumper
@@ -103,6 +105,12 @@ def libpq_reading(conninfo: str) -> dict[str, str]:
     return {k: str(v) for k, v in conninfo_to_dict(conninfo).items()}
 
 
+@functools.cache
+def libpq_parameters() -> frozenset[str]:
+    """The connection parameters the libpq in use knows (its version's own list)."""
+    return frozenset(option.keyword.decode() for option in pq.Conninfo.get_defaults())
+
+
 def behind_pooler(dbapi_connection: Any) -> bool:
     """Whether this new connection reached a pooler rather than PostgreSQL itself (see the
     module doc). Runs one statement and leaves no transaction open."""
@@ -154,6 +162,12 @@ def driver_options(database_url: str, prepared: str) -> tuple[str, dict[str, Any
     pairs = [
         (pair, *parse_qsl(pair, keep_blank_values=True)[0]) for pair in query.split("&") if pair
     ]
+    unknown = sorted({key for _, key, _ in pairs} - libpq_parameters() - {"prepare_threshold"})
+    if unknown:
+        raise ConfigurationError(
+            f"the database URL has parameters libpq does not know: {', '.join(unknown)} "
+            "(see libpq's connection parameters)"
+        )
     args = {k: v for k, v in CONNECT_ARGS.items() if k not in {key for _, key, _ in pairs}}
     thresholds = [value for _, key, value in pairs if key == "prepare_threshold"]
     if not thresholds:
