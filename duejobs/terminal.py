@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import re
 
-# C0 and C1 controls (ESC, CR, LF, backspace...), DEL, and the bidirectional overrides that
-# reorder what is shown.
-_STEERING = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-# The bidirectional marks, embeddings, overrides and isolates alone.
-_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls (ESC, CR, LF, backspace...), DEL, the line and paragraph separators, the
+# zero-width space (two keys that read alike, one with it) and the bidirectional marks and
+# overrides that reorder what is shown.
+_STEERING = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+# In a page: the bidirectional marks, embeddings, overrides and isolates, and the zero-width
+# space.
+_BIDI = re.compile("[\u061c\u200b\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(value: object) -> str:

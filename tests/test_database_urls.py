@@ -193,5 +193,5 @@ def test_no_password_reaches_the_repr_of_an_apps_settings_or_core() -> None:
 )
 def test_a_parameter_libpq_does_not_know_is_refused_as_the_app_is_made(url: str) -> None:
     """Refused naming it, at once, not at the first query with a 153-line traceback."""
-    with pytest.raises(ConfigurationError, match="libpq does not know: (foo|tyop)"):
+    with pytest.raises(ConfigurationError, match=r"libpq does not know: (foo|tyop)"):
         App(url)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
+import sys
 import urllib.request
 from collections.abc import Callable
 
+from duejobs.observability.logs import TextFormatter
+from duejobs.terminal import bidi_escaped, printable
 from tests.support import sample, wait_for
 from tests.support.apps import FORGED
 from tests.support.network import free_port
@@ -143,3 +147,28 @@ def test_a_read_replica_that_is_down_is_a_gauge_and_one_line_not_a_failed_pass(
     log = proc.output()
     assert "Traceback" not in log and "pa55word" not in log, log
     assert "stats gauges not refreshed: the read replica is unavailable" in log, log
+
+
+def test_a_tracebacks_steering_characters_are_escaped_in_the_text_log() -> None:
+    """A handler's error text in the traceback's last line: ESC (which would recolour or
+    clear the operator's terminal), CR (which would rewrite the line shown) and U+202E (which
+    would reverse what follows) are written as escapes, as in the message. Seen reaching the
+    log raw."""
+    try:
+        raise ValueError("\x1b[2Jcleared\rrewritten \u202eesrever")
+    except ValueError:
+        record = logging.LogRecord("duejobs.worker", logging.WARNING, "", 0, "failed", None, None)
+        record.exc_info = sys.exc_info()
+    text = TextFormatter().format(record)
+    assert not set(text) & {"\x1b", "\r", "\u202e"}, repr(text)
+    assert "\\x1b[2Jcleared\\rrewritten \\u202eesrever" in text
+    assert all(line.startswith("  ") for line in text.splitlines()[1:])
+
+
+def test_invisible_and_reordering_characters_are_escaped_for_terminals_and_pages() -> None:
+    """U+061C (a bidirectional mark) and U+200B (a zero-width space, which makes two keys
+    that read alike differ) are shown as escapes by the CLI and the dashboard. Seen printed
+    raw by both."""
+    for char, escape in (("\u061c", "\\u061c"), ("\u200b", "\\u200b")):
+        assert printable(f"a{char}b") == f"a{escape}b"
+        assert bidi_escaped(f"a{char}b") == f"a{escape}b"

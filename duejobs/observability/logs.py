@@ -5,7 +5,8 @@ Records logged with ``extra={"schedule_id": ..., "version": ..., "tenant": ...,
 
 In text, every line at the margin is one record's first line: a message's line breaks and
 other steering characters are written as escapes (``\\n``), and a traceback's lines are
-indented — a handler's error text, a key or a payload cannot forge a record.
+indented, their steering characters escaped too — a handler's error text, a key or a payload
+cannot forge a record, nor steer the operator's terminal.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ class TextFormatter(logging.Formatter):
         extra = [self.formatException(record.exc_info)] if record.exc_info else []
         if record.stack_info:
             extra.append(self.formatStack(record.stack_info))
-        for block in extra:
-            text += "\n" + textwrap.indent(block, "  ", lambda line: True)
+        for block in extra:  # each line's steering characters escaped, then indented
+            lines = "\n".join(printable(line) for line in block.rstrip("\n").split("\n"))
+            text += "\n" + textwrap.indent(lines, "  ", lambda line: True)
         return text
 
 
