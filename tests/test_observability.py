@@ -172,3 +172,30 @@ def test_invisible_and_reordering_characters_are_escaped_for_terminals_and_pages
     for char, escape in (("\u061c", "\\u061c"), ("\u200b", "\\u200b")):
         assert printable(f"a{char}b") == f"a{escape}b"
         assert bidi_escaped(f"a{char}b") == f"a{escape}b"
+
+
+def test_a_gauge_is_exported_only_by_the_process_that_owns_it(
+    system: System, spawn: Callable[..., Proc]
+) -> None:
+    """A worker exports no recurring-loop gauge and no reconciler gauge (at 0, the recurring
+    loop would read as never run, and its alert fire on every worker); the scheduler exports
+    its recurring loop's last pass once it has made one. Seen failing with every gauge
+    exported by every process. (Two processes started and scraped: about 10 s.)"""
+    worker_port, scheduler_port = free_port(), free_port()
+    spawn("worker", "--app", "tests.support.apps:app", "--metrics-port", str(worker_port))
+    spawn("scheduler", "--metrics-port", str(scheduler_port))
+    wait_for(
+        lambda: "duejobs_recurring_last_pass_timestamp_seconds " in _scrape(scheduler_port),
+        30,
+        "the scheduler's recurring loop to export its last pass",
+    )
+    exported = _scrape(worker_port)
+    assert "duejobs_worker_batch" in exported or "duejobs_deliveries" in exported, exported
+    for gauge in (
+        "duejobs_recurring_last_pass_timestamp_seconds",
+        "duejobs_locked_past_lease",
+        "duejobs_schedules_without_job",
+        "duejobs_oldest_overdue_seconds",
+        "duejobs_read_replica_up",
+    ):
+        assert f"\n{gauge} " not in exported, gauge

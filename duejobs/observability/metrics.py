@@ -41,9 +41,38 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 
 LAG_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+
+class OwnedGauge(Gauge):
+    """A gauge without labels that only the processes setting it export: it joins the
+    default registry at its first value. (Every process importing this module would export it
+    at 0 otherwise — a worker's ``duejobs_recurring_last_pass_timestamp_seconds`` 0 reads as a
+    recurring loop that never ran, and fires its alert.)"""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        super().__init__(name, documentation, registry=None)
+        self._joined = False
+        self._join_lock = threading.Lock()
+
+    def set(self, value: float) -> None:
+        self._join()
+        super().set(value)
+
+    def set_to_current_time(self) -> None:
+        self._join()
+        super().set_to_current_time()
+
+    def _join(self) -> None:
+        if self._joined:
+            return
+        with self._join_lock:
+            if not self._joined:
+                REGISTRY.register(self)
+                self._joined = True
+
 
 LAG = Histogram(
     "duejobs_lag_seconds",
@@ -87,7 +116,7 @@ RECURRING_FAILED_PASSES = Counter(
     "duejobs_recurring_failed_passes",
     "Recurring definitions' passes that failed (an outage or a bug).",
 )
-RECURRING_LAST_PASS = Gauge(
+RECURRING_LAST_PASS = OwnedGauge(
     "duejobs_recurring_last_pass_timestamp_seconds",
     "When the recurring definitions' loop last finished a pass (Unix time).",
 )
@@ -105,7 +134,7 @@ PARTITION_MAINTENANCE_FAILED = Counter(
 PARTITIONS_CREATED = Counter(
     "duejobs_partitions_created", "Partitions created ahead (partitioned mode)."
 )
-PARTITIONS_READY_AHEAD = Gauge(
+PARTITIONS_READY_AHEAD = OwnedGauge(
     "duejobs_partitions_ready_ahead_seconds",
     "How far past now the last partition reaches (partitioned mode): below one period, the "
     "coming partitions are not being made.",
@@ -143,8 +172,10 @@ TABLE_DEAD_TUPLES = Gauge(
     "A table's dead tuples, not yet vacuumed (the statistics collector's count).",
     ["table"],
 )
-REDIS_USED_MEMORY = Gauge("duejobs_redis_used_memory_bytes", "Redis' used_memory (every node).")
-REDIS_KEYS = Gauge("duejobs_redis_keys", "Keys in duejobs' Redis databases (every node).")
+REDIS_USED_MEMORY = OwnedGauge(
+    "duejobs_redis_used_memory_bytes", "Redis' used_memory (every node)."
+)
+REDIS_KEYS = OwnedGauge("duejobs_redis_keys", "Keys in duejobs' Redis databases (every node).")
 REDIS_ENTRIES = Gauge(
     "duejobs_redis_entries",
     "Entries of each structure duejobs writes to Redis, summed over queues and nodes.",
@@ -155,7 +186,7 @@ REDIS_STRUCTURE_BYTES = Gauge(
     "Bytes of each structure duejobs writes to Redis (MEMORY USAGE, sampled).",
     ["structure"],
 )
-LOCKED_PAST_LEASE = Gauge(
+LOCKED_PAST_LEASE = OwnedGauge(
     "duejobs_locked_past_lease",
     "Running rows past their lease that another transaction holds locked, so that the "
     "reconciler cannot rescue them (set by the reconciler each pass).",
@@ -173,13 +204,15 @@ RUNNING = Gauge("duejobs_running", "Running rows.", ["tenant"])
 IN_FLIGHT = Gauge("duejobs_in_flight", "Jobs pushed to Redis or running.", ["tenant"])
 OVERDUE = Gauge("duejobs_overdue", "Scheduled rows already due.", ["tenant"])
 LATE = Gauge("duejobs_late", "Scheduled rows due longer ago than the late threshold.", ["tenant"])
-OLDEST = Gauge("duejobs_oldest_overdue_seconds", "Age of the oldest overdue row.")
-WITHOUT_JOB = Gauge("duejobs_schedules_without_job", "Overdue rows with no live queue job.")
-RECURRING_BEHIND = Gauge(
+OLDEST = OwnedGauge("duejobs_oldest_overdue_seconds", "Age of the oldest overdue row.")
+WITHOUT_JOB = OwnedGauge("duejobs_schedules_without_job", "Overdue rows with no live queue job.")
+RECURRING_BEHIND = OwnedGauge(
     "duejobs_recurring_behind",
     "Active recurring definitions whose next occurrence is late and not yet a row.",
 )
-ORPHANS = Gauge("duejobs_jobs_without_schedule", "Waiting queue jobs with no current schedule.")
+ORPHANS = OwnedGauge(
+    "duejobs_jobs_without_schedule", "Waiting queue jobs with no current schedule."
+)
 REDIS_JOBS = Gauge("duejobs_redis_jobs", "Jobs in Redis.", ["where"])
 
 

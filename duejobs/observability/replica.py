@@ -41,10 +41,9 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from prometheus_client import Gauge
-
 from duejobs import store
 from duejobs.models import CURRENT, Freshness
+from duejobs.observability.metrics import OwnedGauge
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -64,13 +63,13 @@ DEFAULT_MAX_LAG = timedelta(seconds=10)
 # How long a read waits for a replica that has not yet replayed the primary's position.
 CATCH_UP_WAIT = 0.5
 
-REPLICA_LAG = Gauge(
+REPLICA_LAG = OwnedGauge(
     "duejobs_read_replica_lag_seconds",
     "How far behind the primary the read replica's last read was (0: current).",
 )
 
 
-REPLICA_UP = Gauge(
+REPLICA_UP = OwnedGauge(
     "duejobs_read_replica_up",
     "1 while the read replica answered the last read from it, 0 once one was not answered.",
 )
