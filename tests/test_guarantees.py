@@ -37,6 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -466,3 +467,24 @@ def test_durable_bookkeeping_decides_whether_the_workers_commits_wait_for_the_di
             assert session.fetchone() == ("on",)
     finally:
         runtime.close()
+
+
+def test_each_run_of_a_delivery_has_an_identity_of_its_own(system: System) -> None:
+    """``ctx.run_id`` names one run of a handler: the same for the whole run, another for the
+    next attempt — and another for a second run of the same attempt (the documented
+    exceptions: a failover that lost the claim), which an effect outside the database can
+    then tell apart from the first by (``ctx.effect_key``, ``ctx.run_id``)."""
+    runs: list[tuple[int, uuid.UUID, uuid.UUID]] = []
+
+    @system.app.handler("records-its-run", max_attempts=2, backoff=timedelta(milliseconds=1))
+    def records(ctx: Context, payload: object) -> None:
+        runs.append((ctx.attempt, ctx.run_id, ctx.run_id))
+        if ctx.attempt == 1:
+            raise RuntimeError("retried")
+
+    s = system.app.schedule("records-its-run", {}, delay=0)
+    system.runtime.handle(s.id, 1, 1, "default")
+    system.runtime.handle(s.id, 1, 2, "default")
+    assert [attempt for attempt, _, _ in runs] == [1, 2]
+    assert all(isinstance(first, uuid.UUID) and first == again for _, first, again in runs)
+    assert runs[0][1] != runs[1][1]

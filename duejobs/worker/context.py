@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 @dataclass
 class Context:
     """What a handler gets besides the payload: the delivery it runs (``schedule_id``,
-    ``tenant``, ``version``, ``attempt``, ``queue``), its type, ``run_at`` and payload."""
+    ``tenant``, ``version``, ``attempt``, ``queue``), its type, ``run_at`` and payload, and the
+    identity of this run (``run_id``)."""
 
     delivery: Delivery
     type: str
@@ -40,6 +41,8 @@ class Context:
     _core: Core = field(repr=False)
     # How long the fence's transaction may sit idle on the server (WorkerConfig's knob).
     _fence_idle: timedelta = field(default=timedelta(minutes=1), repr=False)
+    # This run of the handler (see :attr:`run_id`).
+    _run_id: uuid.UUID = field(default_factory=uuid.uuid4, repr=False)
     _finished: bool = field(default=False, repr=False)
 
     @property
@@ -61,6 +64,15 @@ class Context:
     @property
     def queue(self) -> str:
         return self.delivery.queue
+
+    @property
+    def run_id(self) -> uuid.UUID:
+        """This run of the handler: the same for the whole run, another for every other run —
+        the next attempt's, and a second run of this same attempt in the documented cases
+        where one can happen (a worker killed mid-handler, a failover that lost the claim: see
+        docs/delivery.md). An effect outside the database can record (:attr:`effect_key`,
+        ``run_id``) and so tell a second run of an attempt from the first."""
+        return self._run_id
 
     @property
     def engine(self) -> Engine:
