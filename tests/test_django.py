@@ -626,3 +626,14 @@ def test_an_operators_read_inside_an_atomic_block_leaves_no_time_limit_behind(
         with connection.cursor() as cursor:
             cursor.execute("SHOW statement_timeout")
             assert cursor.fetchone() == ("0",)
+
+
+def test_a_bad_duejobs_value_is_a_system_check_error_naming_its_key(shop: Shop) -> None:
+    """``DUEJOBS["PREPARED_STATEMENTS"] = "maybe"``: ``manage.py check`` fails with
+    ``duejobs.E001`` naming the key as it is set, and no command shows a traceback. Seen
+    failing with every command crashing, the traceback naming the App's option and the
+    environment variable."""
+    done = shop.manage("check", settings="tests.django_project.bad_value_settings")
+    assert done.returncode != 0
+    assert "duejobs.E001" in done.stderr and "DUEJOBS['PREPARED_STATEMENTS']" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr

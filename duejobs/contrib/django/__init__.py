@@ -58,13 +58,21 @@ from sqlalchemy import URL, Connection
 
 from duejobs import store
 from duejobs.app.application import App
-from duejobs.config import Settings
+from duejobs.config import (
+    Settings,
+    check_prepared_statements,
+    check_result_ttl,
+    check_schema,
+    parse_redis_nodes,
+    sqlalchemy_url,
+)
 from duejobs.core import DEFAULT_READ_TIMEOUT, Conn, Core, check_strict_types
 from duejobs.delivery import DEFAULT_QUEUE
-from duejobs.errors import DatabaseUnavailableError
+from duejobs.errors import ConfigurationError, DatabaseUnavailableError, DuejobsError
 from duejobs.observability.replica import DEFAULT_MAX_LAG
-from duejobs.observability.tracing import LINK
-from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_duration
+from duejobs.observability.tracing import LINK, TRACE_RUNS
+from duejobs.redis_urls import check_redis_url
+from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, check_count, check_duration, check_queue
 from duejobs.worker.context import Context
 
 __all__ = ["DjangoApp", "fenced", "get_app", "settings_urls"]
@@ -78,13 +86,53 @@ _KEYS = {
 
 
 def _config() -> dict[str, Any]:
+    """``DUEJOBS``, every key known and every value given checked: a fault is one
+    ``ImproperlyConfigured`` naming the key as it is set (the system check ``duejobs.E001``
+    reports it), not a traceback from every command."""
     config: dict[str, Any] = dict(getattr(settings, "DUEJOBS", {}))
     unknown = set(config) - _KEYS
     if unknown:
         raise ImproperlyConfigured(
             f"DUEJOBS has unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}"
         )
+    for key, check in _CHECKS.items():
+        if config.get(key) is not None:
+            try:
+                check(config[key])
+            except DuejobsError as exc:
+                raise ImproperlyConfigured(f"DUEJOBS[{key!r}]: {exc}") from None
     return config
+
+
+def _read_timeout(value: object) -> None:
+    check_duration("read_timeout", value)
+
+
+def _max_payload_bytes(value: object) -> None:
+    check_count("max_payload_bytes", value, 1, 2**31 - 1)
+
+
+def _trace_runs(value: object) -> None:
+    if value not in TRACE_RUNS:
+        raise ConfigurationError(f"must be one of {', '.join(TRACE_RUNS)}, got {value!r}")
+
+
+# Each value of DUEJOBS checked as the App would, before anything is built from it.
+_CHECKS: dict[str, Callable[[Any], object]] = {
+    "DATABASE_URL": sqlalchemy_url,
+    "READ_DATABASE_URL": sqlalchemy_url,
+    "REDIS_URL": check_redis_url,
+    "REDIS_NODES": parse_redis_nodes,
+    "SCHEMA": check_schema,
+    "QUEUE": check_queue,
+    "PREPARED_STATEMENTS": check_prepared_statements,
+    "RESULT_TTL": check_result_ttl,
+    "READ_MAX_LAG": lambda value: check_duration("read_max_lag", value),
+    "READ_TIMEOUT": _read_timeout,
+    "MAX_PAYLOAD_BYTES": _max_payload_bytes,
+    "TRACE_RUNS": _trace_runs,
+    "STRICT_TYPES": lambda value: check_strict_types("strict_types", value),
+}
 
 
 def settings_urls() -> tuple[str, str | None, str]:

@@ -2,7 +2,8 @@
 
 * ``duejobs.E001``: the settings duejobs reads are wrong — its database is not PostgreSQL
   (judged by the backend's vendor, so PostGIS and wrapped PostgreSQL engines pass), an
-  unknown ``DUEJOBS`` key, an alias not in ``DATABASES``.
+  unknown ``DUEJOBS`` key or a value duejobs refuses (named ``DUEJOBS['KEY']``), an alias not
+  in ``DATABASES``.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def duejobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
     return [
         checks.Error(
             str(error),
-            hint="duejobs needs a PostgreSQL database (psycopg 3) and the DUEJOBS setting's "
-            "known keys; see duejobs.contrib.django.",
+            hint="duejobs needs a PostgreSQL database (psycopg 3), the DUEJOBS setting's "
+            "known keys and values duejobs accepts; see duejobs.contrib.django.",
             id="duejobs.E001",
         )
     ]
