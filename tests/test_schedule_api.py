@@ -13,8 +13,10 @@ import pytest
 from sqlalchemy import create_engine, make_url, text
 
 from duejobs import App, EventKind, ScheduleRequest, Status
+from duejobs.app import reads
 from duejobs.config import libpq_url
 from duejobs.errors import (
+    InvalidListError,
     QuotaExceededError,
     ScheduleNotFoundError,
     ScheduleNotLiveError,
@@ -317,6 +319,26 @@ def test_history_is_oldest_first_with_database_times(app: App) -> None:
     ]
     assert [e.version for e in events] == [1, 2, 3, 4]
     assert [e.at for e in events] == sorted(e.at for e in events)
+
+
+def test_a_whole_history_past_its_bound_is_refused_saying_to_read_it_in_pages(
+    app: App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``history(id)`` with no page reads at most ``MAX_WHOLE_HISTORY`` events: a longer one
+    (a million, 1.2 GB read in 47 s) is refused at once, saying how to page through it; the
+    pages still reach every event. Seen reading the whole history."""
+    monkeypatch.setattr(reads, "MAX_WHOLE_HISTORY", 3)
+    s = app.schedule("x", {}, delay=60)
+    for minutes in (2, 3):
+        app.reschedule(s.id, delay=timedelta(minutes=minutes))
+    assert len(app.history(s.id)) == 3
+    app.reschedule(s.id, delay=timedelta(minutes=4))
+    with pytest.raises(InvalidListError, match="a page at a time"):
+        app.history(s.id)
+    newest = app.history(s.id, newest=3)
+    assert [e.kind for e in app.history(s.id, newest=3, before=newest[-1].id)] == [
+        EventKind.CREATED
+    ]
 
 
 def test_payload_comes_back_as_stored(app: App) -> None:

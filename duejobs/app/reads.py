@@ -45,6 +45,10 @@ def _position(cursor: object) -> store.Position:
         ) from None
 
 
+# The most events ``history(id)`` returns whole; a longer history is read a page at a time.
+MAX_WHOLE_HISTORY = 10_000
+
+
 class ReadAPI(Scoped):
     """What the App reads."""
 
@@ -62,15 +66,25 @@ class ReadAPI(Scoped):
         before: int | None = None,
         conn: Conn | None = None,
     ) -> list[Event]:
-        """The schedule's events, oldest first. With ``newest``: a page of that many of the
-        latest, newest first, before the event id ``before`` (the last id of the page
-        before): a long history read a page at a time."""
+        """The schedule's events, oldest first — at most :data:`MAX_WHOLE_HISTORY` of them: a
+        longer history is refused (:class:`~duejobs.errors.InvalidListError`) rather than read
+        whole. With ``newest``: a page of that many of the latest, newest first, before the
+        event id ``before`` (the last id of the page before): a long history read a page at a
+        time."""
         sid = schedule_id_of(schedule_id)
         size = None if newest is None else check_list_limit(newest)
         if before is not None and (isinstance(before, bool) or not isinstance(before, int)):
             raise InvalidListError(f"before must be an event id (an int), got {before!r}")
         with self._reading(conn, current=True) as (c, _):
-            return store.history(c, sid, self._tenant, size, before)
+            if size is not None:
+                return store.history(c, sid, self._tenant, size, before)
+            latest = store.history(c, sid, self._tenant, MAX_WHOLE_HISTORY + 1, before)
+        if len(latest) > MAX_WHOLE_HISTORY:
+            raise InvalidListError(
+                f"schedule {sid} has more than {MAX_WHOLE_HISTORY:,} events: read them a page "
+                "at a time (history(id, newest=1000), then before= the last id of each page)"
+            )
+        return latest[::-1]
 
     def list(
         self,

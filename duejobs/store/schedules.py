@@ -208,16 +208,13 @@ def history(
     conn: Connection,
     schedule_id: uuid.UUID,
     tenant: str | None,
-    newest: int | None = None,
+    newest: int,
     before: int | None = None,
 ) -> list[Event]:
-    """The schedule's events, oldest first; with ``newest``, that many of the latest (before
-    the event id ``before``), newest first. Empty when not visible to ``tenant``."""
-    if newest is None:
-        rows = run(conn, "history", {"id": schedule_id, "tenant": tenant})
-    else:
-        params = {"id": schedule_id, "tenant": tenant, "limit": newest, "before": before}
-        rows = run(conn, "history_newest", params)
+    """``newest`` of the schedule's latest events (before the event id ``before``), newest
+    first. Empty when not visible to ``tenant``."""
+    params = {"id": schedule_id, "tenant": tenant, "limit": newest, "before": before}
+    rows = run(conn, "history_newest", params)
     return [
         Event(
             id=r.id,

@@ -162,10 +162,6 @@ SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, s
     queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at,
     queue, priority FROM upd
 
--- name: history
-SELECT id, schedule_id, kind, version, at, detail FROM /*schema*/scheduled_job_events
-WHERE schedule_id = :id AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant) ORDER BY id
-
 -- name: history_newest
 -- A page of a schedule's events, newest first, before the event id :before (the primary
 -- key (schedule_id, id) serves it, however long the history).
