@@ -360,6 +360,32 @@ def test_the_recurring_page_says_when_it_shows_some_definitions_and_narrows_by_t
     assert refused.status_code == 400 and "tenant" in refused.text
 
 
+def test_the_recurring_page_shows_the_quotas_of_the_tenants_it_lists_alone(
+    app: App, operator: TestClient
+) -> None:
+    """With thousands of tenants capped, the page shows the default and the quotas of the
+    tenants whose definitions it lists — not every quota (20,000 made it 1.29 MB). Seen
+    failing with every quota listed."""
+    app.set_quota("*", max_live=1000)
+    for n in range(30):
+        app.set_quota(f"tenant-{n}", max_live=n + 1)
+    app.recurring("digest", cron="0 9 * * *", type="record", tenant="tenant-7")
+    page = operator.get("/recurring").text
+    quotas = page[page.index('id="quotas"') :]
+    assert "tenant-7" in quotas and "(default)" in quotas
+    assert "tenant-8" not in quotas and "tenant-29" not in quotas
+
+
+def test_a_filter_the_list_does_not_have_is_refused_naming_it(
+    app: App, operator: TestClient
+) -> None:
+    """``/schedules?priority=5``: the list has no such filter; it says so (400) rather than
+    list every schedule as if filtered. Seen ignored silently."""
+    refused = operator.get("/schedules", params={"priority": "5", "status": "scheduled"})
+    assert refused.status_code == 400 and "priority" in refused.text
+    assert operator.get("/schedules", params={"status": "scheduled"}).status_code == 200
+
+
 def test_the_overview_says_when_it_shows_some_of_the_types(
     producer: App, operator: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -378,11 +404,12 @@ def test_recurring_definitions_show_their_next_occurrences_and_pause_and_resume(
     app: App, operator: TestClient
 ) -> None:
     app.recurring("digest", cron="0 9 * * *", type="record", timezone="America/Sao_Paulo")
-    app.set_quota("acme", max_live=5)
+    app.set_quota("default", max_live=5)  # the quota of the tenant listed
     page = operator.get("/recurring").text
     upcoming = re.findall(r"(\d{4}-\d\d-\d\dT12:00\+00:00)<br>", page)
     assert len(upcoming) == 3, page  # 09:00 in São Paulo is 12:00 UTC
-    assert "<td>acme</td>" in page and "<td>5</td>" in page
+    quotas = page[page.index('id="quotas"') :]
+    assert "<td>default</td>" in quotas and "<td>5</td>" in quotas
     token = csrf(page)
     form = {"csrf": token, "tenant": "default", "name": "digest", "action": "pause"}
     paused = operator.post("/recurring", data=form)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 from duejobs import store
 from duejobs.app.scope import Scoped
@@ -67,9 +68,10 @@ class QuotaAPI(Scoped):
             store.set_quota(c, tenant, caps)
         self._core.quotas.clear()
 
-    def quotas(self) -> list[store.Quota]:
-        """Every stored quota: the default (tenant ``"*"``) first, then per-tenant ones."""
+    def quotas(self, tenants: Iterable[str] | None = None) -> list[store.Quota]:
+        """Every stored quota — or, given ``tenants``, theirs alone —: the default (tenant
+        ``"*"``) first, then per-tenant ones."""
         if self._tenant is not None:
             raise TenantMismatchError("quotas are read through an unscoped App")
         with self.engine.connect() as c:
-            return store.quotas(c)
+            return store.quotas(c, None if tenants is None else sorted(set(tenants)))

@@ -48,6 +48,18 @@ from duejobs.errors import ConfigurationError
 log = logging.getLogger("duejobs.dashboard")
 
 # Headers a proxy adds: a request carrying one did not come straight from this machine.
+# The headers of every answer. No script runs on the pages; frames, plugins and foreign
+# resources are refused outright.
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    # Payloads, keys and errors: kept out of the browser's and any proxy's cache.
+    "Cache-Control": "no-store",
+}
 PROXY_HEADERS = (
     "Forwarded",
     "X-Forwarded-For",

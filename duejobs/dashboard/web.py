@@ -54,6 +54,7 @@ from starlette.routing import Route
 from duejobs import App
 from duejobs.dashboard import figures
 from duejobs.dashboard.access import (
+    PAGE_HEADERS,
     SESSION_COOKIE,
     SESSION_SCOPE,
     Access,
@@ -70,6 +71,7 @@ from duejobs.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
     DuejobsError,
+    InvalidListError,
     InvalidScheduleError,
 )
 from duejobs.models import Schedule, Status
@@ -81,6 +83,9 @@ log = logging.getLogger("duejobs.dashboard")
 _ACTIONS = ("cancel", "retry", "run-now", "reschedule")
 # Events and attempts a schedule's page shows at once (newest first; older events a page on).
 _HISTORY_PAGE = 50
+# The query parameters of the schedules' list: its filters and its cursor.
+_LIST_FILTERS = {"status", "type", "tenant", "key", "queue", "after"}
+_FILTERS_SAID = "its filters: status, type, tenant, key, queue"
 # How an async page runs a blocking call (the App's): Starlette's thread pool by default.
 Offload = Callable[..., Awaitable[Any]]
 
@@ -142,7 +147,7 @@ class Pages:
             if why is None:
                 return None
             page = self.pages.get_template("refused.html").render(why=why)
-            return HTMLResponse(page, status_code=403, headers=_HEADERS)
+            return HTMLResponse(page, status_code=403, headers=PAGE_HEADERS)
         client = request.client.host if request.client else ""
         forwarded = request.headers.get("x-forwarded-for")
         proxy = self.sign_ins.unknown_proxy(forwarded, client) if forwarded else ""
@@ -150,7 +155,7 @@ class Pages:
             return Response(
                 "too many failed sign-ins from this address: try again later" + proxy,
                 status_code=429,
-                headers={**_HEADERS, "Retry-After": str(int(wait))},
+                headers={**PAGE_HEADERS, "Retry-After": str(int(wait))},
             )
         if self.caller(request) is None:
             if self.access.authorize is None and basic_user(request) is not None:
@@ -158,7 +163,7 @@ class Pages:
             return Response(
                 "authentication required",
                 status_code=401,
-                headers={**_HEADERS, "WWW-Authenticate": 'Basic realm="duejobs"'},
+                headers={**PAGE_HEADERS, "WWW-Authenticate": 'Basic realm="duejobs"'},
             )
         return None
 
@@ -194,7 +199,7 @@ class Pages:
             else "",
             **values,
         )
-        answer = HTMLResponse(html, status_code=status, headers=_HEADERS)
+        answer = HTMLResponse(html, status_code=status, headers=PAGE_HEADERS)
         if new_session and session:
             answer.set_cookie(
                 SESSION_COOKIE,
@@ -233,6 +238,7 @@ class Pages:
         if (no := self.refused(request)) is not None:
             return no
         query = request.query_params
+        unknown = ", ".join(sorted(set(query) - _LIST_FILTERS))
         filters = {
             name: query[name] or None
             for name in ("type", "tenant", "key", "queue", "after")
@@ -240,6 +246,8 @@ class Pages:
         }
         statuses = [s for s in query.getlist("status") if s]
         try:
+            if unknown:  # said, rather than every schedule listed as if filtered
+                raise InvalidListError(f"the list has no filter {unknown} ({_FILTERS_SAID})")
             page = self.app.list(status=statuses or None, limit=50, **filters)  # type: ignore[arg-type]
             error = None
         except InvalidScheduleError as exc:
@@ -368,6 +376,10 @@ class Pages:
             return {"failed": str(exc)}
         return {"done": action}
 
+    def _caps_of(self, tenants: set[str]) -> list[Any]:
+        """The quotas of the tenants a page lists (their use of them: the overview)."""
+        return self.app.quotas(tenants) if self.app.scope is None else []
+
     @answering_outages
     def recurring(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
@@ -388,7 +400,7 @@ class Pages:
             more=len(listed) > figures.RECURRING_ROWS,
             rows=figures.RECURRING_ROWS,
             tenant=tenant,
-            quotas=self.app.quotas() if self.app.scope is None else [],  # its caps: overview
+            quotas=self._caps_of({d.tenant for d in definitions} | {tenant or "*"}),
             done=self._signed(request, "done"),
             failed=self._signed(request, "failed"),
         )
@@ -420,7 +432,7 @@ class Pages:
 
     def stylesheet(self, request: Request) -> Response:
         css = files("duejobs.dashboard").joinpath("dashboard.css").read_text(encoding="utf-8")
-        return Response(css, media_type="text/css", headers=_HEADERS)
+        return Response(css, media_type="text/css", headers=PAGE_HEADERS)
 
 
 def _when(text: str) -> dict[str, Any]:
@@ -432,19 +444,6 @@ def _when(text: str) -> dict[str, Any]:
         return {"run_at": datetime.fromisoformat(text)}
     except ValueError:
         return {"delay": parse_duration(text, "the new time")}
-
-
-# No script runs on these pages; frames, plugins and foreign resources are refused outright.
-_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
-        "frame-ancestors 'none'; base-uri 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-    # Payloads, keys and errors: kept out of the browser's and any proxy's cache.
-    "Cache-Control": "no-store",
-}
 
 
 def _number(text: str) -> int | None:

@@ -44,9 +44,14 @@ def set_quota(conn: Connection, tenant: str, caps: dict[str, int | None]) -> Non
     )
 
 
-def quotas(conn: Connection) -> list[Quota]:
-    """Every stored quota row, the default first."""
-    rows = run(conn, "quotas", {"default": DEFAULT_QUOTA_TENANT})
+def quotas(conn: Connection, tenants: Sequence[str] | None = None) -> list[Quota]:
+    """Every stored quota row — or, given ``tenants``, theirs and the default's —, the
+    default first."""
+    if tenants is None:
+        rows = run(conn, "quotas", {"default": DEFAULT_QUOTA_TENANT})
+    else:
+        params = {"default": DEFAULT_QUOTA_TENANT, "tenants": list(tenants)}
+        rows = run(conn, "quotas_of", params)
     return [Quota(r.tenant, r.max_live, r.max_inflight) for r in rows]
 
 

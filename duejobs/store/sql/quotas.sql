@@ -15,6 +15,12 @@ SET max_live = CASE WHEN :set_live THEN EXCLUDED.max_live ELSE /*schema*/tenant_
 SELECT tenant, max_live, max_inflight FROM /*schema*/tenant_quotas
 ORDER BY tenant <> :default, tenant
 
+-- name: quotas_of
+-- The quotas of :tenants and the default's, the default first.
+SELECT tenant, max_live, max_inflight FROM /*schema*/tenant_quotas
+WHERE tenant = :default OR tenant = ANY(CAST(:tenants AS text[]))
+ORDER BY tenant <> :default, tenant
+
 -- name: live_quota
 SELECT COALESCE((SELECT max_live FROM /*schema*/tenant_quotas WHERE tenant = :tenant),
     (SELECT max_live FROM /*schema*/tenant_quotas WHERE tenant = '*')) AS cap
