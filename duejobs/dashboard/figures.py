@@ -27,13 +27,15 @@ class Figures:
     A page asking for figures older than ``refresh`` gets them at once while one thread reads
     them again; figures older than three times ``refresh`` (nobody looked for a while: the
     first view after a pause, often the moment of an incident) are read again before the
-    page is answered, as the very first are. A read that failed is said on the page, with its
-    error, beside the figures it could not replace; old figures are never shown as if
-    reading them again were failing when it is not."""
+    page is answered, as the very first are — one read at a time, whoever asks: the others get
+    the last figures at once, or, with none yet, what that one read. A read that failed is
+    said on the page, with its error, beside the figures it could not replace; old figures are
+    never shown as if reading them again were failing when it is not."""
 
     def __init__(self, app: App, refresh: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._app, self._refresh, self._clock = app, refresh, clock
         self._lock = threading.Lock()
+        self._one_read = threading.Lock()  # held by the one read of the figures under way
         self._current: tuple[stats.Stats, LagChart] | None = None
         self._read_at = 0.0
         self._reading = False
@@ -49,18 +51,38 @@ class Figures:
             if start:
                 self._reading = True
         if wait:
+            return self._read_now(current, age)
+        assert current is not None
+        if start:
+            threading.Thread(target=self._refresh_in_background, daemon=True).start()
+        return Reading(*current, age, self._failed)
+
+    def _read_now(self, current: tuple[stats.Stats, LagChart] | None, age: float) -> Reading:
+        """Figures read before the page answers, one read at a time: a page arriving while one
+        is under way gets the last figures there are at once — with none yet, it waits for that
+        read and shows what it read (ten first views made ten reads of a minute and more)."""
+        if not self._one_read.acquire(blocking=current is None):
+            assert current is not None
+            return Reading(*current, age, self._failed)
+        try:
+            with self._lock:
+                got, read_at = self._current, self._read_at
+            if got is not None and self._clock() - read_at < self._refresh:  # read meanwhile
+                return Reading(*got, self._clock() - read_at, self._failed)
             try:
                 return Reading(*self._read(), 0.0, None)
             except (DuejobsError, RedisError, dbapi.SQLAlchemyError):
                 if current is None:
                     raise  # nothing to show: the page says what is unavailable
                 return Reading(*current, age, self._failed)
-        assert current is not None
-        if start:
-            threading.Thread(target=self._refresh_in_background, daemon=True).start()
-        return Reading(*current, age, self._failed)
+        finally:
+            self._one_read.release()
 
     def _refresh_in_background(self) -> None:
+        if not self._one_read.acquire(blocking=False):  # a page's read is under way
+            with self._lock:
+                self._reading = False
+            return
         try:
             self._read()
         except Exception as exc:  # kept and shown on the page (``_read``); the thread ends
@@ -69,6 +91,8 @@ class Figures:
                 log.warning("reading the dashboard's figures failed: %s", said)
             else:
                 log.warning("reading the dashboard's figures failed", exc_info=True)
+        finally:
+            self._one_read.release()
 
     def _read(self) -> tuple[stats.Stats, LagChart]:
         try:
