@@ -18,7 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -671,11 +671,12 @@ def test_pages_asking_at_once_make_one_read_of_the_figures(
     from duejobs.dashboard.figures import Figures
     from duejobs.observability import stats
 
-    real, reads = stats.collect(app), [0]
+    real, reads, asked = stats.collect(app), [0], threading.Semaphore(0)
 
     def slow_collect(_app: object) -> object:
         reads[0] += 1
-        time.sleep(0.3)  # a read long enough for every page to ask meanwhile
+        for _ in range(10):  # a read that lasts until every page has asked
+            assert asked.acquire(timeout=30)
         return real
 
     monkeypatch.setattr(stats, "collect", slow_collect)
@@ -683,11 +684,15 @@ def test_pages_asking_at_once_make_one_read_of_the_figures(
     now = [1000.0]
     figures = Figures(app, refresh=10, clock=lambda: now[0])
 
+    def ask(_: int) -> float:
+        asked.release()
+        return figures.read().age
+
     def ten_at_once() -> list[float]:
         with concurrent.futures.ThreadPoolExecutor(10) as pool:
-            return [r.age for r in pool.map(lambda _: figures.read(), range(10))]
+            return list(pool.map(ask, range(10)))
 
     assert ten_at_once() == [0.0] * 10 and reads == [1]
     now[0] += 31  # a pause longer than three refreshes
     ages = ten_at_once()
-    assert reads == [2] and sorted(ages)[0] == 0.0 and ages.count(31) >= 1
+    assert reads == [2] and sorted(ages) == [0.0] + [31.0] * 9
