@@ -195,3 +195,20 @@ def test_a_parameter_libpq_does_not_know_is_refused_as_the_app_is_made(url: str)
     """Refused naming it, at once, not at the first query with a 153-line traceback."""
     with pytest.raises(ConfigurationError, match=r"libpq does not know: (foo|tyop)"):
         App(url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u@h/db?password=s3c%2Fr3t!x~y&sslmode=require",
+        "postgresql://u@h/db?sslpassword=s3c.r3t-x~y%40z",
+        "redis://h:6379/0?password=s3c%2Fr3t!x~y",
+        "redis+sentinel://s1:26379/mymaster/0?sentinel_password=s3c.r3t-x%2By",
+    ],
+)
+def test_a_punctuated_or_percent_encoded_secret_in_a_query_is_redacted_whole(url: str) -> None:
+    """No piece of the secret after its first punctuation survives (a redaction that stopped
+    at the first non-word character left ``r3t!x~y`` in the message)."""
+    shown = redacted(url)
+    for piece in ("s3c", "r3t", "x~y", "%40z", "%2By"):
+        assert piece not in shown, shown
