@@ -485,3 +485,28 @@ def test_an_error_text_postgres_cannot_store_is_recorded_anyway(
 def test_the_schedulers_backoff_stays_capped_however_long_the_outage(system: System) -> None:
     assert system.scheduler.backoff(1) < system.scheduler.backoff(2)
     assert system.scheduler.backoff(5000) == system.scheduler.config.max_backoff.total_seconds()
+
+
+def test_the_bookkeepings_limits_end_with_each_statement_on_its_own_connection(
+    app: App,
+) -> None:
+    """Read directly on the worker's own bookkeeping connection after a delivery: no limit it
+    set (``lock_timeout``, ``synchronous_commit``) is left on the session, which a pooler
+    would hand to another client. Seen passing every other test with the limits set for the
+    session (the pooler's test did not see them)."""
+    register(app)
+    runtime = Runtime(app, WorkerConfig(claim_lock_timeout=timedelta(milliseconds=1500)))
+    try:
+        assert runtime.handle(app.schedule("record", {}, delay=0).id, 1, 1, "default") is (
+            Outcome.SUCCEEDED
+        )
+        with runtime.bookkeeping.connection() as conn:
+            store.bookkeeping_durability(conn)  # a statement with the bookkeeping's limits
+            driver = getattr(conn, "driver_connection", None) or conn.connection.driver_connection
+            shown = [
+                driver.execute(f"SHOW {name}").fetchone()[0]
+                for name in ("lock_timeout", "synchronous_commit")
+            ]
+    finally:
+        runtime.close()
+    assert shown == ["0", "on"]
