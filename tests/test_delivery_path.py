@@ -306,6 +306,27 @@ def test_delivery_far_too_early_is_put_back_for_its_time_without_using_an_attemp
     assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.DEFERRED
 
 
+@pytest.mark.parametrize(("priority", "band"), [(5, "+high"), (-5, "+low")])
+def test_an_early_delivery_put_back_returns_to_its_own_bands_registry(
+    system: System, priority: int, band: str
+) -> None:
+    """Put back for its time, an urgent (or a low) job waits in its own band's scheduled
+    registry, and is promoted onto its own band's queue. Seen failing with it put back into
+    the default band's."""
+    s = system.app.schedule("record", {}, delay=timedelta(minutes=5), priority=priority)
+    system.scheduler.run_once()
+    deliverer = system.scheduler.deliverer
+    assert deliverer.promote(system.app.now() + timedelta(hours=1)) == 1  # forced early
+    system.work()
+    stored = system.app.get(s.id)
+    assert stored is not None and stored.status is Status.SCHEDULED and stored.attempts == 0
+    queue = deliverer.queue.name
+    assert system.redis.zrange(f"rq:scheduled:{queue}{band}", 0, -1) == [
+        stored.queue_job_id.encode()
+    ]
+    assert system.redis.zcard(f"rq:scheduled:{queue}") == 0
+
+
 def test_delivery_for_another_tenant_is_treated_as_missing(system: System) -> None:
     s = system.app.schedule("record", {}, delay=0, tenant="acme")
     assert system.runtime.handle(s.id, 1, 1, "globex") is Outcome.SKIPPED
