@@ -9,6 +9,8 @@ Seen failing against the worker that subclassed RQ's: with 4 slots it exited (st
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from duejobs.worker.redis_waits import is_outage
 from tests.support import wait_for
 from tests.support.apps import register
 from tests.support.network import free_ports
-from tests.support.processes import Proc
+from tests.support.processes import ROOT, Proc
 from tests.support.valkey import Node, server_binary
 
 WORKER = ["worker", "--app", "tests.support.apps:app", "--log-level", "warning"]
@@ -123,3 +125,37 @@ def test_replies_of_a_server_passing_through_trouble_are_outages_to_wait_out(rep
     its traceback and a fixed pause."""
     assert is_outage(redis.ResponseError(reply))
     assert not is_outage(redis.ResponseError("WRONGTYPE Operation against a key"))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("worker", "--app", "tests.support.apps:app"),
+        ("scheduler",),
+        ("reconcile", "--every", "1"),
+    ],
+)
+def test_a_redis_that_refuses_the_password_ends_a_service_at_its_start_naming_it(
+    env: dict[str, str], redis_url: str, redis_client: redis.Redis, command: tuple[str, ...]
+) -> None:
+    """A wrong password (an ACL user here): exit 2 at once, one line naming Redis and what to
+    check — no retry mends it. (Three service processes started: about 5 s each.) Seen failing with the scheduler and the reconciler waiting
+    it out as an outage for good (redis-py's AuthenticationError is a ConnectionError)."""
+    user = "duejobs-refused"
+    redis_client.acl_setuser(
+        user, enabled=True, passwords=["+right"], keys=["*"], commands=["+@all"]
+    )
+    try:
+        wrong = redis_url.replace("redis://", f"redis://{user}:wrong@", 1)
+        done = subprocess.run(
+            [sys.executable, "-m", "duejobs", *command],
+            env={**env, "DUEJOBS_REDIS_URL": wrong, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        redis_client.acl_deluser(user)
+    assert done.returncode == 2, done.stderr
+    assert "refuses duejobs" in done.stderr and "DUEJOBS_REDIS_URL" in done.stderr, done.stderr
+    assert "wrong" not in done.stderr and "Traceback" not in done.stderr, done.stderr

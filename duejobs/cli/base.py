@@ -221,6 +221,22 @@ def _app(
         _fail(exc if said is None else ConnectionError(said))
 
 
+def refuse_unusable_redis(app: App) -> None:
+    """At a service's start: a Redis that refuses duejobs' credentials (a wrong password, an
+    ACL without the commands it runs) ends it with exit 2, naming it — no retry mends that. A
+    Redis that does not answer is an outage, which the service waits out; so is the same
+    refusal once it runs (a password being rotated)."""
+    refusals = app.core.deliverer().refusing()
+    for where, answer in refusals:
+        click.echo(
+            f"error: Redis at {where} refuses duejobs: {answer} (check the user and password "
+            f"of {REDIS_ENV}, and that its ACL allows duejobs' commands)",
+            err=True,
+        )
+    if refusals:
+        sys.exit(2)
+
+
 def sync_declared(app: App) -> None:
     """Write the recurring definitions the App declares in code (``@app.task(cron=...)``),
     as a service loading it starts: unchanged ones stay as they are."""

@@ -26,6 +26,7 @@ from duejobs.cli.base import (
     _operations,
     duration_option,
     load_app,
+    refuse_unusable_redis,
     services,
     sync_declared,
 )
@@ -112,6 +113,7 @@ def scheduler(
     _operate(log_level, log_format, metrics_port)
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref) if app_ref else App()
+        refuse_unusable_redis(app)
         sync_declared(app)
         config = _checked(
             lambda: SchedulerConfig(
@@ -195,6 +197,7 @@ def reconcile(
     schedules), while a pass costs what the window holds."""
     _operate(log_level, log_format, metrics_port)
     with _app(ctx) as app:
+        refuse_unusable_redis(app)
         reconciler = Reconciler(app, ReconcileConfig(window=window))
         gauges = GaugeRefresh(lambda: collect_stats(app), stats_every)
 

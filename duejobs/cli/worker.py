@@ -20,6 +20,7 @@ from duejobs.cli.base import (
     _operations,
     duration_option,
     load_app,
+    refuse_unusable_redis,
     services,
     sync_declared,
 )
@@ -153,6 +154,7 @@ def worker(
         if cpus:  # after the embedded servers start (they keep every CPU), before the
             pin_to_cpu(cpus[0])  # worker's threads start (they inherit it)
         app = load_app(app_ref)
+        refuse_unusable_redis(app)
         sync_declared(app)
         try:
             worker = build_worker(app, config, queues, name=name)

@@ -11,7 +11,14 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from redis import Redis
-from redis.exceptions import ConnectionError, RedisError, TimeoutError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ConnectionError,
+    NoPermissionError,
+    RedisError,
+    TimeoutError,
+)
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -277,6 +284,20 @@ class Deliverer:
             return moved
 
         return sum(self._each(self._nodes, promote_on))
+
+    def refusing(self) -> list[tuple[str, RedisError]]:
+        """The nodes that refuse this client — a wrong password, an ACL without the commands
+        duejobs runs — with their answers: what no retry mends. A node that does not answer
+        is not among them (an outage, waited out)."""
+        refusals: list[tuple[str, RedisError]] = []
+        for node in self._nodes:
+            try:
+                node.redis.ping()
+            except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
+                refusals.append((node.label, exc))
+            except RedisError:
+                continue
+        return refusals
 
     def on_each_node(self, work: Callable[[Node, list[str]], T]) -> list[T]:
         """``work(node, its RQ queues)`` on every node at once, as every call spanning nodes
