@@ -139,8 +139,9 @@ def test_a_redis_that_refuses_the_password_ends_a_service_at_its_start_naming_it
     env: dict[str, str], redis_url: str, redis_client: redis.Redis, command: tuple[str, ...]
 ) -> None:
     """A wrong password (an ACL user here): exit 2 at once, one line naming Redis and what to
-    check — no retry mends it. (Three service processes started: about 5 s each.) Seen failing with the scheduler and the reconciler waiting
-    it out as an outage for good (redis-py's AuthenticationError is a ConnectionError)."""
+    check — no retry mends it. Seen failing with the scheduler and the reconciler waiting it
+    out as an outage for good (redis-py's AuthenticationError is a ConnectionError). (Three
+    service processes started: about 5 s each.)"""
     user = "duejobs-refused"
     redis_client.acl_setuser(
         user, enabled=True, passwords=["+right"], keys=["*"], commands=["+@all"]
