@@ -11,15 +11,16 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from rq.registry import FailedJobRegistry
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from duejobs import EventKind, store
 from duejobs.worker import Runtime, Worker, WorkerConfig
 from tests.support import sample
-from tests.support.faults import end_session_in
+from tests.support.faults import end_idle_connections, end_session_in
 from tests.support.system import System
 
 
@@ -158,3 +159,39 @@ def test_a_claim_committed_whose_answer_was_lost_runs_its_handler_on_that_attemp
     kinds = [e.kind for e in system.app.history(ids[0])]
     assert EventKind.SKIPPED not in kinds  # not taken for a duplicate of itself
     assert _failed_in_rq(system) == 0
+
+
+def test_an_outcome_whose_connects_are_refused_is_recorded_on_the_next_one(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler returns while PostgreSQL refuses new connections (a restart, a failover
+    under way) and the worker's parked connections are gone: the close waits out the refused
+    connects and records the outcome once a connect succeeds — the attempt closed by the
+    worker, its handler run once, nothing left to the lease. Made deterministic: seen caught
+    before only when an outcome happened to land during a failover test."""
+    core = system.app.core
+    real, refused = core.connect_directly, [0]
+    armed = [False]
+
+    def refusing() -> Any:
+        if armed[0] and refused[0] < 2:
+            refused[0] += 1
+            raise DBAPIError.instance(
+                None, None, psycopg.OperationalError("connection refused"), psycopg.Error
+            )
+        return real()
+
+    monkeypatch.setattr(core, "connect_directly", refusing)
+
+    @system.app.handler("returns-while-refused")
+    def returns(ctx: Any, payload: Any) -> None:
+        with system.app.engine.connect() as conn:
+            end_idle_connections(conn)  # the worker's parked bookkeeping connections
+        armed[0] = True
+
+    s = system.app.schedule("returns-while-refused", {}, delay=timedelta(0))
+    system.scheduler.run_once()
+    system.work()
+    assert refused[0] == 2 and system.status(s.id) == "succeeded"
+    kinds = [e.kind for e in system.app.history(s.id)]
+    assert kinds.count(EventKind.STARTED) == 1 and EventKind.ABANDONED not in kinds
