@@ -448,3 +448,30 @@ def test_a_failed_claim_of_deliveries_taken_together_leaves_each_slot_to_claim_i
     assert not failures
     assert [system.status(i) for i in ids] == ["succeeded"] * 6
     assert sorted(n for _, n in system.effects()) == [1] * 6
+
+
+def test_finishes_sent_again_after_a_lost_answer_are_written_once(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At one slot a job's finish in RQ goes with the next take: when Redis ran that script
+    and its answer was lost, the take is sent again with the same finishes — which must not
+    write the jobs' results twice (RQ counted 43 successes for 29 jobs, 14 with two results).
+    Seen failing with a second result in the job's results stream."""
+    ids = [system.app.schedule("record", {}, delay=0).id for _ in range(4)]
+    system.scheduler.run_once()
+    real, lost = Script.__call__, [0]
+
+    def loses_finishing_answers(script: Script, *args: Any, **kwargs: Any) -> Any:
+        answer = real(script, *args, **kwargs)
+        finishing = len(kwargs.get("args") or []) > 9  # the take carries finishes
+        if script.script == TAKE and finishing and lost[0] < 2:
+            lost[0] += 1
+            raise redis.ConnectionError("the take's answer was lost")
+        return answer
+
+    monkeypatch.setattr(Script, "__call__", loses_finishing_answers)
+    system.work()
+    assert lost[0] == 2 and [system.status(i) for i in ids] == ["succeeded"] * 4
+    for schedule_id in ids:
+        job = system.app.get(schedule_id).queue_job_id  # type: ignore[union-attr]
+        assert system.redis.xlen(f"rq:results:{job}") == 1, job

@@ -97,16 +97,26 @@ if #ARGV > 9 then
                'total_working_time', ARGV[13]}
     for i = 14, #ARGV, 10 do
         local id, ttl = ARGV[i], ARGV[i + 5]
-        local key = prefix .. id
-        redis.call('HSET', key, 'status', ARGV[i + 6], 'ended_at', stamp, 'last_heartbeat', stamp)
-        redis.call('EXPIRE', key, ttl)
-        redis.call('ZREM', ARGV[i + 1], id .. ':' .. ARGV[i + 2])
-        redis.call('ZADD', ARGV[i + 3], ARGV[i + 4], id)
-        redis.call('XADD', results .. id, 'MAXLEN', '~', '"""
+        local key, run = prefix .. id, id .. ':' .. ARGV[i + 2]
+        -- Once per run: a script sent again after its answer was lost finds the run's started
+        -- entry gone, and writes nothing twice. A results stream Redis refuses puts the entry
+        -- back as it was, nothing of this job written, for a second try.
+        if redis.call('ZREM', ARGV[i + 1], run) == 1 then
+            local added = redis.pcall('XADD', results .. id, 'MAXLEN', '~', '"""
     + str(_RESULTS_KEPT)
     + """', '*',
-                   'type', ARGV[i + 7], 'worker_name', worker, ARGV[i + 8], ARGV[i + 9])
-        redis.call('EXPIRE', results .. id, ttl)
+                                      'type', ARGV[i + 7], 'worker_name', worker, ARGV[i + 8],
+                                      ARGV[i + 9])
+            if type(added) == 'table' and added.err then
+                redis.call('ZADD', ARGV[i + 1], score, run)
+                return redis.error_reply(added.err)
+            end
+            redis.call('EXPIRE', results .. id, ttl)
+            redis.call('HSET', key, 'status', ARGV[i + 6], 'ended_at', stamp,
+                       'last_heartbeat', stamp)
+            redis.call('EXPIRE', key, ttl)
+            redis.call('ZADD', ARGV[i + 3], ARGV[i + 4], id)
+        end
     end
 end
 local taken = {}
