@@ -204,13 +204,22 @@ def _running_row(system: System) -> Delivery:
     s = system.app.schedule("record", {}, delay=timedelta(0))
     with system.app.engine.begin() as conn:
         conn.execute(
-            text(
-                "UPDATE scheduled_jobs SET status = 'running', attempts = 1, "
-                "lease_expires_at = now() - interval '1 second' WHERE id = :id"
-            ),
+            text("UPDATE scheduled_jobs SET status = 'running', attempts = 1 WHERE id = :id"),
             {"id": s.id},
         )
-    return Delivery(s.id, "default", 1, 1, system.app.queue)
+    delivery = Delivery(s.id, "default", 1, 1, system.app.queue)
+    _lease_ended(system, delivery)
+    return delivery
+
+
+def _lease_ended(system: System, delivery: Delivery) -> None:
+    with system.app.engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE scheduled_jobs SET lease_expires_at = now() - interval '1 s' WHERE id = :id"
+            ),
+            {"id": delivery.schedule_id},
+        )
 
 
 def _lease_ahead(system: System, delivery: Delivery) -> bool:
@@ -237,7 +246,7 @@ def test_a_beat_whose_connection_was_lost_renews_the_lease_at_that_beat(
     try:
         watched = Watched(delivery, give_up_at=float("inf"), overrun=lambda: None)
         beats._renew([watched])  # its connection made and parked
-        _running_row_lease_back(system, delivery)
+        _lease_ended(system, delivery)
         if when == "ended while parked":
             with system.app.engine.connect() as conn:
                 assert end_idle_connections(conn) >= 1
@@ -259,13 +268,3 @@ def test_a_beat_whose_connection_was_lost_renews_the_lease_at_that_beat(
         beats.stop()
     assert _lease_ahead(system, delivery)
     assert [r for r in caplog.records if "renew" in r.getMessage()] == []
-
-
-def _running_row_lease_back(system: System, delivery: Delivery) -> None:
-    with system.app.engine.begin() as conn:
-        conn.execute(
-            text(
-                "UPDATE scheduled_jobs SET lease_expires_at = now() - interval '1 s' WHERE id = :id"
-            ),
-            {"id": delivery.schedule_id},
-        )

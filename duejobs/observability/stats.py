@@ -141,8 +141,9 @@ def collect(
         deliverer = core.deliverer()
         pushed = [(r.queue_job_id, r.due_at, r.stuck, r.queue) for r in overdue if r.queue_job_id]
         alive = deliverer.live(pushed) if pushed else []
-        queued, deferred = deliverer.depth() if scope is None else (None, None)
-        held = structures(deliverer) if scope is None else None
+        held = structures(deliverer) if scope is None else None  # Redis' depth is everyone's
+        queued = None if held is None else held.structures["queue"].entries
+        deferred = None if held is None else held.structures["scheduled"].entries
         orphans = list(orphan_jobs(core, reading=conn))
         if scope is not None:
             orphans = _of_tenant(conn, orphans, scope)
