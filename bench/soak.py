@@ -395,6 +395,7 @@ def run(config: SoakConfig, out: Path) -> int:
             if now >= next_sample:
                 sampler.sample()
                 next_sample += config.sample_every
+                sampler.samples.write_csv(out / "soak.csv")  # to follow a long run as it goes
             if now >= next_fault and end - now > config.fault_gap / 2:
                 kind = next(kinds)
                 marks.append((now - started, kind))

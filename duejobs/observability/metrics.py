@@ -3,8 +3,8 @@
 Each long-running command takes ``--metrics-port``; the process then serves ``/metrics``.
 
 * worker: ``duejobs_lag_seconds{tenant,type}`` (histogram, due time → handler start, database clock)
-  and ``duejobs_deliveries_total{tenant,type,outcome}`` (succeeded, retrying, failed, skipped,
-  stale, deferred);
+  and ``duejobs_deliveries_total{tenant,type,outcome}`` (succeeded, retrying, interrupted,
+  failed, skipped, stale, deferred);
 * scheduler: ``duejobs_scheduler_pushed_total{where}`` (queue, scheduled, already_present),
   ``duejobs_scheduler_promoted_total``, ``duejobs_scheduler_pass_seconds``,
   ``duejobs_scheduler_failed_passes_total``, ``duejobs_scheduler_throttled_total{tenant}``

@@ -50,6 +50,7 @@ class RunClaim:
     due_at: datetime | None = None
     db_now: datetime | None = None
     trace_context: str | None = None  # the scheduling caller's (duejobs.observability.tracing)
+    interruptions: int = 0  # this version's attempts a broken connection ended
     unknown_since: datetime | None = None  # first put back for an unknown type (this version)
 
 
@@ -235,12 +236,14 @@ def record_effect(
 @dataclass(frozen=True)
 class Closing:
     """A running attempt's outcome: ``succeeded``, ``failed``, or ``scheduled`` again for a
-    retry after ``retry_in`` (``run_at`` never moves)."""
+    retry after ``retry_in`` (``run_at`` never moves). ``interrupted``: a retry because the
+    attempt's connection broke, counted in the row's ``interruptions``, not its attempts."""
 
     delivery: Delivery
     outcome: Status
     error: str | None = None
     retry_in: timedelta | None = None
+    interrupted: bool = False
 
 
 _EVENTS = {
@@ -264,6 +267,7 @@ def finish(conn: Connection, closings: Sequence[Closing]) -> list[bool]:
         "events": [_EVENTS[c.outcome].value for c in closings],
         "errors": [c.error for c in closings],
         "retry_ins": [c.retry_in for c in closings],
+        "interrupted": [c.interrupted for c in closings],
     }
     closed = {(r.id, r.version, r.attempt) for r in run(conn, "finish", params)}
     return [

@@ -61,3 +61,35 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module("sqlalchemy.exc"), _NAMES[name])
     globals()[name] = value
     return value
+
+
+# What PostgreSQL says when it ends a session for the server's reasons (a terminate, a crash,
+# a shutdown, a server not ready yet); with the class of connection exceptions (08): a break.
+_BROKEN_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def broke_connection(error: BaseException) -> bool:
+    """Whether ``error`` (a handler's) is its database connection breaking: the driver's error
+    (or, through SQLAlchemy's, Django's or the handler's own wrappers, its cause) says the
+    session ended for the server's reasons or the connection failed — not a statement's own
+    error, a lock or statement timeout, nor the server ending an idle fence."""
+    import psycopg  # the driver's classes, only once something failed
+    import sqlalchemy.exc
+
+    seen: set[int] = set()
+    found: BaseException | None = error
+    invalidated = False
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        if isinstance(found, sqlalchemy.exc.DBAPIError):
+            invalidated = invalidated or bool(found.connection_invalidated)
+        if isinstance(found, psycopg.Error):
+            state = found.sqlstate
+            if state is None:
+                return isinstance(
+                    found, psycopg.OperationalError | psycopg.InterfaceError | psycopg.InternalError
+                )
+            return state.startswith("08") or state in _BROKEN_STATES
+        inner = found.orig if isinstance(found, sqlalchemy.exc.DBAPIError) else None
+        found = inner if isinstance(inner, BaseException) else found.__cause__ or found.__context__
+    return invalidated

@@ -17,6 +17,18 @@ broke is retried outcome by outcome, so one dead connection never fails the outc
 carried. A handler past its timeout and grace has its attempt closed as timed out on a
 connection of its own (:meth:`Completer.overrun`), within ``_CLOSE_WITHIN`` seconds.
 
+A handler that failed only because its database connection broke — a pooler restarted, a
+failover, an administrator's terminate, its error or its cause one of those
+(:func:`duejobs.store.dbapi.broke_connection`) — is *interrupted*: its attempt is retried
+after a backoff of 1 s doubling up to a minute, whatever its retry policy says, and is not
+counted against ``max_attempts``; its ``retried`` event says ``interrupted``, and its outcome
+is counted apart (``duejobs_deliveries{outcome="interrupted"}``). Up to ``MAX_INTERRUPTIONS``
+per version: past that (a connection that breaks at every try is no passing fault), an
+interruption counts as any failure does. A session the server ended for what the handler
+did — idle in the fence past its limit, a statement timeout — is the handler's failure, not
+an interruption. What a handler did outside the database before its connection broke is
+done again by the retry, as with any retry.
+
 What it does not promise: an outcome recorded when the database stays unreachable, or the row
 stays locked, past the lease (the error surfaces; the lease expires and the reconciler
 rescues the attempt, whose handler then runs again: docs/guarantees.md).
@@ -58,6 +70,9 @@ _CLOSED = {
 }
 # How long the watchdog tries to record a timed-out attempt before the process ends anyway.
 _CLOSE_WITHIN = 5.0
+# Interrupted attempts of one version retried without using up the handler's budget.
+MAX_INTERRUPTIONS = 10
+_INTERRUPTED_WAIT_MOST = 60.0
 # The waits between tries of an outcome whose connection broke: the first at once (a
 # connection the server ended is replaced by a working one), then doubling up to a second.
 _RETRY_FIRST, _RETRY_MOST = 0.05, 1.0
@@ -84,12 +99,19 @@ class Completer:
         conn: Connection | None = None,
         *,
         retry: bool = True,
+        interrupted: bool = False,
     ) -> Outcome:
         """Close a failed attempt by the type's retry policy: another attempt after backoff
         (``run_at`` untouched), or ``failed`` once attempts are exhausted or when the error
-        is not one to retry (``retry`` False)."""
-        if retry and ctx.attempt < handler.retry.max_attempts:
-            wait = handler.retry.delay_before(ctx.attempt)
+        is not one to retry (``retry`` False). ``interrupted``: it failed only because its
+        connection broke (see the module's docstring)."""
+        if interrupted and ctx.interruptions < MAX_INTERRUPTIONS:
+            wait = timedelta(seconds=min(2.0**ctx.interruptions, _INTERRUPTED_WAIT_MOST))
+            closing = Closing(ctx.delivery, Status.SCHEDULED, error, wait, interrupted=True)
+            with tracing.span("duejobs.outcome", outcome=Outcome.INTERRUPTED.value):
+                return self._record(ctx, closing, conn)
+        if retry and ctx.attempt - ctx.interruptions < handler.retry.max_attempts:
+            wait = handler.retry.delay_before(ctx.attempt - ctx.interruptions)
             return self.close(ctx, Status.SCHEDULED, error=error, retry_in=wait, conn=conn)
         return self.close(ctx, Status.FAILED, error=error, conn=conn)
 
@@ -159,7 +181,7 @@ class Completer:
         if conn is None:
             try:
                 if self._closings.submit(closing):
-                    return _CLOSED[closing.outcome]
+                    return _outcome(closing)
             except dbapi.DBAPIError as exc:
                 if not unreachable(exc):
                     raise
@@ -203,10 +225,22 @@ class Completer:
         with contextlib.nullcontext(conn) if conn else self._bookkeeping.connection() as conn:
             closed_as = store.attempt_closed(conn, closing.delivery) if landed else None
             if closed_as is not None:
-                return _CLOSED[closed_as]
+                return _outcome(closing) if closed_as is closing.outcome else _CLOSED[closed_as]
             fence_idle = self._config.fence_idle_timeout  # the close locks the row, as a fence
             change = store.change_since_claim(conn, closing.delivery, fence_idle=fence_idle)
             if change is None:
-                return _CLOSED[closing.outcome] if store.finish(conn, [closing])[0] else None
+                return _outcome(closing) if store.finish(conn, [closing])[0] else None
             store.record_stale(conn, closing.delivery, change)
         return Outcome.STALE
+
+
+def _outcome(closing: Closing) -> Outcome:
+    return Outcome.INTERRUPTED if closing.interrupted else _CLOSED[closing.outcome]
+
+
+def is_last(ctx: Context, max_attempts: int, error: BaseException) -> bool:
+    """Whether an attempt that failed with ``error`` gets no other (retried, it would): what a
+    handler that keeps its own record of failures (Django's task results) asks."""
+    if dbapi.broke_connection(error) and ctx.interruptions < MAX_INTERRUPTIONS:
+        return False
+    return ctx.attempt - ctx.interruptions >= max_attempts

@@ -152,6 +152,7 @@ class Outcome(enum.StrEnum):
 
     SUCCEEDED = "succeeded"
     RETRYING = "retrying"
+    INTERRUPTED = "interrupted"  # its connection broke: retried, its attempt not counted
     FAILED = "failed"
     SKIPPED = "skipped"
     DEFERRED = "deferred"

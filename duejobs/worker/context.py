@@ -41,6 +41,8 @@ class Context:
     _core: Core = field(repr=False)
     # How long the fence's transaction may sit idle on the server (WorkerConfig's knob).
     _fence_idle: timedelta = field(default=timedelta(minutes=1), repr=False)
+    # This version's attempts so far that a broken connection ended (not counted as attempts).
+    _interruptions: int = field(default=0, repr=False)
     # This run of the handler (see :attr:`run_id`).
     _run_id: uuid.UUID = field(default_factory=uuid.uuid4, repr=False)
     _finished: bool = field(default=False, repr=False)
@@ -64,6 +66,12 @@ class Context:
     @property
     def queue(self) -> str:
         return self.delivery.queue
+
+    @property
+    def interruptions(self) -> int:
+        """This version's attempts so far that failed only because their database connection
+        broke: retried without using up ``max_attempts`` (see :mod:`duejobs.worker.closing`)."""
+        return self._interruptions
 
     @property
     def run_id(self) -> uuid.UUID:

@@ -223,11 +223,13 @@ class Runtime:
             claim.payload,
             self.core,
             _fence_idle=self.config.fence_idle_timeout,
+            _interruptions=claim.interruptions,
         )
         handler = self.core.handler_for(claim.type)
         assert handler is not None  # claimed for the types with a handler only
-        if delivery.attempt > handler.retry.max_attempts:  # rescued beyond the policy
-            error = f"attempts exhausted ({delivery.attempt - 1} of {handler.retry.max_attempts})"
+        used = delivery.attempt - claim.interruptions
+        if used > handler.retry.max_attempts:  # rescued beyond the policy
+            error = f"attempts exhausted ({used - 1} of {handler.retry.max_attempts})"
             return self.completer.close(ctx, Status.FAILED, error=error)
         give_up = time.monotonic() + (handler.timeout + self.config.timeout_grace).total_seconds()
         watched = Watched(delivery, give_up, lambda: self.completer.overrun(ctx, handler, where))
@@ -245,7 +247,13 @@ class Runtime:
             return self.completer.close(ctx, Status.SUCCEEDED)
         except BaseException as exc:  # a handler's sys.exit(), CancelledError...: its attempt's
             log.warning("attempt failed: %s", describe(exc), extra=where, exc_info=True)
-            return self.completer.failed(ctx, handler, describe(exc), retry=handler.retries(exc))
+            return self.completer.failed(
+                ctx,
+                handler,
+                describe(exc),
+                retry=handler.retries(exc),
+                interrupted=dbapi.broke_connection(exc),
+            )
         if ctx._finished:
             return Outcome.SUCCEEDED
         return self.completer.close(ctx, Status.SUCCEEDED)

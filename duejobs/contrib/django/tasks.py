@@ -50,6 +50,7 @@ from duejobs.contrib.django import get_app
 from duejobs.errors import InvalidScheduleError
 from duejobs.models import Schedule, Status
 from duejobs.validation import DEFAULT_MAX_PAYLOAD_BYTES, payload_encoder
+from duejobs.worker.closing import is_last
 from duejobs.worker.context import Context
 
 try:  # Django 6.0 and later
@@ -206,7 +207,7 @@ class DuejobsBackend(BaseTaskBackend):
             }
             with ctx.engine.begin() as conn:
                 store.add_error(conn, ctx.schedule_id, ctx.tenant, error)
-            if ctx.attempt >= self.max_attempts:
+            if is_last(ctx, self.max_attempts, exc):
                 self._finished(ctx, TaskResultStatus.FAILED)
             raise
         with ctx.transaction() as conn:

@@ -43,8 +43,8 @@ WITH req AS (
         updated_at = statement_timestamp()
     FROM ready
     WHERE s.id = ready.id
-    RETURNING s.id, s.tenant, s.version, s.attempts, s.type, s.payload, s.run_at, s.due_at,
-              s.trace_context
+    RETURNING s.id, s.tenant, s.version, s.attempts, s.interruptions, s.type, s.payload,
+              s.run_at, s.due_at, s.trace_context
 ), attempt AS (
     INSERT INTO /*schema*/scheduled_job_attempts (schedule_id, tenant, version, attempt, status,
         worker)
@@ -57,7 +57,7 @@ WITH req AS (
                'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
     FROM upd
 )
-SELECT id, version, attempts AS attempt, type, payload, run_at, due_at,
+SELECT id, version, attempts AS attempt, interruptions, type, payload, run_at, due_at,
        statement_timestamp() AS db_now, trace_context
 FROM upd
 
@@ -65,8 +65,8 @@ FROM upd
 -- A delivery's claim made by the statement named :claim, whose answer the worker lost (its
 -- connection broke after the commit): the row still running at that attempt, as claim_runs
 -- would have returned it; nothing when that statement did not commit it.
-SELECT j.id, j.version, j.attempts AS attempt, j.type, j.payload, j.run_at, j.due_at,
-       statement_timestamp() AS db_now, j.trace_context
+SELECT j.id, j.version, j.attempts AS attempt, j.interruptions, j.type, j.payload, j.run_at,
+       j.due_at, statement_timestamp() AS db_now, j.trace_context
 FROM /*schema*/scheduled_jobs j
 WHERE j.id = :id AND j.tenant = :tenant AND j.version = :version AND j.attempts = :attempt
   AND j.status = 'running'
@@ -237,15 +237,16 @@ RETURNING 1
 -- name: finish
 -- Close running attempts, many in one statement: succeeded, failed, or back to scheduled for
 -- a retry (run_at never moves; due_at carries the next attempt's time), each with its
--- attempt row and event. An attempt no longer current is left alone, and so is one whose row
+-- attempt row and event. An interrupted attempt (its connection broke) is a retry counted in
+-- the row's interruptions, its `retried` event marked `interrupted`. An attempt no longer current is left alone, and so is one whose row
 -- another transaction holds now: the worker waits for that lock, then closes it or records
 -- it stale. Its commit's durability is its own, as claim_runs' is.
 WITH req AS (
     SELECT r.* FROM unnest(CAST(:ids AS uuid[]), CAST(:versions AS integer[]),
                            CAST(:attempts AS integer[]), CAST(:statuses AS text[]),
                            CAST(:events AS text[]), CAST(:errors AS text[]),
-                           CAST(:retry_ins AS interval[]))
-        AS r(id, version, attempt, status, event, error, retry_in),
+                           CAST(:retry_ins AS interval[]), CAST(:interrupted AS boolean[]))
+        AS r(id, version, attempt, status, event, error, retry_in, interrupted),
         (SELECT set_config('synchronous_commit',
                            COALESCE(:synchronous_commit, current_setting('synchronous_commit')),
                            true)) AS durability
@@ -266,11 +267,13 @@ WITH req AS (
         finished_at = CASE WHEN m.status = 'scheduled' THEN NULL
                            ELSE statement_timestamp() END,
         last_error = m.error,
+        interruptions = s.interruptions + CASE WHEN m.interrupted THEN 1 ELSE 0 END,
         lease_expires_at = NULL,
         updated_at = statement_timestamp()
     FROM mine m
     WHERE s.id = m.id
-    RETURNING s.id, s.tenant, s.version, s.due_at, m.attempt, m.status, m.event, m.error
+    RETURNING s.id, s.tenant, s.version, s.due_at, m.attempt, m.status, m.event, m.error,
+              m.interrupted
 ), attempt AS (
     UPDATE /*schema*/scheduled_job_attempts a
     SET status = CASE WHEN upd.status = 'succeeded' THEN 'succeeded' ELSE 'failed' END,
@@ -283,6 +286,7 @@ WITH req AS (
     SELECT id, tenant, event, version,
            jsonb_strip_nulls(jsonb_build_object(
                'attempt', attempt, 'error', error,
+               'interrupted', CASE WHEN interrupted THEN true END,
                'next_attempt_at', (to_jsonb(CAST(CASE
                    WHEN status = 'scheduled' THEN due_at END AS timestamptz) AT TIME ZONE 'UTC')
                    #>> '{}') || '+00:00'))

@@ -51,7 +51,8 @@ ON id = rid
 
 -- name: rescue_expired
 -- Running rows whose lease expired (their worker is gone): the attempt recorded as
--- abandoned; the row back to scheduled (due now), or failed with its attempts exhausted; and
+-- abandoned; the row back to scheduled (due now), or failed with its attempts exhausted (the
+-- interrupted ones not counted); and
 -- how many running rows were past their lease.
 WITH expired AS (
     SELECT id FROM /*schema*/scheduled_jobs
@@ -61,14 +62,14 @@ WITH expired AS (
     LIMIT :limit
 ), upd AS (
     UPDATE /*schema*/scheduled_jobs s
-    SET status = CASE WHEN s.attempts >= s.max_attempts THEN 'failed'
+    SET status = CASE WHEN s.attempts - s.interruptions >= s.max_attempts THEN 'failed'
                       ELSE 'scheduled' END,
         queue_job_id = NULL,
         due_at = statement_timestamp(),
         lease_expires_at = NULL,
         last_error = 'attempt ' || s.attempts || ' abandoned: its worker stopped renewing '
                      || 'the lease',
-        finished_at = CASE WHEN s.attempts >= s.max_attempts
+        finished_at = CASE WHEN s.attempts - s.interruptions >= s.max_attempts
                            THEN statement_timestamp() END,
         updated_at = statement_timestamp()
     WHERE s.id = ANY(ARRAY(SELECT id FROM expired))
