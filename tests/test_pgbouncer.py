@@ -146,6 +146,21 @@ def test_behind_a_pooler_prepared_statements_are_off_and_said_so_once(
     assert "secret-pw" not in said[0].getMessage()
 
 
+def test_prepared_statements_on_behind_a_pooler_is_said_on_every_connection(
+    bouncer: PgBouncer, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, "duejobs.store")
+    on = App(bouncer.url_for(servers.database), prepared_statements="on")
+    try:
+        with on.engine.connect(), on.engine.connect():  # two connections made
+            pass
+    finally:
+        on.close()
+    said = [r for r in caplog.records if "reached a connection pooler" in r.getMessage()]
+    assert len(said) == 2 and all(r.levelno == logging.WARNING for r in said)
+    assert "secret-pw" not in said[0].getMessage()
+
+
 def _prepared_after_claims(app: App) -> int:
     """Statements prepared on one connection after ten claims on it."""
     with app.engine.connect() as conn:

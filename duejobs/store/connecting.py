@@ -15,6 +15,11 @@ A connection is set up on the client side only:
   from. One round trip per new connection; said once per engine in the log
   (``duejobs.store``).
 
+  With ``on``, the same check runs and each connection that reached a pooler says so in a
+  warning: a pooler in transaction mode that does not keep prepared statements (PgBouncer
+  before 1.22, or without ``max_prepared_statements``) binds one client's parameters to
+  another's statement.
+
 What it does not detect: a pooler that forwards PostgreSQL's own process id (none known).
 ``DUEJOBS_PREPARED_STATEMENTS=off`` is the setting for one.
 """
@@ -138,6 +143,16 @@ class Connected:
         absolute_durations(driver.adapters)
         if self._prepared == "off":
             driver.prepare_threshold = None
+        elif self._prepared == "on" and behind_pooler(dbapi_connection):
+            log.warning(
+                "prepared statements are on (DUEJOBS_PREPARED_STATEMENTS=on) and this "
+                "connection to %s:%s reached a connection pooler: unless the pooler keeps "
+                "prepared statements (session mode, PgBouncer 1.22+ with "
+                "max_prepared_statements), statements bind to other clients' parameters; "
+                "set it to auto",
+                driver.info.host,
+                driver.info.port,
+            )
         elif self._prepared == "auto" and behind_pooler(dbapi_connection):
             driver.prepare_threshold = None
             if not self._said.is_set():
