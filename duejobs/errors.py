@@ -195,7 +195,9 @@ def outage(exc: BaseException) -> str | None:
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     if isinstance(exc, RedisError):
-        said = f"Redis is unavailable: {exc}"
+        from duejobs.redis_urls import said as one_line
+
+        said = f"Redis is unavailable: {one_line(exc)}"
     elif isinstance(exc, (OperationalError, InterfaceError)):
         said = f"PostgreSQL is unavailable: {exc.orig}"
     elif isinstance(exc, (DatabaseUnavailableError, SchemaMissingError, ReadTimeoutError)):

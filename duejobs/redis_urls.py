@@ -185,3 +185,81 @@ def redis_client(url: str, connections: int = REDIS_POOL, retries: int = 1) -> R
         **options,
     )
     return master
+
+
+def refusal(client: Redis) -> str | None:
+    """What a Redis (or, through Sentinel, the Sentinels) answered duejobs that no retry
+    mends, in one line: a wrong password, an ACL without the commands duejobs runs, a
+    Sentinel refusing its password, no Sentinel knowing the master's name. None when it
+    answers, and when it does not (an outage, waited out)."""
+    from redis.exceptions import (
+        AuthenticationError,
+        AuthorizationError,
+        NoPermissionError,
+        RedisError,
+    )
+
+    sentinel = _sentinel_refusal(client)
+    if sentinel is not None:
+        return sentinel
+    try:
+        client.ping()
+    except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
+        return (
+            f"{exc} (check the user and password of DUEJOBS_REDIS_URL, and that its ACL "
+            "allows duejobs' commands)"
+        )
+    except RedisError:
+        pass
+    return None
+
+
+def _sentinel_refusal(client: Redis) -> str | None:
+    """For a client of a master found through Sentinel, what no retry mends, in one line: a
+    Sentinel that refuses duejobs' credentials (``sentinel_password``), or Sentinels that
+    answer and know no master of the URL's name. None when one knows it, when none answers
+    (an outage, waited out: the master's own state is the client's to find), or for a client
+    of another kind."""
+    from redis.exceptions import AuthenticationError, RedisError, ResponseError
+    from redis.sentinel import SentinelConnectionPool
+
+    pool = client.connection_pool
+    if not isinstance(pool, SentinelConnectionPool):
+        return None
+    answered: list[str] = []
+    for sentinel in pool.sentinel_manager.sentinels:
+        kwargs = sentinel.connection_pool.connection_kwargs
+        where = f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 26379)}"
+        try:
+            masters = sentinel.sentinel_masters()
+        except (AuthenticationError, ResponseError) as exc:
+            if isinstance(exc, AuthenticationError) or "AUTH" in str(exc):
+                return (
+                    f"the Sentinel at {where} refuses duejobs: {exc} (check sentinel_password "
+                    "in the URL's query)"
+                )
+            continue
+        except RedisError:
+            continue  # this one does not answer: another may
+        if pool.service_name in masters:
+            return None
+        answered.append(where)
+    if not answered:
+        return None
+    return (
+        f"no Sentinel knows a master named {pool.service_name!r} (asked {', '.join(answered)}; "
+        "check the name after the Sentinels in the URL: …/mymaster/0)"
+    )
+
+
+# How redis-py shows a Sentinel client in its "no master found" (each Sentinel's answer
+# after it): the client's repr, in its older form and its newer, a line of options long.
+_SENTINEL_CLIENT = re.compile(
+    r"(?:<redis\.client\.Redis\(.*?\)>\)>\)>|Redis<ConnectionPool<.*?>>>) - "
+)
+
+
+def said(exc: BaseException) -> str:
+    """A Redis error in one line for a log: Sentinel's "no master found" keeps what each
+    Sentinel answered, without the redis-py client it names each by."""
+    return _SENTINEL_CLIENT.sub("", str(exc))

@@ -223,16 +223,13 @@ def _app(
 
 def refuse_unusable_redis(app: App) -> None:
     """At a service's start: a Redis that refuses duejobs' credentials (a wrong password, an
-    ACL without the commands it runs) ends it with exit 2, naming it — no retry mends that. A
+    ACL without the commands it runs; through Sentinel, a wrong Sentinel password or a master
+    name no Sentinel knows) ends it with exit 2, naming it — no retry mends that. A
     Redis that does not answer is an outage, which the service waits out; so is the same
     refusal once it runs (a password being rotated)."""
     refusals = app.core.deliverer().refusing()
     for where, answer in refusals:
-        click.echo(
-            f"error: Redis at {where} refuses duejobs: {answer} (check the user and password "
-            f"of {REDIS_ENV}, and that its ACL allows duejobs' commands)",
-            err=True,
-        )
+        click.echo(f"error: Redis at {where} refuses duejobs: {answer}", err=True)
     if refusals:
         sys.exit(2)
 

@@ -11,14 +11,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from redis import Redis
-from redis.exceptions import (
-    AuthenticationError,
-    AuthorizationError,
-    ConnectionError,
-    NoPermissionError,
-    RedisError,
-    TimeoutError,
-)
+from redis.exceptions import ConnectionError, RedisError, TimeoutError
 from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -30,6 +23,7 @@ from duejobs.delivery.bands import band_queue, bands, queue_of
 from duejobs.delivery.nodes import NODE_WAIT, Node
 from duejobs.delivery.scripts import TAKE_OFF_SCRIPT
 from duejobs.models import Delivery
+from duejobs.redis_urls import refusal
 
 log = logging.getLogger("duejobs.delivery")
 T = TypeVar("T")
@@ -285,19 +279,11 @@ class Deliverer:
 
         return sum(self._each(self._nodes, promote_on))
 
-    def refusing(self) -> list[tuple[str, RedisError]]:
-        """The nodes that refuse this client — a wrong password, an ACL without the commands
-        duejobs runs — with their answers: what no retry mends. A node that does not answer
-        is not among them (an outage, waited out)."""
-        refusals: list[tuple[str, RedisError]] = []
-        for node in self._nodes:
-            try:
-                node.redis.ping()
-            except (AuthenticationError, AuthorizationError, NoPermissionError) as exc:
-                refusals.append((node.label, exc))
-            except RedisError:
-                continue
-        return refusals
+    def refusing(self) -> list[tuple[str, str]]:
+        """The nodes that refuse this client, each with what it answered
+        (:func:`~duejobs.redis_urls.refusal`): what no retry mends."""
+        refused = ((node.label, refusal(node.redis)) for node in self._nodes)
+        return [(where, answer) for where, answer in refused if answer is not None]
 
     def on_each_node(self, work: Callable[[Node, list[str]], T]) -> list[T]:
         """``work(node, its RQ queues)`` on every node at once, as every call spanning nodes

@@ -35,6 +35,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from duejobs.redis_urls import said
+
 log = logging.getLogger("duejobs.worker")
 
 T = TypeVar("T")
@@ -103,7 +105,7 @@ class RedisWaits:
                 "too (the database keeps every schedule)",
                 self._where,
                 what,
-                exc,
+                said(exc),
             )
 
     def _answered(self) -> None:

@@ -114,3 +114,52 @@ def sentinels(binary: str, folder: Path) -> Iterator[Sentinels]:
         yield made
     finally:
         made.stop()
+
+
+@dataclass
+class OneSentinel:
+    """A master and one Sentinel watching it (quorum 1), the Sentinel's password optional:
+    enough to ask it the wrong things."""
+
+    master: Node
+    port: int
+    process: subprocess.Popen[bytes]
+
+    def url(self, service: str = SERVICE, query: str = "") -> str:
+        return f"redis+sentinel://127.0.0.1:{self.port}/{service}/0{query}"
+
+    def client(self, password: str | None = None) -> redis.Redis:
+        return redis.Redis(port=self.port, password=password, socket_timeout=5)
+
+
+@contextlib.contextmanager
+def one_sentinel(binary: str, folder: Path, password: str | None = None) -> Iterator[OneSentinel]:
+    """A master and one Sentinel (``password``: its ``requirepass``), stopped at the end."""
+    master_port, port = free_ports(2)
+    master = Node(binary, master_port, folder / str(master_port))
+    master.folder.mkdir(parents=True, exist_ok=True)
+    master.start()
+    conf = folder / f"sentinel-{port}.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {folder}\n"
+        f"sentinel monitor {SERVICE} 127.0.0.1 {master_port} 1\n"
+        + (f"requirepass {password}\n" if password else "")
+    )
+    process = subprocess.Popen(
+        [binary, str(conf), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    made = OneSentinel(master, port, process)
+    try:
+        asking = made.client(password)
+        wait_for(lambda: _knows(asking, SERVICE), 30, "the Sentinel to answer and watch the master")
+        yield made
+    finally:
+        process.kill()
+        process.wait()
+        master.kill()
+
+
+def _knows(client: redis.Redis, service: str) -> bool:
+    with contextlib.suppress(redis.RedisError):
+        return service in client.sentinel_masters()
+    return False
