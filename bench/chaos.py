@@ -63,7 +63,7 @@ from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
 from duejobs.delivery import QUEUES_KEY
 from duejobs.delivery.bands import band_queue
-from duejobs.embedded import EmbeddedRedis
+from duejobs.dev.embedded import EmbeddedRedis
 from duejobs.errors import DuejobsError
 from duejobs.store.migrate import upgrade
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
@@ -370,7 +370,7 @@ class Servers:
 _HOLDER = """
 import sys
 from pathlib import Path
-from duejobs.embedded import EmbeddedPostgres
+from duejobs.dev.embedded import EmbeddedPostgres
 url, _ = EmbeddedPostgres(Path(sys.argv[1])).start()
 print(url, flush=True)
 sys.stdin.readline()

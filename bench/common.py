@@ -15,7 +15,7 @@ from psycopg import sql
 
 from duejobs.config import DATABASE_ENV, REDIS_ENV, libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.embedded import start_embedded
+from duejobs.dev.embedded import start_embedded
 from duejobs.store.migrate import upgrade
 
 

@@ -23,7 +23,7 @@ from starlette.testclient import TestClient
 from bench.common import percentile, scratch_database
 from duejobs import App
 from duejobs.dashboard import create_dashboard
-from duejobs.observability import stats
+from duejobs.services import stats
 
 ROWS = int(os.environ.get("DASH_ROWS", "1000000"))
 REQUESTS = int(os.environ.get("DASH_REQUESTS", "20"))

@@ -35,7 +35,7 @@ from rq.serializers import JSONSerializer
 from bench.common import Figure
 from bench.procs import ROOT
 from duejobs.config import libpq_url
-from duejobs.embedded import EmbeddedRedis
+from duejobs.dev.embedded import EmbeddedRedis
 from tests.support.apps import EFFECTS_TABLE, RUNS_TABLE
 from tests.support.sentinel import SERVICE, Sentinels, sentinels
 from tests.support.topology import Counts, run_workload

@@ -6,7 +6,7 @@ optionally names a streaming replica for the operators' reads
 ``DUEJOBS_REDIS_NODES`` other Redis servers for some queues (:func:`parse_redis_nodes`). A
 library :class:`~duejobs.App` never invents a database: without a URL it raises
 :class:`ConfigurationError`. Only the CLI and the test suite fall back to the embedded servers
-(:mod:`duejobs.embedded`), and say so.
+(:mod:`duejobs.dev.embedded`), and say so.
 """
 
 from __future__ import annotations

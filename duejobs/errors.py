@@ -8,6 +8,8 @@ have their own classes so callers can tell them apart.
 
 from __future__ import annotations
 
+import re
+
 
 class DuejobsError(Exception):
     """Base class of every error duejobs raises on purpose."""
@@ -195,9 +197,7 @@ def outage(exc: BaseException) -> str | None:
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     if isinstance(exc, RedisError):
-        from duejobs.redis_urls import said as one_line
-
-        said = f"Redis is unavailable: {one_line(exc)}"
+        said = f"Redis is unavailable: {redis_said(exc)}"
     elif isinstance(exc, (OperationalError, InterfaceError)):
         said = f"PostgreSQL is unavailable: {exc.orig}"
     elif isinstance(exc, (DatabaseUnavailableError, SchemaMissingError, ReadTimeoutError)):
@@ -205,3 +205,16 @@ def outage(exc: BaseException) -> str | None:
     else:
         return None
     return " ".join(said.split())
+
+
+# How redis-py shows a Sentinel client in its "no master found" (each Sentinel's answer
+# after it): the client's repr, in its older form and its newer, a line of options long.
+_SENTINEL_CLIENT = re.compile(
+    r"(?:<redis\.client\.Redis\(.*?\)>\)>\)>|Redis<ConnectionPool<.*?>>>) - "
+)
+
+
+def redis_said(exc: BaseException) -> str:
+    """A Redis error in one line for a log: Sentinel's "no master found" keeps what each
+    Sentinel answered, without the redis-py client it names each by."""
+    return _SENTINEL_CLIENT.sub("", str(exc))

@@ -250,16 +250,3 @@ def _sentinel_refusal(client: Redis) -> str | None:
         f"no Sentinel knows a master named {pool.service_name!r} (asked {', '.join(answered)}; "
         "check the name after the Sentinels in the URL: …/mymaster/0)"
     )
-
-
-# How redis-py shows a Sentinel client in its "no master found" (each Sentinel's answer
-# after it): the client's repr, in its older form and its newer, a line of options long.
-_SENTINEL_CLIENT = re.compile(
-    r"(?:<redis\.client\.Redis\(.*?\)>\)>\)>|Redis<ConnectionPool<.*?>>>) - "
-)
-
-
-def said(exc: BaseException) -> str:
-    """A Redis error in one line for a log: Sentinel's "no master found" keeps what each
-    Sentinel answered, without the redis-py client it names each by."""
-    return _SENTINEL_CLIENT.sub("", str(exc))

@@ -523,7 +523,7 @@ def test_the_first_view_after_a_pause_shows_current_figures_and_says_only_true_f
     failing when a pause left 9-minute-old figures under a false failure message."""
     from duejobs.dashboard.figures import Figures
     from duejobs.errors import DatabaseUnavailableError
-    from duejobs.observability import stats
+    from duejobs.services import stats
 
     now = [1000.0]
     figures = Figures(app, refresh=10, clock=lambda: now[0])
@@ -554,7 +554,7 @@ def test_figures_that_could_not_be_read_again_for_redis_say_redis(
     import redis.exceptions
 
     from duejobs.dashboard.figures import Figures
-    from duejobs.observability import stats
+    from duejobs.services import stats
 
     now = [1000.0]
     figures = Figures(app, refresh=10, clock=lambda: now[0])
@@ -669,7 +669,7 @@ def test_pages_asking_at_once_make_one_read_of_the_figures(
     ten views at once: one read, the others shown the last figures at once. Seen making ten
     parallel reads of 84-90 s each (the p99 of the overview 113 s under 20 clients)."""
     from duejobs.dashboard.figures import Figures
-    from duejobs.observability import stats
+    from duejobs.services import stats
 
     real, reads, asked = stats.collect(app), [0], threading.Semaphore(0)
 

@@ -31,9 +31,9 @@ from sqlalchemy.exc import OperationalError
 from duejobs import App, EventKind, Status, store
 from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
-from duejobs.observability.stats import collect, render
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig, claim_due
 from duejobs.services.reconciler import Reconciler
+from duejobs.services.stats import collect, render
 from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig
 from tests.support import sample, wait_for
 from tests.support.deliveries import job_id, push_of

@@ -60,7 +60,7 @@ def test_every_service_has_a_health_check_or_is_one_shot(compose: dict[str, Any]
 @pytest.mark.parametrize("name", ["migrate", "scheduler", "worker", "reconciler", "pruner"])
 def test_duejobs_commands_parse_with_the_real_cli(compose: dict[str, Any], name: str) -> None:
     args = [
-        a.replace("${DUEJOBS_APP:-duejobs.demo:app}", "duejobs.demo:app")
+        a.replace("${DUEJOBS_APP:-duejobs.dev.demo:app}", "duejobs.dev.demo:app")
         for a in compose["services"][name]["command"]
     ]
     command = main.get_command(click.Context(main), args[0])
@@ -77,7 +77,7 @@ def test_the_feeder_schedules_demo_work_with_a_command_the_cli_takes(
     assert feeder["entrypoint"] == ["sh", "-c"]
     words = shlex.split(feeder["command"][0])
     args = words[words.index("duejobs") + 1 : words.index(">")]
-    assert args[:2] == ["schedule", "send-reminder"] and "duejobs.demo:app" in args
+    assert args[:2] == ["schedule", "send-reminder"] and "duejobs.dev.demo:app" in args
     command = main.get_command(click.Context(main), args[0])
     assert command is not None
     command.make_context(args[0], args[1:])
@@ -87,7 +87,7 @@ def test_the_workers_default_app_imports_with_the_images_install_alone() -> None
     """The image installs ``.[binary]``: the demo's handlers, which the workers load by
     default, import without the demo's progress display (``rich``). Seen failing with an
     import error and a restart loop."""
-    code = "import sys; sys.modules['rich'] = None; import duejobs.demo; print('imported')"
+    code = "import sys; sys.modules['rich'] = None; import duejobs.dev.demo; print('imported')"
     env = {
         **os.environ,
         "DUEJOBS_DATABASE_URL": "postgresql://u@db/x",
@@ -180,7 +180,7 @@ def _documented_commands() -> list[str]:
 @pytest.mark.parametrize("line", _documented_commands())
 def test_the_documented_commands_parse_with_the_real_cli(line: str) -> None:
     """Seen failing with ``duejobs prune --every 1h``: its --older-than is required."""
-    args = [a.replace("module:app", "duejobs.demo:app") for a in shlex.split(line)[1:]]
+    args = [a.replace("module:app", "duejobs.dev.demo:app") for a in shlex.split(line)[1:]]
     command = main.get_command(click.Context(main), args[0])
     assert command is not None, args[0]
     command.make_context(args[0], args[1:])

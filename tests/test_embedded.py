@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import redis
 
-from duejobs.embedded import start_embedded
+from duejobs.dev.embedded import start_embedded
 
 # Starts, pauses, kills or restarts servers of its own on free ports: run on its own
 # (`pytest -m serial`), never beside another test process.
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.serial
 HOLDER = """
 import json, sys
 from pathlib import Path
-from duejobs.embedded import start_embedded
+from duejobs.dev.embedded import start_embedded
 
 services = start_embedded(Path(sys.argv[1]))
 print(json.dumps({"db": services.database_url, "redis": services.redis_url}), flush=True)

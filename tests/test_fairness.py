@@ -18,8 +18,8 @@ from sqlalchemy import Engine, text
 
 from duejobs import App, store
 from duejobs.errors import InvalidScheduleError, TenantMismatchError
-from duejobs.observability.stats import collect, observe_stats, render
 from duejobs.scheduler.loop import Claim, DueRow, Scheduler, SchedulerConfig, claim_due, fair_shares
+from duejobs.services.stats import collect, observe_stats, render
 from tests.support.system import System
 
 WINDOW = timedelta(minutes=15)

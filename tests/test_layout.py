@@ -263,3 +263,29 @@ def test_the_import_graph_sees_a_cycle_made_on_purpose() -> None:
 def test_delivery_imports_nothing_from_the_worker(path: Path) -> None:
     offending = [m for m, _n in _imports(path) if m.startswith("duejobs.worker")]
     assert offending == [], f"{path.name} imports {offending}: the worker builds on delivery"
+
+
+# What the observability package sits below: the App's core and everything built on it.
+_ABOVE_OBSERVABILITY = (
+    "duejobs.core",
+    "duejobs.app",
+    "duejobs.services",
+    "duejobs.scheduler",
+    "duejobs.worker",
+    "duejobs.cli",
+    "duejobs.dashboard",
+    "duejobs.contrib",
+)
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "observability").glob("*.py")), ids=_relative)
+def test_observability_imports_nothing_built_on_it(path: Path) -> None:
+    """The core imports observability (tracing, the replica's reads): an import back up from it
+    is a cycle in waiting. Figures that read the services live with them (services/stats.py)."""
+    offending = [m for m, _n in _imports(path) if m.startswith(_ABOVE_OBSERVABILITY)]
+    assert offending == [], f"{path.name} imports {offending}: they build on observability"
+
+
+def test_the_package_root_holds_at_most_fifteen_modules() -> None:
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= 15, f"{len(root)} modules at the package root: {root}"

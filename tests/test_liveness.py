@@ -35,9 +35,9 @@ from duejobs import App, Status, store
 from duejobs.delivery import WORKER_PREFIX
 from duejobs.errors import ConfigurationError
 from duejobs.models import Delivery
-from duejobs.observability import stats
 from duejobs.scheduler import occurrences
 from duejobs.scheduler.loop import Scheduler
+from duejobs.services import stats
 from duejobs.services.reconciler import ReconcileConfig, Reconciler
 from duejobs.worker import EXIT_WEDGED, Context, Outcome, Runtime, WorkerConfig
 from tests.support import sample, wait_for

@@ -30,8 +30,8 @@ from duejobs import App, redis_urls
 from duejobs.config import parse_redis_nodes
 from duejobs.delivery.nodes import NODE_ERRORS
 from duejobs.errors import ConfigurationError
-from duejobs.observability import stats
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from duejobs.services import stats
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Runtime, Worker, WorkerConfig, redis_waits
 from tests.support import wait_for

@@ -25,7 +25,7 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.config import sqlalchemy_url
-from duejobs.embedded import EmbeddedRedis
+from duejobs.dev.embedded import EmbeddedRedis
 from duejobs.errors import DatabaseUnavailableError
 from duejobs.scheduler.loop import PassResult, Scheduler, SchedulerConfig
 from duejobs.services import loop as services_loop
@@ -343,7 +343,7 @@ def test_scheduler_survives_a_redis_restart(app: App, tmp_path: Path, database_u
 HOLDER = """
 import sys
 from pathlib import Path
-from duejobs.embedded import EmbeddedPostgres
+from duejobs.dev.embedded import EmbeddedPostgres
 url, _ = EmbeddedPostgres(Path(sys.argv[1])).start()
 print(url, flush=True)
 sys.stdin.readline()

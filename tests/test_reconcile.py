@@ -335,6 +335,22 @@ def test_the_orphan_scan_reads_every_waiting_job_once_in_chunks(system: System) 
     assert sorted(found) == sorted(p.delivery.job_id for p in strays)
 
 
+def test_the_orphan_scan_reads_only_the_head_of_each_queue_and_registry(
+    system: System,
+) -> None:
+    """Its cost stays flat behind a backlog: the first ``most`` of the queue (oldest first)
+    and of the registry (soonest first), read in chunks of two; the rest wait for a later
+    pass, as the queue moves up."""
+    now = [system.app.schedule("record", {}, delay=0) for _ in range(5)]
+    later = [system.app.schedule("record", {}, delay=timedelta(minutes=5 + i)) for i in range(4)]
+    strays = [push_of(s, version=2) for s in now + later]
+    system.scheduler.deliverer.push(strays, system.app.now())
+    found = list(orphan_jobs(system.app, chunk=2, most=3))
+    queued = [p.delivery.job_id for p in strays[:3]]
+    deferred = [p.delivery.job_id for p in strays[5:8]]
+    assert found == queued + deferred
+
+
 def test_the_reconcile_loop_reports_every_pass_and_logs_failures_by_kind(
     system: System, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

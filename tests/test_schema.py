@@ -21,9 +21,9 @@ from duejobs import App, ScheduleRequest, store
 from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
 from duejobs.errors import ConfigurationError, SchemaMissingError
-from duejobs.observability.stats import collect
 from duejobs.scheduler.loop import FRONT_LANE, Scheduler
 from duejobs.services.reconciler import Reconciler
+from duejobs.services.stats import collect
 from duejobs.store.migrate import current_revision, head_revision, upgrade
 from duejobs.store.queries import PARTITIONED_MODE_TABLES
 from duejobs.worker import Runtime, Worker, WorkerConfig

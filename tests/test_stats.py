@@ -17,7 +17,7 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.observability.metrics import _BoundedLabel
-from duejobs.observability.stats import collect, observe_stats, render
+from duejobs.services.stats import collect, observe_stats, render
 from duejobs.worker import Runtime, WorkerConfig
 from tests.support import sample, wait_for
 from tests.support.cli import run

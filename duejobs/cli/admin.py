@@ -293,7 +293,7 @@ def _cap_text(value: int | None, tenant: str) -> str:
 def demo(ctx: click.Context) -> None:
     """The whole system end to end: scheduler, workers, reconciler and a realistic mix."""
     try:
-        from duejobs.demo import register, run_demo
+        from duejobs.dev.demo import register, run_demo
     except ModuleNotFoundError as exc:  # rich, with the embedded servers
         _fail(ModuleNotFoundError(f"duejobs demo needs duejobs[embedded] ({exc})"))
 

@@ -23,7 +23,7 @@ from duejobs.timespec import parse_duration, spell_duration
 
 if TYPE_CHECKING:  # the App and the servers are loaded by a command that runs, not by --help
     from duejobs.app.application import App
-    from duejobs.embedded import EmbeddedServices
+    from duejobs.dev.embedded import EmbeddedServices
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -52,7 +52,7 @@ def services(
         return
     given = [name for name in BOTH if os.environ.get(name)]
     if not embedded and not given:
-        from duejobs.embedded import embedded_running
+        from duejobs.dev.embedded import embedded_running
 
         embedded = embedded_running(data_dir)
     if not embedded or given:
@@ -66,7 +66,7 @@ def services(
         )
         click.echo(f"error: {names} not set; {hint}", err=True)
         sys.exit(2)
-    from duejobs.embedded import start_embedded
+    from duejobs.dev.embedded import start_embedded
 
     try:
         started = start_embedded(data_dir)

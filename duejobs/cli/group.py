@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 import click
 
-# The embedded servers' folder (``duejobs.embedded.DEFAULT_DATA_DIR``, not imported here).
+# The embedded servers' folder (``duejobs.dev.embedded.DEFAULT_DATA_DIR``, not imported here).
 DATA_DIR = Path(".duejobs")
 
 # Each command: the module of duejobs.cli that defines it, and its line in ``--help``.

@@ -32,14 +32,14 @@ from duejobs.cli.base import (
 )
 from duejobs.cli.group import main
 from duejobs.errors import DuejobsError, describe, outage
-from duejobs.observability.stats import GaugeRefresh
-from duejobs.observability.stats import collect as collect_stats
-from duejobs.observability.stats import render as render_stats
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.services.partition_maintenance import EVERY as PARTITIONS_EVERY
 from duejobs.services.partition_maintenance import PartitionMaintenance
 from duejobs.services.pruner import PruneConfig, Pruner, PruneResult
 from duejobs.services.reconciler import ReconcileConfig, Reconciler, ReconcileResult
+from duejobs.services.stats import GaugeRefresh
+from duejobs.services.stats import collect as collect_stats
+from duejobs.services.stats import render as render_stats
 from duejobs.store import dbapi
 from duejobs.timespec import spell_duration
 

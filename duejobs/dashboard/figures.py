@@ -14,7 +14,7 @@ from redis.exceptions import RedisError
 
 from duejobs import App, store
 from duejobs.errors import DuejobsError, describe, outage
-from duejobs.observability import stats
+from duejobs.services import stats
 from duejobs.store import dbapi
 
 log = logging.getLogger("duejobs.dashboard")

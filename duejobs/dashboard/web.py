@@ -75,7 +75,7 @@ from duejobs.errors import (
     InvalidScheduleError,
 )
 from duejobs.models import Schedule, Status
-from duejobs.observability import stats
+from duejobs.services import stats
 from duejobs.timespec import parse_duration
 from duejobs.validation import DEFAULT_TENANT
 

@@ -353,32 +353,36 @@ class Deliverer:
         node, name = self._node(queue), queue or self.queue.name
         return int(node.redis.scard(WORKERS_BY_QUEUE_KEY % name))
 
-    def waiting_job_ids(self, chunk: int = 1000) -> Iterator[list[str]]:
+    def waiting_job_ids(self, chunk: int = 1000, most: int | None = None) -> Iterator[list[str]]:
         """The ids of jobs waiting on the queues or in their scheduled registries, in chunks,
         node by node (a node that fails or is down is skipped; the error is raised when no
-        node could be read)."""
+        node could be read). ``most``: the first that many of each queue's list and each
+        registry only (those next to run), whatever the queue holds behind them."""
         failures: list[RedisError] = []
         for node in self._nodes:
             try:
-                yield from self._waiting_on(node, chunk)
+                yield from self._waiting_on(node, chunk, most)
             except RedisError as exc:
                 failures.append(exc)
         if len(failures) == len(self._nodes):
             raise failures[0]
 
-    def _waiting_on(self, node: Node, chunk: int) -> Iterator[list[str]]:
+    def _waiting_on(self, node: Node, chunk: int, most: int | None) -> Iterator[list[str]]:
         for name in node.call(self._queues_on):
-            yield from self._waiting_in(node, name, chunk)
+            yield from self._waiting_in(node, name, chunk, most)
 
-    def _waiting_in(self, node: Node, name: str, chunk: int) -> Iterator[list[str]]:
+    def _waiting_in(
+        self, node: Node, name: str, chunk: int, most: int | None
+    ) -> Iterator[list[str]]:
         """The ids waiting on queue ``name`` of ``node``: its list, then its registry."""
         for key, read in (
             (self._routed(name)[0].key, node.redis.lrange),
             (SCHEDULED_PREFIX + name, node.redis.zrange),
         ):
             start = 0
-            while True:
-                ids = node.call(_reading(read, key, start, start + chunk - 1))
+            while most is None or start < most:
+                end = start + chunk if most is None else min(start + chunk, most)
+                ids = node.call(_reading(read, key, start, end - 1))
                 if not ids:
                     break
                 yield [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
@@ -407,7 +411,7 @@ class Deliverer:
     def waiting_in(self, redis: Redis, queue: str, chunk: int = 1000) -> list[str]:
         """The ids waiting on ``queue`` of the node ``redis``: its list, then its registry."""
         here = Node(redis, threads=False)
-        return [i for part in self._waiting_in(here, queue, chunk) for i in part]
+        return [i for part in self._waiting_in(here, queue, chunk, None) for i in part]
 
     def take_off(self, redis: Redis, queue: str, job_ids: Sequence[str]) -> int:
         """Take the waiting jobs ``job_ids`` off ``queue`` on the node ``redis`` (a worker

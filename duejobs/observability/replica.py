@@ -2,7 +2,7 @@
 
 With ``DUEJOBS_READ_DATABASE_URL`` (or ``App(read_database_url=...)``) naming a streaming
 replica of the primary, these read there: ``duejobs stats`` and
-:func:`duejobs.observability.stats.collect`
+:func:`duejobs.services.stats.collect`
 (so the reconciler's gauges, ``--stats-every``), the start lag over time, :meth:`App.list
 <duejobs.App.list>` and ``duejobs list``, the list of recurring definitions, and the
 dashboard's overview and lists. Every decision stays on the primary: the claim and the push,

@@ -32,7 +32,7 @@ from typing import TypeVar
 from prometheus_client import Counter
 from redis.exceptions import RedisError
 
-from duejobs.redis_urls import said
+from duejobs.errors import redis_said
 from duejobs.store import dbapi
 
 R = TypeVar("R")
@@ -130,7 +130,7 @@ class Loop:
                 self.log.warning(
                     "%s pass failed (%s); retrying in %.1f s",
                     self.name,
-                    said(exc) if isinstance(exc, RedisError) else exc,
+                    redis_said(exc) if isinstance(exc, RedisError) else exc,
                     wait,
                     exc_info=not outage,
                 )

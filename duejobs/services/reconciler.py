@@ -19,7 +19,9 @@ makes Redis agree with PostgreSQL again:
    default lease (20 s, renewed every 5 s) and ``--every 5`` that happens within 25 s of
    the death. A handler that is merely slow keeps renewing its lease and is never rescued.
 3. **Jobs without a schedule.** Waiting queue jobs whose schedule is missing, finished,
-   cancelled, or at another version are removed from Redis.
+   cancelled, or at another version are removed from Redis: among the first
+   ``ORPHAN_SCAN_MOST`` (10,000) of each queue and scheduled registry, so a pass costs the
+   same behind a backlog of millions.
 4. **What RQ's own worker would clean.** Finished and failed registry entries past their
    expiry (``result_ttl``: their hashes are gone) leave the registries, a dead worker's started
    entries leave the started registries (their hashes failed, to expire), and dead workers
@@ -42,8 +44,8 @@ Safe while schedulers, workers and other reconcilers run: rows are locked with S
 pushes are atomic and idempotent, and a job is only removed when the database says for certain
 that nobody will run it. A crash mid-pass leaves nothing worse: each batch commits on its own.
 
-Cost of a pass: the ``scheduled`` rows inside the window (plus expired leases and the waiting
-queue jobs), read in pages of ``batch_size`` — never the history of finished rows.
+Cost of a pass: the ``scheduled`` rows inside the window (plus expired leases and the first
+waiting queue jobs), read in pages of ``batch_size`` — never the history of finished rows.
 
 A pass that fails — an outage, or any other error — is logged and the loop goes on. A pass
 that fixed something logs one line at info, saying what; the passes that fixed nothing are
@@ -80,6 +82,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("duejobs.reconcile")
 # How often the passes that fixed nothing are summed into one log line.
 QUIET_SUMMARY_EVERY = timedelta(minutes=10)
+
+
+# The waiting jobs of each queue and scheduled registry, from the head, that the search for
+# jobs without a schedule reads in a pass or a figure (see orphan_jobs).
+ORPHAN_SCAN_MOST = 10_000
 
 
 @dataclass(frozen=True)
@@ -121,18 +128,25 @@ class ReconcileResult:
 
 
 def orphan_jobs(
-    app: HasCore, chunk: int = 1000, *, reading: Connection | None = None
+    app: HasCore,
+    chunk: int = 1000,
+    *,
+    reading: Connection | None = None,
+    most: int | None = ORPHAN_SCAN_MOST,
 ) -> Iterator[str]:
     """Waiting queue jobs of duejobs whose schedule is gone, finished, or at another version.
 
     Only what the database says for certain: a row that is ``scheduled`` at the job's version
     may be in the middle of a push by a scheduler, so its job is never called an orphan.
     The scan follows the queue while workers take from it: a job it misses is found next time.
-    The rows are read on the primary, or on ``reading`` (a figure's count, from the replica:
-    removal always asks the primary).
+    It reads the first ``most`` jobs of each queue and of each scheduled registry (those
+    next to run; None: all of them): its cost stays flat however deep a backlog grows, and
+    an orphan further back is found as the queue moves up (a worker that takes one first
+    skips it, reading its row). The rows are read on the primary, or on ``reading`` (a
+    figure's count, from the replica: removal always asks the primary).
     """
     core = app.core
-    for ids in core.deliverer().waiting_job_ids(chunk):
+    for ids in core.deliverer().waiting_job_ids(chunk, most):
         ours = {job: parsed for job in ids if (parsed := parse_job_id(job)) is not None}
         with contextlib.nullcontext(reading) if reading else core.engine.connect() as conn:
             states = store.schedule_states(conn, [p[0] for p in ours.values()])

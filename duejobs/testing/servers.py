@@ -20,7 +20,7 @@ from sqlalchemy import make_url
 
 from duejobs import store
 from duejobs.config import libpq_url
-from duejobs.embedded import EmbeddedServices, start_embedded
+from duejobs.dev.embedded import EmbeddedServices, start_embedded
 from duejobs.errors import ConfigurationError
 
 TEST_DATABASE_ENV = "DUEJOBS_TEST_DATABASE_URL"

@@ -35,7 +35,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from duejobs.redis_urls import said
+from duejobs.errors import redis_said
 
 log = logging.getLogger("duejobs.worker")
 
@@ -105,7 +105,7 @@ class RedisWaits:
                 "too (the database keeps every schedule)",
                 self._where,
                 what,
-                said(exc),
+                redis_said(exc),
             )
 
     def _answered(self) -> None:

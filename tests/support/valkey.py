@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from duejobs.embedded import EmbeddedRedis
+from duejobs.dev.embedded import EmbeddedRedis
 from duejobs.errors import ConfigurationError
 from tests.support import wait_for
 

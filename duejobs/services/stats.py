@@ -16,8 +16,10 @@ The seed's list, each a figure, overall and per tenant / per type:
   refused ``schedule()`` writes nothing).
 
 Cost: the live rows (two partial-index scans), the events of the last ``since`` (a BRIN
-index on time), at most ``check_limit`` overdue rows checked against Redis, and the waiting
-queue jobs. Never the finished history: the figures stay cheap on a table of millions of rows.
+index on time), at most ``check_limit`` overdue rows checked against Redis, and the first
+waiting queue jobs (``ORPHAN_SCAN_MOST`` of each queue and registry: jobs without a schedule
+are counted among those). Never the finished history: the figures stay cheap on a table of
+millions of rows and behind a queue of millions of jobs.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ instant, a webhook that fails once and is retried — shows live progress, then 
 outcome: each schedule ran once or was skipped for the right reason, lag p50/p99, attempts.
 Everything it started is stopped. Exit status 0 only when every check holds.
 
-Workers import this module (``--app duejobs.demo:app``) for the handlers below: with the
+Workers import this module (``--app duejobs.dev.demo:app``) for the handlers below: with the
 package alone (``duejobs[binary]``, the image's install), as the live progress's ``rich`` is
 imported by the demo's run only.
 """
@@ -207,8 +207,8 @@ def run_demo(application: App, data_dir: Path, echo: Callable[[str], None]) -> i
     logs.mkdir(parents=True, exist_ok=True)
     procs = [
         _spawn(["scheduler"], logs / "scheduler.log"),
-        _spawn(["worker", "--app", "duejobs.demo:app"], logs / "worker-1.log"),
-        _spawn(["worker", "--app", "duejobs.demo:app"], logs / "worker-2.log"),
+        _spawn(["worker", "--app", "duejobs.dev.demo:app"], logs / "worker-1.log"),
+        _spawn(["worker", "--app", "duejobs.dev.demo:app"], logs / "worker-2.log"),
         _spawn(["reconcile", "--every", "2"], logs / "reconciler.log"),
     ]
     try:
