@@ -17,6 +17,7 @@ refuses the dashboard's own forms) →
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -404,6 +405,23 @@ def test_call_command_takes_the_clis_options(
         call_command("duejobs_worker", "--burst", "--queue", "duejobs")
     finally:
         root.handlers[:], root.level = handlers, level
+
+
+def test_call_command_takes_the_clis_options_as_a_list_and_writes_to_its_stdout(
+    shop: Shop, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``call_command("duejobs_reconcile", options=["--json"], stdout=buffer)``: the options
+    as the keyword its parser names them by, the output where Django's commands write it.
+    Seen failing with ValueError, and with the JSON on the process's stdout instead."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    buffer = io.StringIO()
+    try:
+        call_command("duejobs_reconcile", options=["--json"], stdout=buffer)
+    finally:
+        root.handlers[:], root.level = handlers, level
+    assert json.loads(buffer.getvalue())["checked"] >= 0
+    assert capsys.readouterr().out == ""
 
 
 def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Shop) -> None:

@@ -3,6 +3,8 @@ options, against the database and Redis the Django settings name."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from typing import Any
 
@@ -28,7 +30,11 @@ class CliCommand(BaseCommand):
     takes_app = False
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("options", nargs="*", help="the options of `duejobs COMMAND`")
+        # A default makes it optional to argparse, so call_command takes it by keyword too
+        # (options=[...]): a required one it would ask for by an option string it has none of.
+        parser.add_argument(
+            "options", nargs="*", default=[], help="the options of `duejobs COMMAND`"
+        )
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> Any:
         """Django's parser, but for ``call_command``'s arguments: every one of them is an
@@ -52,10 +58,16 @@ class CliCommand(BaseCommand):
         self._run(_without_django_options(argv[2:]))
 
     def handle(self, *args: Any, **options: Any) -> None:
-        """From ``call_command``: positional arguments are the CLI's options; a failure is a
-        ``CommandError`` (its message is already on stderr)."""
+        """From ``call_command``: positional arguments (and ``options=[...]``) are the CLI's
+        options; what it prints goes to the command's ``stdout`` and ``stderr`` (the
+        ``stdout=``/``stderr=`` given, else the process's); a failure is a ``CommandError``
+        (its message is already on stderr)."""
         try:
-            self._run([*options.get("options", []), *args])
+            with (
+                contextlib.redirect_stdout(_Into(self.stdout)),
+                contextlib.redirect_stderr(_Into(self.stderr)),
+            ):
+                self._run([*options.get("options", []), *args])
         except SystemExit as done:
             if done.code not in (0, None):
                 status = f"duejobs {self.cli_command} exited with status {done.code}"
@@ -73,6 +85,28 @@ class CliCommand(BaseCommand):
             prog_name=f"manage.py duejobs_{self.cli_command}",
             app="duejobs.contrib.django:app" if self.takes_app else None,
         )
+
+
+class _Into(io.TextIOBase):
+    """A text stream into a command's output (Django's ``OutputWrapper``), written as given:
+    the wrapper's own line ending is not added to each write."""
+
+    def __init__(self, wrapper: Any) -> None:
+        self._wrapper = wrapper
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._wrapper.write(text, ending="")
+        return len(text)
+
+    def flush(self) -> None:
+        self._wrapper.flush()
 
 
 def _without_django_options(args: list[str]) -> list[str]:
