@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from enum import StrEnum
@@ -288,6 +288,18 @@ def parse_redis_nodes(spec: str | Mapping[str, str] | None) -> tuple[tuple[str, 
     return tuple(pairs)
 
 
+@contextlib.contextmanager
+def named(variable: str, read_from: Collection[str]) -> Iterator[None]:
+    """A configuration error raised inside, about a value read from ``variable`` (one of
+    ``read_from``), names the variable: the user set it somewhere they must find again."""
+    try:
+        yield
+    except ConfigurationError as exc:
+        if variable not in read_from or variable in str(exc):
+            raise
+        raise ConfigurationError(f"{variable}: {exc}") from None
+
+
 @dataclass(frozen=True)
 class Settings:
     """The two URLs duejobs needs. Writing schedules needs only the database; the scheduler,
@@ -305,6 +317,8 @@ class Settings:
     result_ttl: int = DEFAULT_RESULT_TTL
     # A ready client given instead of the URL (App(redis=...)): the default node.
     redis_client: Redis | None = field(default=None, repr=False, compare=False)
+    # The variables a setting was read from (an error in its value names the variable).
+    read_from: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     @classmethod
     def from_env(
@@ -321,6 +335,16 @@ class Settings:
         """Explicit arguments first, then the environment; no database URL is a clear error.
         A ready ``redis_client`` stands for the default Redis (the URL's variable is not
         read then); it and ``redis_url`` together are refused."""
+        read_from = {
+            variable
+            for variable, given in (
+                (DATABASE_ENV, database_url),
+                (REDIS_ENV, redis_url or redis_client),
+                (SCHEMA_ENV, schema),
+                (READ_DATABASE_ENV, read_database_url),
+            )
+            if not given and os.environ.get(variable)
+        }
         db = database_url or os.environ.get(DATABASE_ENV)
         if not db:
             raise ConfigurationError(
@@ -339,21 +363,27 @@ class Settings:
                 )
         redis = None if redis_client is not None else redis_url or os.environ.get(REDIS_ENV)
         if redis:
-            check_redis_url(redis)
+            with named(REDIS_ENV, read_from):
+                check_redis_url(redis)
         if schema is None:
             schema = os.environ.get(SCHEMA_ENV) or DEFAULT_SCHEMA
-        where = check_schema(schema)
+        with named(SCHEMA_ENV, read_from):
+            where = check_schema(schema)
         read = read_database_url or os.environ.get(READ_DATABASE_ENV)
+        with named(DATABASE_ENV, read_from):
+            database = sqlalchemy_url(db)
+        with named(READ_DATABASE_ENV, read_from):
+            replica = sqlalchemy_url(read) if read else None
         prepared = (
             os.environ.get(PREPARED_STATEMENTS_ENV) or "auto"
             if prepared_statements is None
             else prepared_statements
         )
         return cls(
-            database_url=sqlalchemy_url(db),
+            database_url=database,
             redis_url=redis,
             schema=where,
-            read_database_url=sqlalchemy_url(read) if read else None,
+            read_database_url=replica,
             redis_nodes=parse_redis_nodes(
                 redis_nodes if redis_nodes is not None else os.environ.get(REDIS_NODES_ENV)
             ),
@@ -364,6 +394,7 @@ class Settings:
                 else os.environ.get(RESULT_TTL_ENV) or DEFAULT_RESULT_TTL
             ),
             redis_client=redis_client,
+            read_from=frozenset(read_from),
         )
 
     def __repr__(self) -> str:

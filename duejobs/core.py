@@ -30,9 +30,12 @@ from redis import Redis
 
 from duejobs import store
 from duejobs.config import (
+    DATABASE_ENV,
     DEFAULT_SCHEMA,
+    READ_DATABASE_ENV,
     PreparedStatements,
     Settings,
+    named,
     plain_url,
 )
 from duejobs.delivery import Deliverer
@@ -205,9 +208,13 @@ class Core:
         if read_timeout is not None:
             check_duration("read_timeout", read_timeout)
         check_count("max_payload_bytes", max_payload_bytes, 1, 2**31 - 1)
-        for url in (settings.database_url, settings.read_database_url):
+        for url, variable in (
+            (settings.database_url, DATABASE_ENV),
+            (settings.read_database_url, READ_DATABASE_ENV),
+        ):
             if url is not None:  # a bad prepare_threshold refused now, not at the first query
-                store.driver_options(url, settings.prepared_statements)
+                with named(variable, settings.read_from):
+                    store.driver_options(url, settings.prepared_statements)
         return cls(
             settings,
             max_payload_bytes,

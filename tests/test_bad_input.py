@@ -294,3 +294,26 @@ def test_every_service_config_refuses_a_knob_that_cannot_work_naming_it(
 ) -> None:
     with pytest.raises(ConfigurationError, match=named):
         config(**knobs)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("DUEJOBS_DATABASE_URL", "mysql://host/db"),
+        ("DUEJOBS_DATABASE_URL", "postgresql://host/db?foo=bar"),
+        ("DUEJOBS_DATABASE_URL", "postgresql://host/db?prepare_threshold=often"),
+        ("DUEJOBS_READ_DATABASE_URL", "postgresql://host/db?foo=bar"),
+        ("DUEJOBS_REDIS_URL", "http://host"),
+        ("DUEJOBS_SCHEMA", "Bad-Schema"),
+        ("DUEJOBS_REDIS_NODES", "garbage"),
+        ("DUEJOBS_PREPARED_STATEMENTS", "sometimes"),
+        ("DUEJOBS_RESULT_TTL", "fast"),
+    ],
+)
+def test_a_bad_value_in_an_environment_variable_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv("DUEJOBS_DATABASE_URL", "postgresql://host/db")
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigurationError, match=variable):
+        App()
