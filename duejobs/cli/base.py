@@ -221,6 +221,66 @@ def _app(
         _fail(exc if said is None else ConnectionError(said))
 
 
+def ready_to_serve(app: App) -> None:
+    """At a service's start, what no retry mends ends it with exit 2, named: a Redis that
+    refuses duejobs (:func:`refuse_unusable_redis`), tables this code cannot run on
+    (:func:`refuse_unmigrated`). An outage of either is waited out by the service."""
+    refuse_unusable_redis(app)
+    refuse_unmigrated(app)
+
+
+def say_serving(app: App, service: str, what: str) -> None:
+    """The service's first line, through its logs (``--log-format json`` included): what it
+    serves, and on which PostgreSQL and Redis (no password)."""
+    from duejobs.config import redacted
+    from duejobs.redis_urls import redacted_redis
+
+    settings = app.settings
+    redis = redacted_redis(settings.redis_url) if settings.redis_url else "a client given"
+    logging.getLogger(f"duejobs.{service}").info(
+        "duejobs %s: %s; PostgreSQL %s (schema %r), Redis %s",
+        service,
+        what,
+        redacted(settings.database_url),
+        settings.schema,
+        redis,
+    )
+
+
+def refuse_unmigrated(app: App) -> None:
+    """duejobs' tables missing from the database, or at a revision older than this code's:
+    exit 2 naming ``duejobs migrate`` (each pass would fail on what it does not find). Tables
+    newer than this code (a newer release migrated first, as a rolling deploy does) are said
+    at warning: this code runs on them. A database that does not answer is an outage."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    from duejobs import store
+    from duejobs.config import redacted
+
+    try:
+        with app.engine.connect() as conn:
+            at = store.schema_revision(conn)
+    except (OperationalError, InterfaceError):
+        return  # the service's loop waits the database out
+    where = f"{redacted(app.settings.database_url)} (schema {app.settings.schema!r})"
+    if at is not None and at > store.SCHEMA_HEAD:
+        logging.getLogger("duejobs").warning(
+            "the database %s is at schema revision %s, newer than this duejobs knows (%s)",
+            where,
+            at,
+            store.SCHEMA_HEAD,
+        )
+    if at is not None and at >= store.SCHEMA_HEAD:
+        return
+    said = (
+        "has no duejobs tables"
+        if at is None
+        else f"is at schema revision {at}, and this duejobs needs {store.SCHEMA_HEAD}"
+    )
+    click.echo(f"error: the database {where} {said}: run `duejobs migrate`", err=True)
+    sys.exit(2)
+
+
 def refuse_unusable_redis(app: App) -> None:
     """At a service's start: a Redis that refuses duejobs' credentials (a wrong password, an
     ACL without the commands it runs; through Sentinel, a wrong Sentinel password or a master

@@ -26,7 +26,8 @@ from duejobs.cli.base import (
     _operations,
     duration_option,
     load_app,
-    refuse_unusable_redis,
+    ready_to_serve,
+    say_serving,
     services,
     sync_declared,
 )
@@ -113,7 +114,7 @@ def scheduler(
     _operate(log_level, log_format, metrics_port)
     with services(ctx.obj["data_dir"]):
         app = load_app(app_ref) if app_ref else App()
-        refuse_unusable_redis(app)
+        ready_to_serve(app)
         sync_declared(app)
         config = _checked(
             lambda: SchedulerConfig(
@@ -128,7 +129,7 @@ def scheduler(
         except DuejobsError as exc:
             _fail(exc)
         _stop_on_signals(loop.stop)
-        click.echo(f"duejobs scheduler: queue {app.queue!r}, window {window}", err=True)
+        say_serving(app, "scheduler", f"queue {app.queue!r}, window {spell_duration(window)}")
         loop.run()
         loop.close()
         app.close()
@@ -197,7 +198,9 @@ def reconcile(
     schedules), while a pass costs what the window holds."""
     _operate(log_level, log_format, metrics_port)
     with _app(ctx) as app:
-        refuse_unusable_redis(app)
+        ready_to_serve(app)
+        if every is not None:
+            say_serving(app, "reconcile", f"a pass every {spell_duration(every)}")
         reconciler = Reconciler(app, ReconcileConfig(window=window))
         gauges = GaugeRefresh(lambda: collect_stats(app), stats_every)
 

@@ -20,7 +20,8 @@ from duejobs.cli.base import (
     _operations,
     duration_option,
     load_app,
-    refuse_unusable_redis,
+    ready_to_serve,
+    say_serving,
     services,
     sync_declared,
 )
@@ -154,7 +155,7 @@ def worker(
         if cpus:  # after the embedded servers start (they keep every CPU), before the
             pin_to_cpu(cpus[0])  # worker's threads start (they inherit it)
         app = load_app(app_ref)
-        refuse_unusable_redis(app)
+        ready_to_serve(app)
         sync_declared(app)
         try:
             worker = build_worker(app, config, queues, name=name)
@@ -162,6 +163,9 @@ def worker(
             raise click.BadParameter(str(exc), param_hint="--queue") from exc
         except DuejobsError as exc:
             _fail(exc)
+        served = ", ".join(repr(q) for q in queues) if queues else repr(app.queue)
+        slots = f"{config.concurrency} slot" + ("s" if config.concurrency != 1 else "")
+        say_serving(app, "worker", f"queues {served}, {slots}")
         worker.runtime.warn_if_outcomes_can_be_lost()
         try:
             worker.work(burst=burst)

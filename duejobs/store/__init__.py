@@ -184,6 +184,7 @@ if TYPE_CHECKING:
         save_return_value,
     )
     from duejobs.store.retention import prune_finished
+    from duejobs.store.revision import SCHEMA_HEAD, schema_revision
     from duejobs.store.testing import advance_live, empty_tables, next_due_in
 
 # The rest, imported on first use: the operators' reads and figures, bulk writes,
@@ -232,6 +233,8 @@ _HOMES = {
     "outcome_of": "duejobs.store.results",
     "save_return_value": "duejobs.store.results",
     "prune_finished": "duejobs.store.retention",
+    "SCHEMA_HEAD": "duejobs.store.revision",
+    "schema_revision": "duejobs.store.revision",
     "advance_live": "duejobs.store.testing",
     "empty_tables": "duejobs.store.testing",
     "next_due_in": "duejobs.store.testing",
@@ -245,6 +248,7 @@ __all__ = [
     "PARTITIONED",
     "QUERIES",
     "QUOTA_COLUMNS",
+    "SCHEMA_HEAD",
     "SCHEMA_OPTION",
     "TABLES",
     "Activity",
@@ -368,6 +372,7 @@ __all__ = [
     "save_return_value",
     "schedule_states",
     "schedule_tenants",
+    "schema_revision",
     "server_answers",
     "session_unlock",
     "set_quota",
