@@ -349,7 +349,8 @@ class Settings:
         if not db:
             raise ConfigurationError(
                 f"{DATABASE_ENV} is not set: pass App(database_url=...) or set the variable "
-                "(only the duejobs CLI and test suite start embedded servers when it is unset)"
+                "(only the duejobs CLI and test suite start embedded servers when it is unset; "
+                'beside a running `duejobs dev`, `eval "$(duejobs env)"` sets it)'
             )
         if redis_client is not None:
             from redis import Redis

@@ -156,3 +156,37 @@ def test_a_server_that_is_slow_to_answer_is_waited_for_not_replaced(tmp_path: Pa
         second.stop()
         first.stop()
     assert _wait_gone(pids)
+
+
+def test_devs_first_start_says_where_and_your_own_code_finds_it_through_duejobs_env(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's path: ``duejobs dev`` on a fresh folder prints its servers' line and its
+    own (no migration's or server's chatter); ``eval "$(duejobs env)"`` in a second shell
+    lets a plain ``App()`` reach the same servers. Seen failing with 38 lines at the first
+    start, and ``DUEJOBS_DATABASE_URL is not set`` from the second shell's code. (Starts
+    PostgreSQL and runs every migration on it: about 10 s.)"""
+    from tests.support import wait_for
+    from tests.support.processes import ROOT, Proc
+
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DUEJOBS_")}
+    env["PYTHONPATH"] = str(ROOT)
+    cli = [sys.executable, "-m", "duejobs", "--data-dir", str(data)]
+    dev = Proc(
+        ["--data-dir", str(data), "dev", "--app", "tests.support.apps:app"], env, tmp_path / "dev"
+    )
+    try:
+        wait_for(lambda: "duejobs dev:" in dev.output(), 120, "dev to start")
+        lines = dev.output().splitlines()
+        assert len(lines) == 2 and "started embedded PostgreSQL" in lines[0], lines
+        second_shell = (
+            f'eval "$({" ".join(cli)} env)" && '
+            f"{sys.executable} -c 'from duejobs import App; print(App().now().year)'"
+        )
+        done = subprocess.run(
+            ["bash", "-c", second_shell], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0 and done.stdout.strip().isdigit(), done.stderr
+    finally:
+        assert dev.stop() == 0, dev.output()

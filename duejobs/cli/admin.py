@@ -295,7 +295,7 @@ def demo(ctx: click.Context) -> None:
     try:
         from duejobs.dev.demo import register, run_demo
     except ModuleNotFoundError as exc:  # rich, with the embedded servers
-        _fail(ModuleNotFoundError(f"duejobs demo needs duejobs[embedded] ({exc})"))
+        _fail(ModuleNotFoundError(f"duejobs demo needs the embedded extra ({exc})"))
 
     with _app(ctx, migrate=True, embedded=True) as app:
         status = run_demo(register(app), ctx.obj["data_dir"], click.echo)

@@ -72,7 +72,7 @@ def services(
         started = start_embedded(data_dir)
     except DuejobsError as exc:
         _fail(exc)
-    click.echo(f"duejobs: {started.describe()}", err=True)
+    say(f"duejobs: {started.describe()}")
     os.environ.setdefault(DATABASE_ENV, started.database_url)
     os.environ.setdefault(REDIS_ENV, started.redis_url)
     try:
@@ -219,6 +219,17 @@ def _app(
     except (DuejobsError, RedisError, OperationalError, InterfaceError) as exc:
         said = outage(exc)  # an outage in one line, naming the service
         _fail(exc if said is None else ConnectionError(said))
+
+
+def say(line: str) -> None:
+    """A line for the operator: through the logs where a service set them up (in their
+    format: JSON too), else on stderr."""
+    from duejobs.observability import logs
+
+    if logs.configured():
+        logging.getLogger("duejobs").info("%s", line)
+    else:
+        click.echo(line, err=True)
 
 
 def ready_to_serve(app: App) -> None:

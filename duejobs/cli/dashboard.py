@@ -68,7 +68,10 @@ def dashboard(
         from duejobs.dashboard.access import public_origin
     except ImportError as exc:
         _fail(
-            DuejobsError(f"the dashboard needs its extra: pip install 'duejobs[dashboard]' ({exc})")
+            DuejobsError(
+                "the dashboard needs its extra (in a checkout: pip install "
+                f"'.[binary,dashboard]'): {exc}"
+            )
         )
     password = os.environ.get(DASHBOARD_PASSWORD_ENV) or None
     if (user is None) != (password is None):

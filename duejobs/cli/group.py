@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboard": ("dashboard", "Serve the dashboard: overview, schedules,..."),
     "demo": ("admin", "The whole system end to end: scheduler,..."),
     "dev": ("dev", "Scheduler, worker, reconciler and pruner..."),
+    "env": ("dev", "Print the shell lines that point your own..."),
     "list": ("schedules", "List schedules by due time, a page at a..."),
     "migrate": ("admin", "Create or upgrade the schema (idempotent,..."),
     "nodes": ("nodes", "Redis nodes (DUEJOBS_REDIS_NODES): drain..."),

