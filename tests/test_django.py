@@ -424,6 +424,33 @@ def test_call_command_takes_the_clis_options_as_a_list_and_writes_to_its_stdout(
     assert capsys.readouterr().out == ""
 
 
+def test_the_dashboard_sends_a_stranger_to_a_sign_in_page_the_project_has(shop: Shop) -> None:
+    """A new project routes the admin, not Django's default ``LOGIN_URL``
+    (``/accounts/login/``): the dashboard sends a visitor not signed in to the admin's sign-in
+    page. Seen failing with a redirect to a page the project answers 404 for."""
+    from django.test import Client, override_settings
+
+    with override_settings(ROOT_URLCONF="tests.django_project.admin_urls"):
+        went = Client().get("/jobs/")
+    assert went.status_code == 302 and went["Location"].startswith("/admin/login/?next=")
+
+
+def test_the_dashboards_urls_without_its_extra_say_which_extra() -> None:
+    """A project's urls.py importing the dashboard's URLs where the extra is not installed
+    (starlette missing here): Django's own ImproperlyConfigured naming the extra, not a bare
+    ModuleNotFoundError out of ``manage.py check``."""
+    code = (
+        "import sys; sys.modules['starlette'] = None\n"
+        "from django.core.exceptions import ImproperlyConfigured\n"
+        "try:\n"
+        "    import duejobs.contrib.django.dashboard\n"
+        "except ImproperlyConfigured as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "needs the dashboard extra" in done.stdout, done.stdout + done.stderr
+
+
 def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Shop) -> None:
     import re
 
@@ -437,7 +464,7 @@ def test_the_dashboard_in_the_projects_urls_serves_signed_in_staff_only(shop: Sh
     browser = Client(enforce_csrf_checks=True)  # Django's CSRF check on: the views opt out
     assert browser.get("/jobs/").status_code == 302  # to the login page
     browser.force_login(clerk)
-    assert browser.get("/jobs/schedules").status_code == 302
+    assert browser.get("/jobs/schedules").status_code == 403  # signed in, not staff
     browser.force_login(staff)
     listed = browser.get("/jobs/schedules")
     assert listed.status_code == 200

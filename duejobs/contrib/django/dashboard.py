@@ -1,7 +1,7 @@
 """The dashboard in a Django project's own URLs, behind Django's own sign-in.
 
-Setup (``django.contrib.auth`` with its sessions and middleware, and the extra
-``duejobs[dashboard]``)::
+Setup (``django.contrib.auth`` with its sessions and middleware, and the ``dashboard``
+extra: without it, importing this module raises ``ImproperlyConfigured`` naming it)::
 
     # urls.py
     from django.urls import include, path
@@ -10,13 +10,14 @@ Setup (``django.contrib.auth`` with its sessions and middleware, and the extra
     urlpatterns = [path("jobs/", include(dashboard_urls(actions=True)))]
 
 Who may see it: a signed-in user that ``allow`` accepts — by default an active staff user;
-anyone else is sent to ``settings.LOGIN_URL``. ``actions`` offers cancel, reschedule, retry,
-run now, pause and resume. The pages are those of ``duejobs dashboard``
-(:mod:`duejobs.dashboard`), routed by Django: each view runs its page in the request's own
-thread, so its reads and writes go through the project's App on Django's connection, as a
-view's would. The forms carry the dashboard's own CSRF token, bound to the user and to
-Django's session (a form shown before a sign-out is refused after it); Django's CSRF
-middleware is not asked to check them (the views are ``csrf_exempt``).
+another signed-in user is answered 403; anyone else is sent to sign in: to
+``settings.LOGIN_URL`` where the project routes it, else to the admin's sign-in page.
+``actions`` offers cancel, reschedule, retry, run now, pause and resume. The pages are those
+of ``duejobs dashboard`` (:mod:`duejobs.dashboard`), routed by Django: each view runs its
+page in the request's own thread, so its reads and writes go through the project's App on
+Django's connection, as a view's would. The forms carry the dashboard's own CSRF token,
+bound to the user and to Django's session (a form shown before a sign-out is refused after
+it); Django's CSRF middleware is not asked to check them (the views are ``csrf_exempt``).
 """
 
 from __future__ import annotations
@@ -25,18 +26,28 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
+try:  # the dashboard extra's packages, named when missing (urls.py imports this module)
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from duejobs.dashboard import Access, Pages
+    from duejobs.dashboard.access import SESSION_SCOPE
+except ImportError as exc:
+    raise ImproperlyConfigured(
+        "duejobs.contrib.django.dashboard needs the dashboard extra (in a checkout: pip "
+        f"install '.[binary,django,dashboard]'): {exc}"
+    ) from exc
+
 from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.urls import URLPattern, path
 from django.utils.crypto import salted_hmac
 from django.views.decorators.csrf import csrf_exempt
-from starlette.requests import Request
-from starlette.responses import Response
 
 from duejobs.contrib.django import get_app
-from duejobs.dashboard import Access, Pages
-from duejobs.dashboard.access import SESSION_SCOPE
 
 _USER = "duejobs.user"  # the scope key the views put the signed-in user's name under
 
@@ -67,8 +78,10 @@ def dashboard_urls(
     def view(page: str, tail: Callable[..., str]) -> Callable[..., HttpResponse]:
         def handle(request: HttpRequest, **params: str) -> HttpResponse:
             user = getattr(request, "user", None)
-            if user is None or not user.is_authenticated or not allow(user):
-                return redirect_to_login(request.get_full_path())
+            if user is None or not user.is_authenticated:
+                return redirect_to_login(request.get_full_path(), _login_url())
+            if not allow(user):  # signed in: another sign-in page would only loop
+                return HttpResponseForbidden("this account may not use the jobs dashboard")
             board = pages()
             method = getattr(board, page)
             if page == "recurring" and request.method == "POST":
@@ -148,3 +161,22 @@ def _response(answer: Response) -> HttpResponse:
         if name.lower() != "content-length":
             response[name] = value
     return response
+
+
+def _login_url() -> str:
+    """Where to sign in: ``settings.LOGIN_URL`` where the project routes it, else the admin's
+    sign-in page where the admin is routed (a new project routes the admin, not Django's
+    default ``/accounts/login/``), else ``LOGIN_URL`` as it is."""
+    from django.conf import settings
+    from django.shortcuts import resolve_url
+    from django.urls import NoReverseMatch, Resolver404, resolve, reverse
+
+    url = str(resolve_url(settings.LOGIN_URL))
+    try:
+        resolve(url.split("?", 1)[0])
+    except Resolver404:
+        try:
+            return reverse("admin:login")
+        except NoReverseMatch:
+            return url
+    return url
