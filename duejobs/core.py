@@ -377,7 +377,14 @@ class Core:
                     replica.unanswered()
                 raise
         except DatabaseUnavailableError as exc:
-            if store.is_statement_timeout(getattr(exc.__cause__, "orig", None)):
+            cause = getattr(exc.__cause__, "orig", None)
+            if store.is_lock_timeout(cause):
+                raise ReadTimeoutError(
+                    f"this read waited for a lock another transaction holds on a table it "
+                    f"reads (a migration, VACUUM FULL, a long transaction: pg_locks names it) "
+                    f"past its limit (read_timeout, {self.read_timeout}) and was stopped"
+                ) from exc
+            if store.is_statement_timeout(cause):
                 raise ReadTimeoutError(
                     f"this read ran past its limit of {self.read_timeout} (read_timeout) and was "
                     "stopped: narrow it (a tenant, a status, a due range) or raise the limit"

@@ -696,3 +696,33 @@ def test_pages_asking_at_once_make_one_read_of_the_figures(
     now[0] += 31  # a pause longer than three refreshes
     ages = ten_at_once()
     assert reads == [2] and sorted(ages) == [0.0] + [31.0] * 9
+
+
+def test_the_stylesheet_is_served_while_every_page_thread_waits(app: App) -> None:
+    """Pages run their reads on threads, which a lock or an outage can hold for their whole
+    limit; the stylesheet is served from memory on the event loop, never behind them. Seen
+    failing with the stylesheet served on a thread (9 s while the history table was locked)."""
+    import anyio
+    import httpx
+
+    board = create_dashboard(app, Access(user="ops", password="s3cret"))
+    release = threading.Event()
+
+    async def fetch() -> int:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = 1
+        async with anyio.create_task_group() as group:
+            group.start_soon(anyio.to_thread.run_sync, release.wait)  # the one thread, held
+            await anyio.sleep(0)
+            transport = httpx.ASGITransport(app=board)
+            try:
+                async with httpx.AsyncClient(transport=transport, base_url="http://x") as c:
+                    with anyio.fail_after(10):
+                        answer = await c.get("/dashboard.css", headers=auth())
+            finally:
+                release.set()
+        return answer.status_code
+
+    try:
+        assert anyio.run(fetch) == 200
+    finally:
+        release.set()

@@ -30,13 +30,13 @@ starts. Pages send ``Cache-Control: no-store``: what they show stays out of cach
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
 import secrets
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
 from importlib.resources import files
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -65,6 +65,7 @@ from duejobs.dashboard.access import (
     public_origin,
 )
 from duejobs.dashboard.figures import Figures, Shown
+from duejobs.dashboard.inputs import number, schedule_id_in, when_given
 from duejobs.dashboard.notes import answering_outages, job_note, shown
 from duejobs.delivery import JobState
 from duejobs.errors import (
@@ -76,7 +77,6 @@ from duejobs.errors import (
 )
 from duejobs.models import Schedule, Status
 from duejobs.services import stats
-from duejobs.timespec import parse_duration
 from duejobs.validation import DEFAULT_TENANT
 
 log = logging.getLogger("duejobs.dashboard")
@@ -220,7 +220,7 @@ class Pages:
         reading = self.figures.read()
         search = request.query_params.get("tenant", "").strip()
         page = request.query_params.get("page", "1")
-        shown = Shown.of(reading.figures, search, _number(page) or 1)
+        shown = Shown.of(reading.figures, search, number(page) or 1)
         return self.render(
             request,
             "overview.html",
@@ -277,12 +277,12 @@ class Pages:
     def schedule(self, request: Request) -> Response:
         if (no := self.refused(request)) is not None:
             return no
-        schedule_id = _id(request.path_params["schedule_id"])
+        schedule_id = schedule_id_in(request.path_params["schedule_id"])
         found = None if schedule_id is None else self.app.get(schedule_id)
         if found is None:
             return self.render(request, "missing.html", status=404)
         before = request.query_params.get("before", "")
-        events = self.app.history(found.id, newest=_HISTORY_PAGE + 1, before=_number(before))
+        events = self.app.history(found.id, newest=_HISTORY_PAGE + 1, before=number(before))
         return self.render(
             request,
             "schedule.html",
@@ -352,7 +352,10 @@ class Pages:
         fields = await self._form(request)
         if isinstance(fields, Response):
             return fields
-        action, schedule_id = request.path_params["action"], _id(request.path_params["schedule_id"])
+        action, schedule_id = (
+            request.path_params["action"],
+            schedule_id_in(request.path_params["schedule_id"]),
+        )
         if action not in _ACTIONS or schedule_id is None:
             return Response("no such action", status_code=404)
         when = fields.get("when", "").strip()
@@ -362,7 +365,7 @@ class Pages:
     def _apply(self, action: str, schedule_id: uuid.UUID, when: str = "") -> dict[str, str]:
         try:
             if action == "reschedule":
-                self.app.reschedule(schedule_id, **_when(when))
+                self.app.reschedule(schedule_id, **when_given(when))
             elif action == "cancel":
                 if not self.app.cancel(schedule_id):
                     return {"failed": "not cancelled: it was not scheduled or running"}
@@ -430,25 +433,15 @@ class Pages:
             return {"failed": str(exc)}
         return {"done": f"{action} {name}"}
 
-    def stylesheet(self, request: Request) -> Response:
-        css = files("duejobs.dashboard").joinpath("dashboard.css").read_text(encoding="utf-8")
-        return Response(css, media_type="text/css", headers=PAGE_HEADERS)
+    async def stylesheet(self, request: Request) -> Response:
+        """Served on the event loop, from memory: never behind pages waiting for threads,
+        connections or locks."""
+        return Response(_stylesheet(), media_type="text/css", headers=PAGE_HEADERS)
 
 
-def _when(text: str) -> dict[str, Any]:
-    """A reschedule's new time as the form gives it: a delay from now (``30m``, ``1h30m``)
-    or an ISO 8601 time with its offset."""
-    if not text:
-        raise InvalidScheduleError("give the new time: a delay such as 30m, or an ISO 8601 time")
-    try:
-        return {"run_at": datetime.fromisoformat(text)}
-    except ValueError:
-        return {"delay": parse_duration(text, "the new time")}
-
-
-def _number(text: str) -> int | None:
-    """A page or an event id from a query: ASCII digits that fit a bigint, else None."""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+@functools.cache
+def _stylesheet() -> str:
+    return files("duejobs.dashboard").joinpath("dashboard.css").read_text(encoding="utf-8")
 
 
 def _page(request: Request) -> str:
@@ -456,13 +449,6 @@ def _page(request: Request) -> str:
     path: str = request.scope["path"]
     root: str = request.scope.get("root_path", "")
     return path[len(root) :] if root and path.startswith(root) else path
-
-
-def _id(text: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        return None
 
 
 def create_dashboard(

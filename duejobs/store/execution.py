@@ -335,6 +335,12 @@ def is_statement_timeout(exc: BaseException | None) -> bool:
     return isinstance(exc, psycopg.errors.QueryCanceled)
 
 
+def is_lock_timeout(exc: BaseException | None) -> bool:
+    """Whether a driver error says a statement gave up waiting for a lock (``lock_timeout``:
+    another transaction holds what it reads or writes)."""
+    return isinstance(exc, psycopg.errors.LockNotAvailable)
+
+
 def try_session_lock(conn: Connection, key: int) -> bool:
     """Take PostgreSQL's advisory lock ``key`` for the session, if no one holds it."""
     return bool(run(conn, "try_session_lock", {"key": key})[0].locked)

@@ -179,16 +179,19 @@ def wal_position(conn: Connection) -> str:
     return str(row.lsn)
 
 
-def bound_statements(conn: Connection, limit: timedelta) -> str:
-    """Stop any statement of the rest of this transaction that runs past ``limit``; the
-    limit it had (for :func:`restore_statement_timeout`)."""
-    ms = str(max(1, limit // timedelta(milliseconds=1)))
-    return str(run(conn, "bound_statements", {"ms": ms})[0].before)
+def bound_statements(conn: Connection, limit: timedelta) -> tuple[str, str]:
+    """Stop any statement of the rest of this transaction that runs past ``limit``, and any
+    wait for a lock past four fifths of it (so a read held up by a lock is stopped as such,
+    :func:`~duejobs.store.execution.is_lock_timeout`); the limits it had (for
+    :func:`restore_statement_timeout`)."""
+    ms = max(1, limit // timedelta(milliseconds=1))
+    row = run(conn, "bound_statements", {"ms": str(ms), "lock_ms": str(max(1, ms * 4 // 5))})[0]
+    return str(row.before), str(row.lock_before)
 
 
-def restore_statement_timeout(conn: Connection, before: str) -> None:
-    """Give this transaction back the statement limit it had."""
-    run(conn, "restore_statement_timeout", {"before": before})
+def restore_statement_timeout(conn: Connection, before: tuple[str, str]) -> None:
+    """Give this transaction back the statement and lock limits it had."""
+    run(conn, "restore_statement_timeout", {"before": before[0], "lock_before": before[1]})
 
 
 def replay_position(conn: Connection, lsn: str) -> ReplayPosition:

@@ -176,7 +176,7 @@ def _login_url() -> str:
         resolve(url.split("?", 1)[0])
     except Resolver404:
         try:
-            return reverse("admin:login")
+            return str(reverse("admin:login"))
         except NoReverseMatch:
             return url
     return url

@@ -105,11 +105,16 @@ SELECT CAST(pg_current_wal_insert_lsn() AS text) AS lsn
 
 -- name: bound_statements
 -- The time limit of each statement left in this transaction (an operator's read: a filter
--- that finds no index, a lock held by a migration, must not run unbounded).
-SELECT current_setting('statement_timeout') AS before, set_config('statement_timeout', :ms, true)
+-- that finds no index, a lock held by a migration, must not run unbounded), and of its waits
+-- for a lock (:lock_ms, shorter: a read stopped behind a lock says so).
+SELECT current_setting('statement_timeout') AS before,
+       current_setting('lock_timeout') AS lock_before,
+       set_config('statement_timeout', :ms, true) AS statement_timeout,
+       set_config('lock_timeout', :lock_ms, true) AS lock_timeout
 
 -- name: restore_statement_timeout
-SELECT set_config('statement_timeout', :before, true)
+SELECT set_config('statement_timeout', :before, true) AS statement_timeout,
+       set_config('lock_timeout', :lock_before, true) AS lock_timeout
 
 -- name: replay_position
 -- How far a replica has replayed: whether it has reached :lsn (read from the primary just
