@@ -242,6 +242,7 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
                     events=["succeeded"] * 3,
                     errors=[None] * 3,
                     retry_ins=[None] * 3,
+                    interrupted=[False] * 3,
                     synchronous_commit="off",
                 ),
                 "scheduled_jobs_pkey",

@@ -30,9 +30,10 @@ from duejobs import App, AsyncApp
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.errors import DatabaseUnavailableError, SchemaMissingError
 from duejobs.models import CURRENT, Freshness, Page
-from duejobs.observability import replica, stats
+from duejobs.observability import replica
 from duejobs.observability.replica import REPLICA_LAG
 from duejobs.scheduler.loop import Scheduler
+from duejobs.services import stats
 from tests.support import wait_for
 from tests.support.dashboard import HERE, LOCAL
 from tests.support.replication import Pair

@@ -96,5 +96,5 @@ def test_a_service_says_what_it_serves_first_through_its_json_logs(
     wait_for(lambda: "duejobs worker:" in worker.output(), 30, "its first line")
     first = json.loads(worker.output().splitlines()[0])
     assert first["message"].startswith("duejobs worker: queues 'duejobs', 1 slot;")
-    assert "PostgreSQL postgresql" in first["message"] and "Redis redis://" in first["message"]
+    assert "PostgreSQL " in first["message"] and "Redis redis://" in first["message"]
     assert worker.stop() == 0, worker.output()

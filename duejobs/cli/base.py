@@ -243,16 +243,24 @@ def ready_to_serve(app: App) -> None:
 def say_serving(app: App, service: str, what: str) -> None:
     """The service's first line, through its logs (``--log-format json`` included): what it
     serves, and on which PostgreSQL and Redis (no password)."""
-    from duejobs.config import redacted
+    from urllib.parse import urlsplit
+
+    from duejobs.config import plain_url, redacted
     from duejobs.redis_urls import redacted_redis
 
     settings = app.settings
+    url = settings.database_url
+    if plain_url(url):  # read here, without SQLAlchemy (a worker starts without it)
+        parts = urlsplit(url)
+        database = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+    else:
+        database = redacted(url)
     redis = redacted_redis(settings.redis_url) if settings.redis_url else "a client given"
     logging.getLogger(f"duejobs.{service}").info(
         "duejobs %s: %s; PostgreSQL %s (schema %r), Redis %s",
         service,
         what,
-        redacted(settings.database_url),
+        database,
         settings.schema,
         redis,
     )
@@ -263,16 +271,20 @@ def refuse_unmigrated(app: App) -> None:
     exit 2 naming ``duejobs migrate`` (each pass would fail on what it does not find). Tables
     newer than this code (a newer release migrated first, as a rolling deploy does) are said
     at warning: this code runs on them. A database that does not answer is an outage."""
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
     from duejobs import store
     from duejobs.config import redacted
+    from duejobs.store import dbapi
 
-    try:
-        with app.engine.connect() as conn:
+    try:  # on a connection of its own: a worker starts without loading SQLAlchemy
+        conn = app.core.connect_directly()
+        try:
             at = store.schema_revision(conn)
-    except (OperationalError, InterfaceError):
+        finally:
+            conn.close()
+    except (dbapi.OperationalError, dbapi.InterfaceError):
         return  # the service's loop waits the database out
+    if at == store.SCHEMA_HEAD:
+        return
     where = f"{redacted(app.settings.database_url)} (schema {app.settings.schema!r})"
     if at is not None and at > store.SCHEMA_HEAD:
         logging.getLogger("duejobs").warning(
@@ -281,7 +293,6 @@ def refuse_unmigrated(app: App) -> None:
             at,
             store.SCHEMA_HEAD,
         )
-    if at is not None and at >= store.SCHEMA_HEAD:
         return
     said = (
         "has no duejobs tables"

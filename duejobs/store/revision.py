@@ -19,10 +19,10 @@ SCHEMA_HEAD = "0014"
 
 def schema_revision(conn: Connection) -> str | None:
     """The revision the database's duejobs tables are at; None where ``duejobs migrate``
-    never ran (no revision table in the schema)."""
+    never ran (no revision table in the schema: in a transaction of the caller's, that
+    error ends it)."""
     try:
-        with conn.begin_nested():
-            row = run_one(conn, "schema_revision")
+        row = run_one(conn, "schema_revision")
     except dbapi.ProgrammingError:  # no revision table: never migrated
         return None
     return None if row is None else str(row.version_num)
