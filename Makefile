@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo dist test test-all test-install test-under-load lint docs browser pgbouncer test-django6 test-rq2 bench soak mutation clean
+.PHONY: demo dist test test-all test-long test-install test-under-load lint docs browser pgbouncer test-django6 test-rq2 bench soak mutation clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,8 +77,13 @@ pgbouncer:
 # start, pause or kill servers of their own) in one process. PYTEST_ARGS= runs all in one.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 test: lint docs browser pgbouncer
-	$(BIN)/pytest $(PYTEST_ARGS) -m "not serial and not install"
-	$(BIN)/pytest -m "serial and not install"
+	$(BIN)/pytest $(PYTEST_ARGS) -m "not serial and not install and not long"
+	$(BIN)/pytest -m "serial and not install and not long"
+
+# The long runs: fault runs of half a minute, plans at a million rows, a virtualenv installed
+# (each test says why it is long). Part of test-all, one process (some are serial).
+test-long: $(STAMP) browser pgbouncer
+	$(BIN)/pytest -q -p no:cacheprovider -m "long and not install"
 
 # What a newcomer runs before any code: every install line of the README and docs/, and the
 # compose file's demo from the image's own install, each in a new virtualenv (from PyPI's
@@ -92,14 +97,16 @@ test-under-load: $(STAMP) browser pgbouncer
 	@$(BIN)/python -c 'while True: pass' & hog=$$!; trap "kill $$hog" EXIT; \
 	for run in 1 2 3; do \
 		echo "loaded run $$run of 3"; \
-		$(BIN)/pytest $(PYTEST_ARGS) -q -p no:cacheprovider -m "not serial and not install" \
+		$(BIN)/pytest $(PYTEST_ARGS) -q -p no:cacheprovider \
+			-m "not serial and not install and not long" || exit 1; \
+		$(BIN)/pytest -q -p no:cacheprovider -m "serial and not install and not long" \
 			|| exit 1; \
-		$(BIN)/pytest -q -p no:cacheprovider -m "serial and not install" || exit 1; \
 	done
 
 # What CI runs: `make test`, the install lines, then the Django and asyncio tests on Django 6 and the suite on
 # the other RQ releases (both schema modes covered on every run).
 test-all: test
+	$(MAKE) test-long
 	$(MAKE) test-install
 	$(MAKE) test-django6
 	$(MAKE) test-rq2

@@ -44,6 +44,7 @@ def _short_run(tmp_path: Path, kinds: set[str], **config: object) -> None:
     assert report.states.get("succeeded", 0) >= 250, summary
 
 
+@pytest.mark.long  # 25 s of faults on three Redis nodes: make test-long (test-all)
 def test_a_short_fault_injection_run_across_three_redis_nodes_keeps_every_guarantee(
     tmp_path: Path,
 ) -> None:

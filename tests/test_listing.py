@@ -270,6 +270,7 @@ def test_duejobs_list_prints_a_page_and_the_cursor_of_the_next(
     PARTITIONED,
     reason="the plain schema's plans (partitioned mode's: tests/test_partition_plans.py)",
 )
+@pytest.mark.long  # a million rows written first, 28 s: make test-long (test-all)
 @pytest.mark.slow
 def test_each_filter_is_served_by_an_index_at_a_million_rows(app: App) -> None:
     """A million schedules, most of them finished (1 in 20,000 failed), a third waiting (half

@@ -176,6 +176,7 @@ def _all_well(surface: Surface) -> bool:
     return all(code in (0, 200) for code, _ in surface.look().values())
 
 
+@pytest.mark.long  # 30 s of faults under the operator's pages: make test-long (test-all)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_operator_surface_says_what_is_down_and_recovers_within_a_refresh(
     surface: Surface, seed: int

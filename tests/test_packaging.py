@@ -122,6 +122,7 @@ def test_runtime_requirements_leave_out_frameworks_tools_and_psycopgs_wheel() ->
     assert 'extra == "binary"' in extras and 'extra == "django"' in extras
 
 
+@pytest.mark.long  # a virtualenv made and installed, 19 s: make test-long (test-all)
 @pytest.mark.slow
 def test_a_plain_install_is_a_working_library_and_cli_against_given_urls(
     tmp_path: Path, servers: Servers, redis_url: str

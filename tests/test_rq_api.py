@@ -394,6 +394,7 @@ def test_a_job_pushed_again_outlives_rqs_cleanup_of_its_dead_workers_entry(
     assert system.status(s.id) == "succeeded"
 
 
+@pytest.mark.long  # waits out RQ's own timeouts, 27 s: make test-long (test-all)
 @pytest.mark.slow
 @pytest.mark.serial  # pauses the whole Redis server: never beside another test process
 def test_a_worker_waits_out_a_redis_that_answers_too_late(

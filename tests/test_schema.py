@@ -145,6 +145,7 @@ def test_migration_table_does_not_collide_with_the_applications_alembic(engine: 
     PARTITIONED,
     reason="the plain schema's plans (partitioned mode's: tests/test_partition_plans.py)",
 )
+@pytest.mark.long  # a million rows written first, 17 s: make test-long (test-all)
 @pytest.mark.slow
 def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: App) -> None:
     with app.engine.connect() as conn:

@@ -45,7 +45,14 @@ def _end_every_session(url: str) -> None:
         engine.dispose()
 
 
-@pytest.mark.parametrize(("mode", "pool"), [("transaction", 20), ("session", 60)])
+@pytest.mark.parametrize(
+    ("mode", "pool"),
+    [
+        ("transaction", 20),
+        # a pool of 60 sessions filled and restarted, 15 s: make test-long (test-all)
+        pytest.param("session", 60, marks=pytest.mark.long),
+    ],
+)
 def test_through_pgbouncer_a_pooler_restart_and_ended_sessions_lose_nothing(
     mode: str,
     pool: int,
