@@ -5,6 +5,7 @@ imported to show ``--help``; the App, the worker and RQ when the command runs.""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from datetime import timedelta
 from typing import Any
@@ -170,7 +171,7 @@ def worker(
         try:
             worker.work(burst=burst)
         except Exception as exc:  # not an outage (those are waited out): a refused password
-            click.echo(f"duejobs worker: ended by {describe(exc)}", err=True)
+            logging.getLogger("duejobs.worker").error("duejobs worker: ended by %s", describe(exc))
             sys.exit(1)
         finally:
             worker.runtime.close()
