@@ -680,3 +680,31 @@ def test_a_bad_duejobs_value_is_a_system_check_error_naming_its_key(shop: Shop) 
     assert done.returncode != 0
     assert "duejobs.E001" in done.stderr and "DUEJOBS['PREPARED_STATEMENTS']" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_task_state_django_logs_is_printed_once_by_a_duejobs_process(
+    shop: Shop, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Django 6 logs each task's state under ``django.tasks``, whose parent ``django`` has a
+    console handler of Django's own (its default logging, with DEBUG on): a worker, whose logs
+    duejobs sets up, printed each state twice. Seen failing with two lines."""
+    import logging.config
+
+    from django.test import override_settings
+    from django.utils.log import DEFAULT_LOGGING
+
+    from duejobs.observability import logs
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    tasks = logging.getLogger("django.tasks")
+    try:
+        with override_settings(DEBUG=True):
+            logging.config.dictConfig(DEFAULT_LOGGING)
+            logs.configure("info", "text")
+            tasks.info("Task id=%s state=%s", "t-1", "RUNNING")
+    finally:
+        root.handlers[:], root.level = handlers, level
+        tasks.handlers[:], tasks.propagate = [], True
+        logging.getLogger("django").handlers[:] = []
+    assert capfd.readouterr().err.count("Task id=t-1 state=RUNNING") == 1

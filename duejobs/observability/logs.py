@@ -77,6 +77,12 @@ def configure(level: str, fmt: str = "text") -> None:
     root.setLevel(level.upper())
     for name in _QUIET:
         logging.getLogger(name).setLevel(logging.NOTSET if level == "debug" else logging.WARNING)
+    # Django (6 on) logs its tasks' states under "django.tasks", whose parent "django" has a
+    # console handler of Django's own (its default logging): printed by both, each state
+    # would show twice. They are this process's lines: printed once, as every other.
+    tasks = logging.getLogger("django.tasks")
+    tasks.handlers[:] = [handler]
+    tasks.propagate = False
 
 
 def configured() -> bool:
