@@ -7,6 +7,7 @@ closed by the worker itself (no lease left to expire, no rescue, no second run).
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -161,6 +162,45 @@ def test_a_claim_committed_whose_answer_was_lost_runs_its_handler_on_that_attemp
     kinds = [e.kind for e in system.app.history(ids[0])]
     assert EventKind.SKIPPED not in kinds  # not taken for a duplicate of itself
     assert _failed_in_rq(system) == 0
+
+
+def test_lost_claim_answers_are_kept_a_lease_at_most_and_refused_connects_not_at_all(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the claimer keeps to ask whether a claim landed is let go once a lease has
+    passed (the reconciler's by then), and a connect refused sent nothing to ask about:
+    through a PostgreSQL outage the process keeps no more than a lease's worth. Seen failing
+    with every delivery tried during an outage kept for the life of the process."""
+    from datetime import timedelta as td
+
+    from duejobs.models import Delivery
+    from duejobs.worker.claims import Claimer
+
+    config = WorkerConfig(lease=td(seconds=1), heartbeat=td(milliseconds=200))
+    claimer = Claimer(system.app.core, config, system.runtime.bookkeeping, "test-claimer")
+    refused = OperationalError("connect", {}, ConnectionError("refused"))
+
+    def _refused(*args: Any, **kwargs: Any) -> Any:
+        raise refused
+
+    gone = [Delivery(uuid.uuid4(), "default", 1, 1, "duejobs") for _ in range(3)]
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(system.runtime.bookkeeping, "connection", _refused)
+            with pytest.raises(OperationalError):
+                claimer._claim_batch(gone)
+        assert claimer.unanswered == 0
+        lost = _answer_lost_once(monkeypatch, "claim_runs")
+        with pytest.raises(OperationalError):
+            claimer._claim_batch(gone)
+        assert lost and claimer.unanswered == 3
+        deadline = time.monotonic() + 10
+        while claimer.unanswered and time.monotonic() < deadline:
+            time.sleep(0.1)
+            claimer._landed(Delivery(uuid.uuid4(), "default", 1, 1, "duejobs"))
+        assert claimer.unanswered == 0
+    finally:
+        claimer.close()
 
 
 def test_an_outcome_whose_connects_are_refused_is_recorded_on_the_next_one(

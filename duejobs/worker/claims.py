@@ -89,9 +89,11 @@ class Claimer:
         # threads of their own, so the thread that takes jobs goes on taking while they
         # commit; a few of them, so batches that queue meanwhile share the next statement.
         self._ahead: dict[Delivery, list[_ClaimAhead]] = {}
-        # Deliveries whose claim statement lost its answer (the database unreachable or the
-        # connection broken as it ran), with that statement's name: it may have committed.
-        self._unanswered: dict[Delivery, str] = {}
+        # Deliveries whose claim statement lost its answer (the connection broken as it ran),
+        # with that statement's name (it may have committed) and when: kept a lease at most
+        # (past it, a claim that landed is the reconciler's to rescue, and the delivery that
+        # comes back for this process, if any, is asked afresh).
+        self._unanswered: dict[Delivery, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_CLAIMERS, thread_name_prefix="duejobs-claim")
 
@@ -103,6 +105,12 @@ class Claimer:
         """Deliveries claimed ahead that no slot has run yet."""
         with self._lock:
             return len(self._ahead)
+
+    @property
+    def unanswered(self) -> int:
+        """Deliveries whose claim lost its answer, kept to ask whether it landed."""
+        with self._lock:
+            return len(self._unanswered)
 
     def claim_ahead(self, deliveries: Sequence[Delivery]) -> None:
         """Have deliveries taken from Redis together claimed in one statement, each for the
@@ -178,15 +186,18 @@ class Claimer:
         one; asked once (a copy of the delivery taken beside it finds none, and claims alone:
         ``duplicate``)."""
         with self._lock:
-            claim = self._unanswered.pop(delivery, None)
-        if claim is None:
+            if not self._unanswered:
+                return None
+            self._forget_past_a_lease()
+            lost = self._unanswered.pop(delivery, None)
+        if lost is None:
             return None
         try:
             with self._bookkeeping.connection() as conn:
-                return store.claim_landed(conn, delivery, claim)
+                return store.claim_landed(conn, delivery, lost[0])
         except BaseException:
             with self._lock:  # still unknown: asked again at the next try
-                self._unanswered.setdefault(delivery, claim)
+                self._unanswered.setdefault(delivery, lost)
             raise
 
     def _in_time(self, delivery: Delivery, claim: RunClaim, asked_at: float) -> RunClaim:
@@ -212,8 +223,10 @@ class Claimer:
 
     def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
         claim = uuid.uuid4().hex
+        sent = False  # a connect refused sent nothing: nothing can have committed
         try:
             with self._bookkeeping.connection() as conn:
+                sent = True
                 return store.claim_runs(
                     conn,
                     deliveries,
@@ -223,10 +236,23 @@ class Claimer:
                     claim=claim,
                 )
         except dbapi.DBAPIError as exc:
-            if unreachable(exc):  # it may have committed: each delivery asks (_landed)
-                with self._lock:
-                    self._unanswered.update(dict.fromkeys(deliveries, claim))
+            if sent and unreachable(exc):  # it may have committed: each delivery asks
+                self._lost_answer(deliveries, claim)
             raise
+
+    def _lost_answer(self, deliveries: Sequence[Delivery], claim: str) -> None:
+        """Keep the deliveries of a claim statement that lost its answer (see
+        :meth:`_landed`), and let go of those kept past a lease."""
+        with self._lock:
+            self._forget_past_a_lease()
+            self._unanswered.update(dict.fromkeys(deliveries, (claim, time.monotonic())))
+
+    def _forget_past_a_lease(self) -> None:
+        """(Under the lock.) Let go of the lost answers kept longer than a lease: a claim of
+        theirs that landed is the reconciler's to rescue by now."""
+        oldest = time.monotonic() - self._config.lease.total_seconds()
+        for delivery in [d for d, (_, at) in self._unanswered.items() if at < oldest]:
+            del self._unanswered[delivery]
 
     def types(self) -> list[str]:
         """The types this worker has handlers for: the only ones it claims."""
