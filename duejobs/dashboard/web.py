@@ -66,6 +66,7 @@ from duejobs.dashboard.access import (
 )
 from duejobs.dashboard.figures import Figures, Shown
 from duejobs.dashboard.inputs import number, schedule_id_in, when_given
+from duejobs.dashboard.limits import one_page_at_most
 from duejobs.dashboard.notes import answering_outages, job_note, shown
 from duejobs.delivery import JobState
 from duejobs.errors import (
@@ -472,11 +473,11 @@ def create_dashboard(
     return Starlette(
         middleware=middleware,
         routes=[
-            Route("/", board.overview),
-            Route("/schedules", board.schedules),
-            Route("/schedules/{schedule_id}", board.schedule),
+            Route("/", one_page_at_most(board.overview)),
+            Route("/schedules", one_page_at_most(board.schedules)),
+            Route("/schedules/{schedule_id}", one_page_at_most(board.schedule)),
             Route("/schedules/{schedule_id}/{action}", board.act, methods=["POST"]),
-            Route("/recurring", board.recurring),
+            Route("/recurring", one_page_at_most(board.recurring)),
             Route("/recurring", board.act_recurring, methods=["POST"]),
             Route("/dashboard.css", board.stylesheet),
         ],
