@@ -8,7 +8,8 @@ Seen failing against a build broken on purpose: a statement left in a module as 
 ``scheduled_jobs`` of ``claim_walk``
 → ``test_every_table_of_duejobs_is_named_after_the_schema_mark``; one job id spelled
 ``'-a' || s.attempts`` in ``window_page`` →
-``test_each_shared_rule_is_spelled_alike_wherever_a_statement_spells_it``; a column misspelt
+``test_each_shared_rule_is_spelled_alike_wherever_a_statement_spells_it`` (and one part of a
+list's filter dropped in ``list_schedules_latest_first``); a column misspelt
 in ``list_schedules`` → ``test_every_named_statement_parses_in_both_schema_modes``.
 """
 
@@ -111,6 +112,20 @@ RULES = {
         "CAST(:delay AS interval)",
         r"COALESCE\(CAST\(:run_at AS timestamptz\), statement_timestamp\(\) \+ "
         r"CAST\(:delay AS interval\)\)",
+    ),
+    "a list's filter": (
+        "CAST(:recurring_ids AS uuid[]) IS NULL",
+        r"AND \(CAST\(:tenant AS text\) IS NULL OR tenant = :tenant\) "
+        r"AND \(CAST\(:statuses AS text\[\]\) IS NULL OR status = ANY\(:statuses\)\) "
+        r"AND \(CAST\(:type AS text\) IS NULL OR type = :type\) "
+        r"AND \(CAST\(:key AS text\) IS NULL OR key = :key\) "
+        r"AND \(CAST\(:queue AS text\) IS NULL OR queue = :queue\) "
+        r"AND \(CAST\(:due_from AS timestamptz\) IS NULL OR due_at >= :due_from\) "
+        r"AND \(CAST\(:due_before AS timestamptz\) IS NULL OR due_at < :due_before\) "
+        r"AND \(CAST\(:recurring_ids AS uuid\[\]\) IS NULL "
+        r"OR recurring_id = ANY\(:recurring_ids\)\) "
+        r"AND \(CAST\(:after_due AS timestamptz\) IS NULL "
+        r"OR \(due_at, id\) [<>] \(:after_due, :after_id\)\)",
     ),
     "an instant in a history detail": (
         "AT TIME ZONE 'UTC'",

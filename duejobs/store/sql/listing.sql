@@ -2,7 +2,10 @@
 -- parameter is no filter. Rows are read in four parts, each from an index that a schedule's
 -- own life already writes (waiting to be pushed, pushed, running) or that it gets once, when
 -- it finishes (migration 0007): listing adds no index write to scheduling, claiming or
--- running a schedule.
+-- running a schedule. Each part spells the whole filter: inside the part, before its LIMIT,
+-- is where the planner keeps its index's order (one filter outside the union would read
+-- every row of a part before it); tests/test_queries.py holds the eight copies to one
+-- spelling.
 
 -- name: list_schedules
 SELECT * FROM (
