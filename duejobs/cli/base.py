@@ -360,6 +360,9 @@ def _operations(func: F) -> F:
 def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
     from duejobs.observability import logs, metrics
 
+    # Each of the service's connections named in pg_stat_activity ("duejobs worker"): libpq
+    # reads PGAPPNAME where the URL sets no application_name.
+    os.environ.setdefault("PGAPPNAME", f"duejobs {click.get_current_context().info_name}")
     logs.configure(log_level, log_format)
     if metrics_port is not None:
         metrics.serve(metrics_port)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,12 @@ def loaded(ctx: duejobs.Context, payload: Any) -> None:
     Path(payload["to"]).write_text(json.dumps(found))
 
 
+def nap(ctx: duejobs.Context, payload: Any) -> None:
+    """Sleeps ``payload["seconds"]``: a slot held, no connection of the handler's own."""
+    time.sleep(float(payload["seconds"]))
+
+
 app = duejobs.App() if os.environ.get("DUEJOBS_DATABASE_URL") else None
 if app is not None:
     app.handler("loaded")(loaded)
+    app.handler("nap")(nap)
