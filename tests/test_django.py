@@ -37,7 +37,7 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.test.utils import override_settings
 
-from duejobs import App, Status
+from duejobs import App, Status, store
 from duejobs.config import libpq_url
 from duejobs.scheduler.loop import Scheduler
 from tests.support.processes import ROOT
@@ -564,8 +564,9 @@ def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
 
 def test_manage_py_migrate_makes_duejobs_tables(shop: Shop, servers: Servers) -> None:
     """On a new database, ``manage.py migrate`` alone makes duejobs' tables (its migration
-    runs duejobs' own to the newest revision); again, it has nothing to do. Seen failing
-    when only ``manage.py duejobs_migrate`` made them."""
+    runs duejobs' own to the newest revision); again, it has nothing to do; on tables of the
+    release before, it brings them to this release's revision. Seen failing when only
+    ``manage.py duejobs_migrate`` made them, and with 0014 left to ``duejobs migrate``."""
     name = f"duejobs_django_{uuid.uuid4().hex[:10]}"
     url = servers.create_database(name)
     try:
@@ -589,6 +590,15 @@ def test_manage_py_migrate_makes_duejobs_tables(shop: Shop, servers: Servers) ->
         assert made == (True,)
         again = migrate()
         assert again.returncode == 0 and "No migrations to apply" in again.stdout, again.stdout
+        with psycopg.connect(libpq_url(url), autocommit=True) as conn:  # as a release ago
+            conn.execute("ALTER TABLE scheduled_jobs DROP COLUMN interruptions")
+            conn.execute("UPDATE duejobs_alembic_version SET version_num = '0013'")
+            conn.execute("DELETE FROM django_migrations WHERE name = '0002_upgrade_0014'")
+        upgraded = migrate()
+        assert "Applying duejobs.0002_upgrade_0014... OK" in upgraded.stdout, upgraded.stdout
+        with psycopg.connect(libpq_url(url)) as conn:
+            at = conn.execute("SELECT version_num FROM duejobs_alembic_version").fetchone()
+        assert at == (store.SCHEMA_HEAD,)
     finally:
         servers.drop_database(name)
 

@@ -6,17 +6,11 @@ revision they do nothing. Reversing it leaves the tables (``duejobs`` owns them,
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from django.db import migrations
 
-
-def upgrade(apps: Any, schema_editor: Any) -> None:
-    from duejobs.contrib.django import get_app, settings_urls
-
-    _, _, alias = settings_urls()
-    if schema_editor.connection.alias == alias:  # not on the project's other databases
-        get_app().migrate()
+from duejobs.contrib.django.migrations import upgrade
 
 
 class Migration(migrations.Migration):
