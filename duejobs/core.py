@@ -373,8 +373,9 @@ class Core:
                 with self.database("the read replica"), replica_read() as conn, self._bounded(conn):
                     yield conn, replica.measure(conn, lsn, self.read_max_lag)
             except DatabaseUnavailableError as exc:
-                if not store.is_statement_timeout(getattr(exc.__cause__, "orig", None)):
-                    replica.unanswered()
+                cause = getattr(exc.__cause__, "orig", None)
+                if not (store.is_statement_timeout(cause) or store.is_lock_timeout(cause)):
+                    replica.unanswered()  # a read stopped by its own limit: the replica answered
                 raise
         except DatabaseUnavailableError as exc:
             cause = getattr(exc.__cause__, "orig", None)

@@ -68,9 +68,14 @@ class Handler:
     def retries(self, error: BaseException) -> bool:
         """Whether an attempt that failed with ``error`` may be retried (attempts left
         permitting): see the module docstring."""
-        if isinstance(error, (Permanent, *self.never_retry)):
+        if self.refuses(error):
             return False
         return self.retry_on is None or isinstance(error, self.retry_on)
+
+    def refuses(self, error: BaseException) -> bool:
+        """Whether ``error`` fails the schedule at once, whatever else happened
+        (``Permanent``, ``never_retry``): not even a broken connection retries it."""
+        return isinstance(error, (Permanent, *self.never_retry))
 
 
 def exception_classes(name: str, value: object) -> tuple[type[BaseException], ...]:

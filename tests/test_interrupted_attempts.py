@@ -19,9 +19,9 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import InterfaceError, OperationalError
 
-from duejobs import Status
+from duejobs import Permanent, Status
 from duejobs.services.reconciler import Reconciler
 from duejobs.store.dbapi import broke_connection as interruption
 from duejobs.worker import Outcome
@@ -143,7 +143,8 @@ def _psycopg_error(cls: type[psycopg.Error], sqlstate: str | None) -> psycopg.Er
         (_psycopg_error(pg_errors.ConnectionFailure, "08006"), True),
         (psycopg.OperationalError("server closed the connection unexpectedly"), True),
         (psycopg.InternalError("received 2 results from command 'BEGIN'"), True),
-        (psycopg.InterfaceError("the connection is closed"), True),
+        (psycopg.InterfaceError("the connection is closed"), False),  # closed by whom?
+        (_psycopg_error(pg_errors.ProtocolViolation, "08P01"), False),  # a pooler's timeout
         (_psycopg_error(pg_errors.IdleInTransactionSessionTimeout, "25P03"), False),
         (_psycopg_error(pg_errors.QueryCanceled, "57014"), False),
         (_psycopg_error(pg_errors.LockNotAvailable, "55P03"), False),
@@ -168,3 +169,30 @@ def test_an_interruption_is_found_behind_the_wrappers() -> None:
         assert interruption(exc)
     idle = _psycopg_error(pg_errors.IdleInTransactionSessionTimeout, "25P03")
     assert not interruption(OperationalError("SELECT 1", {}, idle, connection_invalidated=True))
+    closed = psycopg.InterfaceError("the connection is closed")
+    assert interruption(InterfaceError("SELECT 1", {}, closed, connection_invalidated=True))
+    try:  # raised from None: the handler's own word, whatever broke before it
+        try:
+            raise wrapped
+        except OperationalError:
+            raise RuntimeError("the order is gone") from None
+    except RuntimeError as exc:
+        assert not interruption(exc)
+
+
+def test_a_permanent_failure_is_not_retried_for_a_broken_connection_behind_it(
+    system: System,
+) -> None:
+    job_type = f"permanent-{next(_TYPES)}"
+
+    @system.app.handler(job_type, max_attempts=3)
+    def gives_up(ctx: Any, payload: Any) -> None:
+        try:
+            with ctx.transaction() as conn:
+                conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+        except OperationalError as exc:
+            raise Permanent("the order is gone") from exc
+
+    s = system.app.schedule(job_type, {}, delay=0)
+    assert system.runtime.handle(s.id, 1, 1, "default") is Outcome.FAILED
+    assert system.status(s.id) == "failed"

@@ -151,6 +151,35 @@ def test_a_list_that_runs_past_the_read_timeout_is_stopped_with_a_clear_error(
     bounded.close()
 
 
+def test_a_replica_read_stopped_behind_a_lock_leaves_the_replica_up(
+    app: App, database_url: str, redis_url: str
+) -> None:
+    """A list on the read replica (here the primary named as one) stopped behind a lock (a
+    standby replays the primary's locks): the replica answered, so it is not said down (its
+    gauge stays 1, its lag known). Seen failing with the replica marked down by the lock's
+    wait."""
+    from duejobs.observability.replica import REPLICA_LAG, REPLICA_UP
+
+    bounded = App(
+        database_url,
+        redis_url,
+        read_database_url=database_url,
+        read_timeout=timedelta(milliseconds=300),
+    )
+    bounded.list()  # the replica answers: up
+    assert REPLICA_UP._value.get() == 1
+    locker = app.engine.connect()
+    locker.execute(text("LOCK TABLE scheduled_jobs IN ACCESS EXCLUSIVE MODE"))
+    try:
+        with pytest.raises(ReadTimeoutError, match="waited for a lock"):
+            bounded.list()
+    finally:
+        locker.rollback()
+        locker.close()
+        bounded.close()
+    assert REPLICA_UP._value.get() == 1 and REPLICA_LAG._value.get() != float("inf")
+
+
 @pytest.mark.parametrize(
     ("read", "table"),
     [

@@ -218,6 +218,21 @@ def test_a_supervisor_starts_again_a_worker_process_that_dies_and_stops_all_warm
     assert not any(_running(pid) for pid in workers)
 
 
+def test_a_supervisor_whose_worker_refuses_to_start_stops_all_and_exits_2(
+    spawn: Callable[..., Proc],
+) -> None:
+    """A worker that ends with status 2 (here: a schema ``duejobs migrate`` never made) will
+    refuse every start: the supervisor stops the others and ends with 2, saying so, instead
+    of starting it again every 30 s for good. Seen failing with the supervisor still
+    restarting its workers."""
+    absent = f"never_made_{uuid.uuid4().hex[:8]}"
+    supervisor = spawn(*WORKER, "--processes", "2", extra_env={"DUEJOBS_SCHEMA": absent})
+    wait_for(lambda: supervisor.popen.poll() is not None, 60, "the supervisor to end")
+    assert supervisor.popen.returncode == 2, supervisor.output()
+    assert "run `duejobs migrate`" in supervisor.output()
+    assert "refused to start (status 2)" in supervisor.output()
+
+
 def _threads_cpus(pid: int) -> set[frozenset[int]]:
     """The CPU sets each thread of a process may run on (a thread ending meanwhile skipped)."""
     found = set()

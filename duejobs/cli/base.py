@@ -283,6 +283,11 @@ def refuse_unmigrated(app: App) -> None:
             conn.close()
     except (dbapi.OperationalError, dbapi.InterfaceError):
         return  # the service's loop waits the database out
+    except dbapi.DBAPIError as exc:  # the role may not read the revision table: go on
+        logging.getLogger("duejobs").warning(
+            "could not read the schema's revision (%s); starting without checking it", exc.orig
+        )
+        return
     if at == store.SCHEMA_HEAD:
         return
     where = f"{redacted(app.settings.database_url)} (schema {app.settings.schema!r})"

@@ -65,6 +65,8 @@ def __getattr__(name: str) -> Any:
 
 # What PostgreSQL says when it ends a session for the server's reasons (a terminate, a crash,
 # a shutdown, a server not ready yet); with the class of connection exceptions (08): a break.
+# 08P01 (protocol violation) is left out: a pooler's own timeouts and a bind of the wrong
+# size say it on a connection that lives on.
 _BROKEN_STATES = frozenset({"57P01", "57P02", "57P03"})
 
 
@@ -72,7 +74,8 @@ def broke_connection(error: BaseException) -> bool:
     """Whether ``error`` (a handler's) is its database connection breaking: the driver's error
     (or, through SQLAlchemy's, Django's or the handler's own wrappers, its cause) says the
     session ended for the server's reasons or the connection failed — not a statement's own
-    error, a lock or statement timeout, nor the server ending an idle fence."""
+    error, a lock or statement timeout, the server ending an idle fence, a pool's wait, nor a
+    connection the handler closed itself. An error raised ``from None`` hides its context."""
     import psycopg  # the driver's classes, only once something failed
     import sqlalchemy.exc
 
@@ -84,12 +87,26 @@ def broke_connection(error: BaseException) -> bool:
         if isinstance(found, sqlalchemy.exc.DBAPIError):
             invalidated = invalidated or bool(found.connection_invalidated)
         if isinstance(found, psycopg.Error):
-            state = found.sqlstate
-            if state is None:
-                return isinstance(
-                    found, psycopg.OperationalError | psycopg.InterfaceError | psycopg.InternalError
-                )
-            return state.startswith("08") or state in _BROKEN_STATES
+            return _broken(found, invalidated)
         inner = found.orig if isinstance(found, sqlalchemy.exc.DBAPIError) else None
-        found = inner if isinstance(inner, BaseException) else found.__cause__ or found.__context__
+        if isinstance(inner, BaseException):
+            found = inner
+        else:
+            hidden = found.__suppress_context__
+            found = found.__cause__ or (None if hidden else found.__context__)
     return invalidated
+
+
+def _broken(error: Any, invalidated: bool) -> bool:
+    """A driver's error: a break by its SQLSTATE; without one (the client's own word), a
+    connection lost as it ran — not a closed one reused, nor a pool's wait (psycopg_pool)."""
+    import psycopg
+
+    state = error.sqlstate
+    if state is not None:
+        return (state.startswith("08") and state != "08P01") or state in _BROKEN_STATES
+    if type(error).__module__.startswith("psycopg_pool"):
+        return False
+    if isinstance(error, psycopg.InterfaceError):  # "the connection is closed": whose doing?
+        return invalidated
+    return isinstance(error, psycopg.OperationalError | psycopg.InternalError)

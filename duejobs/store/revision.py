@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 # The newest revision of migrations/versions, which this code needs (a test holds it to
 # Alembic's head). Revisions are four digits, so they compare in order as text.
 SCHEMA_HEAD = "0014"
+# No revision table (42P01), or no such schema (3F000): never migrated there.
+_NOT_THERE = frozenset({"42P01", "3F000"})
 
 
 def schema_revision(conn: Connection) -> str | None:
@@ -23,6 +25,8 @@ def schema_revision(conn: Connection) -> str | None:
     error ends it)."""
     try:
         row = run_one(conn, "schema_revision")
-    except dbapi.ProgrammingError:  # no revision table: never migrated
-        return None
+    except dbapi.ProgrammingError as exc:
+        if getattr(exc.orig, "sqlstate", None) in _NOT_THERE:
+            return None
+        raise  # not allowed to read it, say: not for this check to decide
     return None if row is None else str(row.version_num)

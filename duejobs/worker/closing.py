@@ -20,14 +20,17 @@ connection of its own (:meth:`Completer.overrun`), within ``_CLOSE_WITHIN`` seco
 A handler that failed only because its database connection broke — a pooler restarted, a
 failover, an administrator's terminate, its error or its cause one of those
 (:func:`duejobs.store.dbapi.broke_connection`) — is *interrupted*: its attempt is retried
-after a backoff of 1 s doubling up to a minute, whatever its retry policy says, and is not
-counted against ``max_attempts``; its ``retried`` event says ``interrupted``, and its outcome
-is counted apart (``duejobs_deliveries{outcome="interrupted"}``). Up to ``MAX_INTERRUPTIONS``
-per version: past that (a connection that breaks at every try is no passing fault), an
-interruption counts as any failure does. A session the server ended for what the handler
-did — idle in the fence past its limit, a statement timeout — is the handler's failure, not
-an interruption. What a handler did outside the database before its connection broke is
-done again by the retry, as with any retry.
+after a backoff of 1 s doubling up to a minute, whatever ``retry_on`` says (``Permanent``
+and ``never_retry`` still fail it at once), and is not counted against ``max_attempts``; its
+``retried`` event says ``interrupted``, and its outcome is counted apart
+(``duejobs_deliveries{outcome="interrupted"}``). Up to ``MAX_INTERRUPTIONS`` per version:
+past that (a connection that breaks at every try is no passing fault), an interruption
+counts as any failure does. A session the server ended for what the handler did — idle in
+the fence past its limit, a statement timeout — is the handler's failure, not an
+interruption. What a handler did outside the database before its connection broke is done
+again by the retry, as with any retry. An interruption whose close cannot be recorded within
+the lease (a failover longer than that) is rescued by the reconciler as abandoned, which
+counts against ``max_attempts``.
 
 What it does not promise: an outcome recorded when the database stays unreachable, or the row
 stays locked, past the lease (the error surfaces; the lease expires and the reconciler
@@ -238,9 +241,13 @@ def _outcome(closing: Closing) -> Outcome:
     return Outcome.INTERRUPTED if closing.interrupted else _CLOSED[closing.outcome]
 
 
-def is_last(ctx: Context, max_attempts: int, error: BaseException) -> bool:
-    """Whether an attempt that failed with ``error`` gets no other (retried, it would): what a
-    handler that keeps its own record of failures (Django's task results) asks."""
+def is_last(ctx: Context, handler: Handler, error: BaseException) -> bool:
+    """Whether an attempt that failed with ``error`` gets no other, as :meth:`Completer.failed`
+    decides it: what a handler that keeps its own record of failures (Django's task results)
+    asks."""
+    if handler.refuses(error):
+        return True
     if dbapi.broke_connection(error) and ctx.interruptions < MAX_INTERRUPTIONS:
         return False
-    return ctx.attempt - ctx.interruptions >= max_attempts
+    used = ctx.attempt - ctx.interruptions
+    return not handler.retries(error) or used >= handler.retry.max_attempts

@@ -252,7 +252,7 @@ class Runtime:
                 handler,
                 describe(exc),
                 retry=handler.retries(exc),
-                interrupted=dbapi.broke_connection(exc),
+                interrupted=not handler.refuses(exc) and dbapi.broke_connection(exc),
             )
         if ctx._finished:
             return Outcome.SUCCEEDED

@@ -7,12 +7,13 @@ of its own so that a terminal's Ctrl+C or a service manager's stop reaches it on
 here. One that exits — killed, crashed, or ended by itself because its handlers would not
 return (status 70) — is started again at once, or after a pause doubling from 1 s up to 30 s
 while it keeps exiting within 10 s of its start (a worker that cannot start does not spin;
-the others are looked after meanwhile). The first SIGTERM/SIGINT is passed to every worker —
-each takes no more jobs and finishes its running ones — and the supervisor exits 0 once they
-all have (1 if one of them failed to stop cleanly; one still starting, which the signal ends
-at once, held nothing and counts as clean); a second one is passed on too, a cold shutdown
-for every worker. With ``--burst`` a worker that ends cleanly is done, and the supervisor
-ends with the last one.
+the others are looked after meanwhile). One that refuses to start (status 2: a password, the
+schema, a flag — what no restart mends) stops them all, and the supervisor exits 2. The
+first SIGTERM/SIGINT is passed to every worker — each takes no more jobs and finishes its
+running ones — and the supervisor exits 0 once they all have (1 if one of them failed to
+stop cleanly; one still starting, which the signal ends at once, held nothing and counts as
+clean); a second one is passed on too, a cold shutdown for every worker. With ``--burst`` a
+worker that ends cleanly is done, and the supervisor ends with the last one.
 
 Its workers do not outlive it: on Linux each is asked (``PR_SET_PDEATHSIG``) to receive
 SIGTERM — a warm shutdown — when the supervisor dies, even by SIGKILL, so no worker goes on
@@ -52,6 +53,10 @@ from duejobs.services.loop import StopRequest
 
 log = logging.getLogger("duejobs.supervisor")
 
+# What a worker ends with when it refuses to start on what no restart mends (a Redis refusing
+# its password, a database without duejobs' tables, bad flags): the supervisor stops the
+# others and ends with it, rather than starting it again for good.
+EXIT_REFUSED = 2
 # A worker that exits sooner than this after its start counts as failing to start.
 _QUICK_EXIT = 10.0
 _FIRST_PAUSE, _MAX_PAUSE = 1.0, 30.0
@@ -134,6 +139,7 @@ class Supervisor:
         self._children: dict[int, _Child] = {}
         self._stops = 0
         self._stopping = StopRequest()  # set by the signal handler
+        self._refused = False  # a worker ended with EXIT_REFUSED: the supervisor ends so too
 
     def _launch(self, index: int, starts: int = 1, pause: float = 0.0) -> None:
         command = [sys.executable, "-m", "duejobs", *self._args(index, starts)]
@@ -168,6 +174,16 @@ class Supervisor:
             return True
         if self._burst and code == 0:
             return False
+        if code == EXIT_REFUSED:  # what no restart mends (a password, the schema): said above
+            log.error(
+                "worker %d (pid %d) refused to start (status %d); the others are stopped",
+                child.index,
+                child.process.pid,
+                code,
+            )
+            self._refused = True
+            self._signal(signal.SIGTERM, None)
+            return True
         quick = now - child.started < _QUICK_EXIT
         child.pause = min(_MAX_PAUSE, max(_FIRST_PAUSE, child.pause * 2)) if quick else 0.0
         log.warning(
@@ -191,6 +207,8 @@ class Supervisor:
             if not any(working):
                 break
         codes = [c.process.wait() for c in list(self._children.values()) if c.process is not None]
+        if self._refused:
+            return EXIT_REFUSED
         # A worker that the SIGTERM reached before it set up its handlers (still starting) held
         # nothing: it stopped cleanly too.
         return 0 if all(code in (0, -signal.SIGTERM) for code in codes) else 1

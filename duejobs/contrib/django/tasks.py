@@ -207,7 +207,8 @@ class DuejobsBackend(BaseTaskBackend):
             }
             with ctx.engine.begin() as conn:
                 store.add_error(conn, ctx.schedule_id, ctx.tenant, error)
-            if is_last(ctx, self.max_attempts, exc):
+            handler = get_app().core.handler_for(self.type)
+            if handler is None or is_last(ctx, handler, exc):
                 self._finished(ctx, TaskResultStatus.FAILED)
             raise
         with ctx.transaction() as conn:

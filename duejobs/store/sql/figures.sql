@@ -107,10 +107,16 @@ SELECT CAST(pg_current_wal_insert_lsn() AS text) AS lsn
 -- The time limit of each statement left in this transaction (an operator's read: a filter
 -- that finds no index, a lock held by a migration, must not run unbounded), and of its waits
 -- for a lock (:lock_ms, shorter: a read stopped behind a lock says so).
+-- A shorter lock limit already in force (the role's, a caller's transaction's) is kept.
 SELECT current_setting('statement_timeout') AS before,
        current_setting('lock_timeout') AS lock_before,
        set_config('statement_timeout', :ms, true) AS statement_timeout,
-       set_config('lock_timeout', :lock_ms, true) AS lock_timeout
+       set_config('lock_timeout',
+                  CASE WHEN current_setting('lock_timeout') <> '0'
+                        AND CAST(current_setting('lock_timeout') AS interval)
+                            < CAST(:lock_ms || ' ms' AS interval)
+                       THEN current_setting('lock_timeout') ELSE :lock_ms END,
+                  true) AS lock_timeout
 
 -- name: restore_statement_timeout
 SELECT set_config('statement_timeout', :before, true) AS statement_timeout,
