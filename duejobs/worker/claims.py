@@ -194,11 +194,13 @@ class Claimer:
             return None
         try:
             with self._bookkeeping.connection() as conn:
-                return store.claim_landed(conn, delivery, lost[0])
+                landed = store.claim_landed(conn, delivery, lost[0])
         except BaseException:
             with self._lock:  # still unknown: asked again at the next try
                 self._unanswered.setdefault(delivery, lost)
             raise
+        # Made when its statement was sent: renewed first if that is a heartbeat ago or more.
+        return None if landed is None else self._in_time(delivery, landed, lost[1])
 
     def _in_time(self, delivery: Delivery, claim: RunClaim, asked_at: float) -> RunClaim:
         """A claim made ahead, if its handler may still start on it: made less than a
@@ -223,10 +225,10 @@ class Claimer:
 
     def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
         claim = uuid.uuid4().hex
-        sent = False  # a connect refused sent nothing: nothing can have committed
+        sent: float | None = None  # a connect refused sent nothing: nothing can have committed
         try:
             with self._bookkeeping.connection() as conn:
-                sent = True
+                sent = time.monotonic()
                 return store.claim_runs(
                     conn,
                     deliveries,
@@ -236,16 +238,16 @@ class Claimer:
                     claim=claim,
                 )
         except dbapi.DBAPIError as exc:
-            if sent and unreachable(exc):  # it may have committed: each delivery asks
-                self._lost_answer(deliveries, claim)
+            if sent is not None and unreachable(exc):  # it may have committed: each asks
+                self._lost_answer(deliveries, claim, sent)
             raise
 
-    def _lost_answer(self, deliveries: Sequence[Delivery], claim: str) -> None:
-        """Keep the deliveries of a claim statement that lost its answer (see
-        :meth:`_landed`), and let go of those kept past a lease."""
+    def _lost_answer(self, deliveries: Sequence[Delivery], claim: str, sent: float) -> None:
+        """Keep the deliveries of a claim statement sent at ``sent`` that lost its answer
+        (see :meth:`_landed`), and let go of those kept past a lease since sent."""
         with self._lock:
             self._forget_past_a_lease()
-            self._unanswered.update(dict.fromkeys(deliveries, (claim, time.monotonic())))
+            self._unanswered.update(dict.fromkeys(deliveries, (claim, sent)))
 
     def _forget_past_a_lease(self) -> None:
         """(Under the lock.) Let go of the lost answers kept longer than a lease: a claim of
