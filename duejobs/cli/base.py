@@ -366,8 +366,11 @@ def _operate(log_level: str, log_format: str, metrics_port: int | None) -> None:
     from duejobs.observability import logs, metrics
 
     # Each of the service's connections named in pg_stat_activity ("duejobs worker"): libpq
-    # reads PGAPPNAME where the URL sets no application_name.
-    os.environ.setdefault("PGAPPNAME", f"duejobs {click.get_current_context().info_name}")
+    # reads PGAPPNAME where the URL sets no application_name. A name of the user's own is
+    # kept; one of duejobs' (a parent's, an earlier command's in this process) is replaced.
+    named = os.environ.get("PGAPPNAME", "")
+    if not named or named.startswith("duejobs "):
+        os.environ["PGAPPNAME"] = f"duejobs {click.get_current_context().info_name}"
     logs.configure(log_level, log_format)
     if metrics_port is not None:
         metrics.serve(metrics_port)
