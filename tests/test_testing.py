@@ -80,6 +80,9 @@ def test_a_projects_tests_run_its_schedules_through_duejobs(
 ) -> None:
     monkeypatch.setenv("DUEJOBS_TEST_DATABASE_URL", servers.server_url)
     monkeypatch.setenv("DUEJOBS_TEST_REDIS_URL", redis_url)
+    # the project's pytest is no xdist worker of this run: with this worker's name it would
+    # take another worker's Redis database (its own URL's plus its index plus one)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.delenv("DUEJOBS_DATABASE_URL", raising=False)
     monkeypatch.delenv("DUEJOBS_REDIS_URL", raising=False)
     pytester.makepyfile(reminders=PROJECT)
@@ -114,6 +117,9 @@ def test_an_app_on_other_servers_than_the_sessions_is_refused_not_emptied(
     whatever database the App was on."""
     monkeypatch.setenv("DUEJOBS_TEST_DATABASE_URL", servers.server_url)
     monkeypatch.setenv("DUEJOBS_TEST_REDIS_URL", redis_url)
+    # the project's pytest is no xdist worker of this run: with this worker's name it would
+    # take another worker's Redis database (its own URL's plus its index plus one)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     monkeypatch.setenv("ELSEWHERE", database_url)
     kept = App(database_url, redis_url).schedule("kept", {}, delay=3600)
     pytester.makepyfile(
