@@ -149,7 +149,7 @@ class Connected:
                 "connection to %s:%s reached a connection pooler: unless the pooler keeps "
                 "prepared statements (session mode, PgBouncer 1.22+ with "
                 "max_prepared_statements), statements bind to other clients' parameters; "
-                "set it to auto",
+                "auto is the value for it",
                 driver.info.host,
                 driver.info.port,
             )

@@ -95,25 +95,19 @@ class Completer:
         self._closings = GroupCommit("outcome", self._close_batch)
 
     def failed(
-        self,
-        ctx: Context,
-        handler: Handler,
-        error: str,
-        conn: Connection | None = None,
-        *,
-        retry: bool = True,
-        interrupted: bool = False,
+        self, ctx: Context, handler: Handler, cause: BaseException, conn: Connection | None = None
     ) -> Outcome:
-        """Close a failed attempt by the type's retry policy: another attempt after backoff
-        (``run_at`` untouched), or ``failed`` once attempts are exhausted or when the error
-        is not one to retry (``retry`` False). ``interrupted``: it failed only because its
-        connection broke (see the module's docstring)."""
-        if interrupted and ctx.interruptions < MAX_INTERRUPTIONS:
+        """Close an attempt that failed with ``cause`` by the type's retry policy: another
+        attempt after backoff (``run_at`` untouched), or ``failed`` once attempts are
+        exhausted or when ``cause`` is not one to retry; an interruption (see the module's
+        docstring) is retried apart."""
+        error = describe(cause)
+        if interrupts(ctx, handler, cause):
             wait = timedelta(seconds=min(2.0**ctx.interruptions, _INTERRUPTED_WAIT_MOST))
-            closing = Closing(ctx.delivery, Status.SCHEDULED, error, wait, interrupted=True)
-            with tracing.span("duejobs.outcome", outcome=Outcome.INTERRUPTED.value):
-                return self._record(ctx, closing, conn)
-        if retry and ctx.attempt - ctx.interruptions < handler.retry.max_attempts:
+            return self.close(
+                ctx, Status.SCHEDULED, error=error, retry_in=wait, conn=conn, interrupted=True
+            )
+        if not is_last(ctx, handler, cause):
             wait = handler.retry.delay_before(ctx.attempt - ctx.interruptions)
             return self.close(ctx, Status.SCHEDULED, error=error, retry_in=wait, conn=conn)
         return self.close(ctx, Status.FAILED, error=error, conn=conn)
@@ -126,13 +120,14 @@ class Completer:
         error: str | None = None,
         retry_in: timedelta | None = None,
         conn: Connection | None = None,
+        interrupted: bool = False,
     ) -> Outcome:
         """Record the attempt's outcome: with the outcomes of the slots beside it, or on
         ``conn`` (a transaction of the caller's). A row lock another transaction holds (an
         application's cancel, say) is waited for in rounds of ``claim_lock_timeout``, up to
         the lease, so a finished handler's outcome is kept."""
-        closing = Closing(ctx.delivery, outcome, error, retry_in)
-        with tracing.span("duejobs.outcome", outcome=outcome.value):
+        closing = Closing(ctx.delivery, outcome, error, retry_in, interrupted=interrupted)
+        with tracing.span("duejobs.outcome", outcome=_outcome(closing).value):
             return self._record(ctx, closing, conn)
 
     def stale(self, ctx: Context, reason: SkipReason) -> Outcome:
@@ -160,7 +155,7 @@ class Completer:
             try:
                 with self._core.engine.begin() as conn:
                     store.bounded_locks(conn)
-                    self.failed(ctx, handler, error, conn, retry=handler.retries(timed_out))
+                    self.failed(ctx, handler, timed_out, conn)
                 closed.set()
             except Exception:
                 log.exception("could not close the timed-out attempt; its lease will expire")
@@ -241,13 +236,20 @@ def _outcome(closing: Closing) -> Outcome:
     return Outcome.INTERRUPTED if closing.interrupted else _CLOSED[closing.outcome]
 
 
+def interrupts(ctx: Context, handler: Handler, error: BaseException) -> bool:
+    """Whether an attempt that failed with ``error`` is retried as an interruption (see the
+    module's docstring): its connection broke, nothing refuses ``error``, and the version's
+    interruptions are under ``MAX_INTERRUPTIONS``."""
+    if handler.refuses(error) or ctx.interruptions >= MAX_INTERRUPTIONS:
+        return False
+    return dbapi.broke_connection(error)
+
+
 def is_last(ctx: Context, handler: Handler, error: BaseException) -> bool:
     """Whether an attempt that failed with ``error`` gets no other, as :meth:`Completer.failed`
     decides it: what a handler that keeps its own record of failures (Django's task results)
     asks."""
-    if handler.refuses(error):
-        return True
-    if dbapi.broke_connection(error) and ctx.interruptions < MAX_INTERRUPTIONS:
+    if interrupts(ctx, handler, error):
         return False
     used = ctx.attempt - ctx.interruptions
     return not handler.retries(error) or used >= handler.retry.max_attempts

@@ -247,13 +247,7 @@ class Runtime:
             return self.completer.close(ctx, Status.SUCCEEDED)
         except BaseException as exc:  # a handler's sys.exit(), CancelledError...: its attempt's
             log.warning("attempt failed: %s", describe(exc), extra=where, exc_info=True)
-            return self.completer.failed(
-                ctx,
-                handler,
-                describe(exc),
-                retry=handler.retries(exc),
-                interrupted=not handler.refuses(exc) and dbapi.broke_connection(exc),
-            )
+            return self.completer.failed(ctx, handler, exc)
         if ctx._finished:
             return Outcome.SUCCEEDED
         return self.completer.close(ctx, Status.SUCCEEDED)
