@@ -19,6 +19,20 @@ class ConfigurationError(DuejobsError):
     """duejobs cannot find or reach what it was configured with."""
 
 
+class DriverMissingError(ConfigurationError, ImportError):
+    """psycopg cannot be imported: not installed, or installed without a libpq to load (the
+    plain ``psycopg`` requirement brings none). The message says how to get one."""
+
+    @classmethod
+    def from_import(cls, error: ImportError) -> DriverMissingError:
+        said = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return cls(
+            f"duejobs cannot load psycopg ({said}): install psycopg with its own libpq, "
+            '`pip install "duejobs[binary]"`, or give it the system\'s libpq '
+            "(Debian and Ubuntu: `apt install libpq5`; or build psycopg[c])"
+        )
+
+
 class SchemaMissingError(ConfigurationError):
     """duejobs' tables do not exist in this database yet: run ``duejobs migrate``."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes.util
 import importlib.metadata
+import importlib.util
 import os
 import re
 import subprocess
@@ -166,3 +167,34 @@ def test_a_plain_install_is_a_working_library_and_cli_against_given_urls(
         assert "created" in run(str(venv / "bin" / "duejobs"), "stats")
     finally:
         servers.drop_database(database)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        ["-m", "duejobs", "stats"],
+        [
+            "-c",
+            "import duejobs\ntry:\n    duejobs.App\nexcept ImportError as e: print(e); raise SystemExit(2)",
+        ],
+    ],
+    ids=["cli", "library"],
+)
+def test_psycopg_without_a_libpq_says_how_to_get_one(program: list[str]) -> None:
+    """psycopg installed without a libpq (the plain requirement brings none), stood in for by
+    asking psycopg for its C build where none is installed: one line naming the extra that
+    brings one, status 2, no traceback. Seen failing before psycopg's first import said so:
+    psycopg's own error, in a traceback from whichever module imported it first."""
+    if importlib.util.find_spec("psycopg_c") is not None:
+        pytest.skip("psycopg's C build is installed: no libpq-less psycopg to stand in")
+    done = subprocess.run(
+        [sys.executable, *program],
+        env={**os.environ, "PSYCOPG_IMPL": "c"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    said = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2, said
+    assert "Traceback" not in said and len(said.splitlines()) == 1, said
+    assert 'pip install "duejobs[binary]"' in said and "libpq" in said, said

@@ -13,6 +13,8 @@ from typing import Any, NoReturn
 
 import click
 
+from duejobs.errors import DriverMissingError
+
 # The embedded servers' folder (``duejobs.dev.embedded.DEFAULT_DATA_DIR``, not imported here).
 DATA_DIR = Path(".duejobs")
 
@@ -57,6 +59,9 @@ def as_program(command: click.Command, args: Any, kwargs: dict[str, Any]) -> NoR
     except click.ClickException as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
+    except DriverMissingError as exc:  # an install without a libpq: no retry helps
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from duejobs.lazy import lazy_exports
+from duejobs.store import driver  # noqa: F401 - first: psycopg's import, or how to get it
 from duejobs.store.attempts import (
     Closing,
     Durability,
