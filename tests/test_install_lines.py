@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,64 @@ def test_the_tutorial_runs_as_written(tmp_path: Path, servers: Servers, redis_ur
             proc.wait(timeout=60)
         servers.drop_database(database)
     assert "reminding ana (attempt 1)" in (tmp_path / "process-1.log").read_text()
+
+
+def test_the_readmes_first_delayed_job_runs_as_written(tmp_path: Path) -> None:
+    """The README's quick start as a newcomer types it on a machine with only Python: its
+    install line, ``reminders.py`` saved in a new folder, ``duejobs dev`` (no URLs: the
+    embedded servers, started and migrated), and once dev has said it serves, the second
+    shell's ``duejobs schedule`` — until dev prints the reminder. How long that took after
+    the install finished is printed (``-s``; ten seconds of it are the job's own delay).
+    Seen failing with the schedule line's task name misspelt in the README."""
+    readme = (ROOT / "README.md").read_text()
+    install = next(line for line in install_lines() if line.page == "README.md")
+    module = re.search(r"```python\n(# reminders\.py\n.*?)```", readme, re.S)
+    dev = re.search(r"^(duejobs dev .*?)\s+#", readme, re.M)
+    schedule = re.search(r"^(duejobs schedule .*)$", readme, re.M)
+    assert module and dev and schedule, "the README's quick start is not where it was"
+    bin_ = new_venv(tmp_path / "venv")
+    run_in(bin_, install.shell, ROOT)
+    installed = time.monotonic()
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "reminders.py").write_text(module.group(1))
+    env = {k: v for k, v in in_venv(bin_).items() if not k.startswith("DUEJOBS_")}
+    log = tmp_path / "dev.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["bash", "-c", "exec " + dev.group(1)],
+            cwd=folder,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for(
+            lambda: "duejobs dev:" in log.read_text() or proc.poll() is not None,
+            120,
+            "duejobs dev to say it serves",
+        )
+        done = subprocess.run(
+            ["bash", "-c", schedule.group(1)],
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        wait_for(
+            lambda: "reminding ana (attempt 1)" in log.read_text() or proc.poll() is not None,
+            60,
+            "dev to print the reminder",
+        )
+        assert proc.poll() is None, log.read_text()
+        print(f"first delayed job {time.monotonic() - installed:.1f} s after the install")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
 
 
 def _image_install(app_dir: Path) -> str:

@@ -175,7 +175,8 @@ def test_a_plain_install_is_a_working_library_and_cli_against_given_urls(
         ["-m", "duejobs", "stats"],
         [
             "-c",
-            "import duejobs\ntry:\n    duejobs.App\nexcept ImportError as e: print(e); raise SystemExit(2)",
+            "import duejobs\ntry:\n    duejobs.App\n"
+            "except ImportError as e: print(e); raise SystemExit(2)",
         ],
     ],
     ids=["cli", "library"],
