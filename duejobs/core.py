@@ -414,6 +414,20 @@ class Core:
         with self.database(), self.engine.begin() as c:
             yield c
 
+    @contextlib.contextmanager
+    def statement(self, conn: Conn | None = None) -> Iterator[Connection]:
+        """For a change made by one statement (a cancel, a reschedule: each a single
+        statement with its history event): the caller's transaction, or PostgreSQL's implicit
+        transaction around that one statement — autocommit, one round trip where ``BEGIN``,
+        the statement and ``COMMIT`` are three, with the same atomicity and durability.
+        Reads that only explain a refusal may follow; a second change may not (it would
+        commit apart)."""
+        if conn is not None:
+            yield store.lent(conn, schema=self.settings.schema)
+            return
+        with self.database(), self.engine.connect() as c:
+            yield c.execution_options(isolation_level="AUTOCOMMIT")
+
     def after_commit(self, action: Callable[[], None]) -> None:
         """Run ``action`` once the change just made is committed for good: now, as this
         Core's own transactions have committed when their block ends (a host framework's

@@ -447,3 +447,24 @@ def test_a_delay_is_absolute_time_on_a_callers_own_engine_with_summer_time(
     finally:
         theirs.dispose()
     assert _delayed_by(s, _LONG_DELAY)
+
+
+def test_a_change_of_one_statement_leaves_its_pooled_connection_in_transactions(
+    app: App,
+) -> None:
+    """A cancel and a reschedule run as one statement in autocommit (one round trip, not
+    three); the connection goes back to the pool as it was lent, so the next change that
+    needs a transaction of several statements gets one. Seen failing with the isolation
+    level set on the pooled connection outside SQLAlchemy's execution options."""
+    first, second = (app.schedule("x", {}, delay=60) for _ in range(2))
+    assert app.cancel(first.id) is True
+    app.reschedule(second.id, delay=120)
+    pool = app.core.engine.pool
+    lent = [pool.connect() for _ in range(pool.checkedin())]
+    try:
+        assert lent and all(not c.driver_connection.autocommit for c in lent)
+    finally:
+        for c in lent:
+            c.close()
+    assert app.get(first.id).status is Status.CANCELLED
+    assert app.get(second.id).version == 2

@@ -362,7 +362,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         version + 1. The old version's delivery becomes stale: a worker skips it."""
         sid = schedule_id_of(schedule_id)
         when, rank = change_of(delay, run_at, timezone, priority, expected_version)
-        with self._core.transaction(conn) as c:
+        with self._core.statement(conn) as c:
             schedule, old_job = store.reschedule(c, sid, self._tenant, when, expected_version, rank)
             if schedule is None:
                 self._explain_refusal(c, sid, expected_version)
@@ -377,7 +377,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         A running handler finds out through ``ctx.ensure_current()`` before its effect.
         """
         sid = schedule_id_of(schedule_id)
-        with self._core.transaction(conn) as c:
+        with self._core.statement(conn) as c:
             cancelled, job = store.cancel(c, sid, self._tenant)
         if conn is None:
             self._discard_queue_job(job)

@@ -157,16 +157,25 @@ end
 return 0
 """
 
+# A superseded job still waiting, taken out where its status says it waits: a ``scheduled``
+# one from the scheduled registry (ARGV[4] + its queue: a ZREM), a ``queued`` one from its
+# queue's list (ARGV[3] + its queue), found from the tail, where the jobs pushed last are, and
+# once (it is there once: LREM reads a list to its end for a count of 0, which made every
+# change cost Redis a scan of the whole backlog). Its hash (ARGV[1]) is deleted. A job started
+# or gone is left alone: 0.
 REMOVE_SCRIPT = """
 local status = redis.call('HGET', ARGV[1], 'status')
-if status == 'queued' or status == 'scheduled' then
-    local origin = redis.call('HGET', ARGV[1], 'origin')
-    redis.call('LREM', ARGV[3] .. origin, 0, ARGV[2])
-    redis.call('ZREM', ARGV[4] .. origin, ARGV[2])
-    redis.call('DEL', ARGV[1])
-    return 1
+if status ~= 'queued' and status ~= 'scheduled' then
+    return 0
 end
-return 0
+local origin = redis.call('HGET', ARGV[1], 'origin')
+if status == 'scheduled' then
+    redis.call('ZREM', ARGV[4] .. origin, ARGV[2])
+else
+    redis.call('LREM', ARGV[3] .. origin, -1, ARGV[2])
+end
+redis.call('DEL', ARGV[1])
+return 1
 """
 
 

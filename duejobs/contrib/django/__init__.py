@@ -201,6 +201,12 @@ class _DjangoCore(Core):
                 )
             yield store.lent(driver, schema=self.settings.schema)
 
+    @contextlib.contextmanager
+    def statement(self, conn: Conn | None = None) -> Iterator[Connection]:
+        """In the project's transaction, as every change (its ``atomic()`` decides)."""
+        with self.transaction(conn) as given:
+            yield given
+
     def after_commit(self, action: Callable[[], None]) -> None:
         """Once the project's outermost ``atomic()`` commits (now, outside one); never if it
         rolls back: a job removed from Redis for a change that did not happen would leave
