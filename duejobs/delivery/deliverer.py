@@ -441,14 +441,26 @@ class Deliverer:
         """Delete a job that is still waiting (queued or scheduled), from whichever queue it
         is on — on ``queue``'s node, or, without one, on every node; a started one is left to
         the worker's own check. True when something was removed."""
-        args = [
-            self._prefix + queue_job_id,
-            queue_job_id,
-            Queue.redis_queue_namespace_prefix,
-            SCHEDULED_PREFIX,
-        ]
-        nodes = [self._node(queue)] if queue is not None else self._nodes
-        return any(self._each(nodes, lambda node: bool(node.remove(keys=[], args=args))))
+        return self.remove_many([(queue_job_id, queue)])[0]
+
+    def remove_many(self, jobs: Sequence[tuple[str, str | None]]) -> list[bool]:
+        """:meth:`remove` of each (job id, queue or None), one script call per node; for each,
+        whether something was removed."""
+        by_node: dict[int, tuple[Node, list[int]]] = {}
+        for i, (_, queue) in enumerate(jobs):
+            for node in [self._node(queue)] if queue is not None else self._nodes:
+                by_node.setdefault(id(node), (node, []))[1].append(i)
+        head = [self._prefix, Queue.redis_queue_namespace_prefix, SCHEDULED_PREFIX]
+
+        def work(node: Node) -> tuple[list[int], list[int]]:
+            indexes = by_node[id(node)][1]
+            return indexes, node.remove(keys=[], args=[*head, *(jobs[i][0] for i in indexes)])
+
+        removed = [False] * len(jobs)
+        for indexes, flags in self._each([node for node, _ in by_node.values()], work):
+            for i, flag in zip(indexes, flags, strict=True):
+                removed[i] = removed[i] or bool(flag)
+        return removed
 
 
 def _server_of(redis: Redis) -> tuple[str, int]:

@@ -157,25 +157,31 @@ end
 return 0
 """
 
-# A superseded job still waiting, taken out where its status says it waits: a ``scheduled``
-# one from the scheduled registry (ARGV[4] + its queue: a ZREM), a ``queued`` one from its
-# queue's list (ARGV[3] + its queue), found from the tail, where the jobs pushed last are, and
-# once (it is there once: LREM reads a list to its end for a count of 0, which made every
-# change cost Redis a scan of the whole backlog). Its hash (ARGV[1]) is deleted. A job started
-# or gone is left alone: 0.
+# Superseded jobs still waiting, taken out where each one's status says it waits: a
+# ``scheduled`` one from the scheduled registry (ARGV[3] + its queue: a ZREM), a ``queued`` one
+# from its queue's list (ARGV[2] + its queue), found from the tail, where the jobs pushed last
+# are, and once (it is there once: LREM reads a list to its end for a count of 0, which made
+# every change cost Redis a scan of the whole backlog). Its hash (ARGV[1] + id) is deleted.
+# ARGV[4...]: the ids. Returns a flag per id: 1 removed, 0 started or gone (left alone).
 REMOVE_SCRIPT = """
-local status = redis.call('HGET', ARGV[1], 'status')
-if status ~= 'queued' and status ~= 'scheduled' then
-    return 0
+local removed = {}
+for i = 4, #ARGV do
+    local id = ARGV[i]
+    local key = ARGV[1] .. id
+    local status = redis.call('HGET', key, 'status')
+    removed[i - 3] = 0
+    if status == 'queued' or status == 'scheduled' then
+        local origin = redis.call('HGET', key, 'origin')
+        if status == 'scheduled' then
+            redis.call('ZREM', ARGV[3] .. origin, id)
+        else
+            redis.call('LREM', ARGV[2] .. origin, -1, id)
+        end
+        redis.call('DEL', key)
+        removed[i - 3] = 1
+    end
 end
-local origin = redis.call('HGET', ARGV[1], 'origin')
-if status == 'scheduled' then
-    redis.call('ZREM', ARGV[4] .. origin, ARGV[2])
-else
-    redis.call('LREM', ARGV[3] .. origin, -1, ARGV[2])
-end
-redis.call('DEL', ARGV[1])
-return 1
+return removed
 """
 
 

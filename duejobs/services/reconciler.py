@@ -242,9 +242,14 @@ class Reconciler:
             after = (rows[-1].when_due, rows[-1].schedule_id)
 
     def _remove_orphans(self) -> int:
-        return sum(
-            self.deliverer.remove(job) for job in orphan_jobs(self.core, self.config.batch_size)
-        )
+        """The orphans found, removed a batch (one script call) at a time."""
+        removed, batch = 0, []
+        for job in orphan_jobs(self.core, self.config.batch_size):
+            batch.append((job, None))
+            if len(batch) == self.config.batch_size:
+                removed += sum(self.deliverer.remove_many(batch))
+                batch = []
+        return removed + (sum(self.deliverer.remove_many(batch)) if batch else 0)
 
     def run(
         self, every: timedelta, report: Callable[[ReconcileResult], None] | None = None
