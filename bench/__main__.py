@@ -16,6 +16,7 @@ import time
 
 from bench import (
     bulk,
+    changes,
     concurrency,
     durability,
     fairness,
@@ -53,6 +54,7 @@ def main() -> int:
         fairness,
         priority,
         bulk,
+        changes,
         partitions,
         prepared,
         durability,
