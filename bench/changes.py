@@ -60,7 +60,8 @@ def _pushed(app: App, redis: Redis, backlog: int) -> list[Any]:
         conn.exec_driver_sql(f"TRUNCATE {TABLES}")
     redis.flushdb()
     for start in range(0, backlog, 10_000):
-        redis.rpush("rq:queue:duejobs", *(f"backlog-{n}" for n in range(start, start + 10_000)))
+        waiting = (f"backlog-{n}" for n in range(start, min(backlog, start + 10_000)))
+        redis.rpush("rq:queue:duejobs", *waiting)
     ids = [app.schedule("noop", {}, delay=120).id for _ in range(N)]
     scheduler = Scheduler(app)
     while scheduler.run_once().claimed:

@@ -242,14 +242,12 @@ class Reconciler:
             after = (rows[-1].when_due, rows[-1].schedule_id)
 
     def _remove_orphans(self) -> int:
-        """The orphans found, removed a batch (one script call) at a time."""
-        removed, batch = 0, []
-        for job in orphan_jobs(self.core, self.config.batch_size):
-            batch.append((job, None))
-            if len(batch) == self.config.batch_size:
-                removed += sum(self.deliverer.remove_many(batch))
-                batch = []
-        return removed + (sum(self.deliverer.remove_many(batch)) if batch else 0)
+        """The orphans found (a bounded scan), removed a batch (one script call) at a time."""
+        found = [(job, None) for job in orphan_jobs(self.core, self.config.batch_size)]
+        size = self.config.batch_size
+        return sum(
+            sum(self.deliverer.remove_many(found[i : i + size])) for i in range(0, len(found), size)
+        )
 
     def run(
         self, every: timedelta, report: Callable[[ReconcileResult], None] | None = None
