@@ -482,8 +482,15 @@ def _report(
         print("  the schedules did not all finish within 5 min of the load's end")
     sampler.samples.write_csv(out / "soak.csv")
     figures.plot(sampler.samples, out / "soak.png", config.warmup, marks)
-    failed = any(violations.values()) or any(t.drifts for t in found) or not settled
-    return 1 if failed or (ratio is not None and ratio > 1.2) else 0
+    reasons = [f"{name}: {n}" for name, n in violations.items() if n]
+    reasons += [f"{t.name} drifts ({t.growth:+.1%})" for t in found if t.drifts]
+    if not settled:
+        reasons.append("not settled")
+    if ratio is not None and ratio > 1.2:
+        reasons.append(f"claim p99 {ratio:.2f}x")
+    # The verdict comes last, so that the tail of a long log says why a run failed.
+    print("soak: FAILED: " + "; ".join(reasons) if reasons else "soak: passed")
+    return 1 if reasons else 0
 
 
 def main(argv: list[str] | None = None) -> int:
