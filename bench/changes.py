@@ -54,15 +54,16 @@ def _timed(calls: list[Callable[[], Any]], threads: int) -> tuple[float, float, 
     return rate, percentile(took, 0.5) * 1e3, percentile(took, 0.99) * 1e3
 
 
-def _pushed(app: App, redis: Redis, backlog: int) -> list[Any]:
-    """N schedules due in two minutes, pushed to Redis; ``backlog`` ids waiting on the queue."""
+def _pushed(app: App, redis: Redis, backlog: int, n: int = N) -> list[Any]:
+    """``n`` schedules due in two minutes, pushed to Redis; ``backlog`` ids waiting on the
+    queue."""
     with app.engine.begin() as conn:
         conn.exec_driver_sql(f"TRUNCATE {TABLES}")
     redis.flushdb()
     for start in range(0, backlog, 10_000):
         waiting = (f"backlog-{n}" for n in range(start, min(backlog, start + 10_000)))
         redis.rpush("rq:queue:duejobs", *waiting)
-    ids = [app.schedule("noop", {}, delay=120).id for _ in range(N)]
+    ids = [app.schedule("noop", {}, delay=120).id for _ in range(n)]
     scheduler = Scheduler(app)
     while scheduler.run_once().claimed:
         pass

@@ -174,10 +174,11 @@ def _first_job_ms(burst: tuple[Times, datetime]) -> float:
     return (ended - spawned).total_seconds() * 1000
 
 
-def _instant(url: str) -> datetime:
+def _instant(url: str, lead: float = LEAD) -> datetime:
+    """A whole second ``lead`` seconds ahead, by the database clock."""
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            "SELECT date_trunc('second', now()) + make_interval(secs => %s)", (LEAD,)
+            "SELECT date_trunc('second', now()) + make_interval(secs => %s)", (lead,)
         ).fetchone()
     assert row is not None
     instant: datetime = row[0]

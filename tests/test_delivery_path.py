@@ -15,6 +15,7 @@ process, and a plain RQ worker in that process ran schedules)
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -103,6 +104,26 @@ def test_deferred_job_is_promoted_only_when_the_database_clock_reaches_it(system
     system.run_until(lambda: system.status(s.id) == "succeeded")
     (started,) = _started_at(system, s.id)
     assert started >= s.run_at
+
+
+def test_a_deferred_job_is_promoted_at_its_time_not_at_the_next_poll(system: System) -> None:
+    """The scheduler's pause ends when the earliest deferred job falls due: with a poll of
+    30 s, a job due in 1 s reaches its queue long before the next poll, and not before its
+    time. Seen failing with the pause the poll interval alone."""
+    s = system.app.schedule("record", {}, delay=timedelta(seconds=1))
+    scheduler = Scheduler(system.app, SchedulerConfig(poll_interval=timedelta(seconds=30)))
+    thread = threading.Thread(target=scheduler.run)
+    thread.start()
+    try:
+        queue = system.scheduler.deliverer.queue
+        wait_for(lambda: queue.count == 1, 15, "the job promoted before the next poll")
+    finally:
+        scheduler.stop()
+        thread.join()
+        scheduler.close()
+    (promoted,) = queue.get_jobs()
+    assert promoted.enqueued_at is not None
+    assert promoted.enqueued_at.replace(tzinfo=UTC) >= s.run_at
 
 
 def test_run_once_reports_what_it_did(system: System) -> None:
@@ -292,7 +313,7 @@ def test_delivery_far_too_early_is_put_back_for_its_time_without_using_an_attemp
     stored = system.app.get(s.id)
     assert stored is not None and stored.queue_job_id is not None
     deliverer = system.scheduler.deliverer
-    assert deliverer.promote(system.app.now() + timedelta(hours=1)) == 1  # forced early
+    assert deliverer.promote(system.app.now() + timedelta(hours=1)).moved == 1  # forced early
     system.work()
     stored = system.app.get(s.id)
     assert stored is not None
@@ -316,7 +337,7 @@ def test_an_early_delivery_put_back_returns_to_its_own_bands_registry(
     s = system.app.schedule("record", {}, delay=timedelta(minutes=5), priority=priority)
     system.scheduler.run_once()
     deliverer = system.scheduler.deliverer
-    assert deliverer.promote(system.app.now() + timedelta(hours=1)) == 1  # forced early
+    assert deliverer.promote(system.app.now() + timedelta(hours=1)).moved == 1  # forced early
     system.work()
     stored = system.app.get(s.id)
     assert stored is not None and stored.status is Status.SCHEDULED and stored.attempts == 0

@@ -143,7 +143,7 @@ def test_a_promoted_job_is_queued_in_rq_and_leaves_the_scheduled_registry(
 ) -> None:
     s = system.app.schedule("record", {}, delay=timedelta(minutes=5))
     system.scheduler.run_once()
-    assert system.scheduler.deliverer.promote(system.app.now() + timedelta(hours=1)) == 1
+    assert system.scheduler.deliverer.promote(system.app.now() + timedelta(hours=1)).moved == 1
     job = _job(system, s.id)
     assert job.get_status() == JobStatus.QUEUED
     assert _queue(system).get_job_ids() == [job.id]

@@ -58,6 +58,16 @@ class Push:
 
 
 @dataclass(frozen=True)
+class Promotion:
+    """What a promotion did: the jobs it moved onto their queues, and when the earliest job
+    left in a scheduled registry falls due (database clock, seconds since the epoch; None
+    when every registry is empty)."""
+
+    moved: int
+    next_due: float | None
+
+
+@dataclass(frozen=True)
 class PushResult:
     """What one push did: onto the queue now, into the scheduled registry, already there;
     and the ids of the jobs it created."""
@@ -260,24 +270,26 @@ class Deliverer:
             frozenset().union(*(r.created for r in results)),
         )
 
-    def promote(self, now: datetime, limit: int = 1000) -> int:
+    def promote(self, now: datetime, limit: int = 1000) -> Promotion:
         """Move jobs whose time has come (by ``now``, the database clock) onto their queues,
-        up to ``limit`` per queue, on every node."""
+        up to ``limit`` per queue, on every node; and say when the next one left falls due
+        (read in the same script, so it costs no round trip)."""
         stamp = utcformat(datetime.now(UTC))
 
-        def promote_on(node: Node) -> int:
-            moved = 0
+        def promote_on(node: Node) -> list[tuple[int, float | None]]:
+            answers = []
             for name in self._queues_on(node):
                 queue, _ = self._routed(name)
-                moved += int(
-                    node.promote(
-                        keys=[SCHEDULED_PREFIX + name, queue.key],
-                        args=[self._prefix, now.timestamp(), limit, stamp],
-                    )
+                moved, next_due = node.promote(
+                    keys=[SCHEDULED_PREFIX + name, queue.key],
+                    args=[self._prefix, now.timestamp(), limit, stamp],
                 )
-            return moved
+                answers.append((int(moved), None if next_due is None else float(next_due)))
+            return answers
 
-        return sum(self._each(self._nodes, promote_on))
+        answers = [a for node_answers in self._each(self._nodes, promote_on) for a in node_answers]
+        dues = [due for _, due in answers if due is not None]
+        return Promotion(sum(moved for moved, _ in answers), min(dues, default=None))
 
     def refusing(self) -> list[tuple[str, str]]:
         """The nodes that refuse this client, each with what it answered

@@ -132,6 +132,9 @@ return answer
 """
 )
 
+# Jobs due by ARGV[2] (the database clock) moved from the scheduled registry onto the queue,
+# at most ARGV[3]; returns how many, and the score of the earliest job left (nil: none), so
+# that the scheduler's next pass can start when that one falls due.
 PROMOTE_SCRIPT = """
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 local pushed = 0
@@ -144,7 +147,8 @@ for _, id in ipairs(ids) do
     end
     redis.call('ZREM', KEYS[1], id)
 end
-return pushed
+local next = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {pushed, next[2] or false}
 """
 
 DEFER_SCRIPT = """

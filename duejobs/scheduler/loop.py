@@ -22,7 +22,11 @@ The occurrences of recurring schedules become rows on a loop of their own, which
 pass claims them as it claims any row.
 
 :meth:`Scheduler.run` repeats passes every ``poll_interval`` (sub-second, so a job due in 2 s
-does not wait for the next window).
+does not wait for the next window), or sooner: the promotion says when the earliest job left
+in a scheduled registry falls due (in the same script, no extra round trip), and the next pass
+starts then, by the database clock as the last claim read it — so a deferred job reaches its
+queue within milliseconds of its time, not up to a poll later, and an idle scheduler makes no
+more passes than the poll's.
 
 Claims commit without waiting for the WAL flush (``synchronous_commit = off`` for the claim's
 transaction only), so a worker that pops a job before the claim commits waits less on the
@@ -65,6 +69,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -87,6 +92,9 @@ log = logging.getLogger("duejobs.scheduler")
 
 # Seconds a stop waits for the recurring loop's pass under way.
 RECURRING_STOP_WAIT = 30
+# The least pause before a pass that promotes a deferred job: a pass that woke a hair before
+# its time (by the database's clock) tries again this much later, never in a busy loop.
+NEXT_DUE_MARGIN = 0.001
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,9 @@ class PassResult:
     batches: int = 0
     # Tenants whose due rows waited for room under their in-flight quota.
     throttled: frozenset[str] = frozenset()
+    # When the earliest job left in a scheduled registry falls due (database clock, seconds
+    # since the epoch), None when none is left.
+    next_due: float | None = None
 
 
 class Scheduler:
@@ -132,6 +143,9 @@ class Scheduler:
         self._loop = Loop("scheduler", log, metrics.FAILED_PASSES)
         # Where the next claim's walk over tenants starts (shared by the claim loops).
         self._cursor = ""
+        # The database clock minus this one, from the last claim; when the last pass started.
+        self._clock_offset = 0.0
+        self._pass_started = time.monotonic()
         self._pool = ThreadPoolExecutor(self.config.concurrency, "duejobs-claim")
         self.recurring = occurrences.Materializer(
             self.core, self.config.window, self.config.poll_interval, self.config.max_backoff
@@ -154,7 +168,11 @@ class Scheduler:
 
     def _batch(self) -> tuple[Claim, PushResult]:
         with self.core.engine.begin() as conn:
+            sent = time.time()
             claim = claim_due(conn, self.config.window, self.config.batch_size, after=self._cursor)
+            # The database clock ahead of this one by at most this (the statement's time
+            # was taken after it was sent): what turns a due time into a local wait.
+            self._clock_offset = claim.db_now.timestamp() - sent
             self._cursor = claim.cursor
             rows = claim.rows
             pushes = [Push(r, front=r.front) for r in rows]
@@ -181,6 +199,7 @@ class Scheduler:
 
     def run_once(self) -> PassResult:
         """One pass: ``concurrency`` claim loops drain what is due, then promotion."""
+        self._pass_started = time.monotonic()
         with metrics.PASS_SECONDS.time(), tracing.span("duejobs.scheduler.pass") as span:
             result = self._pass()
             if span is not None:
@@ -211,11 +230,13 @@ class Scheduler:
         now = max(now for _, now in drained)
         promoted = 0
         while True:  # a peak can make thousands due at one instant
-            moved = self.deliverer.promote(now, limit=self.config.batch_size * 10)
-            promoted += moved
-            if moved < self.config.batch_size * 10 or self.stopping:
+            promotion = self.deliverer.promote(now, limit=self.config.batch_size * 10)
+            promoted += promotion.moved
+            if promotion.moved < self.config.batch_size * 10 or self.stopping:
                 break
-        return PassResult(claimed, queued, deferred, present, promoted, batches, throttled)
+        return PassResult(
+            claimed, queued, deferred, present, promoted, batches, throttled, promotion.next_due
+        )
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failed passes in a row: doubling from the poll
@@ -224,12 +245,21 @@ class Scheduler:
 
     def _pause(self, result: PassResult) -> timedelta:
         """None while batches come back full; else the poll interval (shorter while a
-        tenant waits for in-flight room, so its slots refill promptly)."""
+        tenant waits for in-flight room, so its slots refill promptly), or, when a deferred
+        job falls due sooner, until its time: the next pass promotes it then, not up to a
+        poll interval later. Counted from the pass's start, as the loop counts it."""
         if result.claimed >= self.config.batch_size:
             return timedelta(0)
-        if result.throttled:
-            return self.config.throttled_poll_interval
-        return self.config.poll_interval
+        poll = (
+            self.config.throttled_poll_interval if result.throttled else self.config.poll_interval
+        )
+        if result.next_due is None:
+            return poll
+        # Its time by this clock: the offset errs ahead, so the database finds it due or
+        # all but (the pass's claim statement comes first and takes longer than the error).
+        left = result.next_due - (time.time() + self._clock_offset)
+        until = time.monotonic() - self._pass_started + max(left, NEXT_DUE_MARGIN)
+        return min(poll, timedelta(seconds=until))
 
     def run(self) -> None:
         """Pass after pass until :meth:`stop` (see :mod:`duejobs.services.loop`), the

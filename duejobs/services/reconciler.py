@@ -178,7 +178,7 @@ class Reconciler:
         self._report_locked(rescue.locked)
         checked, repushed, stuck, now = self._repush_window()
         removed = self._remove_orphans()
-        promoted = self.deliverer.promote(now)
+        promoted = self.deliverer.promote(now).moved
         cleaned = registries.clean(self.deliverer, self.config.batch_size)
         result = ReconcileResult(
             checked=checked,

@@ -1,0 +1,361 @@
+"""duejobs against BullMQ, the design's own reference for delayed jobs on Redis: BullMQ (the
+version ``bench/bullmq/package.json`` pins) installed from the npm registry into the bench's
+own folder (``build/peer-bullmq``), run by ``bench/bullmq/peer.mjs`` on the machine's Node.js,
+on the same Redis as duejobs. Skipped, saying so, where ``node`` or ``npm`` is missing.
+
+Figures, each side measured the same way (``bench.peer_duejobs`` for duejobs' side):
+
+* **peak**: ``PEAK_JOBS`` no-op jobs due at one instant, 2 processes x 32 (two BullMQ workers
+  of concurrency 32); drain from the instant to the last end, and CPU per job from the instant
+  to the drain's end: every process of the side plus its servers (PostgreSQL and Redis against
+  Redis).
+* **start accuracy**: ``bench.lag``'s jobs (300 at 20/s, sub-second offsets), one worker;
+  start minus due, p50 and p99 of its absolute value, and the early ones. BullMQ's start is
+  its job's ``processedOn`` against the due time the job carries (Node's clock, the machine's).
+* **async**: ``ASYNC_JOBS`` jobs of an awaited 50 ms sleep waiting, one process x 200; jobs/s
+  from the first start to the last end.
+* **changes**: ``CHANGES`` delayed jobs due in two minutes, even ones cancelled (BullMQ:
+  ``job.remove()``), odd ones moved (``job.changeDelay``), one call at a time and all at once
+  (BullMQ: ``Promise.all``; duejobs: 32 threads).
+* **Redis emptied**: ``EMPTIED_JOBS`` jobs due over 20 s, the Redis database emptied a quarter
+  of the way in: jobs never run.
+
+Medians of ``ROUNDS`` alternated rounds. Redis' ``hz`` is printed beside the start figures:
+BullMQ's blocked worker wakes by a Redis timeout, whose precision follows it.
+
+    python -m bench peer_bullmq
+"""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from redis import Redis
+
+from bench import peer_duejobs as ours
+from bench.common import Figure, wait_until
+from bench.cpu import Meter, postgres_reader
+from bench.lag import _offsets
+from bench.peer import _our_async
+from bench.procs import ROOT
+from duejobs import App
+from duejobs.config import libpq_url
+
+SOURCE = ROOT / "bench" / "bullmq"
+FOLDER = ROOT / "build" / "peer-bullmq"
+QUEUE = "peer"
+ROUNDS = int(os.environ.get("BENCH_PEER_ROUNDS", "3"))
+ASYNC_JOBS = int(os.environ.get("BENCH_PEER_ASYNC_JOBS", "2000"))
+
+
+def install() -> Path | None:
+    """BullMQ in the bench's own folder (npm, once per pinned version); None without Node."""
+    if shutil.which("node") is None or shutil.which("npm") is None:
+        return None
+    FOLDER.mkdir(parents=True, exist_ok=True)
+    manifest = FOLDER / "package.json"
+    fresh = not manifest.exists() or not filecmp.cmp(SOURCE / "package.json", manifest)
+    for name in ("package.json", "peer.mjs"):
+        shutil.copyfile(SOURCE / name, FOLDER / name)
+    if fresh or not (FOLDER / "node_modules" / "bullmq").is_dir():
+        subprocess.run(
+            ["npm", "install", "--no-audit", "--no-fund", "--loglevel", "error"],
+            cwd=FOLDER,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    return FOLDER
+
+
+def _node(command: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Run one command of peer.mjs to its end; its JSON answer."""
+    done = subprocess.run(
+        ["node", "peer.mjs", command],
+        cwd=FOLDER,
+        input=json.dumps(args),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+class Workers:
+    """BullMQ worker processes, serving until :meth:`stop`."""
+
+    def __init__(self, redis_url: str, count: int, concurrency: int, nap_ms: int = 0) -> None:
+        args = {"redis": redis_url, "queue": QUEUE, "concurrency": concurrency, "napMs": nap_ms}
+        self.procs = [
+            subprocess.Popen(
+                ["node", "peer.mjs", "work"],
+                cwd=FOLDER,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            for _ in range(count)
+        ]
+        for proc in self.procs:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(json.dumps(args))
+            proc.stdin.close()
+        for proc in self.procs:
+            assert proc.stdout is not None
+            assert json.loads(proc.stdout.readline()) == {"ready": True}, proc.args
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def stop(self) -> list[dict[str, Any]]:
+        """SIGTERM each (BullMQ's warm close), then each one's last JSON line."""
+        for proc in self.procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        answers = []
+        for proc in self.procs:
+            assert proc.stdout is not None
+            out = proc.stdout.read()
+            assert proc.wait(timeout=60) == 0, proc.args
+            answers.append(json.loads(out.strip().splitlines()[-1]))
+        return answers
+
+
+def _add(redis_url: str, due: list[float]) -> None:
+    _node("add", {"redis": redis_url, "queue": QUEUE, "due": [round(d * 1000) for d in due]})
+
+
+def _completed(redis: Redis) -> int:
+    return int(redis.zcard(f"bull:{QUEUE}:completed"))
+
+
+def _spans(redis: Redis) -> list[tuple[float, float, float]]:
+    """(due, start, end) in seconds since the epoch of every completed job."""
+    ids = redis.zrange(f"bull:{QUEUE}:completed", 0, -1)
+    pipe = redis.pipeline(transaction=False)
+    for job_id in ids:
+        pipe.hmget(f"bull:{QUEUE}:{job_id.decode()}", "data", "processedOn", "finishedOn")
+    return [
+        (json.loads(data)["due"] / 1000, int(start) / 1000, int(end) / 1000)
+        for data, start, end in pipe.execute()
+    ]
+
+
+def _peak(redis_url: str, redis: Redis, meter: Meter) -> ours.Peak:
+    redis.flushdb()
+    instant = float(int(time.time() + ours.LEAD))
+    _add(redis_url, [instant] * ours.PEAK_JOBS)
+    workers = Workers(redis_url, 2, 32)
+    side = meter.with_pids(workers.pids)
+    try:
+        ours.sleep_until(instant)
+        before = side.read()
+        wait_until(lambda: _completed(redis) >= ours.PEAK_JOBS, 600, "BullMQ's peak", every=0.1)
+        spent = side.read().since(before)
+    finally:
+        workers.stop()
+    return ours.peak_of([(s, e) for _, s, e in _spans(redis)], instant, spent)
+
+
+def _lags(redis_url: str, redis: Redis) -> list[float]:
+    redis.flushdb()
+    workers = Workers(redis_url, 1, 1)
+    try:
+        now = time.time()
+        offsets = _offsets()
+        _add(redis_url, [now + o for o in offsets])
+        wait_until(lambda: _completed(redis) >= len(offsets), 120, "BullMQ's lag jobs")
+    finally:
+        workers.stop()
+    return [(start - due) * 1000 for due, start, _ in _spans(redis)]
+
+
+def _async_rate(redis_url: str, redis: Redis) -> float:
+    redis.flushdb()
+    _add(redis_url, [0.0] * ASYNC_JOBS)
+    workers = Workers(redis_url, 1, 200, nap_ms=50)
+    try:
+        wait_until(lambda: _completed(redis) >= ASYNC_JOBS, 300, "BullMQ's async jobs")
+    finally:
+        workers.stop()
+    spans = _spans(redis)
+    return len(spans) / (max(e for _, _, e in spans) - min(s for _, s, _ in spans))
+
+
+def _changes(redis_url: str, redis: Redis, together: bool) -> float:
+    redis.flushdb()
+    args = {"redis": redis_url, "queue": QUEUE, "n": ours.CHANGES, "together": together}
+    seconds: float = _node("changes", args)["seconds"]
+    return seconds
+
+
+def _emptied_lost(redis_url: str, redis: Redis) -> int:
+    redis.flushdb()
+    workers = Workers(redis_url, 1, 32)
+    try:
+        start = time.time() + 2
+        due = [
+            start + ours.EMPTIED_SPREAD * i / ours.EMPTIED_JOBS for i in range(ours.EMPTIED_JOBS)
+        ]
+        _add(redis_url, due)
+        ours.sleep_until(start + ours.EMPTIED_SPREAD / 4)
+        redis.flushdb()
+        ours.sleep_until(start + ours.EMPTIED_SPREAD + 5)
+    finally:
+        ran = sum(answer["ran"] for answer in workers.stop())
+    return ours.EMPTIED_JOBS - ran
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    if install() is None:
+        print("  peer_bullmq: skipped, no node/npm on the PATH", flush=True)
+        return []
+    env = {"DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
+    url = libpq_url(database_url)
+    redis = Redis.from_url(redis_url)
+    hz = str(redis.config_get("hz").get("hz", "?"))
+    meter = Meter(redis, postgres_reader(url))
+    rounds: dict[str, list[Any]] = {}
+
+    def both(name: str, mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
+        rounds.setdefault(name, []).append(mine())
+        rounds.setdefault(f"{name}:peer", []).append(theirs())
+
+    app = App(database_url=database_url, redis_url=redis_url)
+    try:
+        for _ in range(ROUNDS):
+            both(
+                "peak",
+                lambda: ours.peak(env, url, redis, meter),
+                lambda: _peak(redis_url, redis, meter),
+            )
+            both(
+                "lags",
+                lambda: ours.start_lags(database_url, redis_url),
+                lambda: _lags(redis_url, redis),
+            )
+            both(
+                "async",
+                lambda: _our_async(app, env, url, redis)[0],
+                lambda: _async_rate(redis_url, redis),
+            )
+            for together in (False, True):
+                both(
+                    f"changes {together}",
+                    lambda t=together: ours.changes(app, redis, t),
+                    lambda t=together: _changes(redis_url, redis, t),
+                )
+        lost = ours.emptied_lost(env, url, redis), _emptied_lost(redis_url, redis)
+    finally:
+        app.close()
+    return _figures(rounds, lost, hz)
+
+
+def _figures(rounds: dict[str, list[Any]], lost: tuple[int, int], hz: str) -> list[Figure]:
+    mine, theirs = ours.median_peak(rounds["peak"]), ours.median_peak(rounds["peak:peer"])
+    starts = [ours.start_figures(r) for r in rounds["lags"]]
+    peer_starts = [ours.start_figures(r) for r in rounds["lags:peer"]]
+
+    def med(values: list[tuple[float, float, int]], i: int) -> float:
+        return statistics.median(v[i] for v in values)
+
+    print(
+        f"  peak CPU ms per job: duejobs {ours.parts(mine)}; BullMQ {ours.parts(theirs)}\n"
+        f"  peak start from the instant first/p50/p99: duejobs {mine.first:.0f}/"
+        f"{mine.lag_p50:.0f}/{mine.lag_p99:.0f} ms, BullMQ {theirs.first:.0f}/"
+        f"{theirs.lag_p50:.0f}/{theirs.lag_p99:.0f} ms\n"
+        f"  start |start - due| p50/p99 (Redis hz {hz}): duejobs {med(starts, 0):.1f}/"
+        f"{med(starts, 1):.1f} ms, {med(starts, 2):.0f} early; BullMQ {med(peer_starts, 0):.1f}/"
+        f"{med(peer_starts, 1):.1f} ms, {med(peer_starts, 2):.0f} early\n"
+        f"  Redis emptied: jobs lost of {ours.EMPTIED_JOBS:,}: duejobs {lost[0]}, BullMQ {lost[1]}",
+        flush=True,
+    )
+    one, peer_one = (statistics.median(rounds[f"changes False{s}"]) for s in ("", ":peer"))
+    all_, peer_all = (statistics.median(rounds[f"changes True{s}"]) for s in ("", ":peer"))
+    rate, peer_rate = (statistics.median(rounds[f"async{s}"]) for s in ("", ":peer"))
+    return [
+        Figure(
+            f"bullmq: peak of {ours.PEAK_JOBS:,} at one instant, 2 x 32",
+            mine.drain,
+            theirs.drain,
+            "s",
+            "<= 1.0x BullMQ",
+            mine.drain <= theirs.drain,
+        ),
+        Figure(
+            "bullmq: peak CPU per job, every process and server",
+            mine.cpu_total,
+            theirs.cpu_total,
+            "ms",
+            "<= 2.0x BullMQ",
+            mine.cpu_total <= 2 * theirs.cpu_total,
+        ),
+        Figure(
+            "bullmq: start |start - due| p50",
+            med(starts, 0),
+            med(peer_starts, 0),
+            "ms",
+            "<= 5 ms",
+            med(starts, 0) <= 5,
+        ),
+        Figure(
+            "bullmq: start |start - due| p99",
+            med(starts, 1),
+            med(peer_starts, 1),
+            "ms",
+            "<= 20 ms, 0 early",
+            med(starts, 1) <= 20 and med(starts, 2) == 0,
+        ),
+        Figure(
+            "bullmq: async 50 ms jobs/s, 1 process x 200",
+            rate,
+            peer_rate,
+            "jobs/s",
+            ">= 1.0x BullMQ",
+            rate >= peer_rate,
+        ),
+        Figure(
+            f"bullmq: {ours.CHANGES:,} changes one by one",
+            one,
+            peer_one,
+            "s",
+            "<= 2.0x BullMQ",
+            one <= 2 * peer_one,
+        ),
+        Figure(
+            f"bullmq: {ours.CHANGES:,} changes at once",
+            all_,
+            peer_all,
+            "s",
+            f">= 2,000/s ({ours.CHANGES / all_:,.0f}/s)",
+            ours.CHANGES / all_ >= 2000,
+        ),
+        Figure(
+            f"bullmq: Redis emptied, jobs lost of {ours.EMPTIED_JOBS:,}",
+            lost[0],
+            lost[1],
+            "jobs",
+            "0",
+            lost[0] == 0,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (db, rd):
+        for figure in run(db, rd):
+            print(figure.line(), flush=True)

@@ -1,0 +1,177 @@
+"""duejobs' side of the comparisons with the Redis-only peers (``bench.peer_bullmq``,
+``bench.peer_celery``): each figure measured the way the peer's module measures its own.
+
+* **peak**: ``PEAK_JOBS`` no-op jobs due at one instant ``LEAD`` seconds ahead, written before
+  any process starts; one scheduler and ``worker --processes 2 --concurrency 32``. Drain: from
+  the instant to the last job's end; lag: each start minus the instant; CPU: every process of
+  the side (scheduler, supervisor and its workers), PostgreSQL and Redis, from the instant to
+  the drain's end, per job.
+* **start accuracy**: ``bench.lag``'s steady load (a scheduler and a worker; start minus
+  ``run_at`` by the database clock).
+* **changes**: ``CHANGES`` schedules due in two minutes, pushed; even ones cancelled, odd ones
+  rescheduled, one call at a time, or from 32 threads at once.
+* **Redis emptied**: ``EMPTIED_JOBS`` jobs due over ``EMPTIED_SPREAD`` seconds, the scheduler,
+  a worker and a reconciler (``--every 5s``) running; the Redis database emptied (``FLUSHDB``)
+  a quarter of the way in; lost: those never run within two minutes of the last due time.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+
+import psycopg
+from redis import Redis
+
+from bench import changes as change_bench
+from bench.common import fill_due, percentile, wait_until
+from bench.cpu import Meter
+from bench.lag import duejobs_lags
+from bench.peer import DUEJOBS, _finish, _instant, _start
+from duejobs import App
+
+PEAK_JOBS = int(os.environ.get("BENCH_PEER_PEAK_JOBS", "10000"))
+LEAD = 8.0  # seconds from writing the peak's jobs to their instant: every process is up
+CHANGES = int(os.environ.get("BENCH_PEER_CHANGES", "1000"))
+EMPTIED_JOBS = 2000
+EMPTIED_SPREAD = 20.0
+PEAK_WORKERS = ["worker", "--app", "bench.jobs:app", "--processes", "2", "--concurrency", "32"]
+QUIET = ["--log-level", "warning"]
+
+
+@dataclass(frozen=True)
+class Peak:
+    """One side's peak: drain seconds, the first start and lag p50/p99 (ms from the instant),
+    CPU ms per job by part."""
+
+    drain: float
+    first: float
+    lag_p50: float
+    lag_p99: float
+    cpu: dict[str, float]
+
+    @property
+    def cpu_total(self) -> float:
+        return sum(self.cpu.values())
+
+
+def peak_of(
+    spans: list[tuple[float, float]], instant: float, cpu_seconds: dict[str, float]
+) -> Peak:
+    """A peak from each job's (start, end) in seconds since the epoch."""
+    assert len(spans) == PEAK_JOBS, (len(spans), PEAK_JOBS)
+    lags = [(start - instant) * 1000 for start, _ in spans]
+    return Peak(
+        drain=max(end for _, end in spans) - instant,
+        first=min(lags),
+        lag_p50=percentile(lags, 0.5),
+        lag_p99=percentile(lags, 0.99),
+        cpu={part: s * 1000 / PEAK_JOBS for part, s in cpu_seconds.items()},
+    )
+
+
+def median_peak(peaks: list[Peak]) -> Peak:
+    return Peak(
+        drain=statistics.median(p.drain for p in peaks),
+        first=statistics.median(p.first for p in peaks),
+        lag_p50=statistics.median(p.lag_p50 for p in peaks),
+        lag_p99=statistics.median(p.lag_p99 for p in peaks),
+        cpu={part: statistics.median(p.cpu[part] for p in peaks) for part in peaks[0].cpu},
+    )
+
+
+def parts(peak: Peak) -> str:
+    """The CPU per job by part, for a report line."""
+    return ", ".join(f"{part} {ms:.2f}" for part, ms in peak.cpu.items())
+
+
+def start_figures(lags: list[float]) -> tuple[float, float, int]:
+    """(p50, p99 of |start - due| in ms, starts before their due time) of lags in ms."""
+    off = [abs(lag) for lag in lags]
+    return percentile(off, 0.5), percentile(off, 0.99), sum(lag < 0 for lag in lags)
+
+
+def sleep_until(at: float) -> None:
+    time.sleep(max(0.0, at - time.time()))
+
+
+def _spans(url: str) -> list[tuple[float, float]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT started_at, finished_at FROM scheduled_jobs WHERE status = 'succeeded'"
+        ).fetchall()
+    return [(s.timestamp(), e.timestamp()) for s, e in rows]
+
+
+def _succeeded(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def peak(env: dict[str, str], url: str, redis: Redis, meter: Meter) -> Peak:
+    redis.flushdb()
+    at: datetime = _instant(url, LEAD)
+    fill_due(url, PEAK_JOBS, job_type="noop", offset=f"{LEAD} seconds")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE scheduled_jobs SET run_at = %(t)s, due_at = %(t)s", {"t": at})
+    procs = [
+        _start([*DUEJOBS, "scheduler", *QUIET], env),
+        _start([*DUEJOBS, *PEAK_WORKERS, *QUIET], env),
+    ]
+    side = meter.with_pids(p.pid for p in procs)
+    try:
+        instant = at.timestamp()
+        sleep_until(instant)
+        before = side.read()
+        wait_until(lambda: _succeeded(url) >= PEAK_JOBS, 600, "duejobs' peak", every=0.1)
+        spent = side.read().since(before)
+    finally:
+        for proc in procs:
+            _finish(proc, stop=True)
+    return peak_of(_spans(url), instant, spent)
+
+
+def start_lags(database_url: str, redis_url: str) -> list[float]:
+    """``bench.lag``'s steady load: each start's lag in ms (negative: early)."""
+    return [lag * 1000 for lag in duejobs_lags(database_url, redis_url)]
+
+
+def changes(app: App, redis: Redis, together: bool) -> float:
+    """Seconds for ``CHANGES`` changes (half cancels, half reschedules) of pushed schedules."""
+    ids = change_bench._pushed(app, redis, backlog=0, n=CHANGES)
+    calls: list[Callable[[], object]] = [
+        partial(app.cancel, s) if i % 2 == 0 else partial(app.reschedule, s, delay=180)
+        for i, s in enumerate(ids)
+    ]
+    rate, _, _ = change_bench._timed(calls, 32 if together else 1)
+    return len(calls) / rate
+
+
+def emptied_lost(env: dict[str, str], url: str, redis: Redis) -> int:
+    """Jobs never run after Redis was emptied while they waited (:data:`__doc__`)."""
+    redis.flushdb()
+    fill_due(url, EMPTIED_JOBS, job_type="noop", offset="2 seconds", spread=f"{EMPTIED_SPREAD} s")
+    procs = [
+        _start([*DUEJOBS, "scheduler", *QUIET], env),
+        _start([*DUEJOBS, "worker", "--app", "bench.jobs:app", *QUIET], env),
+        _start([*DUEJOBS, "reconcile", "--every", "5s", *QUIET], env),
+    ]
+    try:
+        time.sleep(2 + EMPTIED_SPREAD / 4)
+        redis.flushdb()
+        deadline = time.monotonic() + EMPTIED_SPREAD + 120
+        while time.monotonic() < deadline and _succeeded(url) < EMPTIED_JOBS:
+            time.sleep(0.5)
+    finally:
+        for proc in procs:
+            _finish(proc, stop=True)
+    return EMPTIED_JOBS - _succeeded(url)
