@@ -12,8 +12,9 @@ Figures, each side measured the same way (``bench.peer_duejobs`` for duejobs' si
   thread; start minus the ETA, p50 and p99 of its absolute value, and the early ones.
 * **submitting**: ``PEAK_JOBS`` jobs due in an hour: ``App.schedule_many`` against
   ``apply_async`` per task (Celery has no batch send).
-* **Redis emptied**: ``EMPTIED_JOBS`` jobs due over 20 s, the broker's database emptied a
-  quarter of the way in: jobs never run.
+* **Redis restarted empty**: ``EMPTIED_JOBS`` jobs due over 20 s on a Redis of the figure's own,
+  killed and started again (no persistence) a quarter of the way in: jobs never run (a worker
+  that exits meanwhile runs none after it).
 
 Not measured against Celery: changes (a sent Celery task cannot be moved; ``revoke`` is a
 broadcast each worker keeps in memory) and awaited jobs (Celery runs no ``async def`` task).
@@ -24,6 +25,7 @@ Medians of ``ROUNDS`` alternated rounds.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -37,9 +39,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from celery import Celery
 from redis import Redis
 
 from bench import peer_duejobs as ours
+from bench.chaos import Servers
 from bench.common import Figure, wait_until
 from bench.cpu import Meter, postgres_reader
 from bench.lag import _offsets
@@ -56,6 +60,15 @@ def broker_of(redis_url: str) -> str:
     base, _, db = redis_url.rpartition("/")
     number = int(db) if db.isdigit() else 0
     return f"{base}/{(number + 1) % 16}" if db.isdigit() else f"{redis_url.rstrip('/')}/1"
+
+
+@functools.cache
+def _client(broker: str) -> Celery:
+    """A Celery app that sends to and pings the workers on ``broker`` (by the task's name, as
+    a web process that does not import the tasks' module sends)."""
+    client = Celery("peer-client", broker=broker, set_as_current=False)
+    client.conf.update(task_serializer="json", accept_content=["json"])
+    return client
 
 
 class Workers:
@@ -95,9 +108,12 @@ class Workers:
             )
             for i in range(count)
         ]
-        from bench.peer_celery_app import app
-
-        wait_until(lambda: len(app.control.ping(timeout=0.5)) >= count, 60, "Celery workers")
+        client = _client(broker)
+        try:
+            wait_until(lambda: len(client.control.ping(timeout=0.5)) >= count, 60, "Celery workers")
+        except TimeoutError:
+            self.stop()
+            raise
 
     @property
     def pids(self) -> list[int]:
@@ -117,13 +133,12 @@ class Workers:
         return spans
 
 
-def _send(due: list[float]) -> float:
+def _send(broker: str, due: list[float]) -> float:
     """Seconds to send one ETA task per due time, one ``apply_async`` each."""
-    from bench.peer_celery_app import noop
-
+    client = _client(broker)
     started = time.perf_counter()
     for at in due:
-        noop.apply_async((at,), eta=datetime.fromtimestamp(at, UTC))
+        client.send_task("noop", (at,), eta=datetime.fromtimestamp(at, UTC))
     return time.perf_counter() - started
 
 
@@ -137,7 +152,7 @@ def _peak(broker_url: str, broker: Redis, meter: Meter) -> ours.Peak:
     side = meter.with_pids(workers.pids)
     try:
         instant = float(int(time.time() + ours.LEAD * 4))  # Celery's sends take seconds
-        _send([instant] * ours.PEAK_JOBS)
+        _send(broker_url, [instant] * ours.PEAK_JOBS)
         ours.sleep_until(instant)
         before = side.read()
         wait_until(lambda: _done(broker) >= ours.PEAK_JOBS, 600, "Celery's peak", every=0.1)
@@ -153,23 +168,19 @@ def _lags(broker_url: str, broker: Redis) -> list[float]:
     try:
         now = time.time()
         offsets = _offsets()
-        _send([now + o for o in offsets])
+        _send(broker_url, [now + o for o in offsets])
         wait_until(lambda: _done(broker) >= len(offsets), 120, "Celery's lag tasks")
     finally:
         spans = workers.stop()
     return [(start - due) * 1000 for due, start, _ in spans]
 
 
-def _emptied_lost(broker_url: str, broker: Redis) -> int:
-    broker.flushdb()
-    workers = Workers(broker_url, 1, 32)
+def _restarted_lost(servers: Servers) -> int:
+    workers = Workers(servers.redis_url, 1, 32)
     try:
-        start = time.time() + 2
-        spread = ours.EMPTIED_SPREAD
-        _send([start + spread * i / ours.EMPTIED_JOBS for i in range(ours.EMPTIED_JOBS)])
-        ours.sleep_until(start + spread / 4)
-        broker.flushdb()
-        ours.sleep_until(start + spread + 5)
+        due = ours.spread_due()
+        _send(servers.redis_url, due)
+        ours.restart_when_a_quarter_is_due(servers, due)
     finally:
         ran = len(workers.stop())
     return ours.EMPTIED_JOBS - ran
@@ -182,9 +193,9 @@ def _our_submit(app: App) -> float:
     return time.perf_counter() - started
 
 
-def _their_submit(broker: Redis) -> float:
+def _their_submit(broker_url: str, broker: Redis) -> float:
     broker.flushdb()
-    seconds = _send([time.time() + 3600] * ours.PEAK_JOBS)
+    seconds = _send(broker_url, [time.time() + 3600] * ours.PEAK_JOBS)
     broker.flushdb()
     return seconds
 
@@ -194,7 +205,6 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     url = libpq_url(database_url)
     redis = Redis.from_url(redis_url)
     broker_url = broker_of(redis_url)
-    os.environ["PEER_CELERY_BROKER"] = broker_url  # read by bench.peer_celery_app's import
     broker = Redis.from_url(broker_url)
     meter = Meter(redis, postgres_reader(url))
     rounds: dict[str, list[Any]] = {}
@@ -216,8 +226,9 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
                 lambda: ours.start_lags(database_url, redis_url),
                 lambda: _lags(broker_url, broker),
             )
-            both("submit", lambda: _our_submit(app), lambda: _their_submit(broker))
-        lost = ours.emptied_lost(env, url, redis), _emptied_lost(broker_url, broker)
+            both("submit", lambda: _our_submit(app), lambda: _their_submit(broker_url, broker))
+        with ours.own_redis() as servers:
+            lost = ours.restarted_lost(env, url, servers), _restarted_lost(servers)
     finally:
         app.close()
     return _figures(rounds, lost)
@@ -241,7 +252,8 @@ def _figures(rounds: dict[str, list[Any]], lost: tuple[int, int]) -> list[Figure
         f"  start |start - due| p50/p99: duejobs {med(starts, 0):.1f}/{med(starts, 1):.1f} ms, "
         f"{med(starts, 2):.0f} early; Celery {med(peer_starts, 0):.1f}/"
         f"{med(peer_starts, 1):.1f} ms, {med(peer_starts, 2):.0f} early\n"
-        f"  Redis emptied: jobs lost of {ours.EMPTIED_JOBS:,}: duejobs {lost[0]}, Celery {lost[1]}",
+        f"  Redis restarted empty, lost of {ours.EMPTIED_JOBS:,}: duejobs {lost[0]}, "
+        f"Celery {lost[1]}",
         flush=True,
     )
     return [
@@ -286,7 +298,7 @@ def _figures(rounds: dict[str, list[Any]], lost: tuple[int, int]) -> list[Figure
             submit <= peer_submit,
         ),
         Figure(
-            f"celery: Redis emptied, jobs lost of {ours.EMPTIED_JOBS:,}",
+            f"celery: Redis restarted empty, lost of {ours.EMPTIED_JOBS:,}",
             lost[0],
             lost[1],
             "jobs",
