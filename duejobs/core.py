@@ -38,7 +38,7 @@ from duejobs.config import (
     named,
     plain_url,
 )
-from duejobs.delivery import Deliverer
+from duejobs.delivery import Deliverer, Removals
 from duejobs.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -180,6 +180,8 @@ class Core:
     # How long one statement of an operator's read may run (reading()); None: unbounded.
     read_timeout: timedelta | None = DEFAULT_READ_TIMEOUT
     _deliverer: Deliverer | None = None
+    # Superseded jobs taken out of Redis off the caller's path, made on first use.
+    _removals: Removals | None = field(default=None, repr=False)
     _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
     # The engine, made on first use (see engine), and the pool it is made with.
     _engine: Engine | None = field(default=None, repr=False)
@@ -227,7 +229,9 @@ class Core:
     def with_engines(self, engine: Engine, read_engine: Engine | None) -> Core:
         """This Core on other engines (the AsyncApp's, whose sync faces they are): the same
         settings, options, handlers and quota cache; a deliverer of its own."""
-        return dataclasses.replace(self, _engine=engine, _read_engine=read_engine, _deliverer=None)
+        return dataclasses.replace(
+            self, _engine=engine, _read_engine=read_engine, _deliverer=None, _removals=None
+        )
 
     @property
     def read_engine(self) -> Engine | None:
@@ -296,6 +300,14 @@ class Core:
                 )
         return self._deliverer
 
+    def removals(self) -> Removals:
+        """Where a superseded job goes to be taken out of Redis (:mod:`~duejobs.delivery.
+        removals`), created on first use."""
+        with _DELIVERER_LOCK:
+            if self._removals is None:
+                self._removals = Removals(self.deliverer)
+        return self._removals
+
     def ensure_pool(self, connections: int) -> None:
         """Let the engine lend ``connections`` at once without waiting (a worker's slots may
         each run a bookkeeping step and a ``ctx.transaction()``): an engine whose pool is
@@ -319,7 +331,10 @@ class Core:
         return self.handlers.get(job_type)
 
     def close(self) -> None:
-        """Close pooled database and Redis connections."""
+        """Close pooled database and Redis connections (after the superseded jobs handed over
+        are removed)."""
+        if self._removals is not None:
+            self._removals.close()
         if self._engine is not None:
             self._engine.dispose()
         if self._read_engine is not None:

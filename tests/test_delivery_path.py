@@ -190,6 +190,7 @@ def test_cancel_before_execution_never_runs_and_removes_the_queue_job(system: Sy
     system.scheduler.run_once()
     assert system.scheduler.deliverer.queue.count == 1
     assert system.app.cancel(s.id)
+    assert system.app.core.removals().flush()
     assert system.scheduler.deliverer.queue.count == 0
     system.work()
     assert system.effects() == [] and system.status(s.id) == "cancelled"
@@ -261,6 +262,7 @@ def test_reschedule_earlier_runs_at_the_new_time(system: System) -> None:
     s = system.app.schedule("record", {}, delay=timedelta(minutes=10))
     system.scheduler.run_once()
     moved = system.app.reschedule(s.id, delay=timedelta(seconds=0.5))
+    assert system.app.core.removals().flush()
     registry = system.scheduler.deliverer.queue.scheduled_job_registry
     assert registry.get_job_ids() == []  # the v1 job was removed from Redis
     system.run_until(lambda: system.status(s.id) == "succeeded")

@@ -553,12 +553,14 @@ def test_a_change_rolled_back_with_its_atomic_block_leaves_the_queued_job(
         else:
             app.delete_recurring(name)
         raise Rollback
+    assert app.core.removals().flush()
     after = app.get(s.id)
     assert after is not None and (after.status, after.version) == (Status.SCHEDULED, 1)
     assert redis_client.exists(job_key), "the job was removed though nothing committed"
     with transaction.atomic():
         app.cancel(s.id)
         assert redis_client.exists(job_key)  # not before the commit
+    assert app.core.removals().flush()
     assert not redis_client.exists(job_key)  # removed once committed
 
 

@@ -138,6 +138,7 @@ def test_cancel_by_key_removes_the_job_waiting_in_redis(system: System) -> None:
     system.scheduler.run_once()
     assert system.scheduler.deliverer.queue.count == 1
     assert system.app.cancel_by_key("k")
+    assert system.app.core.removals().flush()
     assert system.scheduler.deliverer.queue.count == 0
 
 

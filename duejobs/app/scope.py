@@ -12,8 +12,6 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, NamedTuple
 
-from redis.exceptions import RedisError
-
 from duejobs import store
 from duejobs.config import Settings
 from duejobs.core import Core
@@ -98,24 +96,19 @@ class Scoped:
         return self._core.handler_for(job_type)
 
     def _discard_queue_job(self, job: QueueJob | None) -> None:
-        """Remove a superseded delivery that is still waiting in Redis, on its queue's node.
+        """Hand a superseded delivery that may still wait in Redis to the Core's removals
+        (:mod:`~duejobs.delivery.removals`: off the caller's path, batched).
 
         Best effort by design: the worker re-reads the row and skips a stale delivery, so a
-        Redis error here is logged, not raised — the database change already committed. With
-        ``conn=`` nothing is removed, since the caller may still roll back; in a host
-        framework's transaction (Django's ``atomic()``) only once it commits. A job left on a
-        node its queue has moved away from is the reconciler's orphan removal's to find.
+        Redis error there is logged, never the caller's — the database change already
+        committed. With ``conn=`` nothing is removed, since the caller may still roll back; in
+        a host framework's transaction (Django's ``atomic()``) only once it commits. A job left
+        on a node its queue has moved away from is the reconciler's orphan removal's to find.
         """
         if job is None or not self.settings.has_redis:
             return
-
-        def remove() -> None:
-            try:
-                self.deliverer().remove(job.id, job.queue)
-            except RedisError as exc:
-                log.warning("could not remove stale queue job %s: %s", job.id, exc)
-
-        self._core.after_commit(remove)
+        removals = self._core.removals()
+        self._core.after_commit(lambda: removals.add(job))
 
     def _route(self, handler: Handler | None, queue: str | None) -> str:
         """The queue a schedule goes to: the one asked for, else its type's, else the App's."""

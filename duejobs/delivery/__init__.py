@@ -57,6 +57,7 @@ if TYPE_CHECKING:
         Push,
         PushResult,
     )
+    from duejobs.delivery.removals import Removals
     from duejobs.delivery.scripts import LIST_SCAN_LIMIT, STUCK_AFTER
     from duejobs.ids import job_tenant, job_tenant_part, parse_job_id
 
@@ -71,6 +72,7 @@ _HOMES = {
     "JobState": "duejobs.delivery.deliverer",
     "Push": "duejobs.delivery.deliverer",
     "PushResult": "duejobs.delivery.deliverer",
+    "Removals": "duejobs.delivery.removals",
     "job_tenant": "duejobs.ids",
     "job_tenant_part": "duejobs.ids",
     "parse_job_id": "duejobs.ids",
@@ -90,6 +92,7 @@ __all__ = [
     "JobState",
     "Push",
     "PushResult",
+    "Removals",
     "job_tenant",
     "job_tenant_part",
     "parse_job_id",
