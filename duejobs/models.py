@@ -76,6 +76,11 @@ class Schedule:
     # What schedule() did: True when it created this schedule, False when it returned the
     # live schedule already holding the key; None when the schedule was read (get, list).
     created: bool | None = field(default=None, compare=False)
+    # What reschedule() (and run_now()) did: True when the version it replaced was running —
+    # that handler goes on unless it calls ``ctx.ensure_current()``, and the schedule runs
+    # again at its new time; False when that version had not started. None when the schedule
+    # was read or made.
+    was_running: bool | None = field(default=None, compare=False)
 
     @property
     def run_at_local(self) -> datetime:

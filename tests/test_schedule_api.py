@@ -286,6 +286,27 @@ def test_cancel_during_execution_cancels_a_running_row(app: App) -> None:
     assert stored is not None and stored.status is Status.CANCELLED and stored.version == 2
 
 
+def test_reschedule_says_whether_the_version_it_replaced_was_running(app: App) -> None:
+    """A running schedule rescheduled: its return value says so (that handler goes on unless
+    it calls ``ctx.ensure_current()``), and the schedule is due again at its new time under
+    version + 1; one that had not started says it was not running; a read says nothing.
+    Seen failing with the field left unset."""
+    waiting = app.schedule("x", {}, delay=60)
+    running = app.schedule("x", {}, delay=0)
+    with app.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE scheduled_jobs SET status = 'running' WHERE id = :id"),
+            {"id": running.id},
+        )
+    moved = app.reschedule(running.id, delay=30)
+    assert moved.was_running is True
+    assert (moved.status, moved.version) == (Status.SCHEDULED, 2)
+    assert moved.run_at > running.run_at
+    assert app.reschedule(waiting.id, delay=90).was_running is False
+    read = app.get(running.id)
+    assert read is not None and read.was_running is None
+
+
 def test_cancel_twice_is_harmless(app: App) -> None:
     s = app.schedule("x", {}, delay=60)
     assert app.cancel(s.id) is True

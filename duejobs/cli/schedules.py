@@ -35,6 +35,9 @@ def _schedule_dict(s: Schedule) -> dict[str, Any]:
         "last_error": s.last_error,
         "payload": s.payload,
         "created_at": s.created_at.isoformat(),
+        # reschedule, run-now: whether the version replaced was running (its handler goes on
+        # unless it checks ctx.ensure_current()); absent for a read
+        **({} if s.was_running is None else {"was_running": s.was_running}),
     }
 
 

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
 
-def as_schedule(m: Any, created: bool | None = None) -> Schedule:
-    return record(Schedule, m, status=Status(m.status), created=created)
+def as_schedule(m: Any, created: bool | None = None, was_running: bool | None = None) -> Schedule:
+    return record(Schedule, m, status=Status(m.status), created=created, was_running=was_running)
 
 
 def _when_params(when: When) -> dict[str, Any]:
@@ -145,7 +145,8 @@ def reschedule(
 ) -> tuple[Schedule | None, QueueJob | None]:
     """Move a live schedule to a new time (and to ``priority``, if given) under version + 1.
 
-    Returns (schedule, queue job of the superseded version if it was pushed) or (None, None)
+    Returns (schedule — ``was_running`` said —, queue job of the superseded version if it was
+    pushed) or (None, None)
     when no live row matched; :func:`get_schedule` then tells why.
     """
     row = run_one(
@@ -161,7 +162,7 @@ def reschedule(
     )
     if row is None:
         return None, None
-    schedule = as_schedule(row)
+    schedule = as_schedule(row, was_running=row.old_status == Status.RUNNING.value)
     old = row.old_queue_job_id
     return schedule, None if old is None else QueueJob(old, schedule.queue)
 

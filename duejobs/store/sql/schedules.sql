@@ -52,9 +52,11 @@ SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, s
     AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 
 -- name: reschedule
--- Move a live schedule to a new time under version + 1, with its `rescheduled` event.
+-- Move a live schedule to a new time under version + 1, with its `rescheduled` event; the
+-- status it had (a running version goes on until its handler checks).
 WITH cur AS (
-    SELECT id, run_at AS old_run_at, version AS old_version, queue_job_id AS old_queue_job_id
+    SELECT id, run_at AS old_run_at, version AS old_version, queue_job_id AS old_queue_job_id,
+        status AS old_status
     FROM /*schema*/scheduled_jobs
     WHERE id = :id AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
         AND status IN ('scheduled', 'running')
@@ -80,7 +82,7 @@ WITH cur AS (
         lease_expires_at = NULL
     FROM cur
     WHERE s.id = :id AND s.id = cur.id
-    RETURNING s.*, cur.old_run_at, cur.old_version, cur.old_queue_job_id
+    RETURNING s.*, cur.old_run_at, cur.old_version, cur.old_queue_job_id, cur.old_status
 ), event AS (
     INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'rescheduled', version,
@@ -96,7 +98,7 @@ WITH cur AS (
 )
 SELECT id, tenant, type, key, payload, run_at, due_at, timezone, local_run_at, status,
     queue_job_id, version, attempts, last_error, created_at, updated_at, started_at, finished_at,
-    queue, priority, old_queue_job_id FROM upd
+    queue, priority, old_queue_job_id, old_status FROM upd
 
 -- name: cancel
 -- Cancel a live schedule (version + 1) with its `cancelled` event; its queue job id.
