@@ -151,6 +151,37 @@ def test_a_removal_that_redis_refuses_is_said_and_left_to_the_reconciler(
     assert not system.redis.exists(f"rq:job:{job_id}")
 
 
+def test_what_waits_for_removal_is_bounded_while_redis_is_stuck(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis stuck while changes go on: at most ``MOST_WAITING`` superseded jobs wait in the
+    process; the ones past it are left to the reconciler at once (counted), so an outage of any
+    length costs no memory, and once Redis answers the waiting ones go. Seen failing with
+    every job queued however many waited."""
+    schedules = [system.app.schedule("record", {"n": n}, delay=120) for n in range(6)]
+    system.scheduler.run_once()
+    jobs = [system.app.get(s.id).queue_job_id for s in schedules]
+    deliverer = system.app.core.deliverer()
+    stuck = threading.Event()
+    remove_many = deliverer.remove_many
+
+    def blocked(batch: Any) -> list[bool]:
+        stuck.wait(30)
+        return remove_many(batch)
+
+    monkeypatch.setattr(deliverer, "remove_many", blocked)
+    monkeypatch.setattr("duejobs.delivery.removals.MOST_WAITING", 3)
+    left = sample("duejobs_superseded_removals_left_total")
+    for s in schedules:
+        assert system.app.cancel(s.id) is True
+    assert sample("duejobs_superseded_removals_left_total") == left + 3
+    stuck.set()
+    assert system.app.core.removals().flush()
+    assert [bool(system.redis.exists(f"rq:job:{j}")) for j in jobs] == [False] * 3 + [True] * 3
+    Reconciler(system.app).run_once()
+    assert not any(system.redis.exists(f"rq:job:{j}") for j in jobs)
+
+
 def test_the_reconciler_removes_a_batch_of_orphans_in_one_script_call(system: System) -> None:
     """Jobs whose schedules were cancelled in a caller's transaction (nothing taken out of
     Redis then) are orphans for the reconciler's pass, which takes them out a batch per

@@ -11,14 +11,18 @@ What it promises: a job handed over is removed within a round trip or so of its 
 Redis fails — a failed batch is logged at warning, counted in
 ``duejobs_superseded_removals_failed_total`` and tried once more after ``RETRY_AFTER``; a job
 still left (Redis down longer, or the process ended first) is the reconciler's to remove (its
-orphan scan) and never runs (the worker's check). :meth:`flush` waits for what was handed over;
+orphan scan) and never runs (the worker's check). What waits is bounded: while
+``MOST_WAITING`` jobs wait (a Redis outage while changes go on), a new one is left to the
+reconciler at once, counted in ``duejobs_superseded_removals_left_total``, so an outage of
+any length costs the process no memory. :meth:`flush` waits for what was handed over;
 :meth:`close` flushes, then stops the thread. A process that forks starts a thread of its own
 at its first removal (a thread does not survive a fork).
 
 What it does not promise: that a job is gone when the change returns. Nothing needs that: the
 row, not Redis, says what runs.
 
-Knobs: ``BATCH_MOST`` (500 jobs per script call), ``RETRY_AFTER`` (1 s).
+Knobs: ``BATCH_MOST`` (500 jobs per script call), ``RETRY_AFTER`` (1 s), ``MOST_WAITING``
+(10,000 jobs).
 """
 
 from __future__ import annotations
@@ -40,11 +44,17 @@ log = logging.getLogger("duejobs.delivery")
 
 BATCH_MOST = 500
 RETRY_AFTER = 1.0
+MOST_WAITING = 10_000
 
 FAILED = Counter(
     "duejobs_superseded_removals_failed_total",
     "Batches of superseded jobs that Redis failed to remove (left to the reconciler's orphan "
     "scan; the worker skips them meanwhile).",
+)
+LEFT = Counter(
+    "duejobs_superseded_removals_left_total",
+    "Superseded jobs not handed to the removals' thread because MOST_WAITING already waited "
+    "(Redis slow or down): left to the reconciler's orphan scan.",
 )
 
 
@@ -60,17 +70,21 @@ class Removals:
         self._pid = 0
 
     def add(self, job: QueueJob) -> None:
-        """Hand over a superseded job, to be removed from Redis soon."""
+        """Hand over a superseded job, to be removed from Redis soon — or, while
+        ``MOST_WAITING`` already wait (Redis slow or down), left to the reconciler at once."""
         with self._lock:
-            self._handed += 1
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._start()
+            if self._handed - self._done >= MOST_WAITING:
+                LEFT.inc()
+                return
+            self._handed += 1
         self._jobs.put(job)
 
     def _start(self) -> None:
         if self._pid != os.getpid():  # a forked child: the parent's queue and counts are not its
             self._jobs = queue.SimpleQueue()
-            self._handed, self._done, self._pid = 1, 0, os.getpid()
+            self._handed, self._done, self._pid = 0, 0, os.getpid()
         self._thread = threading.Thread(target=self._run, name="duejobs-removals", daemon=True)
         self._thread.start()
 
