@@ -50,6 +50,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -341,26 +342,43 @@ class Sampler:
                 self.samples.add(at, "latency p99 (ms)", name, 1000 * p99)
         self.windows.append((at, window))
 
-    def p99_between(self, name: str, start: float, end: float) -> float | None:
+    def p99_between(
+        self, name: str, start: float, end: float, skip: Sequence[tuple[float, float]] = ()
+    ) -> float | None:
+        """The p99 of every call of ``name`` sampled in [start, end), the spans in ``skip``
+        (a fault's recovery) left out."""
         total: dict[float, float] = {}
         for at, window in self.windows:
-            if start <= at < end and name in window:
+            if start <= at < end and name in window and not _within(at, skip):
                 figures.add(total, window[name])
         return figures.quantile(total, 0.99)
 
     def slowing(
-        self, name: str, first: tuple[float, float], last: tuple[float, float]
+        self,
+        name: str,
+        first: tuple[float, float],
+        last: tuple[float, float],
+        skip: Sequence[tuple[float, float]],
     ) -> float | None:
-        """How much slower ``name`` is over ``last`` than over ``first`` (spans of seconds):
-        the ratio of the p99s of every call in each span, from the histograms; for the
-        dashboard's page, read once a sample, of the median reads."""
+        """How much slower ``name`` is over ``last`` than over ``first`` (spans of seconds,
+        the ``skip`` spans left out, as the trends leave them): the ratio of the p99s of every
+        call in each span, from the histograms; for the dashboard's page, read once a sample,
+        of the median reads. None when a span has no figure."""
         if name != DASHBOARD:
-            before, after = self.p99_between(name, *first), self.p99_between(name, *last)
+            before = self.p99_between(name, *first, skip)
+            after = self.p99_between(name, *last, skip)
         else:
             reads = self.samples.series[name].points if name in self.samples.series else []
-            spans = ([v for at, v in reads if a <= at < b] for a, b in (first, last))
+            spans = (
+                [v for at, v in reads if a <= at < b and not _within(at, skip)]
+                for a, b in (first, last)
+            )
             before, after = (statistics.median(s) if s else None for s in spans)
         return after / before if before and after else None
+
+
+def _within(at: float, spans: Sequence[tuple[float, float]]) -> bool:
+    return any(start <= at < end for start, end in spans)
 
 
 def _inject(
@@ -481,7 +499,7 @@ def _report(
     # by the slope of 10 s p99s, whose heavy tails make a slope by chance.
     slowing = {
         name: sampler.slowing(
-            name, (config.warmup, config.warmup + span), (total - span, total + 1)
+            name, (config.warmup, config.warmup + span), (total - span, total + 1), recovering
         )
         for name in LATENCIES
     }
@@ -515,9 +533,9 @@ def _report(
         f"{t.name} drifts ({t.growth:+.1%})" for t in found if t.drifts and t.name not in LATENCIES
     ]
     reasons += [
-        f"{name} {ratio:.2f}x slower"
+        f"{name} {ratio:.2f}x slower" if ratio is not None else f"{name}: no figures to judge"
         for name, ratio in slowing.items()
-        if (ratio or 0) > SLOWING_MOST
+        if ratio is None or ratio > SLOWING_MOST
     ]
     if not settled:
         reasons.append("not settled")

@@ -264,7 +264,7 @@ def test_cancel_removes_the_job_waiting_in_redis(system: System) -> None:
     async def main(aapp: AsyncApp) -> tuple[bool, Any]:
         return await aapp.cancel(s.id), await aapp.reschedule(moved.id, delay=3600)
 
-    cancelled, rescheduled = run(main, system.app)
+    cancelled, rescheduled = run(main, system.app)  # closing the AsyncApp flushed its removals
     assert cancelled and rescheduled.version == 2
     assert system.scheduler.deliverer.queue.count == 0
 

@@ -126,6 +126,29 @@ def test_a_deferred_job_is_promoted_at_its_time_not_at_the_next_poll(system: Sys
     assert promoted.enqueued_at.replace(tzinfo=UTC) >= s.run_at
 
 
+def test_a_pass_brought_forward_for_a_deferred_jobs_time_only_promotes(system: System) -> None:
+    """Under a steady flow of deferred jobs the passes brought forward come every few
+    milliseconds: they promote, and leave the claims to the poll's pace — a row due now,
+    written meanwhile, waits for the next poll. Seen failing with every pass claiming."""
+    deferred = system.app.schedule("record", {}, delay=timedelta(seconds=0.5))
+    scheduler = Scheduler(system.app, SchedulerConfig(poll_interval=timedelta(seconds=30)))
+    result = scheduler.run_once()
+    assert result.deferred == 1
+    due_now = system.app.schedule("record", {}, delay=0)
+    deadline = time.monotonic() + 15
+    while result.promoted == 0:
+        assert time.monotonic() < deadline, "the deferred job was never promoted"
+        pause = scheduler._pause(result)
+        assert pause < timedelta(seconds=30)
+        time.sleep(pause.total_seconds())
+        result = scheduler.run_once()
+        assert (result.claimed, result.batches) == (0, 0)
+    assert system.app.get(deferred.id).queue_job_id is not None
+    assert system.app.get(due_now.id).queue_job_id is None  # left to the poll's claims
+    assert scheduler.run_once().claimed == 1  # a pass not brought forward claims
+    scheduler.close()
+
+
 def test_run_once_reports_what_it_did(system: System) -> None:
     for _ in range(250):
         system.app.schedule("record", {}, delay=0)

@@ -282,6 +282,7 @@ def test_cancel_removes_the_waiting_job_from_its_queues_node(
     with nodes[2].client() as client:
         assert client.llen("rq:queue:c") == 1
         spread.cancel(s.id)
+        assert spread.core.removals().flush()
         assert client.llen("rq:queue:c") == 0
 
 
@@ -356,6 +357,7 @@ def test_cancel_reschedule_and_a_paused_recurring_touch_only_their_queues_node(
     spread.cancel(on_a.id)
     spread.reschedule(on_c.id, delay=timedelta(hours=1))
     spread.pause_recurring("every-minute")
+    assert spread.core.removals().flush()
     assert NODE_ERRORS.labels(down)._value.get() == before  # type: ignore[attr-defined]
     with nodes[0].client() as a, nodes[2].client() as c:
         assert a.llen("rq:queue:a") == 0

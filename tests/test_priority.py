@@ -202,6 +202,7 @@ def test_a_rescheduled_priority_moves_a_pushed_job_to_its_new_band(system: Syste
     queue = system.app.core.queue
     assert system.redis.zcard(f"rq:scheduled:{queue}") == 1
     system.app.reschedule(s.id, delay=0, priority=50)
+    assert system.app.core.removals().flush()
     system.scheduler.run_once()
     assert system.redis.zcard(f"rq:scheduled:{queue}") == 0  # the superseded job removed
     assert system.redis.llen(f"rq:queue:{queue}+high") == 1

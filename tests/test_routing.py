@@ -88,6 +88,7 @@ def test_cancel_removes_a_waiting_job_from_its_own_queue(routed: System) -> None
     assert routed.redis.zcard("rq:scheduled:reports") == 1
     routed.app.cancel(now.id)
     routed.app.cancel(later.id)
+    assert routed.app.core.removals().flush()
     assert queued(routed, "reports") == [] and routed.redis.zcard("rq:scheduled:reports") == 0
 
 

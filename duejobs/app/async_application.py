@@ -134,7 +134,10 @@ class AsyncApp:
         return AsyncApp._scoped(self, self._app.tenant(name))
 
     async def aclose(self) -> None:
-        """Close the async engine's pooled connections and the Redis client."""
+        """Close the async engine's pooled connections and the Redis client, once the
+        superseded jobs handed over are removed."""
+        if self._core._removals is not None:
+            await asyncio.to_thread(self._core._removals.close)
         await self._engine.dispose()
         if self._read_engine is not None:
             await self._read_engine.dispose()
@@ -388,8 +391,8 @@ class AsyncApp:
             if conn is not None:
                 kwargs["conn"] = store.lent(conn, awaited=True, schema=self._core.settings.schema)
             result = await greenlet_spawn(method, app, *args, **kwargs)
-        for job in app.superseded:
-            await asyncio.to_thread(App._discard_queue_job, app, job)
+        for job in app.superseded:  # handed to the removals' thread: nothing to wait for
+            App._discard_queue_job(app, job)
         return result
 
 

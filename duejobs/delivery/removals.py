@@ -5,7 +5,8 @@ replaced, if it still waits in Redis, is only clutter: the worker that pops it r
 row and skips it. Removing it in the caller's thread cost a Redis round trip and redis-py's
 Python per change (about 0.2 ms of the caller's time, a third of a change). :class:`Removals`
 takes those jobs on a queue and removes them from a thread of its own, every job that came in
-meanwhile in one script call per node (:meth:`~duejobs.delivery.Deliverer.remove_many`).
+meanwhile (up to ``BATCH_MOST``) in one script call per node
+(:meth:`~duejobs.delivery.Deliverer.remove_many`).
 
 What it promises: a job handed over is removed within a round trip or so of its change, unless
 Redis fails — a failed batch is logged at warning, counted in
@@ -21,8 +22,10 @@ at its first removal (a thread does not survive a fork).
 What it does not promise: that a job is gone when the change returns. Nothing needs that: the
 row, not Redis, says what runs.
 
-Knobs: ``BATCH_MOST`` (500 jobs per script call), ``RETRY_AFTER`` (1 s), ``MOST_WAITING``
-(10,000 jobs).
+Knobs: ``BATCH_MOST`` (50 jobs per script call: a queued job's removal reads its queue's list
+from the tail, so a batch is kept short enough never to hold Redis long), ``RETRY_AFTER``
+(1 s), ``MOST_WAITING`` (10,000 jobs), ``IDLE_EXIT`` (10 s: an idle thread ends, and with it
+its hold on the App's Core; the next change starts another).
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ from duejobs.models import QueueJob
 
 log = logging.getLogger("duejobs.delivery")
 
-BATCH_MOST = 500
+BATCH_MOST = 50
 RETRY_AFTER = 1.0
 MOST_WAITING = 10_000
+IDLE_EXIT = 10.0
 
 FAILED = Counter(
     "duejobs_superseded_removals_failed_total",
@@ -63,49 +67,64 @@ class Removals:
 
     def __init__(self, deliverer: Callable[[], Deliverer]) -> None:
         self._deliverer = deliverer
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """Queue, lock and counts of this process's own (a forked child gets new ones: the
+        parent's lock may have been held by a thread that does not exist in the child)."""
         self._jobs: queue.SimpleQueue[QueueJob | None] = queue.SimpleQueue()
         self._lock = threading.Condition()
         self._handed = self._done = 0
         self._thread: threading.Thread | None = None
-        self._pid = 0
+        self._pid = os.getpid()
 
     def add(self, job: QueueJob) -> None:
         """Hand over a superseded job, to be removed from Redis soon — or, while
         ``MOST_WAITING`` already wait (Redis slow or down), left to the reconciler at once."""
+        if self._pid != os.getpid():
+            self._fresh()
         with self._lock:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._start()
             if self._handed - self._done >= MOST_WAITING:
                 LEFT.inc()
                 return
             self._handed += 1
-        self._jobs.put(job)
-
-    def _start(self) -> None:
-        if self._pid != os.getpid():  # a forked child: the parent's queue and counts are not its
-            self._jobs = queue.SimpleQueue()
-            self._handed, self._done, self._pid = 0, 0, os.getpid()
-        self._thread = threading.Thread(target=self._run, name="duejobs-removals", daemon=True)
-        self._thread.start()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="duejobs-removals", daemon=True
+                )
+                self._thread.start()
+            self._jobs.put(job)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until every job handed over so far is dealt with; whether it was in time."""
+        if self._pid != os.getpid():
+            return True  # nothing was handed over in this process
         with self._lock:
             target = self._handed
             return self._lock.wait_for(lambda: self._done >= target, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         """Flush, then end the thread."""
-        thread = self._thread
-        if thread is None or not thread.is_alive() or self._pid != os.getpid():
+        if self._pid != os.getpid():
             return
         self.flush(timeout)
-        self._jobs.put(None)
+        with self._lock:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                return
+            self._jobs.put(None)
         thread.join(timeout)
 
     def _run(self) -> None:
         while True:
-            first = self._jobs.get()
+            try:
+                first = self._jobs.get(timeout=IDLE_EXIT)
+            except queue.Empty:
+                with self._lock:  # idle: end, unless a job came meanwhile (add() holds it)
+                    if self._jobs.empty():
+                        self._thread = None
+                        return
+                continue
             if first is None:
                 return
             batch = [first]

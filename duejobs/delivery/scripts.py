@@ -134,8 +134,13 @@ return answer
 
 # Jobs due by ARGV[2] (the database clock) moved from the scheduled registry onto the queue,
 # at most ARGV[3]; returns how many, and the score of the earliest job left (nil: none), so
-# that the scheduler's next pass can start when that one falls due.
+# that the scheduler's next pass can start when that one falls due. When nothing is due it
+# costs one command, as a bare ZRANGEBYSCORE did (an idle scheduler calls it every poll).
 PROMOTE_SCRIPT = """
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] == nil or tonumber(first[2]) > tonumber(ARGV[2]) then
+    return {0, first[2] or false}
+end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 local pushed = 0
 for _, id in ipairs(ids) do

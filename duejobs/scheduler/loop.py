@@ -25,8 +25,10 @@ pass claims them as it claims any row.
 does not wait for the next window), or sooner: the promotion says when the earliest job left
 in a scheduled registry falls due (in the same script, no extra round trip), and the next pass
 starts then, by the database clock as the last claim read it — so a deferred job reaches its
-queue within milliseconds of its time, not up to a poll later, and an idle scheduler makes no
-more passes than the poll's.
+queue within milliseconds of its time, not up to a poll later. Such a pass only promotes (the
+database clock read in one statement): the claims keep the poll's pace, so a steady flow of
+deferred jobs does not turn the claims into a busy loop, and an idle scheduler makes no more
+passes than the poll's.
 
 Claims commit without waiting for the WAL flush (``synchronous_commit = off`` for the claim's
 transaction only), so a worker that pops a job before the claim commits waits less on the
@@ -146,6 +148,11 @@ class Scheduler:
         # The database clock minus this one, from the last claim; when the last pass started.
         self._clock_offset = 0.0
         self._pass_started = time.monotonic()
+        # When the last pass with claims started; whether the next pass was brought forward
+        # for a deferred job's time (it then only promotes, until a poll interval has passed).
+        self._last_claims = 0.0
+        self._woken_early = False
+        self._claims_every = self.config.poll_interval.total_seconds()
         self._pool = ThreadPoolExecutor(self.config.concurrency, "duejobs-claim")
         self.recurring = occurrences.Materializer(
             self.core, self.config.window, self.config.poll_interval, self.config.max_backoff
@@ -198,10 +205,14 @@ class Scheduler:
                 return drained, claim.db_now
 
     def run_once(self) -> PassResult:
-        """One pass: ``concurrency`` claim loops drain what is due, then promotion."""
+        """One pass: ``concurrency`` claim loops drain what is due, then promotion — or, for a
+        pass started before the poll for a deferred job's time, that promotion alone."""
         self._pass_started = time.monotonic()
+        since_claims = self._pass_started - self._last_claims
+        promotion_only = self._woken_early and since_claims < self._claims_every
+        self._woken_early = False
         with metrics.PASS_SECONDS.time(), tracing.span("duejobs.scheduler.pass") as span:
-            result = self._pass()
+            result = self._promotion_pass() if promotion_only else self._pass()
             if span is not None:
                 span.set_attributes(
                     tracing.attributes(
@@ -217,6 +228,7 @@ class Scheduler:
         return result
 
     def _pass(self) -> PassResult:
+        self._last_claims = self._pass_started
         if self.config.concurrency == 1:
             drained = [self._drain()]
         else:
@@ -228,15 +240,28 @@ class Scheduler:
         )
         throttled = frozenset().union(*(r.throttled for r, _ in drained))
         now = max(now for _, now in drained)
+        promoted, next_due = self._promote(now)
+        return PassResult(
+            claimed, queued, deferred, present, promoted, batches, throttled, next_due
+        )
+
+    def _promotion_pass(self) -> PassResult:
+        """The promotion alone, by the database clock read in one statement: what a pass
+        started for a deferred job's time needs, without the claims' statements (under a
+        steady flow of deferred jobs those passes come every few milliseconds)."""
+        with self.core.statement() as conn:
+            now = store.database_now(conn)
+        promoted, next_due = self._promote(now)
+        return PassResult(promoted=promoted, next_due=next_due)
+
+    def _promote(self, now: datetime) -> tuple[int, float | None]:
+        """Jobs due by ``now`` onto their queues; how many, and when the next one falls due."""
         promoted = 0
         while True:  # a peak can make thousands due at one instant
             promotion = self.deliverer.promote(now, limit=self.config.batch_size * 10)
             promoted += promotion.moved
             if promotion.moved < self.config.batch_size * 10 or self.stopping:
-                break
-        return PassResult(
-            claimed, queued, deferred, present, promoted, batches, throttled, promotion.next_due
-        )
+                return promoted, promotion.next_due
 
     def backoff(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failed passes in a row: doubling from the poll
@@ -258,6 +283,10 @@ class Scheduler:
         # Its time by this clock: the offset errs ahead, so the database finds it due or
         # all but (the pass's claim statement comes first and takes longer than the error).
         left = result.next_due - (time.time() + self._clock_offset)
+        if not left < poll.total_seconds():  # later than the poll (or a score of +inf)
+            return poll
+        self._woken_early = True  # the next pass promotes, the claims wait for the poll
+        self._claims_every = poll.total_seconds()
         until = time.monotonic() - self._pass_started + max(left, NEXT_DUE_MARGIN)
         return min(poll, timedelta(seconds=until))
 
