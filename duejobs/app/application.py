@@ -358,11 +358,9 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         priority: int | None = None,
         conn: Conn | None = None,
     ) -> Schedule:
-        """Move a live schedule to a new time (and ``priority``, if given); returns it at
-        version + 1. The old version's delivery becomes stale: a worker skips it. When that
-        version was already running, the returned ``was_running`` is True: its handler goes
-        on unless it calls ``ctx.ensure_current()`` (its outcome is then recorded as
-        superseded), and the schedule runs again at its new time."""
+        """Move a live schedule to a new time (and ``priority``); returns it at version + 1,
+        ``was_running`` True if the old version was running: its handler goes on unless it
+        calls ``ctx.ensure_current()``, and the schedule runs again at its new time."""
         sid = schedule_id_of(schedule_id)
         when, rank = change_of(delay, run_at, timezone, priority, expected_version)
         with self._core.statement(conn) as c:
