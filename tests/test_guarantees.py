@@ -28,6 +28,10 @@ Each was seen failing against a build broken on purpose (what was broken → wha
   → ``test_a_handler_that_fails_inside_the_effect_transaction_leaves_no_effect``;
 * the worker taking a database error for a skip (the RQ job then "finished")
   → ``test_a_worker_that_loses_the_database_fails_the_rq_job_and_leaves_the_row``;
+* the cancel refusing a running row
+  → ``test_a_running_job_cancelled_says_true_and_its_handler_goes_on_unless_it_checks``;
+* the reschedule keeping a running row's status (its new version then waits for a rescue)
+  → ``test_a_running_job_rescheduled_runs_again_at_its_new_time``;
 * ``schedule_many`` committing in chunks of 50,000 (the cut then comes after a commit)
   → ``test_an_outage_inside_the_apps_transaction_rolls_everything_back``.
 """
@@ -178,6 +182,57 @@ def test_ensure_current_lets_a_current_attempt_go_on(system: System) -> None:
     system.app.handler("current")(current)
     s = _run(system, "current")
     assert reached == ["the external effect"] and system.status(s.id) == "succeeded"
+
+
+# -- a change to a running job ----------------------------------------------------------------
+
+
+def test_a_running_job_cancelled_says_true_and_its_handler_goes_on_unless_it_checks(
+    system: System,
+) -> None:
+    """``cancel`` of a running job returns True; the handler is not interrupted (only
+    ``ctx.ensure_current()`` would stop it) and its attempt ends ``stale``."""
+    said: list[bool] = []
+    reached: list[str] = []
+
+    def cancelled_meanwhile(ctx: Context, payload: Any) -> None:
+        said.append(system.app.cancel(ctx.schedule_id))  # another process, while this runs
+        reached.append("the rest of the handler")
+
+    system.app.handler("cancelled-meanwhile")(cancelled_meanwhile)
+    s = _run(system, "cancelled-meanwhile")
+    assert said == [True] and reached == ["the rest of the handler"]
+    assert system.status(s.id) == "cancelled"
+    assert _attempt_states(system, s.id) == ["stale"]
+
+
+def test_a_running_job_rescheduled_runs_again_at_its_new_time(system: System) -> None:
+    """``reschedule`` of a running job: that handler ends, and the schedule's new version
+    runs once more, not before its new time by the database clock."""
+    calls: list[int] = []
+    moved_to: list[Any] = []
+
+    def moved_meanwhile(ctx: Context, payload: Any) -> None:
+        calls.append(ctx.version)
+        if ctx.version == 1:
+            moved = system.app.reschedule(ctx.schedule_id, delay=timedelta(seconds=1))
+            assert moved.was_running is True
+            moved_to.append(moved.run_at)
+
+    system.app.handler("moved-meanwhile")(moved_meanwhile)
+    s = _run(system, "moved-meanwhile")
+    system.run_until(lambda: system.status(s.id) == "succeeded")
+    assert calls == [1, 2]
+    assert _attempt_states(system, s.id) == ["stale", "succeeded"]
+    with system.app.engine.connect() as conn:
+        started = conn.execute(
+            text(
+                "SELECT started_at FROM scheduled_job_attempts WHERE schedule_id = :id "
+                "AND version = 2"
+            ),
+            {"id": s.id},
+        ).scalar_one()
+    assert started >= moved_to[0]
 
 
 # -- the effect fence: ctx.transaction() ------------------------------------------------------
