@@ -33,10 +33,8 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,32 +220,27 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     redis = Redis.from_url(redis_url)
     hz = str(redis.config_get("hz").get("hz", "?"))
     meter = Meter(redis, postgres_reader(url))
-    rounds: dict[str, list[Any]] = {}
-
-    def both(name: str, mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
-        rounds.setdefault(name, []).append(mine())
-        rounds.setdefault(f"{name}:peer", []).append(theirs())
-
+    rounds = ours.Rounds()
     app = App(database_url=database_url, redis_url=redis_url)
     try:
         for _ in range(ROUNDS):
-            both(
+            rounds.both(
                 "peak",
                 lambda: ours.peak(env, url, redis, meter),
                 lambda: _peak(redis_url, redis, meter),
             )
-            both(
+            rounds.both(
                 "lags",
                 lambda: ours.start_lags(database_url, redis_url),
                 lambda: _lags(redis_url, redis),
             )
-            both(
+            rounds.both(
                 "async",
                 lambda: _our_async(app, env, url, redis)[0],
                 lambda: _async_rate(redis_url, redis),
             )
             for together in (False, True):
-                both(
+                rounds.both(
                     f"changes {together}",
                     lambda t=together: ours.changes(app, redis, t),
                     lambda t=together: _changes(redis_url, redis, t),
@@ -259,62 +252,12 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     return _figures(rounds, lost, hz)
 
 
-def _figures(rounds: dict[str, list[Any]], lost: tuple[int, int], hz: str) -> list[Figure]:
-    mine, theirs = ours.median_peak(rounds["peak"]), ours.median_peak(rounds["peak:peer"])
-    starts = [ours.start_figures(r) for r in rounds["lags"]]
-    peer_starts = [ours.start_figures(r) for r in rounds["lags:peer"]]
-
-    def med(values: list[tuple[float, float, int]], i: int) -> float:
-        return statistics.median(v[i] for v in values)
-
-    print(
-        f"  peak CPU ms per job: duejobs {ours.parts(mine)}; BullMQ {ours.parts(theirs)}\n"
-        f"  peak start from the instant first/p50/p99: duejobs {mine.first:.0f}/"
-        f"{mine.lag_p50:.0f}/{mine.lag_p99:.0f} ms, BullMQ {theirs.first:.0f}/"
-        f"{theirs.lag_p50:.0f}/{theirs.lag_p99:.0f} ms\n"
-        f"  start |start - due| p50/p99 (Redis hz {hz}): duejobs {med(starts, 0):.1f}/"
-        f"{med(starts, 1):.1f} ms, {med(starts, 2):.0f} early; BullMQ {med(peer_starts, 0):.1f}/"
-        f"{med(peer_starts, 1):.1f} ms, {med(peer_starts, 2):.0f} early\n"
-        f"  Redis restarted empty, lost of {ours.EMPTIED_JOBS:,}: duejobs {lost[0]}, "
-        f"BullMQ {lost[1]}",
-        flush=True,
-    )
-    one, peer_one = (statistics.median(rounds[f"changes False{s}"]) for s in ("", ":peer"))
-    all_, peer_all = (statistics.median(rounds[f"changes True{s}"]) for s in ("", ":peer"))
-    rate, peer_rate = (statistics.median(rounds[f"async{s}"]) for s in ("", ":peer"))
+def _figures(rounds: ours.Rounds, lost: tuple[int, int], hz: str) -> list[Figure]:
+    one, peer_one = rounds.medians("changes False")
+    all_, peer_all = rounds.medians("changes True")
+    rate, peer_rate = rounds.medians("async")
     return [
-        Figure(
-            f"bullmq: peak of {ours.PEAK_JOBS:,} at one instant, 2 x 32",
-            mine.drain,
-            theirs.drain,
-            "s",
-            "<= 1.0x BullMQ",
-            mine.drain <= theirs.drain,
-        ),
-        Figure(
-            "bullmq: peak CPU per job, every process and server",
-            mine.cpu_total,
-            theirs.cpu_total,
-            "ms",
-            "<= 2.0x BullMQ",
-            mine.cpu_total <= 2 * theirs.cpu_total,
-        ),
-        Figure(
-            "bullmq: start |start - due| p50",
-            med(starts, 0),
-            med(peer_starts, 0),
-            "ms",
-            "<= 5 ms",
-            med(starts, 0) <= 5,
-        ),
-        Figure(
-            "bullmq: start |start - due| p99",
-            med(starts, 1),
-            med(peer_starts, 1),
-            "ms",
-            "<= 20 ms, 0 early",
-            med(starts, 1) <= 20 and med(starts, 2) == 0,
-        ),
+        *ours.shared_figures("BullMQ", rounds, instant="one instant", cpu_most=2.0, hz=hz),
         Figure(
             "bullmq: async 50 ms jobs/s, 1 process x 200",
             rate,
@@ -339,14 +282,7 @@ def _figures(rounds: dict[str, list[Any]], lost: tuple[int, int], hz: str) -> li
             f">= 2,000/s ({ours.CHANGES / all_:,.0f}/s)",
             ours.CHANGES / all_ >= 2000,
         ),
-        Figure(
-            f"bullmq: Redis restarted empty, lost of {ours.EMPTIED_JOBS:,}",
-            lost[0],
-            lost[1],
-            "jobs",
-            "0",
-            lost[0] == 0,
-        ),
+        ours.lost_figure("BullMQ", lost),
     ]
 
 

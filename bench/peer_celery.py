@@ -30,14 +30,11 @@ import glob
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from celery import Celery
 from redis import Redis
@@ -207,26 +204,23 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     broker_url = broker_of(redis_url)
     broker = Redis.from_url(broker_url)
     meter = Meter(redis, postgres_reader(url))
-    rounds: dict[str, list[Any]] = {}
-
-    def both(name: str, mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
-        rounds.setdefault(name, []).append(mine())
-        rounds.setdefault(f"{name}:peer", []).append(theirs())
-
+    rounds = ours.Rounds()
     app = App(database_url=database_url, redis_url=redis_url)
     try:
         for _ in range(ROUNDS):
-            both(
+            rounds.both(
                 "peak",
                 lambda: ours.peak(env, url, redis, meter),
                 lambda: _peak(broker_url, broker, meter),
             )
-            both(
+            rounds.both(
                 "lags",
                 lambda: ours.start_lags(database_url, redis_url),
                 lambda: _lags(broker_url, broker),
             )
-            both("submit", lambda: _our_submit(app), lambda: _their_submit(broker_url, broker))
+            rounds.both(
+                "submit", lambda: _our_submit(app), lambda: _their_submit(broker_url, broker)
+            )
         with ours.own_redis() as servers:
             lost = ours.restarted_lost(env, url, servers), _restarted_lost(servers)
     finally:
@@ -234,61 +228,10 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
     return _figures(rounds, lost)
 
 
-def _figures(rounds: dict[str, list[Any]], lost: tuple[int, int]) -> list[Figure]:
-    mine = ours.median_peak(rounds["peak"])
-    theirs = ours.median_peak(rounds["peak:peer"])
-    starts = [ours.start_figures(r) for r in rounds["lags"]]
-    peer_starts = [ours.start_figures(r) for r in rounds["lags:peer"]]
-    submit, peer_submit = (statistics.median(rounds[f"submit{s}"]) for s in ("", ":peer"))
-
-    def med(values: list[tuple[float, float, int]], i: int) -> float:
-        return statistics.median(v[i] for v in values)
-
-    print(
-        f"  peak CPU ms per job: duejobs {ours.parts(mine)}; Celery {ours.parts(theirs)}\n"
-        f"  peak start from the instant first/p50/p99: duejobs {mine.first:.0f}/"
-        f"{mine.lag_p50:.0f}/{mine.lag_p99:.0f} ms, Celery {theirs.first:.0f}/"
-        f"{theirs.lag_p50:.0f}/{theirs.lag_p99:.0f} ms\n"
-        f"  start |start - due| p50/p99: duejobs {med(starts, 0):.1f}/{med(starts, 1):.1f} ms, "
-        f"{med(starts, 2):.0f} early; Celery {med(peer_starts, 0):.1f}/"
-        f"{med(peer_starts, 1):.1f} ms, {med(peer_starts, 2):.0f} early\n"
-        f"  Redis restarted empty, lost of {ours.EMPTIED_JOBS:,}: duejobs {lost[0]}, "
-        f"Celery {lost[1]}",
-        flush=True,
-    )
+def _figures(rounds: ours.Rounds, lost: tuple[int, int]) -> list[Figure]:
+    submit, peer_submit = rounds.medians("submit")
     return [
-        Figure(
-            f"celery: peak of {ours.PEAK_JOBS:,} at one ETA, 2 x 32",
-            mine.drain,
-            theirs.drain,
-            "s",
-            "<= 1.0x Celery",
-            mine.drain <= theirs.drain,
-        ),
-        Figure(
-            "celery: peak CPU per job, every process and server",
-            mine.cpu_total,
-            theirs.cpu_total,
-            "ms",
-            "<= 1.5x Celery",
-            mine.cpu_total <= 1.5 * theirs.cpu_total,
-        ),
-        Figure(
-            "celery: start |start - due| p50",
-            med(starts, 0),
-            med(peer_starts, 0),
-            "ms",
-            "<= 5 ms",
-            med(starts, 0) <= 5,
-        ),
-        Figure(
-            "celery: start |start - due| p99",
-            med(starts, 1),
-            med(peer_starts, 1),
-            "ms",
-            "<= 20 ms, 0 early",
-            med(starts, 1) <= 20 and med(starts, 2) == 0,
-        ),
+        *ours.shared_figures("Celery", rounds, instant="one ETA", cpu_most=1.5),
         Figure(
             f"celery: submitting {ours.PEAK_JOBS:,} due in an hour",
             submit,
@@ -297,14 +240,7 @@ def _figures(rounds: dict[str, list[Any]], lost: tuple[int, int]) -> list[Figure
             "<= 1.0x Celery",
             submit <= peer_submit,
         ),
-        Figure(
-            f"celery: Redis restarted empty, lost of {ours.EMPTIED_JOBS:,}",
-            lost[0],
-            lost[1],
-            "jobs",
-            "0",
-            lost[0] == 0,
-        ),
+        ours.lost_figure("Celery", lost),
     ]
 
 

@@ -24,17 +24,18 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from redis import Redis
 
 from bench import changes as change_bench
 from bench.chaos import Servers
-from bench.common import fill_due, percentile, wait_until
+from bench.common import Figure, fill_due, percentile, wait_until
 from bench.cpu import Meter
 from bench.lag import duejobs_lags
 from bench.peer import DUEJOBS, _finish, _instant, _start
@@ -214,3 +215,100 @@ def restarted_lost(env: dict[str, str], url: str, servers: Servers) -> int:
         for proc in procs:
             _finish(proc, stop=True)
     return EMPTIED_JOBS - _succeeded(url)
+
+
+# -- what every peer's module shares -----------------------------------------------------------
+
+
+@dataclass
+class Rounds:
+    """Each figure's value per alternated round: duejobs' under its name, the peer's under
+    ``name:peer``."""
+
+    values: dict[str, list[Any]] = field(default_factory=dict)
+
+    def both(self, name: str, mine: Callable[[], Any], theirs: Callable[[], Any]) -> None:
+        """One round of a figure: duejobs' side, then the peer's."""
+        self.values.setdefault(name, []).append(mine())
+        self.values.setdefault(f"{name}:peer", []).append(theirs())
+
+    def medians(self, name: str) -> tuple[float, float]:
+        """(duejobs', the peer's) median of a figure measured as one number."""
+        mine, theirs = self.values[name], self.values[f"{name}:peer"]
+        return statistics.median(mine), statistics.median(theirs)
+
+
+def shared_figures(
+    peer: str, rounds: Rounds, *, instant: str, cpu_most: float, hz: str | None = None
+) -> list[Figure]:
+    """The figures every peer is held to, printed with the peak's and the starts' detail:
+    the peak's drain (``instant`` names how its jobs were due) and its CPU per job (at most
+    ``cpu_most`` times the peer's), then start accuracy (``hz``: Redis', where the peer's
+    precision follows it)."""
+    mine, theirs = median_peak(rounds.values["peak"]), median_peak(rounds.values["peak:peer"])
+    starts = [start_figures(r) for r in rounds.values["lags"]]
+    peer_starts = [start_figures(r) for r in rounds.values["lags:peer"]]
+
+    def med(values: list[tuple[float, float, int]], i: int) -> float:
+        return statistics.median(v[i] for v in values)
+
+    where = "" if hz is None else f" (Redis hz {hz})"
+    print(
+        f"  peak CPU ms per job: duejobs {parts(mine)}; {peer} {parts(theirs)}\n"
+        f"  peak start from the instant first/p50/p99: duejobs {mine.first:.0f}/"
+        f"{mine.lag_p50:.0f}/{mine.lag_p99:.0f} ms, {peer} {theirs.first:.0f}/"
+        f"{theirs.lag_p50:.0f}/{theirs.lag_p99:.0f} ms\n"
+        f"  start |start - due| p50/p99{where}: duejobs {med(starts, 0):.1f}/"
+        f"{med(starts, 1):.1f} ms, {med(starts, 2):.0f} early; {peer} "
+        f"{med(peer_starts, 0):.1f}/{med(peer_starts, 1):.1f} ms, "
+        f"{med(peer_starts, 2):.0f} early",
+        flush=True,
+    )
+    key = peer.lower()
+    return [
+        Figure(
+            f"{key}: peak of {PEAK_JOBS:,} at {instant}, 2 x 32",
+            mine.drain,
+            theirs.drain,
+            "s",
+            f"<= 1.0x {peer}",
+            mine.drain <= theirs.drain,
+        ),
+        Figure(
+            f"{key}: peak CPU per job, every process and server",
+            mine.cpu_total,
+            theirs.cpu_total,
+            "ms",
+            f"<= {cpu_most:.1f}x {peer}",
+            mine.cpu_total <= cpu_most * theirs.cpu_total,
+        ),
+        Figure(
+            f"{key}: start |start - due| p50",
+            med(starts, 0),
+            med(peer_starts, 0),
+            "ms",
+            "<= 5 ms",
+            med(starts, 0) <= 5,
+        ),
+        Figure(
+            f"{key}: start |start - due| p99",
+            med(starts, 1),
+            med(peer_starts, 1),
+            "ms",
+            "<= 20 ms, 0 early",
+            med(starts, 1) <= 20 and med(starts, 2) == 0,
+        ),
+    ]
+
+
+def lost_figure(peer: str, lost: tuple[int, int]) -> Figure:
+    """Jobs lost when Redis restarted empty: (duejobs', the peer's)."""
+    print(f"  Redis restarted empty, lost of {EMPTIED_JOBS:,}: duejobs {lost[0]}, {peer} {lost[1]}")
+    return Figure(
+        f"{peer.lower()}: Redis restarted empty, lost of {EMPTIED_JOBS:,}",
+        lost[0],
+        lost[1],
+        "jobs",
+        "0",
+        lost[0] == 0,
+    )
