@@ -295,7 +295,10 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         return schedule
 
     def _insert(self, new: store.NewRow, conn: Conn | None) -> Schedule:
-        """Insert one checked schedule, within the tenant's quota of live schedules."""
+        """One checked schedule, within its tenant's live quota (none: one round trip)."""
+        with self._core.statement(conn) as c:
+            if store.inserts_in_one_statement(c, new) and self._live_quota(c, new.tenant) is None:
+                return store.insert_schedule(c, new)[0]
         with self._core.transaction(conn) as c:
             cap = self._live_quota(c, new.tenant)
             if cap is not None and store.count_live_up_to(c, new.tenant, cap) >= cap:
@@ -427,8 +430,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         expected_version: int | None = None,
         conn: Conn | None = None,
     ) -> Schedule:
-        """Make a live schedule due now (:meth:`reschedule` with no delay): the next scheduler
-        pass pushes it."""
+        """:meth:`reschedule` with no delay: due now, pushed by the next scheduler pass."""
         return self.reschedule(schedule_id, delay=0, expected_version=expected_version, conn=conn)
 
     # -- by key ------------------------------------------------------------------------
@@ -486,9 +488,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
 
     # -- internals ---------------------------------------------------------------------
 
-    def _explain_refusal(
-        self, conn: Connection, sid: uuid.UUID, expected_version: int | None
-    ) -> None:
+    def _explain_refusal(self, conn: Connection, sid: uuid.UUID, expected: int | None) -> None:
         current = store.get_schedule(conn, sid, self._tenant)
         if current is None:
             raise ScheduleNotFoundError(f"no schedule {sid}")
@@ -496,5 +496,5 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
             raise ScheduleNotLiveError(
                 f"schedule {sid} is {current.status.value}; only scheduled or running ones move"
             )
-        assert expected_version is not None
-        raise VersionConflictError(sid, expected_version, current.version)
+        assert expected is not None
+        raise VersionConflictError(sid, expected, current.version)

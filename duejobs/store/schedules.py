@@ -96,6 +96,13 @@ def insert_schedule(conn: Connection, new: NewRow) -> tuple[Schedule, bool]:
             return as_schedule(existing, False), False
 
 
+def inserts_in_one_statement(conn: Connection, new: NewRow) -> bool:
+    """Whether :func:`insert_schedule` of ``new`` is a single statement, which PostgreSQL's
+    implicit transaction may commit alone: not a keyed insert in partitioned mode (its
+    savepoint needs a transaction)."""
+    return new.key is None or not is_partitioned(conn)
+
+
 # Runs of a keyed insert that lost a race for a key before its error is raised: each lost
 # race is a rival's commit, so this only guards against a loop without progress.
 _KEY_RACES = 50
