@@ -1,5 +1,5 @@
 """Jobs taken together for a worker's free slots: taken in one script, claimed in one
-statement, finished in one Redis transaction, run every one whatever stops, outages or lost
+statement, finished in RQ with the next take, run every one whatever stops, outages or lost
 answers come between.
 
 Seen failing against builds broken on purpose:
@@ -14,8 +14,10 @@ Seen failing against builds broken on purpose:
   ``test_a_long_handler_beside_fast_ones_is_waited_for_at_most_once``;
 * outcomes committed one per statement (the group commit's limit 1) →
   ``test_outcomes_that_arrive_together_are_committed_together``;
-* RQ's finish of each job run alone (as RQ runs it) →
-  ``test_finishes_that_arrive_together_share_one_redis_transaction``;
+* RQ's finish of each job written by its slot (the loop's next take not carrying them) →
+  ``test_finishes_that_arrive_together_go_with_the_next_take_in_one_script``; every finish
+  left to the next take, the loop blocked on an empty queue meanwhile →
+  ``test_a_slot_ending_while_the_loop_waits_on_an_empty_queue_finishes_its_job_itself``;
 * jobs waiting taken with RQ's blocking dequeue for the first (a batch one short) →
   ``test_jobs_taken_together_pass_over_an_id_whose_job_is_gone``;
 * jobs taken together left behind at a warm stop (claimed, never run) →
@@ -50,7 +52,7 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.services.reconciler import Reconciler
-from duejobs.worker import Context, Runtime, Worker, WorkerConfig
+from duejobs.worker import Context, Runtime, Worker, WorkerConfig, loop
 from duejobs.worker.claims import Claimer
 from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.rq_wire import TAKE, Finished, RqWire, Taken
@@ -340,24 +342,13 @@ def _first_batch_slow(monkeypatch: pytest.MonkeyPatch, kind: str, requests: int)
     monkeypatch.setattr(GroupCommit, "__init__", init)
 
 
-def _eight_return_together(
-    system: System,
-    slots: Callable[[int], None],
-    kind: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> list[uuid.UUID]:
-    """Eight handlers that return at the same moment, in eight slots, their first commit
-    slow: their requests of ``kind`` batched, in fewer statements than requests; the
-    schedules, all succeeded."""
+def _eight_return_together(system: System, slots: Callable[[int], None]) -> list[uuid.UUID]:
+    """Eight handlers that return at the same moment, in eight slots: the schedules, all
+    succeeded."""
     meeting = {"group": uuid.uuid4().hex, "parties": 8}
     ids = [system.app.schedule("meet-and-return", meeting, delay=0).id for _ in range(8)]
     system.scheduler.run_once()
-    _first_batch_slow(monkeypatch, kind, 8)
-    before = _statements(kind)
     slots(8)
-    after = _statements(kind)
-    assert after[1] - before[1] == 8
-    assert after[0] - before[0] < 8
     assert [system.status(i) for i in ids] == ["succeeded"] * 8
     return ids
 
@@ -365,18 +356,52 @@ def _eight_return_together(
 def test_outcomes_that_arrive_together_are_committed_together(
     system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _eight_return_together(system, slots, "outcome", monkeypatch)
+    _first_batch_slow(monkeypatch, "outcome", 8)
+    before = _statements("outcome")
+    _eight_return_together(system, slots)
+    after = _statements("outcome")
+    assert after[1] - before[1] == 8
+    assert after[0] - before[0] < 8
     events = "SELECT count(*) FROM scheduled_job_events WHERE kind = 'succeeded'"
     assert count_rows(system.app, events) == 8
 
 
-def test_finishes_that_arrive_together_share_one_redis_transaction(
+def _carried_finishes(monkeypatch: pytest.MonkeyPatch, together: int) -> list[int]:
+    """The finishes each script carries, as the worker sends them; the first take that
+    carries any held until ``together`` have ended (or 30 s have passed), as a slow round
+    trip would hold it: on a busy machine eight slots may otherwise end one by one."""
+    carried: list[int] = []
+    finishes, take = RqWire._finishes, Worker._take
+    held = threading.Event()
+
+    def counted(wire: RqWire, done: Any, now: Any, args: Any) -> Any:
+        if done:
+            carried.append(len(done))
+        return finishes(wire, done, now, args)
+
+    def held_take(worker: Worker, most: int, wait: float) -> Any:
+        if worker._unfinished and not held.is_set():
+            held.set()
+            deadline = time.monotonic() + 30
+            while len(worker._unfinished) < together and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return take(worker, most, wait)
+
+    monkeypatch.setattr(RqWire, "_finishes", counted)
+    monkeypatch.setattr(Worker, "_take", held_take)
+    return carried
+
+
+def test_finishes_that_arrive_together_go_with_the_next_take_in_one_script(
     system: System, slots: Callable[[int], None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """RQ's finish of each job (its status, result, registries, the worker's counts) written
-    for the jobs closing together in one script, and RQ sees each job as it sees one it
-    finished alone."""
-    ids = _eight_return_together(system, slots, "redis_finish", monkeypatch)
+    for the jobs closing together in the loop's next take, one script for them all, and RQ
+    sees each job as it sees one it finished alone. Seen failing with each slot writing its
+    own finish (the group commit's batches of one)."""
+    carried = _carried_finishes(monkeypatch, 8)
+    ids = _eight_return_together(system, slots)
+    assert carried == [8]
     queue = Queue("duejobs", connection=system.redis, serializer=JSONSerializer)
     finished = set(queue.finished_job_registry.get_job_ids())
     for schedule_id in ids:
@@ -386,6 +411,36 @@ def test_finishes_that_arrive_together_share_one_redis_transaction(
         assert job.get_status() == "finished" and job.ended_at is not None
         assert job.return_value() == "succeeded"
     assert queue.started_job_registry.get_job_ids() == []
+
+
+def test_a_slot_ending_while_the_loop_waits_on_an_empty_queue_finishes_its_job_itself(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop blocks on an empty queue (here for up to 4 s) while a job runs: the slot
+    that ends it writes the job's finish in RQ at once, not at the loop's next take (3 s
+    allowed). Seen failing with every finish left to the next take."""
+    monkeypatch.setattr(loop, "TAKE_WAIT", 4.0)
+    go = threading.Event()
+    system.app.handler("gated")(lambda ctx, payload: go.wait(30))
+    schedule = system.app.schedule("gated", {}, delay=0)
+    system.scheduler.run_once()
+    runtime = Runtime(system.app, WorkerConfig(concurrency=2))
+    worker = Worker(runtime)
+    working = threading.Thread(target=worker.work, daemon=True)
+    working.start()
+
+    def finished() -> bool:
+        return _rq_job(system, schedule.id).get_status() == "finished"
+
+    try:
+        wait_for(lambda: worker._running and not worker._folding, 15, "the loop to block")
+        go.set()
+        wait_for(finished, 3, "the job's finish in RQ")
+    finally:
+        worker.stop()
+        working.join(30)
+        runtime.close()
+    assert not working.is_alive()
 
 
 def test_a_finish_redis_refuses_fails_that_job_alone(system: System) -> None:

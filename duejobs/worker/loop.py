@@ -111,8 +111,11 @@ class Worker:
         self._wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running: dict[tuple[str, str], Taken] = {}  # by (job id, run id)
-        # At one slot: jobs run whose finish in RQ goes with the next take (this thread's).
+        # Jobs run whose finish in RQ goes with the loop's next take: at one slot, all (the
+        # loop is the slot); at many, those ending while ``_folding`` — the loop neither
+        # blocked on an empty queue nor ended —, so a busy worker writes no finish apart.
         self._unfinished: list[Finished] = []
+        self._folding = True
         self._suspended = False
         self._finishes: GroupCommit[Finished, bool] = GroupCommit(
             "redis_finish", self._finish_together
@@ -136,6 +139,8 @@ class Worker:
             try:
                 self._loop(burst, max_idle)
             finally:
+                with self._lock:
+                    self._folding = False  # the slots still running finish their own
                 self._finish_apart()
                 if self._pool is not None:
                     self._pool.close()
@@ -211,11 +216,14 @@ class Worker:
         tried again after a pause: the loop outlives it. The finishes a take did not write
         are written on their own (one Redis refuses failing that job's alone), and the take
         made again without them at once."""
-        finishing, self._unfinished = self._unfinished, []
+        with self._lock:
+            finishing, self._unfinished = self._unfinished, []
         state = self._state_after(finishing) if finishing else ""
         try:
             taken = self.waits.call(
-                "a take", lambda: self.wire.take(most, wait, finishing, state), self._may_leave
+                "a take",
+                lambda: self.wire.take(most, wait, finishing, state, self._may_block),
+                self._may_leave,
             )
         except RedisError as exc:
             self._finish_apart(finishing)
@@ -226,9 +234,22 @@ class Worker:
             log.exception("a take failed; again in %.0f s", BACKOFF_CAP)
             self._stop.wait(BACKOFF_CAP)
             return []
+        finally:
+            with self._lock:
+                self._folding = not self._stop.is_set()
         if taken is None:
             self._finish_apart(finishing)
         return taken or []
+
+    def _may_block(self) -> bool:
+        """Whether the take may block on an empty queue: not while finishes wait for it
+        (the loop takes again at once, carrying them); while it blocks, the slots that end
+        write their own."""
+        with self._lock:
+            if self._unfinished:
+                return False
+            self._folding = False
+            return True
 
     def _start(self, taken: list[Taken]) -> None:
         """Hand the jobs taken to their slots (with one slot, run the one in this thread);
@@ -272,8 +293,7 @@ class Worker:
             log.exception("delivery of job %s failed; its row is as it was", taken.job_id)
             error = "".join(traceback.format_exception(exc))
             finished = Finished(taken, None, error=error, seconds=time.monotonic() - began)
-        if self._pool is None and put_back_at is None:
-            self._unfinished.append(finished)  # finished with the next take
+        if put_back_at is None and self._fold(finished):
             return
         self._finish(finished)
         if put_back_at is not None:
@@ -286,6 +306,15 @@ class Worker:
                 )
             except RedisError as exc:  # the row is due then: the reconciler pushes it
                 log.error("could not put job %s back (%s); the reconciler will", taken.job_id, exc)
+
+    def _fold(self, finished: Finished) -> bool:
+        """Leave ``finished``'s finish in RQ to the loop's next take, which comes at once (the
+        slot this job held is free now), if the loop is folding (``_folding``)."""
+        with self._lock:
+            if self._pool is None or self._folding:
+                self._unfinished.append(finished)
+                return True
+            return False
 
     def _finish(self, finished: Finished) -> None:
         """The job's finish in RQ, with those of the slots ending meanwhile; waited through
@@ -308,7 +337,8 @@ class Worker:
         """Finishes in RQ written without a take: ``items``, or those left for the next take
         (at one slot) when the loop pauses or ends."""
         if items is None:
-            items, self._unfinished = self._unfinished, []
+            with self._lock:
+                items, self._unfinished = self._unfinished, []
         for item in items:
             self._finish(item)
 

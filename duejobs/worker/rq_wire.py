@@ -49,7 +49,7 @@ import platform
 import socket
 import uuid
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -291,13 +291,19 @@ class RqWire:
     # -- jobs ----------------------------------------------------------------------------------
 
     def take(
-        self, most: int, wait: float, finishing: Sequence[Finished] = (), state: str = ""
+        self,
+        most: int,
+        wait: float,
+        finishing: Sequence[Finished] = (),
+        state: str = "",
+        may_block: Callable[[], bool] = lambda: True,
     ) -> list[Taken]:
         """Up to ``most`` waiting jobs, started in RQ in one script — the jobs of
         ``finishing`` finished in the same script first, the worker then ``state`` in RQ if
-        none is taken; with none waiting and ``wait`` above zero, blocks up to ``wait``
-        seconds for one (then takes more with it; a popped id whose take then fails waits for
-        the reconciler, as RQ's own dequeue loses one whose answer is lost).
+        none is taken; with none waiting, ``wait`` above zero and ``may_block()`` saying so
+        (asked last), blocks up to ``wait`` seconds for one (then takes more with it; a
+        popped id whose take then fails waits for the reconciler, as RQ's own dequeue loses
+        one whose answer is lost).
         A job whose id was popped but whose hash is gone comes back unreadable, unstarted.
 
         A take whose answer was lost (the connection broke after Redis ran it) started jobs
@@ -313,7 +319,7 @@ class RqWire:
             if found:
                 return found
         taken = self._run(most, "", 0, finishing, state)
-        if taken or wait <= 0:
+        if taken or wait <= 0 or not may_block():
             return taken
         popped = self.redis.blpop(self._queue_keys, timeout=wait)
         if popped is None:
