@@ -25,17 +25,23 @@ ended.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
 try:
     from opentelemetry import trace as _trace
-    from opentelemetry.trace import Link, ProxyTracerProvider, Span, Tracer
+    from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
+    from opentelemetry.trace import Link, ProxyTracerProvider, Span, Tracer, TracerProvider
     from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
     _PROPAGATOR: TraceContextTextMapPropagator | None = TraceContextTextMapPropagator()
+    # A provider named by the environment, which the API loads on first use.
+    _FROM_ENVIRONMENT = OTEL_PYTHON_TRACER_PROVIDER in os.environ
 except ImportError:  # the extra is not installed: no span, ever
     _PROPAGATOR = None
+
+_UNKNOWN = object()
 
 LINK, CHILD = "link", "child"
 TRACE_RUNS = (LINK, CHILD)
@@ -45,7 +51,13 @@ def _tracer() -> Tracer | None:
     """duejobs' tracer, or None when OpenTelemetry is absent or not configured."""
     if _PROPAGATOR is None:
         return None
-    provider = _trace.get_tracer_provider()
+    # The provider set, read where the API keeps it: get_tracer_provider() looks the
+    # environment up each time none is set (an exception inside os.environ, four times a
+    # job, a tenth of a busy worker's time); through the API where that place is not found.
+    kept: object = getattr(_trace, "_TRACER_PROVIDER", _UNKNOWN)
+    if kept is None and not _FROM_ENVIRONMENT:
+        return None
+    provider = kept if isinstance(kept, TracerProvider) else _trace.get_tracer_provider()
     if isinstance(provider, ProxyTracerProvider):  # nothing set it: the API's no-op default
         return None
     return provider.get_tracer("duejobs")
