@@ -23,6 +23,7 @@ import functools
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -40,6 +41,7 @@ from duejobs.scheduler.loop import Scheduler
 from duejobs.services import stats
 from duejobs.services.reconciler import ReconcileConfig, Reconciler
 from duejobs.worker import EXIT_WEDGED, Context, Outcome, Runtime, WorkerConfig
+from duejobs.worker.heartbeat import Heartbeat, Watched
 from tests.support import sample, wait_for
 from tests.support.apps import record, register
 from tests.support.processes import WORKER, Proc
@@ -191,6 +193,23 @@ def test_a_handler_that_never_returns_loses_its_lease_and_its_worker_exits(
             text("SELECT lease_expires_at FROM scheduled_jobs WHERE id = :id"), {"id": s.id}
         ).scalar_one()
     assert lease is None
+
+
+def test_the_heartbeat_wakes_for_an_attempt_to_give_up_before_its_next_beat(app: App) -> None:
+    """A heartbeat that beats every minute, asleep with nothing to renew, is given an attempt
+    whose handler's time (timeout and grace) ends in 0.3 s: it gives it up then, not at its
+    next beat. Seen failing with the heartbeat woken for no attempt."""
+    gave_up = threading.Event()
+    heartbeat = Heartbeat(app.core, timedelta(minutes=1), timedelta(minutes=2))
+    try:
+        time.sleep(0.1)  # the thread asleep for its beat
+        delivery = Delivery(uuid.uuid4(), "default", 1, 1, "duejobs")
+        watched = Watched(delivery, time.monotonic() + 0.3, gave_up.set)
+        with heartbeat.watching(watched):
+            assert gave_up.wait(10)
+        assert watched.fired
+    finally:
+        heartbeat.stop()
 
 
 def test_an_async_handler_is_awaited_before_it_counts_as_succeeded(system: System) -> None:

@@ -55,6 +55,7 @@ class Heartbeat:
         self._core = core
         self._every, self._lease = every, lease
         self._watched: dict[int, Watched] = {}
+        self._wakes_at = 0.0  # monotonic: when the thread's current wait ends
         self._conn: Connection | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -66,9 +67,12 @@ class Heartbeat:
     def watching(self, watched: Watched) -> Iterator[Watched]:
         """Renew ``watched``'s lease while the block runs; the heartbeat sets ``fired`` on it
         if it gave up on the attempt (its ``overrun`` ran)."""
+        due = min(watched.renewed_at + self._every.total_seconds(), watched.give_up_at)
         with self._lock:
             self._watched[id(watched)] = watched
-        self._wake.set()  # time the first renewal from this claim, not from the last beat
+            sooner = due < self._wakes_at
+        if sooner:  # the thread sleeps past this attempt's first renewal or its give-up
+            self._wake.set()
         try:
             yield watched
         finally:
@@ -76,9 +80,14 @@ class Heartbeat:
                 self._watched.pop(id(watched), None)
 
     def _next_wait(self, beat: float) -> float:
+        """Seconds until the next renewal or give-up due (a beat with none), noted as when
+        the thread wakes: an attempt watched meanwhile wakes it only if it is due sooner."""
         with self._lock:
             dues = [min(w.renewed_at + beat, w.give_up_at) for w in self._watched.values()]
-        return max(0.0, min(dues) - time.monotonic()) if dues else beat
+            now = time.monotonic()
+            wait = max(0.0, min(dues) - now) if dues else beat
+            self._wakes_at = now + wait
+        return wait
 
     def _run(self) -> None:
         beat = self._every.total_seconds()
