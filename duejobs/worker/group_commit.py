@@ -1,5 +1,5 @@
 """Group commit: the slots' claims and outcomes, many in one statement, and their finishes in
-RQ, many in one Redis transaction.
+RQ that no take carries (the worker waiting on an empty queue), many in one Redis script.
 
 With several slots, deliveries arrive and handlers return at about the same moments. Each
 slot hands its claim, its outcome or its RQ finish to a :class:`GroupCommit` and waits for the

@@ -5,9 +5,10 @@ as slots are free (started in RQ in one script: :mod:`.rq_wire`), blocking up to
 when none waits; claim their deliveries in the database together (:mod:`.claims`); run each
 on its slot (:mod:`.slot_pool`; with one slot, in this thread) through the runtime — claim,
 handler under its time limit while the heartbeat renews its lease, outcome
-(:mod:`.runtime`); then finish the job in RQ (the finishes of the slots that end together in
-one script; at one slot, in the script that takes the next job) and put an early delivery back
-into the scheduled registry.
+(:mod:`.runtime`); then finish the job in RQ — in the script of the loop's next take, which
+comes at once as the job's slot is free (while the loop waits on an empty queue, the slot
+writes it itself, with the slots ending beside it) — and put an early delivery back into the
+scheduled registry.
 
 What it promises:
 
