@@ -164,6 +164,8 @@ class Worker:
         idle_since = time.monotonic()
         while not self._stop.is_set():
             if self._suspended:
+                with self._lock:
+                    self._folding = False  # no take comes: the slots finish their own
                 self._finish_apart()
                 if burst:
                     return
