@@ -48,16 +48,17 @@ class EventLoops:
         finally:
             # Nothing of this attempt may run on into the next one: the handler's task if
             # a timeout struck, and any task it left behind.
+            # (asyncio.all_tasks reads every task of the process: once when none is left.)
             leftover = asyncio.all_tasks(loop)
-            for pending in leftover:
-                pending.cancel()
             if leftover:
+                for pending in leftover:
+                    pending.cancel()
                 with contextlib.suppress(BaseException):
                     loop.run_until_complete(asyncio.wait(leftover, timeout=1))
-            # A task that swallowed its cancellation, or one made while the others were
-            # cancelled, must not run into the next attempt either.
-            if any(not t.done() for t in asyncio.all_tasks(loop)):
-                self._discard(loop)
+                # A task that swallowed its cancellation, or one made while the others were
+                # cancelled, must not run into the next attempt either.
+                if any(not t.done() for t in asyncio.all_tasks(loop)):
+                    self._discard(loop)
 
     def _discard(self, loop: asyncio.AbstractEventLoop) -> None:
         """A task of the attempt swallowed its cancellation: the loop it waits on is closed
