@@ -488,6 +488,39 @@ def test_a_slot_ending_while_rq_suspend_holds_the_loop_finishes_its_job_itself(
     assert not working.is_alive()
 
 
+def test_a_take_made_again_after_its_wait_failed_writes_its_finishes_once(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take writes the finishes it carries, finds no job, and its blocking wait meets an
+    outage: the take made again does not write them (and the worker's counts) twice. Seen
+    failing with the finishes sent again (the worker counted four jobs for two)."""
+    for _ in range(2):
+        system.app.schedule("record", {}, delay=0)
+    system.scheduler.run_once()
+    runtime = Runtime(system.app, WorkerConfig(concurrency=2))
+    try:
+        worker = Worker(runtime)
+        taken = worker.wire.take(2, 0)
+        assert len(taken) == 2
+        finishing = [Finished(t, "succeeded") for t in taken]
+        blpop, failed = worker.wire.redis.blpop, []
+
+        def dropped_once(*args: Any, **kwargs: Any) -> Any:
+            if not failed:
+                failed.append(True)
+                raise redis.ConnectionError("dropped")
+            return blpop(*args, **kwargs)
+
+        monkeypatch.setattr(worker.wire.redis, "blpop", dropped_once)
+        again = worker.waits.call(
+            "a take", lambda: worker.wire.take(2, 0.1, finishing, "idle"), lambda: False
+        )
+    finally:
+        runtime.close()
+    assert again == [] and failed == [True]
+    assert int(system.redis.hget(worker.wire.key, "successful_job_count") or 0) == 2
+
+
 def test_a_finish_redis_refuses_fails_that_job_alone(system: System) -> None:
     """Of three jobs finishing together, the second has a key Redis refuses to write (its
     results stream is a string): the batch is finished again job by job, the first and the

@@ -229,12 +229,15 @@ class Worker:
                 self._may_leave,
             )
         except RedisError as exc:
-            self._finish_apart(finishing)
+            self._finish_apart(finishing)  # those it did not write (it empties the list)
             if not _mends(exc):
                 raise
             if finishing:  # what Redis refused may be a finish's key: the take alone, now
                 return self._take(most, wait)
             log.exception("a take failed; again in %.0f s", BACKOFF_CAP)
+            with self._lock:
+                self._folding = False  # no take for a while: the slots finish their own
+            self._finish_apart()
             self._stop.wait(BACKOFF_CAP)
             return []
         finally:
@@ -262,7 +265,7 @@ class Worker:
             if t.delivery is None:
                 log.warning("job %s passed over: %s", t.job_id, t.unreadable)
                 if t.run:  # started in RQ: finished there as failed
-                    self._finish(Finished(t, None, error=t.unreadable))
+                    self._finish([Finished(t, None, error=t.unreadable)])
         if self._pool is not None:
             self._pool.release(len(taken) - len(readable))
         if not readable:
@@ -298,7 +301,7 @@ class Worker:
             finished = Finished(taken, None, error=error, seconds=time.monotonic() - began)
         if put_back_at is None and self._fold(finished):
             return
-        self._finish(finished)
+        self._finish([finished])
         if put_back_at is not None:
             deliverer = self.runtime.deliverer()
             try:
@@ -319,22 +322,21 @@ class Worker:
                 return True
             return False
 
-    def _finish(self, finished: Finished) -> None:
-        """The job's finish in RQ, with those of the slots ending meanwhile; waited through
-        an outage (during a warm stop, ``FINISH_GRACE`` at most). One Redis refuses (a key of
-        the wrong type) is logged: the outcome is in the database, RQ's record of it is not."""
+    def _finish(self, finished: Sequence[Finished]) -> None:
+        """The jobs' finish in RQ, with those of the slots ending meanwhile; waited through
+        an outage (during a warm stop, ``FINISH_GRACE`` at most, for all of them at once). One
+        Redis refuses (a key of the wrong type) is logged: the outcome is in the database,
+        RQ's record of it is not."""
+        jobs = ", ".join(item.taken.job_id for item in finished)
         try:
             done = self.waits.call(
-                "a finish", lambda: self._finishes.submit(finished), self._past_finish_grace
+                "a finish", lambda: self._finishes.submit_all(finished), self._past_finish_grace
             )
         except RedisError as exc:
-            log.error("could not finish job %s in RQ (%s)", finished.taken.job_id, exc)
+            log.error("could not finish job %s in RQ (%s)", jobs, exc)
             return
         if done is None and self._past_finish_grace():
-            log.warning(
-                "job %s left started in RQ: Redis is away and the worker stops",
-                finished.taken.job_id,
-            )
+            log.warning("job %s left started in RQ: Redis is away and the worker stops", jobs)
 
     def _finish_apart(self, items: Sequence[Finished] | None = None) -> None:
         """Finishes in RQ written without a take: ``items``, or those left for the next take
@@ -342,8 +344,8 @@ class Worker:
         if items is None:
             with self._lock:
                 items, self._unfinished = self._unfinished, []
-        for item in items:
-            self._finish(item)
+        if items:
+            self._finish(items)
 
     def _state_after(self, finished: Sequence[Finished]) -> str:
         """The worker's state in RQ once ``finished`` are: idle once none of its jobs runs."""

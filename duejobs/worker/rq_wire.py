@@ -294,7 +294,7 @@ class RqWire:
         self,
         most: int,
         wait: float,
-        finishing: Sequence[Finished] = (),
+        finishing: list[Finished] | None = None,
         state: str = "",
         may_block: Callable[[], bool] = lambda: True,
     ) -> list[Taken]:
@@ -310,15 +310,20 @@ class RqWire:
         for this worker that it does not know of — and that the deliverer counts as live
         while the worker lives: the next take finds them by their run ids and hands them
         out first (:meth:`_recovered`) — or, none found, takes as usual —, its finishes written
-        again on their own (a second entry in a job's results stream, the rest the same)."""
+        again on their own (a second entry in a job's results stream, the rest the same).
+
+        ``finishing`` is emptied once written, with ``state``: the same call made again after
+        an outage (the blocking wait's, say) does not write them, or a stale state, twice."""
+        finishing = [] if finishing is None else finishing
         if self._lost:
             if finishing:
                 self.finish(finishing, state)
-                finishing = ()
+                finishing.clear()
             found = self._recovered()
             if found:
                 return found
-        taken = self._run(most, "", 0, finishing, state)
+        taken = self._run(most, "", 0, finishing, state if finishing else "")
+        finishing.clear()
         if taken or wait <= 0 or not may_block():
             return taken
         popped = self.redis.blpop(self._queue_keys, timeout=wait)
