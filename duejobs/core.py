@@ -39,6 +39,7 @@ from duejobs.config import (
     plain_url,
 )
 from duejobs.delivery import Deliverer, Removals
+from duejobs.delivery.wakes import Wakes
 from duejobs.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -182,6 +183,7 @@ class Core:
     _deliverer: Deliverer | None = None
     # Superseded jobs taken out of Redis off the caller's path, made on first use.
     _removals: Removals | None = field(default=None, repr=False)
+    _wakes: Wakes | None = field(default=None, repr=False)
     _redis_connections = 0  # what ensure_pool asked of the deliverer's Redis pool
     # The engine, made on first use (see engine), and the pool it is made with.
     _engine: Engine | None = field(default=None, repr=False)
@@ -230,7 +232,12 @@ class Core:
         """This Core on other engines (the AsyncApp's, whose sync faces they are): the same
         settings, options, handlers and quota cache; a deliverer of its own."""
         return dataclasses.replace(
-            self, _engine=engine, _read_engine=read_engine, _deliverer=None, _removals=None
+            self,
+            _engine=engine,
+            _read_engine=read_engine,
+            _deliverer=None,
+            _removals=None,
+            _wakes=None,
         )
 
     @property
@@ -308,6 +315,14 @@ class Core:
                 self._removals = Removals(self.deliverer)
         return self._removals
 
+    def wakes(self) -> Wakes:
+        """How a schedule due before the scheduler's next poll wakes it
+        (:mod:`~duejobs.delivery.wakes`), created on first use."""
+        with _DELIVERER_LOCK:
+            if self._wakes is None:
+                self._wakes = Wakes(lambda: self.deliverer().redis)
+        return self._wakes
+
     def ensure_pool(self, connections: int) -> None:
         """Let the engine lend ``connections`` at once without waiting (a worker's slots may
         each run a bookkeeping step and a ``ctx.transaction()``): an engine whose pool is
@@ -335,6 +350,8 @@ class Core:
         are removed)."""
         if self._removals is not None:
             self._removals.close()
+        if self._wakes is not None:
+            self._wakes.close()
         if self._engine is not None:
             self._engine.dispose()
         if self._read_engine is not None:

@@ -15,6 +15,7 @@ process, and a plain RQ worker in that process ran schedules)
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -32,6 +33,7 @@ from sqlalchemy.exc import OperationalError
 from duejobs import App, EventKind, Status, store
 from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
+from duejobs.delivery.wakes import WAKE_KEY, WAKE_TTL, send_wake
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig, claim_due
 from duejobs.services.reconciler import Reconciler
 from duejobs.services.stats import collect, render
@@ -124,6 +126,55 @@ def test_a_deferred_job_is_promoted_at_its_time_not_at_the_next_poll(system: Sys
     (promoted,) = queue.get_jobs()
     assert promoted.enqueued_at is not None
     assert promoted.enqueued_at.replace(tzinfo=UTC) >= s.run_at
+
+
+def test_a_job_due_now_is_pushed_at_once_not_at_the_next_poll(system: System) -> None:
+    """A schedule due now wakes the scheduler through Redis: with a poll of 30 s, its job
+    reaches the queue long before the next poll. Seen failing with no wake sent."""
+    scheduler = Scheduler(system.app, SchedulerConfig(poll_interval=timedelta(seconds=30)))
+    thread = threading.Thread(target=scheduler.run)
+    thread.start()
+    try:
+        wait_for(lambda: scheduler._last_claims > 0, 15, "the scheduler's first pass")
+        system.app.schedule("record", {}, delay=0)
+        queue = system.scheduler.deliverer.queue
+        wait_for(lambda: queue.count == 1, 10, "the job pushed before the next poll")
+    finally:
+        scheduler.stop()
+        thread.join()
+        scheduler.close()
+
+
+def test_a_wake_leaves_one_entry_on_its_list_that_expires(system: System) -> None:
+    """The App's wake for a schedule due now, and more with no scheduler to take them: the
+    list holds one entry, set to expire. Seen failing with the list left to grow."""
+    system.app.schedule("record", {}, delay=0)
+    wait_for(lambda: system.redis.exists(WAKE_KEY) == 1, 10, "the App's wake")
+    for _ in range(3):
+        send_wake(system.redis)
+    assert system.redis.llen(WAKE_KEY) == 1
+    assert 0 < system.redis.ttl(WAKE_KEY) <= WAKE_TTL
+
+
+def test_a_schedule_due_now_does_not_wait_for_a_redis_that_does_not_answer(
+    database_url: str,
+) -> None:
+    """The App's Redis accepts connections and never answers: a schedule due now returns at
+    once, written, its wake left to a thread of the App's own. Seen failing with the wake
+    sent in the caller's thread (it waited out the client's 10 s timeout)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    app = App(database_url, f"redis://127.0.0.1:{port}/0", strict_types=False)
+    try:
+        started = time.monotonic()
+        s = app.schedule("record", {}, delay=0)
+        assert time.monotonic() - started < 2
+        assert app.get(s.id) is not None
+    finally:
+        app.close()
+        silent.close()
 
 
 def test_a_pass_brought_forward_for_a_deferred_jobs_time_only_promotes(system: System) -> None:

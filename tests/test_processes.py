@@ -179,7 +179,7 @@ def test_a_services_passes_start_every_pause_however_long_each_takes(
     )
     waits: list[float] = []
 
-    def wait(seconds: float) -> None:
+    def wait(seconds: float, nudgeable: bool = False) -> None:
         waits.append(round(seconds, 6))
         clock[0] += seconds
         if len(waits) == 3:
@@ -210,7 +210,7 @@ def test_a_pass_that_asks_for_no_pause_gets_none(monkeypatch: pytest.MonkeyPatch
     )
     waits: list[float] = []
 
-    def wait(seconds: float) -> None:
+    def wait(seconds: float, nudgeable: bool = False) -> None:
         waits.append(seconds)
         clock[0] += seconds
         if len(waits) == 2:

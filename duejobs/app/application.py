@@ -292,6 +292,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
             schedule = self._insert(new, conn)
             if span is not None:
                 span.set_attributes(tracing.attributes(schedule_id=str(schedule.id)))
+        self._wake_if_due_soon(schedule, conn)
         return schedule
 
     def _insert(self, new: store.NewRow, conn: Conn | None) -> Schedule:
@@ -371,8 +372,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
             if schedule is None:
                 self._explain_refusal(c, sid, expected_version)
         assert schedule is not None
-        if conn is None:
-            self._discard_queue_job(old_job)
+        self._moved(old_job, schedule, conn)
         return schedule
 
     def cancel(self, schedule_id: ScheduleId, *, conn: Conn | None = None) -> bool:
@@ -421,6 +421,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
                     f"schedule {sid} is {current.status.value}; only failed or cancelled "
                     "ones are retried"
                 )
+        self._wake_if_due_soon(retried, conn)
         return retried
 
     def run_now(
@@ -482,8 +483,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
             if schedule is None:
                 self._explain_refusal(c, holder.id, None)
         assert schedule is not None
-        if conn is None:
-            self._discard_queue_job(old_job)
+        self._moved(old_job, schedule, conn)
         return schedule
 
     # -- internals ---------------------------------------------------------------------

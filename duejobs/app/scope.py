@@ -16,6 +16,7 @@ from duejobs import store
 from duejobs.config import Settings
 from duejobs.core import Core
 from duejobs.delivery import Deliverer
+from duejobs.delivery.wakes import SOON
 from duejobs.errors import (
     InvalidScheduleError,
     InvalidScheduleIdError,
@@ -23,7 +24,7 @@ from duejobs.errors import (
     UnknownTypeError,
 )
 from duejobs.handlers import Handler
-from duejobs.models import QueueJob, ScheduleRequest
+from duejobs.models import QueueJob, Schedule, ScheduleRequest, Status
 from duejobs.timespec import When, as_delay, parse_when
 from duejobs.validation import (
     DEFAULT_PRIORITY,
@@ -109,6 +110,27 @@ class Scoped:
             return
         removals = self._core.removals()
         self._core.after_commit(lambda: removals.add(job))
+
+    def _moved(self, old_job: QueueJob | None, schedule: Schedule, conn: object) -> None:
+        """After a schedule moved: the job it superseded to the removals (without ``conn=``),
+        and a scheduler woken if it is due soon."""
+        if conn is None:
+            self._discard_queue_job(old_job)
+        self._wake_if_due_soon(schedule, conn)
+
+    def _wake_if_due_soon(self, schedule: Schedule, conn: object) -> None:
+        """Wake a scheduler for a schedule due within ``SOON`` of its write
+        (:mod:`~duejobs.delivery.wakes`: off the caller's path), once committed: not with
+        ``conn=`` (the caller may still roll back; the poll finds it), in a host framework's
+        transaction once it commits."""
+        if conn is not None or not self.settings.has_redis:
+            return
+        if schedule.status is not Status.SCHEDULED or schedule.created is False:
+            return
+        if (schedule.due_at - schedule.updated_at).total_seconds() > SOON:
+            return
+        wakes = self._core.wakes()
+        self._core.after_commit(wakes.wake)
 
     def _route(self, handler: Handler | None, queue: str | None) -> str:
         """The queue a schedule goes to: the one asked for, else its type's, else the App's."""

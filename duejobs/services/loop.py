@@ -21,7 +21,6 @@ the pause is followed at once by the next, never run beside it).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import time
@@ -63,25 +62,39 @@ class StopRequest:
 
     def __init__(self) -> None:
         self._asked = False
-        self._wakeup: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._nudged = False
+        self._wakeup: queue.SimpleQueue[bool] = queue.SimpleQueue()
 
     def set(self) -> None:
         self._asked = True
-        self._wakeup.put(None)
+        self._wakeup.put(True)
 
     def is_set(self) -> bool:
         return self._asked
 
-    def wait(self, seconds: float) -> bool:
-        """Wait up to ``seconds``, less if the request comes; whether it has come."""
+    def nudge(self) -> None:
+        """End the next (or current) wait made ``nudgeable``, without a stop; nudges made
+        before it ends count as one. Not for a signal handler."""
+        self._nudged = True
+        self._wakeup.put(False)
+
+    def wait(self, seconds: float, nudgeable: bool = False) -> bool:
+        """Wait up to ``seconds``, less if the request comes (or, ``nudgeable``, a nudge);
+        whether the request has come."""
         deadline = time.monotonic() + seconds
         while not self._asked:
+            if nudgeable and self._nudged:
+                self._nudged = False
+                break
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            with contextlib.suppress(queue.Empty):
-                self._wakeup.get(timeout=min(left, self.WAIT_SLICE))
-                self._wakeup.put(None)  # the request stays made for any other waiter
+            try:
+                stop = self._wakeup.get(timeout=min(left, self.WAIT_SLICE))
+            except queue.Empty:
+                continue
+            if stop:
+                self._wakeup.put(True)  # the request stays made for any other waiter
         return self._asked
 
 
@@ -101,8 +114,14 @@ class Loop:
         """End the loop at its next wait; a pass under way finishes. Safe in a signal handler."""
         self._stopping.set()
 
-    def wait(self, seconds: float) -> None:
-        self._stopping.wait(seconds)
+    def wait(self, seconds: float, nudgeable: bool = False) -> None:
+        """Wait up to ``seconds``, less once stopped (or, ``nudgeable``, nudged)."""
+        self._stopping.wait(seconds, nudgeable)
+
+    def nudge(self) -> None:
+        """Start the next pass now if the loop waits after a pass that succeeded (or once
+        the pass under way ends); a wait after a failure keeps its backoff."""
+        self._stopping.nudge()
 
     def run_forever(
         self,
@@ -139,4 +158,5 @@ class Loop:
             if failures:
                 self.log.info("%s recovered after %d failed passes", self.name, failures)
             failures = 0
-            self.wait(max(0.0, pause(result).total_seconds() - (time.monotonic() - started)))
+            left = pause(result).total_seconds() - (time.monotonic() - started)
+            self.wait(max(0.0, left), nudgeable=True)
