@@ -6,6 +6,11 @@ offsets. duejobs: one scheduler and one worker process; lag = the `started` even
 time minus `run_at` (so an early start is a negative lag by the database clock). RQ: one
 `rq worker --with-scheduler` (SimpleWorker, JSON); lag = the job's own `time.time()` at start
 minus its target.
+
+Due now: the same processes, each job scheduled at the moment it is due (``delay=0``, one
+every 1/LAG_RATE s, paced by the clock); lag = its start minus its ``run_at`` (the insert's
+database time). Beside it, RQ's plain ``enqueue`` of each job at its moment, the start of a
+queue that holds the job itself.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -39,7 +45,15 @@ def _offsets() -> list[float]:
     return [LEAD + i / RATE + rng.random() / RATE for i in range(JOBS)]
 
 
-def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
+def _paced(call: Callable[[], object]) -> None:
+    """``call()`` JOBS times, one every 1/RATE s after LEAD s, by the clock."""
+    start = time.monotonic() + LEAD
+    for i in range(JOBS):
+        time.sleep(max(0.0, start + i / RATE - time.monotonic()))
+        call()
+
+
+def duejobs_lags(database_url: str, redis_url: str, due_now: bool = False) -> list[float]:
     app = App(database_url=database_url, redis_url=redis_url)
     Redis.from_url(redis_url).flushdb()
     with app.engine.begin() as conn:
@@ -58,9 +72,12 @@ def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
         ),
     ]
     try:
-        now = app.now()
-        for offset in _offsets():
-            app.schedule("noop", {}, run_at=now + timedelta(seconds=offset))
+        if due_now:
+            _paced(lambda: app.schedule("noop", {}, delay=0))
+        else:
+            now = app.now()
+            for offset in _offsets():
+                app.schedule("noop", {}, run_at=now + timedelta(seconds=offset))
         done = text("SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'")
 
         def finished() -> bool:
@@ -81,7 +98,7 @@ def duejobs_lags(database_url: str, redis_url: str) -> list[float]:
         app.close()
 
 
-def rq_lags(redis_url: str) -> list[float]:
+def rq_lags(redis_url: str, due_now: bool = False) -> list[float]:
     redis = Redis.from_url(redis_url)
     redis.flushdb()
     rq_cli = str(Path(sys.executable).parent / "rq")
@@ -105,10 +122,13 @@ def rq_lags(redis_url: str) -> list[float]:
     )
     try:
         queue = Queue("lag", connection=redis, serializer=JSONSerializer)
-        start = time.time()
-        for offset in _offsets():
-            target = start + offset
-            queue.enqueue_at(datetime.fromtimestamp(target, UTC), "bench.jobs.stamp", target)
+        if due_now:
+            _paced(lambda: queue.enqueue("bench.jobs.stamp", time.time()))
+        else:
+            start = time.time()
+            for offset in _offsets():
+                target = start + offset
+                queue.enqueue_at(datetime.fromtimestamp(target, UTC), "bench.jobs.stamp", target)
         wait_until(
             lambda: redis.llen("bench:rq-lag") == JOBS, LEAD + JOBS / RATE + 60, "lag benchmark"
         )
@@ -119,6 +139,30 @@ def rq_lags(redis_url: str) -> list[float]:
 
 
 def run(database_url: str, redis_url: str) -> list[Figure]:
+    return [*_at_their_time(database_url, redis_url), *_due_now(database_url, redis_url)]
+
+
+def _due_now(database_url: str, redis_url: str) -> list[Figure]:
+    ours = [lag * 1000 for lag in duejobs_lags(database_url, redis_url, due_now=True)]
+    theirs = [lag * 1000 for lag in rq_lags(redis_url, due_now=True)]
+    p50, p99 = statistics.median(ours), percentile(ours, 0.99)
+    rq50, rq99 = statistics.median(theirs), percentile(theirs, 0.99)
+    return [
+        Figure(
+            "due now: start - run_at, p50 (RQ enqueue beside)", p50, rq50, "ms", "<= 5 ms", p50 <= 5
+        ),
+        Figure(
+            "due now: start - run_at, p99 (RQ enqueue beside)",
+            p99,
+            rq99,
+            "ms",
+            "<= 20 ms",
+            p99 <= 20,
+        ),
+    ]
+
+
+def _at_their_time(database_url: str, redis_url: str) -> list[Figure]:
     ours = duejobs_lags(database_url, redis_url)
     theirs = rq_lags(redis_url)
     early_ours = sum(1 for lag in ours if lag < 0)

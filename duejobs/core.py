@@ -39,7 +39,7 @@ from duejobs.config import (
     plain_url,
 )
 from duejobs.delivery import Deliverer, Removals
-from duejobs.delivery.wakes import Wakes
+from duejobs.delivery.wakes import Wakes, wake_key
 from duejobs.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
@@ -320,7 +320,7 @@ class Core:
         (:mod:`~duejobs.delivery.wakes`), created on first use."""
         with _DELIVERER_LOCK:
             if self._wakes is None:
-                self._wakes = Wakes(lambda: self.deliverer().redis)
+                self._wakes = Wakes(lambda: self.deliverer().redis, wake_key(self.queue))
         return self._wakes
 
     def ensure_pool(self, connections: int) -> None:
@@ -352,6 +352,7 @@ class Core:
             self._removals.close()
         if self._wakes is not None:
             self._wakes.close()
+            self._wakes = None  # an App used again wakes afresh
         if self._engine is not None:
             self._engine.dispose()
         if self._read_engine is not None:

@@ -196,6 +196,24 @@ def test_a_services_passes_start_every_pause_however_long_each_takes(
     assert waits == [0.2, 0.0, 0.4]
 
 
+def test_nudges_end_a_nudgeable_wait_and_never_pile_up() -> None:
+    """A nudge ends the next wait made nudgeable (not a plain one, a backoff's); a stream of
+    nudges, each answered by a wait, leaves at most one token queued. Seen failing with a
+    token queued per nudge (a thousand here)."""
+    request = services_loop.StopRequest()
+    request.nudge()
+    started = time.monotonic()
+    assert request.wait(0.2) is False and time.monotonic() - started >= 0.2
+    assert request.wait(30, nudgeable=True) is False  # the nudge made before it
+    for _ in range(1000):
+        request.nudge()
+        request.nudge()
+        request.wait(30, nudgeable=True)
+    assert request._wakeup.qsize() <= 1
+    request.set()
+    assert request.wait(30, nudgeable=True) is True
+
+
 def test_a_pass_that_asks_for_no_pause_gets_none(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a full batch the scheduler and the recurring loop ask for no pause, and the next
     pass starts at once: a zero pause is a pause of zero, not "none given" (which would wait the

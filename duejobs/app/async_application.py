@@ -138,6 +138,8 @@ class AsyncApp:
         superseded jobs handed over are removed."""
         if self._core._removals is not None:
             await asyncio.to_thread(self._core._removals.close)
+        if self._core._wakes is not None:
+            self._core._wakes.close()
         await self._engine.dispose()
         if self._read_engine is not None:
             await self._read_engine.dispose()

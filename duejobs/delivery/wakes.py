@@ -2,9 +2,10 @@
 
 A scheduler claims new rows at its poll's pace (100 ms by default): a job scheduled to run
 now would otherwise wait up to a poll before it is pushed. An App that commits a schedule due
-within ``SOON`` of its write (:meth:`Wakes.wake`) pushes one entry onto the list ``WAKE_KEY``
-of its default Redis, and a scheduler blocked on that list (:class:`WakeWatch`) starts a pass
-of claims at once, ``WAKE_GAP`` at least after its last one. Redis, not PostgreSQL's
+within ``SOON`` of its write (:meth:`Wakes.wake`) pushes one entry onto the list of its
+queue's name (:func:`wake_key`, as RQ's queues are named per deployment) on its default Redis,
+and a scheduler of that App blocked on that list (:class:`WakeWatch`) starts a pass of claims
+at once, ``WAKE_GAP`` at least after its last one. Redis, not PostgreSQL's
 ``NOTIFY``, carries it: a transaction-mode pooler does not pass a ``LISTEN`` on, and a row
 written on a primary is never heard of on a replica.
 
@@ -25,6 +26,7 @@ a hundred passes a second, each claiming what came meanwhile), ``WAKE_TTL`` (60 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -35,16 +37,18 @@ from prometheus_client import Counter
 from redis import Redis
 from redis.exceptions import RedisError
 
+from duejobs.errors import redis_said
+
 log = logging.getLogger("duejobs.delivery")
 
-WAKE_KEY = "duejobs:wake"
 SOON = 1.0
 WAKE_GAP = 0.010
 WAKE_TTL = 60
 IDLE_EXIT = 10.0
 QUIET_FOR = 30.0
-# How long a watch blocks on the list before it looks for a stop (seconds).
-WATCH_BLOCK = 1
+# How long a watch blocks on the list before it looks for a stop (seconds): an idle
+# scheduler's one Redis command more every 5 s.
+WATCH_BLOCK = 5
 
 FAILED = Counter(
     "duejobs_scheduler_wakes_failed_total",
@@ -53,20 +57,25 @@ FAILED = Counter(
 )
 
 
-def send_wake(redis: Redis) -> None:
+def wake_key(queue: str) -> str:
+    """The wake list of the Apps and schedulers whose queue is ``queue``."""
+    return f"duejobs:wake:{queue}"
+
+
+def send_wake(redis: Redis, key: str) -> None:
     """One entry on the wake list, the list cut to it and set to expire (one transaction)."""
     with redis.pipeline(transaction=True) as pipe:
-        pipe.lpush(WAKE_KEY, 1)
-        pipe.ltrim(WAKE_KEY, 0, 0)
-        pipe.expire(WAKE_KEY, WAKE_TTL)
+        pipe.lpush(key, 1)
+        pipe.ltrim(key, 0, 0)
+        pipe.expire(key, WAKE_TTL)
         pipe.execute()
 
 
 class Wakes:
     """The App's side: wakes sent from a thread of its own (see the module docstring)."""
 
-    def __init__(self, redis: Callable[[], Redis]) -> None:
-        self._redis = redis
+    def __init__(self, redis: Callable[[], Redis], key: str) -> None:
+        self._redis, self._key = redis, key
         self._fresh()
 
     def _fresh(self) -> None:
@@ -93,8 +102,13 @@ class Wakes:
         with self._lock:
             self._wanted.set()
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="duejobs-wakes", daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="duejobs-wakes", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError as exc:  # no thread to be had: the poll finds the row
+                    self._failed(exc)
+                    return
+                self._thread = thread
 
     def _run(self) -> None:
         while True:
@@ -108,18 +122,21 @@ class Wakes:
             if self._closed:
                 return
             try:
-                send_wake(self._redis())
+                send_wake(self._redis(), self._key)
             except RedisError as exc:  # the schedule waits for the next poll
-                FAILED.inc()
-                if time.monotonic() - self._failed_at >= QUIET_FOR:
-                    self._failed_at = time.monotonic()
-                    log.warning(
-                        "could not wake the scheduler (%s): schedules due now wait for its "
-                        "next poll",
-                        exc,
-                    )
+                self._failed(exc)
             except Exception:  # never end the thread: the next wake may go through
                 log.exception("waking the scheduler failed")
+
+    def _failed(self, exc: BaseException) -> None:
+        """A wake not sent: counted, and said once per ``QUIET_FOR``."""
+        FAILED.inc()
+        if time.monotonic() - self._failed_at >= QUIET_FOR:
+            self._failed_at = time.monotonic()
+            log.warning(
+                "could not wake the scheduler (%s): schedules due now wait for its next poll",
+                redis_said(exc),
+            )
 
 
 class WakeWatch:
@@ -130,41 +147,51 @@ class WakeWatch:
     def __init__(
         self,
         redis: Redis,
+        key: str,
         woken: Callable[[], None],
         stopping: Callable[[], bool],
         backoff: Callable[[int], float],
     ) -> None:
-        self._redis, self._woken, self._stopping, self._backoff = redis, woken, stopping, backoff
+        self._redis, self._key, self._woken = redis, key, woken
+        self._stopping, self._backoff = stopping, backoff
         self._thread = threading.Thread(target=self._run, name="duejobs-wake-watch", daemon=True)
 
     def start(self) -> None:
+        """Start the thread; it ends by itself within ``WATCH_BLOCK`` of the stop (or of its
+        Redis call's timeout), not waited for: a wake it takes once stopping is put back."""
         self._thread.start()
 
-    def join(self) -> None:
-        """Wait for the thread, which ends within ``WATCH_BLOCK`` of the stop."""
-        self._thread.join(WATCH_BLOCK + 5)
+    def _pause(self, seconds: float) -> None:
+        """Sleep, a stop seen within a tenth of a second."""
+        until = time.monotonic() + seconds
+        while not self._stopping() and time.monotonic() < until:
+            time.sleep(min(0.1, max(0.0, until - time.monotonic())))
 
     def _run(self) -> None:
         failures = 0
         last = 0.0
         while not self._stopping():
             try:
-                taken = self._redis.blpop([WAKE_KEY], timeout=WATCH_BLOCK)
+                taken = self._redis.blpop([self._key], timeout=WATCH_BLOCK)
             except Exception as exc:  # the poll goes on meanwhile; this thread never ends
                 failures += 1
                 if failures == 1:
                     log.warning(
                         "the scheduler's wake list is out of reach (%s); polling",
-                        exc,
+                        redis_said(exc),
                         exc_info=not isinstance(exc, RedisError),
                     )
-                time.sleep(self._backoff(failures))
+                self._pause(self._backoff(failures))
                 continue
             if failures:
                 log.info("the scheduler's wake list answers again")
                 failures = 0
             if taken is None:
                 continue
-            time.sleep(max(0.0, last + WAKE_GAP - time.monotonic()))
+            if self._stopping():  # for a scheduler that still runs, if any
+                with contextlib.suppress(RedisError):
+                    send_wake(self._redis, self._key)
+                return
+            self._pause(last + WAKE_GAP - time.monotonic())
             last = time.monotonic()
             self._woken()

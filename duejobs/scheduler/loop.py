@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING
 from duejobs import store
 from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
-from duejobs.delivery.wakes import WakeWatch
+from duejobs.delivery.wakes import WakeWatch, wake_key
 from duejobs.models import Delivery
 from duejobs.observability import metrics, tracing
 from duejobs.scheduler import occurrences
@@ -310,8 +310,13 @@ class Scheduler:
             target=self.recurring.run, name="duejobs-recurring", daemon=True
         )
         recurring.start()
-        watch = WakeWatch(self.deliverer.redis, self._woken, lambda: self.stopping, self.backoff)
-        watch.start()
+        WakeWatch(
+            self.deliverer.redis,
+            wake_key(self.core.queue),
+            self._woken,
+            lambda: self.stopping,
+            self.backoff,
+        ).start()
         try:
             self._loop.run_forever(
                 self.run_once,
@@ -322,7 +327,6 @@ class Scheduler:
             )
         finally:
             self.recurring.stop()
-            watch.join()
             recurring.join(RECURRING_STOP_WAIT)
             if recurring.is_alive():  # a pass held up past its locks' bounds: not waited for
                 log.warning("the recurring loop did not stop within %d s", RECURRING_STOP_WAIT)

@@ -72,11 +72,24 @@ class StopRequest:
     def is_set(self) -> bool:
         return self._asked
 
+    def _drop_nudges(self) -> None:
+        """Take the nudges' tokens off the queue (a stop's is put back), so they never pile
+        up however many nudges come."""
+        while True:
+            try:
+                stop = self._wakeup.get_nowait()
+            except queue.Empty:
+                return
+            if stop:
+                self._wakeup.put(True)
+                return
+
     def nudge(self) -> None:
         """End the next (or current) wait made ``nudgeable``, without a stop; nudges made
-        before it ends count as one. Not for a signal handler."""
-        self._nudged = True
-        self._wakeup.put(False)
+        before it ends count as one. From one thread, not a signal handler."""
+        if not self._nudged:
+            self._nudged = True
+            self._wakeup.put(False)
 
     def wait(self, seconds: float, nudgeable: bool = False) -> bool:
         """Wait up to ``seconds``, less if the request comes (or, ``nudgeable``, a nudge);
@@ -85,6 +98,7 @@ class StopRequest:
         while not self._asked:
             if nudgeable and self._nudged:
                 self._nudged = False
+                self._drop_nudges()
                 break
             left = deadline - time.monotonic()
             if left <= 0:
