@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from duejobs import ScheduleRequest
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import WorkerConfig, build_worker, loop
 from tests.support import sample
@@ -52,8 +53,11 @@ def test_a_job_costs_the_worker_at_most_12_redis_commands(
     monkeypatch.setattr(loop, "BEAT_EVERY", 3600.0)
 
     def commands(jobs: int) -> int:
-        for n in range(jobs):
-            system.app.schedule("record", {"n": n}, delay=0)
+        # Written at once: a schedule() due now would wake the scheduler through this Redis
+        # from a thread of the App's own, meanwhile (duejobs.delivery.wakes).
+        system.app.schedule_many(
+            [ScheduleRequest("record", {"n": n}, delay=0) for n in range(jobs)]
+        )
         system.scheduler.run_once()
         worker = build_worker(system.app, WorkerConfig(concurrency=concurrency))
         try:
