@@ -60,7 +60,7 @@ from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.rq_wire import TAKE, Finished, RqWire, Taken
 from tests.support import sample, wait_for
 from tests.support.processes import WORKER, Proc
-from tests.support.slots import attempts_of, count_rows
+from tests.support.slots import attempts_of, count_rows, gated_job
 from tests.support.slots import slots as slots
 from tests.support.system import System
 
@@ -422,27 +422,11 @@ def test_a_slot_ending_while_the_loop_waits_on_an_empty_queue_finishes_its_job_i
     that ends it writes the job's finish in RQ at once, not at the loop's next take (3 s
     allowed). Seen failing with every finish left to the next take."""
     monkeypatch.setattr(loop, "TAKE_WAIT", 4.0)
-    go = threading.Event()
-    system.app.handler("gated")(lambda ctx, payload: go.wait(30))
-    schedule = system.app.schedule("gated", {}, delay=0)
-    system.scheduler.run_once()
-    runtime = Runtime(system.app, WorkerConfig(concurrency=2))
-    worker = Worker(runtime)
-    working = threading.Thread(target=worker.work, daemon=True)
-    working.start()
-
-    def finished() -> bool:
-        return _rq_job(system, schedule.id).get_status() == "finished"
-
-    try:
+    with gated_job(system) as job:
+        worker = job.worker
         wait_for(lambda: worker._running and not worker._folding, 15, "the loop to block")
-        go.set()
-        wait_for(finished, 3, "the job's finish in RQ")
-    finally:
-        worker.stop()
-        working.join(30)
-        runtime.close()
-    assert not working.is_alive()
+        job.go.set()
+        wait_for(job.finished_in_rq, 3, "the job's finish in RQ")
 
 
 def test_a_slot_ending_while_rq_suspend_holds_the_loop_finishes_its_job_itself(
@@ -452,40 +436,27 @@ def test_a_slot_ending_while_rq_suspend_holds_the_loop_finishes_its_job_itself(
     slot that ends it writes the job's finish in RQ at once (3 s allowed). Seen failing with
     the finish left to the loop, which wrote it at its next look at the suspension."""
     monkeypatch.setattr(loop, "BEAT_EVERY", 30.0)
-    go = threading.Event()
-    system.app.handler("gated")(lambda ctx, payload: go.wait(30))
-    schedule = system.app.schedule("gated", {}, delay=0)
-    system.scheduler.run_once()
-    runtime = Runtime(system.app, WorkerConfig(concurrency=2))
-    worker = Worker(runtime)
     held = threading.Event()
-    pause = worker._stop.wait
 
-    def held_wait(seconds: float) -> bool:
-        held.set()
-        return pause(seconds)
+    def noting_its_pause(worker: Worker) -> None:
+        pause = worker._stop.wait
 
-    monkeypatch.setattr(worker._stop, "wait", held_wait)
-    working = threading.Thread(target=worker.work, daemon=True)
-    working.start()
+        def held_wait(seconds: float) -> bool:
+            held.set()
+            return pause(seconds)
 
-    def finished() -> bool:
-        return _rq_job(system, schedule.id).get_status() == "finished"
+        monkeypatch.setattr(worker._stop, "wait", held_wait)
 
     try:
-        wait_for(lambda: bool(worker._running), 15, "the job to start")
-        suspend(system.redis)
-        worker._wake.put(None)  # a beat now: it reads the suspension
-        assert held.wait(15)
-        go.set()
-        wait_for(finished, 3, "the job's finish in RQ")
+        with gated_job(system, noting_its_pause) as job:
+            wait_for(lambda: bool(job.worker._running), 15, "the job to start")
+            suspend(system.redis)
+            job.worker._wake.put(None)  # a beat now: it reads the suspension
+            assert held.wait(15)
+            job.go.set()
+            wait_for(job.finished_in_rq, 3, "the job's finish in RQ")
     finally:
         resume(system.redis)
-        go.set()
-        worker.stop()
-        working.join(30)
-        runtime.close()
-    assert not working.is_alive()
 
 
 def test_a_take_made_again_after_its_wait_failed_writes_its_finishes_once(

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 
 import pytest
+from rq.job import Job
+from rq.serializers import JSONSerializer
 from sqlalchemy import text
 
 from duejobs import App
@@ -54,3 +59,48 @@ def blocked_on_redis(system: System) -> bool:
         c.get("cmd") in ("blmove", "blpop") and c.get("db") == database
         for c in system.redis.client_list()
     )
+
+
+@dataclass
+class GatedJob:
+    """One job whose handler waits for ``go``, run by a worker of two slots that works in a
+    thread of its own."""
+
+    system: System
+    worker: Worker
+    go: threading.Event
+    schedule_id: uuid.UUID
+
+    def finished_in_rq(self) -> bool:
+        """Whether RQ has the job finished."""
+        schedule = self.system.app.get(self.schedule_id)
+        assert schedule is not None and schedule.queue_job_id is not None
+        job = Job.fetch(
+            schedule.queue_job_id, connection=self.system.redis, serializer=JSONSerializer
+        )
+        return job.get_status() == "finished"
+
+
+@contextmanager
+def gated_job(
+    system: System, prepare: Callable[[Worker], None] = lambda worker: None
+) -> Iterator[GatedJob]:
+    """A :class:`GatedJob` (``prepare`` sees its worker before it starts); at the end its
+    handler is let go and its worker stopped, within 30 s."""
+    go = threading.Event()
+    system.app.handler("gated")(lambda ctx, payload: go.wait(30))
+    schedule = system.app.schedule("gated", {}, delay=0)
+    system.scheduler.run_once()
+    runtime = Runtime(system.app, WorkerConfig(concurrency=2))
+    worker = Worker(runtime)
+    prepare(worker)
+    working = threading.Thread(target=worker.work, daemon=True)
+    working.start()
+    try:
+        yield GatedJob(system, worker, go, schedule.id)
+    finally:
+        go.set()
+        worker.stop()
+        working.join(30)
+        runtime.close()
+    assert not working.is_alive()
