@@ -14,11 +14,13 @@ process, and a plain RQ worker in that process ran schedules)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -108,21 +110,29 @@ def test_deferred_job_is_promoted_only_when_the_database_clock_reaches_it(system
     assert started >= s.run_at
 
 
+@contextlib.contextmanager
+def _polling_every_30_s(system: System) -> Iterator[Scheduler]:
+    """A scheduler running in a thread of its own, its poll 30 s: what reaches the queue
+    sooner came by another way."""
+    scheduler = Scheduler(system.app, SchedulerConfig(poll_interval=timedelta(seconds=30)))
+    thread = threading.Thread(target=scheduler.run)
+    thread.start()
+    try:
+        yield scheduler
+    finally:
+        scheduler.stop()
+        thread.join()
+        scheduler.close()
+
+
 def test_a_deferred_job_is_promoted_at_its_time_not_at_the_next_poll(system: System) -> None:
     """The scheduler's pause ends when the earliest deferred job falls due: with a poll of
     30 s, a job due in 1 s reaches its queue long before the next poll, and not before its
     time. Seen failing with the pause the poll interval alone."""
     s = system.app.schedule("record", {}, delay=timedelta(seconds=1))
-    scheduler = Scheduler(system.app, SchedulerConfig(poll_interval=timedelta(seconds=30)))
-    thread = threading.Thread(target=scheduler.run)
-    thread.start()
-    try:
+    with _polling_every_30_s(system):
         queue = system.scheduler.deliverer.queue
         wait_for(lambda: queue.count == 1, 15, "the job promoted before the next poll")
-    finally:
-        scheduler.stop()
-        thread.join()
-        scheduler.close()
     (promoted,) = queue.get_jobs()
     assert promoted.enqueued_at is not None
     assert promoted.enqueued_at.replace(tzinfo=UTC) >= s.run_at
@@ -131,18 +141,11 @@ def test_a_deferred_job_is_promoted_at_its_time_not_at_the_next_poll(system: Sys
 def test_a_job_due_now_is_pushed_at_once_not_at_the_next_poll(system: System) -> None:
     """A schedule due now wakes the scheduler through Redis: with a poll of 30 s, its job
     reaches the queue long before the next poll. Seen failing with no wake sent."""
-    scheduler = Scheduler(system.app, SchedulerConfig(poll_interval=timedelta(seconds=30)))
-    thread = threading.Thread(target=scheduler.run)
-    thread.start()
-    try:
+    with _polling_every_30_s(system) as scheduler:
         wait_for(lambda: scheduler._last_claims > 0, 15, "the scheduler's first pass")
         system.app.schedule("record", {}, delay=0)
         queue = system.scheduler.deliverer.queue
         wait_for(lambda: queue.count == 1, 10, "the job pushed before the next poll")
-    finally:
-        scheduler.stop()
-        thread.join()
-        scheduler.close()
 
 
 def test_a_wake_leaves_one_entry_on_its_list_that_expires(system: System) -> None:
