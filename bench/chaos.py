@@ -25,6 +25,8 @@ started again, as its supervisor would, and counted. Then it checks, by the data
   and every ``succeeded`` schedule has exactly its one;
 * none started before its due time (the database's clock);
 * none cancelled or superseded ran;
+* the rate limits in force (tenant ``initech`` 5/s, the default queue 30/s) let at most N + 1
+  attempts start in any second;
 * after the last fault, everything due was terminal within ``recovery_bound``.
 
 It prints the schedules, the faults by kind, the violations (must be 0) and the recovery
@@ -65,6 +67,7 @@ from duejobs.delivery import QUEUES_KEY
 from duejobs.delivery.bands import band_queue
 from duejobs.dev.embedded import EmbeddedRedis
 from duejobs.errors import DuejobsError
+from duejobs.rates import parse_rate
 from duejobs.store.migrate import upgrade
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
 
@@ -624,9 +627,38 @@ def _change(app: duejobs.App, ids: list[object], rng: random.Random, report: Cha
         report.actions["refused (finished, or the database was cut)"] += 1
 
 
+# Live rows due by a time: by their due time, or, for a row a rate limit turned back (due
+# again at its slot), by the due time it had before (its put-back's ``moved_from``).
 _LIVE_DUE = (
-    "SELECT count(*) FROM scheduled_jobs WHERE status IN ('scheduled', 'running') AND due_at <= %s"
+    "SELECT count(*) FROM scheduled_jobs s WHERE s.status IN ('scheduled', 'running') "
+    "AND (s.due_at <= %(at)s OR EXISTS (SELECT 1 FROM scheduled_job_events e "
+    "WHERE e.schedule_id = s.id AND e.version = s.version AND e.kind = 'requeued' "
+    "AND e.detail->>'reason' = 'rate_limited' "
+    "AND CAST(e.detail->>'moved_from' AS timestamptz) <= %(at)s))"
 )
+
+
+# Rate limits in force through the run: the plan's tenant "initech" and the default queue.
+# Each is held to its promise below: at most N + 1 starts in any window of one period.
+TENANT_LIMIT, QUEUE_LIMIT = ("initech", "5/s"), (DEFAULT_QUEUE, "30/s")
+# The most starts of one limit's in any window of its period (one opens at each start).
+_OVER_A_LIMIT = (
+    "SELECT COALESCE(max(n), 0) FROM (SELECT (SELECT count(*) FROM scheduled_job_attempts b "
+    "JOIN scheduled_jobs t ON t.id = b.schedule_id WHERE {key} = %s "
+    "AND b.started_at >= a.started_at AND b.started_at < a.started_at + interval '1 second') "
+    "AS n FROM scheduled_job_attempts a JOIN scheduled_jobs s ON s.id = a.schedule_id "
+    "WHERE {outer} = %s) AS windows"
+)
+_LIMITED = {
+    "starts over the tenant's rate limit": (
+        _OVER_A_LIMIT.format(key="t.tenant", outer="s.tenant"),
+        TENANT_LIMIT,
+    ),
+    "starts over the queue's rate limit": (
+        _OVER_A_LIMIT.format(key="t.queue", outer="s.queue"),
+        QUEUE_LIMIT,
+    ),
+}
 _VIOLATIONS = {
     "due but not terminal": _LIVE_DUE,
     "effect applied twice": (
@@ -678,6 +710,8 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
         "DUEJOBS_REDIS_NODES": ",".join(f"{q}={url}" for q, url in homes.items()),
         "PYTHONPATH": str(ROOT),
     }
+    app.set_quota(TENANT_LIMIT[0], max_rate=TENANT_LIMIT[1])
+    app.set_rate_limit(*QUEUE_LIMIT)
     ids = _plan(app, rng, config)
     report.schedules = len(ids)
     cluster = _Cluster(env, logs, config)
@@ -700,7 +734,7 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
         report.recovery_seconds = _settle(pg, last_fault, config, report, cluster)
         # Rows rescheduled during the faults may be due a little after the last one.
         cutoff = last_fault + timedelta(seconds=10)
-        _wait(lambda: _count(pg, _LIVE_DUE, cutoff) == 0, config.settle_timeout)
+        _wait(lambda: _count(pg, _LIVE_DUE, {"at": cutoff}) == 0, config.settle_timeout)
         if config.partitioned and not _wait(lambda: _coming_ready(app), config.settle_timeout):
             report.violations["coming partitions not made again"] = 1
     finally:
@@ -708,8 +742,11 @@ def _run(config: ChaosConfig, servers: Servers, logs: Path) -> ChaosReport:
         app.close()
     with psycopg.connect(pg, autocommit=True) as conn:
         for name, sql in _VIOLATIONS.items():
-            args = (cutoff,) if "%s" in sql else ()
+            args = {"at": cutoff} if "%(at)s" in sql else {}
             report.violations[name] = int(conn.execute(sql, args).fetchone()[0])  # type: ignore[index]
+        for name, (sql, (key, rate)) in _LIMITED.items():
+            most = int(conn.execute(sql, (key, key)).fetchone()[0])  # type: ignore[index]
+            report.violations[name] = max(0, most - (parse_rate(rate).count + 1))
         lag = conn.execute(
             "SELECT max(CAST(detail->>'lag_ms' AS double precision)) "
             "FROM scheduled_job_events WHERE kind = 'started'"
@@ -739,10 +776,10 @@ def _db_now(url: str) -> datetime:
         return conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index,no-any-return]
 
 
-def _count(url: str, sql: str, *args: object) -> int:
+def _count(url: str, sql: str, params: tuple[object, ...] | dict[str, object] = ()) -> int:
     try:
         with psycopg.connect(url) as conn:
-            return int(conn.execute(sql, args).fetchone()[0])  # type: ignore[index]
+            return int(conn.execute(sql, params).fetchone()[0])  # type: ignore[index]
     except psycopg.Error:
         return -1
 
@@ -777,7 +814,7 @@ def _settle(
     def settled() -> bool:
         for kind in cluster.revive():
             report.exits[kind] += 1
-        return _count(url, _LIVE_DUE, last_fault) == 0
+        return _count(url, _LIVE_DUE, {"at": last_fault}) == 0
 
     started = time.monotonic()
     if _wait(settled, 15):

@@ -61,7 +61,7 @@ def scratch_database() -> Iterator[tuple[str, str]]:
 # truncating scheduled_jobs alone would leave them behind).
 TABLES = (
     "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
-    "scheduled_job_results, recurring_schedules, tenant_quotas"
+    "scheduled_job_results, recurring_schedules, tenant_quotas, rate_limits"
 )
 
 

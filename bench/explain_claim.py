@@ -27,7 +27,8 @@ from bench.common import TABLES, scratch_database
 from duejobs import App, store
 from duejobs.config import sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.scheduler.loop import FRONT_LANE, claim_due, fair_shares
+from duejobs.scheduler.claim import FRONT_LANE, claim_due, fair_shares
+from duejobs.scheduler.pacing import PACE_AHEAD
 from duejobs.services.reconciler import Reconciler
 
 WINDOW = timedelta(minutes=15)
@@ -76,15 +77,23 @@ def plans(engine: Engine) -> list[str]:
     out = []
     with engine.connect() as conn:
         trans = conn.begin()
-        walk_params = {"window": WINDOW, "limit": 1000, "after": "", "front_lane": FRONT_LANE}
+        walk_params = {
+            "window": WINDOW,
+            "horizon": PACE_AHEAD,
+            "limit": 1000,
+            "after_tenant": "",
+            "after_queue": "",
+            "front_lane": FRONT_LANE,
+        }
         walk_sql = text(store.QUERIES["claim_walk"].sql)
         walk = [w for w in conn.execute(walk_sql, walk_params) if w.tenant is not None]
         shares = fair_shares(1000, [w.due for w in walk])
         claim_params = {
-            "window": WINDOW,
             "tenants": [w.tenant for w in walk],
+            "queues": [w.queue for w in walk],
             "shares": shares,
             "caps": [None] * len(walk),
+            "aheads": [w.ahead for w in walk],
         }
         for name, params in (("claim_walk", walk_params), ("claim_shares", claim_params)):
             explain = text("EXPLAIN (ANALYZE, BUFFERS) " + store.QUERIES[name].sql)

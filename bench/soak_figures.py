@@ -136,16 +136,23 @@ def scrape(port: int) -> str:
         return ""
 
 
+# The key under which :func:`buckets` keeps a histogram's sum of observations beside its
+# buckets' upper bounds (which are never negative), so that a delta or a total carries it.
+SUM = -1.0
+
+
 def buckets(text: str, metric: str, **labels: str) -> dict[float, float]:
-    """The cumulative bucket counts (upper bound → count) of ``metric`` with ``labels``."""
+    """The cumulative bucket counts (upper bound → count) of ``metric`` with ``labels``, and
+    the sum of its observations (under ``SUM``)."""
     found: dict[float, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name != metric + "_bucket":
-                continue
             if any(sample.labels.get(k) != v for k, v in labels.items()):
                 continue
-            found[float(sample.labels["le"])] = sample.value
+            if sample.name == metric + "_bucket":
+                found[float(sample.labels["le"])] = sample.value
+            elif sample.name == metric + "_sum":
+                found[SUM] = sample.value
     return found
 
 
@@ -165,7 +172,7 @@ def add(total: dict[float, float], more: dict[float, float]) -> None:
 def quantile(cumulative: dict[float, float], q: float) -> float | None:
     """The ``q`` quantile of cumulative bucket counts, interpolated in its bucket as
     Prometheus' ``histogram_quantile`` does (None with nothing counted)."""
-    bounds = sorted(cumulative)
+    bounds = sorted(le for le in cumulative if le != SUM)
     if not bounds or cumulative[bounds[-1]] <= 0:
         return None
     rank = q * cumulative[bounds[-1]]
@@ -179,6 +186,13 @@ def quantile(cumulative: dict[float, float], q: float) -> float | None:
             return lower + (le - lower) * ((rank - below) / inside if inside else 1.0)
         lower, below = le, count
     return lower
+
+
+def mean(counted: dict[float, float]) -> float | None:
+    """The mean of the observations a histogram counted, exact (its sum over its count): None
+    with nothing counted."""
+    count = counted.get(math.inf, 0.0)
+    return counted.get(SUM, 0.0) / count if count > 0 else None
 
 
 # -- processes -------------------------------------------------------------------------------

@@ -71,6 +71,10 @@ class InvalidPriorityError(InvalidScheduleError):
     """A priority that is not an integer from -100 to 100."""
 
 
+class InvalidRateError(InvalidScheduleError):
+    """A rate limit that is not ``"N/s"``, ``"N/m"`` or ``"N/h"`` with a whole N >= 1."""
+
+
 class InvalidKeyError(InvalidScheduleError):
     """The business key is empty, not a string, or too long."""
 

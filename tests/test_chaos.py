@@ -7,7 +7,8 @@ faults.
 Seen failing against a build whose push trusted a job hash's status (a job popped and lost
 left its schedule stuck: "due but not terminal"); the three-node run, against a deliverer
 that put every queue on the first node (186 schedules "due but not terminal": their workers
-listen on their own nodes).
+listen on their own nodes); with rate limits in force (a tenant's and the default queue's),
+against a grant that let every start through (44 and 115 starts over the limits).
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ from duejobs import App, EventKind, Status, store
 from duejobs.config import libpq_url
 from duejobs.delivery import parse_job_id
 from duejobs.delivery.wakes import WAKE_TTL, send_wake, wake_key
-from duejobs.scheduler.loop import Scheduler, SchedulerConfig, claim_due
+from duejobs.scheduler.claim import claim_due
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.services.reconciler import Reconciler
 from duejobs.services.stats import collect, render
 from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig

@@ -34,6 +34,7 @@ import pytest
 import redis
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import connection, transaction
 from django.test.utils import override_settings
 
@@ -407,6 +408,26 @@ def test_call_command_takes_the_clis_options(
         root.handlers[:], root.level = handlers, level
 
 
+def test_rate_limits_and_quotas_are_set_and_read_through_management_commands(
+    shop: Shop, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``manage.py duejobs_rate_limit QUEUE RATE`` and ``duejobs_quota TENANT --max-rate``
+    set them; without arguments they list them; a bad rate is a ``CommandError``, nothing
+    written. Seen failing without the commands (call_command: KeyError)."""
+    call_command("duejobs_rate_limit", "sms", "10/s")
+    call_command("duejobs_quota", "acme", "--max-rate", "60/m")
+    capsys.readouterr()
+    call_command("duejobs_rate_limit")
+    assert capsys.readouterr().out.splitlines() == [
+        "queue sms: 10/s (0 starts over the last period; last grant 0 of 0)",
+        "tenant acme: 60/m (0 starts over the last period; last grant 0 of 0)",
+    ]
+    with pytest.raises(CommandError, match="status 2"):
+        call_command("duejobs_rate_limit", "sms", "fast")
+    assert "'fast'" in capsys.readouterr().err
+    assert [str(r.rate) for r in shop.app.rate_limits()] == ["10/s", "60/m"]
+
+
 def test_call_command_takes_the_clis_options_as_a_list_and_writes_to_its_stdout(
     shop: Shop, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -568,7 +589,8 @@ def test_manage_py_migrate_makes_duejobs_tables(shop: Shop, servers: Servers) ->
     """On a new database, ``manage.py migrate`` alone makes duejobs' tables (its migration
     runs duejobs' own to the newest revision); again, it has nothing to do; on tables of the
     release before, it brings them to this release's revision. Seen failing when only
-    ``manage.py duejobs_migrate`` made them, and with 0014 left to ``duejobs migrate``."""
+    ``manage.py duejobs_migrate`` made them, and with 0014 (then 0015, 0016, 0017) left to
+    ``duejobs migrate``."""
     name = f"duejobs_django_{uuid.uuid4().hex[:10]}"
     url = servers.create_database(name)
     try:
@@ -593,11 +615,13 @@ def test_manage_py_migrate_makes_duejobs_tables(shop: Shop, servers: Servers) ->
         again = migrate()
         assert again.returncode == 0 and "No migrations to apply" in again.stdout, again.stdout
         with psycopg.connect(libpq_url(url), autocommit=True) as conn:  # as a release ago
-            conn.execute("ALTER TABLE scheduled_jobs DROP COLUMN interruptions")
-            conn.execute("UPDATE duejobs_alembic_version SET version_num = '0013'")
-            conn.execute("DELETE FROM django_migrations WHERE name = '0002_upgrade_0014'")
+            conn.execute("ALTER TABLE rate_limits DROP COLUMN paced_until")
+            conn.execute("DROP INDEX scheduled_jobs_claim_queue_idx")
+            conn.execute("DROP INDEX scheduled_jobs_claim_urgent_idx")
+            conn.execute("UPDATE duejobs_alembic_version SET version_num = '0016'")
+            conn.execute("DELETE FROM django_migrations WHERE name = '0005_upgrade_0017'")
         upgraded = migrate()
-        assert "Applying duejobs.0002_upgrade_0014... OK" in upgraded.stdout, upgraded.stdout
+        assert "Applying duejobs.0005_upgrade_0017... OK" in upgraded.stdout, upgraded.stdout
         with psycopg.connect(libpq_url(url)) as conn:
             at = conn.execute("SELECT version_num FROM duejobs_alembic_version").fetchone()
         assert at == (store.SCHEMA_HEAD,)

@@ -18,7 +18,8 @@ from sqlalchemy import Engine, text
 
 from duejobs import App, store
 from duejobs.errors import InvalidScheduleError, TenantMismatchError
-from duejobs.scheduler.loop import Claim, DueRow, Scheduler, SchedulerConfig, claim_due, fair_shares
+from duejobs.scheduler.claim import Claim, DueRow, claim_due, fair_shares
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.services.stats import collect, observe_stats, render
 from tests.support.system import System
 
@@ -52,7 +53,7 @@ def running(engine: Engine, tenant: str, n: int) -> None:
         )
 
 
-def claim(engine: Engine, limit: int, after: str = "") -> Claim:
+def claim(engine: Engine, limit: int, after: tuple[str, str] = ("", "")) -> Claim:
     with engine.begin() as conn:
         return claim_due(conn, WINDOW, limit, after)
 
@@ -147,11 +148,11 @@ def test_the_walk_resumes_after_the_last_tenant_when_tenants_outnumber_the_batch
         due_rows(app.engine, tenant, 10)
     first = claim(app.engine, 3)
     assert sorted({r.tenant for r in first.rows}) == ["t0", "t1", "t2"]
-    assert first.cursor == "t2"
+    assert first.cursor == ("t2", "duejobs")
     second = claim(app.engine, 3, after=first.cursor)
     assert Counter(r.tenant for r in second.rows) == {"t3": 2, "t4": 1}
-    assert second.cursor == ""  # the walk reached the end: the next one starts over
-    third = claim(app.engine, 3, after="t4")  # nothing after t4: wraps to the first tenants
+    assert second.cursor == ("", "")  # the walk reached the end: the next one starts over
+    third = claim(app.engine, 3, after=("t4", "duejobs"))  # nothing after: wraps to the first
     assert sorted({r.tenant for r in third.rows}) == ["t0", "t1", "t2"]
 
 
@@ -273,7 +274,7 @@ def test_a_burst_with_an_in_flight_quota_does_not_hold_up_another_tenant(
 def test_quotas_take_valid_caps_from_an_unscoped_app(app: App) -> None:
     with pytest.raises(InvalidScheduleError, match="max_inflight must be an int >= 0"):
         app.set_quota("acme", max_inflight=-1)
-    with pytest.raises(InvalidScheduleError, match="needs max_live= or max_inflight="):
+    with pytest.raises(InvalidScheduleError, match="needs max_live=, max_inflight= or max_rate="):
         app.set_quota("acme")
     with pytest.raises(TenantMismatchError):
         app.tenant("acme").set_quota("acme", max_inflight=1)

@@ -331,7 +331,7 @@ def test_a_worker_config_that_cannot_work_is_refused(knobs: dict[str, Any], name
 
 # Each loop, the function one of its passes calls, and the counter of its failed passes.
 _LOOPS = {
-    "scheduler": (store, "walk_tenants", "duejobs_scheduler_failed_passes_total"),
+    "scheduler": (store, "walk_pairs", "duejobs_scheduler_failed_passes_total"),
     "recurring": (occurrences, "materialize_once", "duejobs_recurring_failed_passes_total"),
     "reconciler": (store, "rescue_expired", "duejobs_reconciler_failed_passes_total"),
 }

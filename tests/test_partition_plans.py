@@ -17,7 +17,7 @@ from sqlalchemy import Connection, text
 
 from duejobs import App, store
 from duejobs.ids import first_id_at
-from duejobs.scheduler.loop import claim_due
+from duejobs.scheduler.claim import claim_due
 from duejobs.store.partitions import PARTITIONED, partition_name
 from duejobs.store.queries import in_schema
 from tests.support.partitions import DAILY, id_at, past_partitions, schema_tx
@@ -41,12 +41,20 @@ def _rows_at(conn: Connection, n: int, start: datetime, step: timedelta) -> None
     )
 
 
-WALK = {"window": timedelta(minutes=15), "limit": 1000, "after": "", "front_lane": 2}
-SHARES = {
+WALK = {
     "window": timedelta(minutes=15),
+    "horizon": timedelta(seconds=1),
+    "limit": 1000,
+    "after_tenant": "",
+    "after_queue": "",
+    "front_lane": 2,
+}
+SHARES = {
     "tenants": [f"t{i}" for i in range(10)],
+    "queues": ["duejobs"] * 10,
     "shares": [100] * 10,
     "caps": [None] * 10,
+    "aheads": [timedelta(minutes=15)] * 10,
 }
 
 
@@ -54,7 +62,8 @@ def test_the_claims_count_of_a_tenants_due_rows_reads_its_own_index_on_a_busy_pa
     parted: App,
 ) -> None:
     """20,000 rows due now for ten tenants, all in the current partition: the claim's walk
-    counts each tenant's due rows on the per-tenant index, reading about the rows it counts.
+    counts each (tenant, queue) pair's due rows on the pairs' index, reading about the rows it
+    counts.
     Seen failing (`python -m bench.partitions` at a million rows, 0.85x the plain schema)
     before the claim's transaction turned bitmap scans off and the count took the index's
     order: on that partition the planner read the due_at index and filtered out the other
@@ -70,7 +79,7 @@ def test_the_claims_count_of_a_tenants_due_rows_reads_its_own_index_on_a_busy_pa
         plan = "\n".join(conn.execute(walk, WALK).scalars())
     removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
     assert sum(removed) < 100, plan
-    assert "Bitmap" not in plan and "claim_tenant_idx" in plan, plan
+    assert "Bitmap" not in plan and "claim_queue_idx" in plan, plan
 
 
 _PARAM = re.compile(r"(?<!:):(\w+)")  # a statement's `:name` (not a `::type` cast)
@@ -129,9 +138,9 @@ def test_the_claims_kept_plan_reads_indexes_as_a_partition_planned_empty_fills(
     assert "Seq Scan" not in plan and "Bitmap" not in plan, plan
     removed = [int(n) for n in re.findall(r"Rows Removed by Filter: (\d+)", plan)]
     assert sum(removed) < 100, plan
-    assert "claim_tenant_idx" in plan, plan
+    assert "claim_queue_idx" in plan, plan
     if name == "claim_shares":  # a tenant's urgent rows first, from their own index
-        assert "claim_priority_idx" in plan, plan
+        assert "claim_urgent_idx" in plan, plan
 
 
 def test_the_claim_plans_its_two_statements_once_per_connection(parted: App) -> None:
@@ -193,17 +202,26 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
             statement = text("EXPLAIN " + store.QUERIES[name].sql)
             return "\n".join(conn.execute(statement, params).scalars())
 
+        def explain_claim(name: str, **params: object) -> str:
+            """As the claim's transaction plans it (its settings undone after)."""
+            with conn.begin_nested() as settings:
+                conn.execute(text(store.QUERIES["claim_plan"].sql))
+                plan = explain(name, **params)
+                settings.rollback()
+            return plan
+
         some = [id_at(start + timedelta(days=d)) for d in (1, 5, 9)]
         plans = {
             "claim": (
-                explain(
+                explain_claim(
                     "claim_shares",
-                    window=timedelta(minutes=15),
                     tenants=["t1"],
+                    queues=["duejobs"],
                     shares=[1000],
                     caps=[None],
+                    aheads=[timedelta(minutes=15)],
                 ),
-                "scheduled_jobs_claim_tenant_idx",
+                "scheduled_jobs_claim_queue_idx",
             ),
             "reconcile": (
                 explain(
@@ -229,6 +247,8 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
                     types=["record"],
                     claim="c",
                     synchronous_commit="off",
+                    lock_timeout="2s",
+                    hold=timedelta(milliseconds=50),
                 ),
                 "scheduled_jobs_pkey",
             ),
@@ -248,7 +268,13 @@ def test_every_hot_query_reads_indexes_on_every_partition(parted: App) -> None:
                 "scheduled_jobs_pkey",
             ),
             "stats": (
-                explain("live_figures", late=timedelta(minutes=1), tenant=None),
+                explain(
+                    "live_figures",
+                    late=timedelta(minutes=1),
+                    tenant=None,
+                    limited_queues=[],
+                    limited_tenants=[],
+                ),
                 "scheduled_jobs_due_idx",
             ),
             "prune within a span": (

@@ -166,7 +166,9 @@ def _prepared_after_claims(app: App) -> int:
     with app.engine.connect() as conn:
         for _ in range(10):
             with conn.begin():
-                store.walk_tenants(conn, timedelta(minutes=15), 100, "", 2)
+                store.walk_pairs(
+                    conn, timedelta(minutes=15), timedelta(seconds=1), 100, ("", ""), 2
+                )
         return int(conn.execute(text("SELECT count(*) FROM pg_prepared_statements")).scalar_one())
 
 

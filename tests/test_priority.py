@@ -16,7 +16,7 @@ from duejobs.delivery import QUEUES_KEY
 from duejobs.delivery.bands import RESERVE, band_queue, bands, queue_of, take_order
 from duejobs.errors import InvalidPriorityError, InvalidQueueError
 from duejobs.models import EventKind
-from duejobs.scheduler.loop import DueRow, claim_due
+from duejobs.scheduler.claim import DueRow, claim_due
 from duejobs.worker import build_worker, rq_wire
 from tests.support.redis_versions import as_redis_6_2_runs_it
 from tests.support.system import System

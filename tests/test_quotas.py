@@ -137,6 +137,6 @@ def test_quota_from_the_shell(app: App, database_url: str, redis_url: str) -> No
     assert inflight.returncode == 0 and "quota of *: 50 jobs in flight" in inflight.stdout
     listing = subprocess.run(run, env=env, capture_output=True, text=True)
     assert listing.stdout.splitlines() == [
-        "*: max_live=no cap max_inflight=50",
-        "acme: max_live=2 max_inflight=default",
+        "*: max_live=no cap max_inflight=50 max_rate=no limit",
+        "acme: max_live=2 max_inflight=default max_rate=default",
     ]

@@ -87,7 +87,7 @@ import os, signal, sys
 from datetime import datetime, timedelta
 from duejobs import App
 from duejobs.delivery import Push
-from duejobs.scheduler.loop import claim_due
+from duejobs.scheduler.claim import claim_due
 app = App()
 with app.engine.begin() as conn:
     claim = claim_due(conn, timedelta(minutes=15), 1000)

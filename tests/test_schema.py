@@ -21,7 +21,8 @@ from duejobs import App, ScheduleRequest, store
 from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
 from duejobs.errors import ConfigurationError, SchemaMissingError
-from duejobs.scheduler.loop import FRONT_LANE, Scheduler
+from duejobs.scheduler.claim import FRONT_LANE
+from duejobs.scheduler.loop import Scheduler
 from duejobs.services.reconciler import Reconciler
 from duejobs.services.stats import collect
 from duejobs.store.migrate import current_revision, head_revision, upgrade
@@ -106,7 +107,9 @@ def test_the_claim_compiles_no_statement_and_leaves_jit_to_the_session(app: App)
     that transaction alone: a pooled server session's next client keeps the server's JIT."""
     with app.engine.connect() as conn:
         with conn.begin():
-            store.walk_tenants(conn, timedelta(minutes=15), 100, "", FRONT_LANE)
+            store.walk_pairs(
+                conn, timedelta(minutes=15), timedelta(seconds=1), 100, ("", ""), FRONT_LANE
+            )
             assert conn.execute(text("SHOW jit")).scalar_one() == "off"
         assert conn.execute(text("SHOW jit")).scalar_one() == "on"
 
@@ -175,23 +178,33 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         walk = explain(
             store.QUERIES["claim_walk"].sql,
             window=timedelta(minutes=15),
+            horizon=timedelta(seconds=1),
             limit=1000,
-            after="",
+            after_tenant="",
+            after_queue="",
             front_lane=FRONT_LANE,
         )
         claim = explain(
             store.QUERIES["claim_shares"].sql,
-            window=timedelta(minutes=15),
             tenants=["default"],
+            queues=["duejobs"],
             shares=[1000],
             caps=[None],
+            aheads=[timedelta(minutes=15)],
         )
+        unlimited = store.NO_LIMITS.params()
         others = {
             "stats": explain(
-                store.QUERIES["live_figures"].sql, late=timedelta(minutes=1), tenant=None
+                store.QUERIES["live_figures"].sql,
+                late=timedelta(minutes=1),
+                tenant=None,
+                **unlimited,
             ),
             "stats of one tenant": explain(
-                store.QUERIES["live_figures"].sql, late=timedelta(minutes=1), tenant="default"
+                store.QUERIES["live_figures"].sql,
+                late=timedelta(minutes=1),
+                tenant="default",
+                **unlimited,
             ),
             "reconcile": explain(
                 store.QUERIES["window_page"].sql,
@@ -205,20 +218,20 @@ def test_claim_query_uses_the_partial_index_with_a_million_far_future_rows(app: 
         trans.rollback()
     for name, other in others.items():
         assert full_scans(other) == [], (name, other)
-    # The walk over tenants: probes of the per-tenant claim index, nothing sequential.
-    assert reads_index(walk, "scheduled_jobs_claim_tenant_idx") and "Seq Scan" not in walk, walk
-    # The claim: the per-tenant partial index, read in due_at order, bounded by due_at and the
+    # The walk over (tenant, queue) pairs: probes of the pairs' claim index, nothing sequential.
+    assert reads_index(walk, "scheduled_jobs_claim_queue_idx") and "Seq Scan" not in walk, walk
+    # The claim: the pairs' partial index, read in due_at order, bounded by due_at and the
     # LIMIT — what is read follows the due rows, never the table.
     assert re.search(
         r"Limit .*\n(?:.*\n)*?\s*->\s+LockRows .*\n\s*->\s+Index Scan using "
-        r"scheduled_jobs(?:_default)?_claim_tenant_idx .*\n\s*Index Cond: .*due_at",
+        r"scheduled_jobs(?:_default)?_claim_queue_idx .*\n\s*Index Cond: .*due_at",
         claim,
     ), claim
     assert full_scans(claim) == [], claim
     # Its urgent rows first, from their own index, bounded by due_at the same way: 100,000
     # urgent rows due next month are never read. Seen failing without that index.
     assert re.search(
-        r"Index Scan using scheduled_jobs(?:_default)?_claim_priority_idx .*\n"
+        r"Index Scan using scheduled_jobs(?:_default)?_claim_urgent_idx .*\n"
         r"\s*Index Cond: .*due_at",
         claim,
     ), claim

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from duejobs import App, store
 from duejobs.store.migrate import head_revision, upgrade
 from tests.support import wait_for
-from tests.support.processes import ROOT, Proc
+from tests.support.processes import ROOT, Proc, stopped_at_first_line
 from tests.support.servers import Servers
 
 
@@ -99,3 +99,22 @@ def test_a_service_says_what_it_serves_through_its_json_logs(
     assert said[0].startswith("duejobs worker: queues 'duejobs', 1 slot;"), lines
     assert "PostgreSQL " in said[0] and "Redis redis://" in said[0]
     assert worker.stop() == 0, worker.output()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["worker", "--app", "tests.support.apps:app"],
+        ["scheduler"],
+        ["reconcile", "--every", "1s"],
+    ],
+    ids=["worker", "scheduler", "reconcile"],
+)
+def test_a_stop_sent_as_a_service_says_its_first_line_ends_it_cleanly(
+    spawn: Callable[..., Proc], command: list[str]
+) -> None:
+    """A deployment stops a service it saw start: SIGTERM handled from the first line on, so
+    the stop is the warm one (exit 0), never the signal's default (-15). Seen failing with the
+    worker's and the reconciler's handlers installed after their first line."""
+    service = spawn(code=stopped_at_first_line(command))
+    assert service.ended() == 0, service.output()

@@ -542,10 +542,10 @@ def test_a_failed_claim_of_deliveries_taken_together_leaves_each_slot_to_claim_i
     claim_batch = Claimer._claim_batch
     failures = [RuntimeError("the batch's statement failed")]
 
-    def failing_once(claimer: Claimer, deliveries: Any) -> Any:
+    def failing_once(claimer: Claimer, deliveries: Any, **options: Any) -> Any:
         if failures and len(deliveries) > 1:
             raise failures.pop()
-        return claim_batch(claimer, deliveries)
+        return claim_batch(claimer, deliveries, **options)
 
     monkeypatch.setattr(Claimer, "_claim_batch", failing_once)
     slots(8)

@@ -7,7 +7,9 @@ Seen failing against today's builds and builds broken on purpose:
 
 * the batched claim's answers matched by schedule id alone → "run on an attempt never claimed
   at that version" at 4 and 16 slots;
-* a claim made ahead used past its lease → "run on an attempt rescued from a live worker".
+* a claim made ahead used past its lease → "run on an attempt rescued from a live worker";
+* with a rate limit on the queue (16 slots), a grant that let every start through → "attempts
+  started within 0:00:01, over the limit of 15/s".
 """
 
 from __future__ import annotations
@@ -28,13 +30,16 @@ SEED = 20261203
 
 
 @pytest.mark.parametrize(
-    "setting", [Setting(1), Setting(4), Setting(16), Setting(4, processes=2)], ids=str
+    "setting",
+    [Setting(1), Setting(4), Setting(16), Setting(4, processes=2), Setting(16, rate="15/s")],
+    ids=str,
 )
 def test_the_worker_keeps_its_promises_through_a_seeded_plan_of_changes_and_faults(
     app: App, redis_client: redis.Redis, spawn: Callable[..., Proc], setting: Setting
 ) -> None:
     """About 6 s each (slower than 5 s: the plan itself runs for 5 s, so that its changes
-    and faults meet a working worker; then the wait for every schedule to finish)."""
+    and faults meet a working worker; then the wait for every schedule to finish), 15 s
+    under the rate limit (its 100 schedules start at 15 a second at most)."""
     register(app)
     report = run_model(app, redis_client, lambda flags: spawn(*WORKER, *flags), setting, SEED)
     assert report.violations == [], report

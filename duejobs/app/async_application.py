@@ -367,6 +367,8 @@ class AsyncApp:
     delete_recurring = _awaited(App.delete_recurring)
     set_quota = _awaited(App.set_quota)
     quotas = _awaited(App.quotas)
+    set_rate_limit = _awaited(App.set_rate_limit)
+    rate_limits = _awaited(App.rate_limits)
 
     # -- the bridge --------------------------------------------------------------------
 

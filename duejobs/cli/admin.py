@@ -1,4 +1,5 @@
-"""Setting up and configuring: ``migrate``, ``recurring``, ``quota``, ``demo``."""
+"""Setting up and configuring: ``migrate``, ``recurring``, ``quota``, ``rate-limit``,
+``demo``."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from duejobs.cli.base import (
     _fail,
 )
 from duejobs.cli.group import main
-from duejobs.errors import DuejobsError
+from duejobs.errors import DuejobsError, InvalidRateError
 from duejobs.models import DstGap, DstOverlap, Misfire, Recurring
+from duejobs.rates import Rate, parse_rate
 from duejobs.services.partition_maintenance import (
     DEFAULT_AHEAD,
     DEFAULT_PERIOD,
@@ -253,32 +255,53 @@ def _cap(value: str | None, name: str) -> int | Unset | None:
     raise click.BadParameter("a number >= 0 or 'none'", param_hint=name)
 
 
+def _rate(value: str | None, name: str) -> Rate | Unset | None:
+    if value is None:
+        return UNSET
+    if value.lower() == "none":
+        return None
+    try:
+        return parse_rate(value, name)
+    except InvalidRateError as exc:
+        raise click.BadParameter(str(exc), param_hint=name) from exc
+
+
 @main.command()
 @click.argument("tenant", required=False)
 @click.option("--max-live", help="Cap on live schedules, or 'none' to clear it.")
 @click.option("--max-inflight", help="Cap on jobs pushed or running, or 'none' to clear it.")
+@click.option("--max-rate", help="Starts a period ('10/s', '60/m', '500/h'), or 'none'.")
 @click.pass_context
 def quota(
-    ctx: click.Context, tenant: str | None, max_live: str | None, max_inflight: str | None
+    ctx: click.Context,
+    tenant: str | None,
+    max_live: str | None,
+    max_inflight: str | None,
+    max_rate: str | None,
 ) -> None:
     """Set TENANT's quotas ('*' sets the defaults); without options, list them all."""
     live = _cap(max_live, "--max-live")
     inflight = _cap(max_inflight, "--max-inflight")
+    rate = _rate(max_rate, "--max-rate")
     with _app(ctx) as app:
-        if tenant is None or (isinstance(live, Unset) and isinstance(inflight, Unset)):
+        if tenant is None or all(isinstance(v, Unset) for v in (live, inflight, rate)):
             if tenant is not None:
-                raise click.UsageError("give --max-live and/or --max-inflight")
+                raise click.UsageError("give --max-live, --max-inflight and/or --max-rate")
             for q in app.quotas():
                 click.echo(
                     f"{q.tenant}: max_live={_cap_text(q.max_live, q.tenant)} "
-                    f"max_inflight={_cap_text(q.max_inflight, q.tenant)}"
+                    f"max_inflight={_cap_text(q.max_inflight, q.tenant)} "
+                    f"max_rate={_rate_text(q.max_rate, q.tenant)}"
                 )
             return
-        app.set_quota(tenant, max_live=live, max_inflight=inflight)
+        app.set_quota(tenant, max_live=live, max_inflight=inflight, max_rate=rate)
         for name, value in (("live schedules", live), ("jobs in flight", inflight)):
             if not isinstance(value, Unset):
                 the = "the " if value is None and tenant != "*" else ""
                 click.echo(f"quota of {tenant}: {the}{_cap_text(value, tenant)} {name}")
+        if not isinstance(rate, Unset):
+            the = "the " if rate is None and tenant != "*" else ""
+            click.echo(f"rate limit of {tenant}: {the}{_rate_text(rate, tenant)}")
 
 
 def _cap_text(value: int | None, tenant: str) -> str:
@@ -286,6 +309,45 @@ def _cap_text(value: int | None, tenant: str) -> str:
     if value is not None:
         return str(value)
     return "no cap" if tenant == "*" else "default"
+
+
+def _rate_text(value: Rate | None, tenant: str) -> str:
+    """A stored rate limit: a tenant's empty one follows the default; the default's, none."""
+    if value is not None:
+        return str(value)
+    return "no limit" if tenant == "*" else "default"
+
+
+@main.command("rate-limit")
+@click.argument("queue", required=False)
+@click.argument("rate", required=False)
+@click.pass_context
+def rate_limit(ctx: click.Context, queue: str | None, rate: str | None) -> None:
+    """Limit the starts of QUEUE to RATE ('10/s', '60/m', '500/h'; 'none' clears it);
+    without arguments, list every rate limit with its use and its last grant."""
+    if queue is not None and rate is None:
+        raise click.UsageError("give the RATE ('10/s', '60/m', '500/h' or 'none')")
+    parsed = None if rate is None else _rate(rate, "RATE")
+    with _app(ctx, needs=DATABASE_ONLY) as app:
+        if queue is None:
+            for limit in app.rate_limits():
+                scope = "queue" if limit.scope == "queue" else "tenant"
+                use = (
+                    "each tenant counts its own"
+                    if limit.recent_starts is None
+                    else f"{limit.recent_starts} starts over the last period"
+                )
+                click.echo(
+                    f"{scope} {limit.name}: {limit.rate} "
+                    f"({use}; last grant {limit.granted} of {limit.asked})"
+                )
+            return
+        assert not isinstance(parsed, Unset)
+        try:
+            app.set_rate_limit(queue, parsed)
+        except DuejobsError as exc:
+            _fail(exc)
+        click.echo(f"rate limit of queue {queue}: {parsed if parsed else 'none'}")
 
 
 @main.command()

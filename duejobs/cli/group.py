@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "partitions": ("admin", "The partitions of partitioned mode: each..."),
     "prune": ("services", "Delete finished schedules (and their..."),
     "quota": ("admin", "Set TENANT's quotas ('*' sets the..."),
+    "rate-limit": ("admin", "Limit the starts of QUEUE to RATE ('10/s',..."),
     "reconcile": ("services", "Heal drift between PostgreSQL and Redis:..."),
     "recurring": ("admin", "Recurring schedules: cron in a time zone,..."),
     "reschedule": ("schedules", "Move a schedule (by SCHEDULE_ID or --key)..."),

@@ -199,8 +199,6 @@ def reconcile(
     _operate(log_level, log_format, metrics_port)
     with _app(ctx) as app:
         ready_to_serve(app)
-        if every is not None:
-            say_serving(app, "reconcile", f"a pass every {spell_duration(every)}")
         reconciler = Reconciler(app, ReconcileConfig(window=window))
         gauges = GaugeRefresh(lambda: collect_stats(app), stats_every)
 
@@ -225,16 +223,17 @@ def reconcile(
             report(reconciler.run_once())
             partitions.run_once()
             return
-        beside = threading.Thread(
-            target=partitions.run, args=(partitions_every,), name="partitions", daemon=True
-        )
-        beside.start()
 
         def stop() -> None:
             reconciler.stop()
             partitions.stop()
 
-        _stop_on_signals(stop)
+        _stop_on_signals(stop)  # before the first line: a stop sent once it shows is warm
+        say_serving(app, "reconcile", f"a pass every {spell_duration(every)}")
+        beside = threading.Thread(
+            target=partitions.run, args=(partitions_every,), name="partitions", daemon=True
+        )
+        beside.start()
         reconciler.run(every, report=report)
         partitions.stop()
         beside.join(timeout=30)

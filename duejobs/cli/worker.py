@@ -166,10 +166,11 @@ def worker(
             _fail(exc)
         served = ", ".join(repr(q) for q in queues) if queues else repr(app.queue)
         slots = f"{config.concurrency} slot" + ("s" if config.concurrency != 1 else "")
-        say_serving(app, "worker", f"queues {served}, {slots}")
-        worker.runtime.warn_if_outcomes_can_be_lost()
         try:
-            worker.work(burst=burst)
+            with worker.signals():
+                say_serving(app, "worker", f"queues {served}, {slots}")
+                worker.runtime.warn_if_outcomes_can_be_lost()
+                worker.work(burst=burst)
         except Exception as exc:  # not an outage (those are waited out): a refused password
             logging.getLogger("duejobs.worker").error("duejobs worker: ended by %s", describe(exc))
             sys.exit(1)

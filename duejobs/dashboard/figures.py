@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from redis.exceptions import RedisError
@@ -171,6 +171,10 @@ class Shown:
     tenants: int  # the tenants the search kept, over every page
     page: int
     pages: int
+    # The rate limits set, then the busiest tenants under the default, ``ROWS`` at most, each
+    # with the rows waiting on it (None for the default itself); and how many were left out.
+    rate_limits: list[tuple[store.RateLimit, int | None]] = field(default_factory=list)
+    rate_limits_left: int = 0
 
     @classmethod
     def of(cls, figures: stats.Stats, search: str, page: int) -> Shown:
@@ -188,6 +192,7 @@ class Shown:
         recent_types = [a for a in figures.activity if a.tenant is None and a.type is not None]
         recent_types.sort(key=_trouble)
         types = len({f.type for f in live_types} | {a.type for a in recent_types})
+        limits = _busiest_limits(figures)
         return cls(
             live_types[:ROWS],
             live[start : start + ROWS],
@@ -197,7 +202,26 @@ class Shown:
             tenants,
             page,
             pages,
+            limits[:ROWS],
+            max(0, len(limits) - ROWS),
         )
+
+
+def _busiest_limits(figures: stats.Stats) -> list[tuple[store.RateLimit, int | None]]:
+    """The limits set, then the tenants under the default, busiest first; each with the rows
+    of its queue or tenant waiting on a limit."""
+    waiting: dict[tuple[str, str], int] = {}
+    for w in figures.waiting_on_limits:
+        if w.queue is not None:
+            waiting["queue", w.queue] = w.waiting
+        elif w.tenant is not None:
+            waiting["tenant", w.tenant] = w.waiting
+    limits = figures.rate_limits or []
+    followers = sorted((r for r in limits if r.follows_default), key=lambda r: -(r.use or 0))
+    return [
+        (r, None if r.recent_starts is None else waiting.get((r.scope, r.name), 0))
+        for r in [*(r for r in limits if not r.follows_default), *followers]
+    ]
 
 
 def _trouble(a: store.Activity) -> tuple[float, ...]:

@@ -68,6 +68,7 @@ from duejobs.dashboard.figures import Figures, Shown
 from duejobs.dashboard.inputs import number, schedule_id_in, when_given
 from duejobs.dashboard.limits import one_page_at_most
 from duejobs.dashboard.notes import answering_outages, job_note, shown
+from duejobs.dashboard.rates import apply_rate_limit
 from duejobs.delivery import JobState
 from duejobs.errors import (
     ConfigurationError,
@@ -405,16 +406,23 @@ class Pages:
             rows=figures.RECURRING_ROWS,
             tenant=tenant,
             quotas=self._caps_of({d.tenant for d in definitions} | {tenant or "*"}),
+            rate_limits=self.app.rate_limits() if self.app.scope is None else None,
             done=self._signed(request, "done"),
             failed=self._signed(request, "failed"),
         )
 
     async def act_recurring(self, request: Request) -> Response:
-        """POST /recurring: pause or resume the definition named in the form."""
+        """POST /recurring: pause or resume the definition named in the form, or set a
+        rate limit (an unscoped dashboard's)."""
         fields = await self._form(request)
         if isinstance(fields, Response):
             return fields
         action, name = fields.get("action"), fields.get("name", "")
+        if action == "rate-limit" and self.app.scope is None:
+            outcome = await self._offload(
+                apply_rate_limit, self.app, fields.get("scope", ""), name, fields.get("rate", "")
+            )
+            return self._after(request, "/recurring", outcome)
         if action not in ("pause", "resume"):
             return Response("no such action", status_code=404)
         outcome = await self._offload(

@@ -277,15 +277,20 @@ class Deliverer:
         stamp = utcformat(datetime.now(UTC))
 
         def promote_on(node: Node) -> list[tuple[int, float | None]]:
-            answers = []
+            # Every queue's script in one round trip (a pipeline, not one script over every
+            # queue's keys: each script touches one queue's, as a cluster's slots need).
+            pipe = node.redis.pipeline(transaction=False)
             for name in self._queues_on(node):
                 queue, _ = self._routed(name)
-                moved, next_due = node.promote(
+                node.promote(
                     keys=[SCHEDULED_PREFIX + name, queue.key],
                     args=[self._prefix, now.timestamp(), limit, stamp],
+                    client=pipe,
                 )
-                answers.append((int(moved), None if next_due is None else float(next_due)))
-            return answers
+            return [
+                (int(moved), None if next_due is None else float(next_due))
+                for moved, next_due in pipe.execute()
+            ]
 
         answers = [a for node_answers in self._each(self._nodes, promote_on) for a in node_answers]
         dues = [due for _, due in answers if due is not None]

@@ -4,7 +4,8 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
 
 * worker: ``duejobs_lag_seconds{tenant,type}`` (histogram, due time → handler start, database clock)
   and ``duejobs_deliveries_total{tenant,type,outcome}`` (succeeded, retrying, interrupted,
-  failed, skipped, stale, deferred);
+  failed, skipped, stale, deferred), ``duejobs_rate_limited_deliveries_total{tenant}`` (starts
+  a rate limit turned back that were put back in Redis);
 * scheduler: ``duejobs_scheduler_pushed_total{where}`` (queue, scheduled, already_present),
   ``duejobs_scheduler_promoted_total``, ``duejobs_scheduler_pass_seconds``,
   ``duejobs_scheduler_failed_passes_total``, ``duejobs_scheduler_throttled_total{tenant}``
@@ -25,7 +26,9 @@ Each long-running command takes ``--metrics-port``; the process then serves ``/m
   ``duejobs_late{tenant}``, ``duejobs_overdue{tenant}``, ``duejobs_oldest_overdue_seconds``,
   ``duejobs_schedules_without_job``, ``duejobs_jobs_without_schedule``,
   ``duejobs_recurring_behind`` (definitions the scheduler's recurring loop is late on),
-  ``duejobs_redis_jobs{where}``;
+  ``duejobs_redis_jobs{where}``, and the rate limits' ``duejobs_rate_limit_waiting{scope,name}``,
+  ``duejobs_rate_limit_oldest_wait_seconds``, ``duejobs_rate_limit_use_ratio{scope,name}``
+  (:mod:`duejobs.services.rate_figures`);
 * any reader of the figures from a read replica: ``duejobs_read_replica_lag_seconds``
   (:mod:`duejobs.observability.replica`);
 * any process pushing to several Redis nodes: ``duejobs_redis_node_errors_total{node}``
@@ -88,6 +91,13 @@ DELIVERIES = Counter(
 UNKNOWN_TYPES = Counter(
     "duejobs_unknown_type_deliveries",
     "Deliveries of a type the worker had no handler for: put back, or failed past the grace.",
+    ["tenant"],
+)
+RATE_LIMITED = Counter(
+    "duejobs_rate_limited_deliveries",
+    "Starts a rate limit's grant turned back to the table (no attempt used; the scheduler "
+    "pushes them again at the limit's pace); one waited out in its slot, its time "
+    "milliseconds away, is not counted.",
     ["tenant"],
 )
 BATCH_SIZE = Histogram(
@@ -205,6 +215,26 @@ IN_FLIGHT = Gauge("duejobs_in_flight", "Jobs pushed to Redis or running.", ["ten
 OVERDUE = Gauge("duejobs_overdue", "Scheduled rows already due.", ["tenant"])
 LATE = Gauge("duejobs_late", "Scheduled rows due longer ago than the late threshold.", ["tenant"])
 OLDEST = OwnedGauge("duejobs_oldest_overdue_seconds", "Age of the oldest overdue row.")
+RATE_WAITING = Gauge(
+    "duejobs_rate_limit_waiting",
+    "Rows a rate limit turned back, waiting for the time it gave them: per queue "
+    "(scope=queue), per tenant (scope=tenant, the most waiting named, the rest as other), "
+    "and all (scope=all).",
+    ["scope", "name"],
+)
+RATE_OLDEST_WAIT = OwnedGauge(
+    "duejobs_rate_limit_oldest_wait_seconds",
+    "How long the row waiting longest on a rate limit has been due (since its due time "
+    "before the limit moved it).",
+)
+RATE_USE = Gauge(
+    "duejobs_rate_limit_use_ratio",
+    "A rate limit's starts over the last period against its N, estimated (1: N of them; up "
+    "to (N + 1) / N, the one start of tolerance): per queue (scope=queue), per tenant "
+    "(scope=tenant: its own limit, or its count under the default; the busiest named, the "
+    "busiest of the rest as other).",
+    ["scope", "name"],
+)
 WITHOUT_JOB = OwnedGauge("duejobs_schedules_without_job", "Overdue rows with no live queue job.")
 RECURRING_BEHIND = OwnedGauge(
     "duejobs_recurring_behind",

@@ -6,10 +6,13 @@ Each pass (:meth:`Scheduler.run_once`):
    version, ``FOR UPDATE SKIP LOCKED``, in batches, recording their deterministic
    ``queue_job_id`` and an ``enqueued`` event. Each batch is shared fairly among the tenants
    that have due rows (equal shares, a tenant needing less leaves the rest to the others,
-   oldest ``due_at`` first within a tenant; the walk over tenants resumes where the last batch
-   stopped), and is pushed in turns (every tenant's first row, then every second), so a
-   tenant with 20,000 rows due does not delay one with 20; the first row of a tenant with
-   fewer than two jobs waiting in the queue goes to the front of it;
+   oldest ``due_at`` first within a tenant, each tenant's share among its queues; the walk
+   over (tenant, queue) pairs resumes where the last batch stopped), and is pushed in turns
+   (every tenant's first row, then every second), so a tenant with 20,000 rows due does not
+   delay one with 20; the first row of a tenant with fewer than two jobs waiting in the queue
+   goes to the front of it; rows under a rate limit only as its pace has starts for them
+   within a second, each due at a slot of its own (:mod:`duejobs.scheduler.claim`,
+   :mod:`duejobs.scheduler.pacing`);
 2. pushes each batch to Redis in one round trip (due rows onto the queue, later ones into
    RQ's scheduled registry);
 3. commits only after Redis acknowledged the push — if the push fails the transaction rolls
@@ -30,7 +33,8 @@ database clock read in one statement): the claims keep the poll's pace, so a ste
 deferred jobs does not turn the claims into a busy loop, and an idle scheduler makes no more
 passes than the poll's. A row written due within a second (``schedule(delay=0)``, a
 ``run_now``) wakes it through Redis (:mod:`duejobs.delivery.wakes`): a pass of claims starts
-at once, at most one every 10 ms; a wake lost costs that row a poll at most.
+at once, at most one every 10 ms, on the loop's own thread (one claim loop: a wake brings a
+row or a few); a wake lost costs that row a poll at most.
 
 Claims commit without waiting for the WAL flush (``synchronous_commit = off`` for the claim's
 transaction only), so a worker that pops a job before the claim commits waits less on the
@@ -74,7 +78,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -84,14 +87,14 @@ from duejobs import store
 from duejobs.core import HasCore
 from duejobs.delivery import Push, PushResult
 from duejobs.delivery.wakes import WakeWatch, wake_key
-from duejobs.models import Delivery
 from duejobs.observability import metrics, tracing
 from duejobs.scheduler import occurrences
+from duejobs.scheduler.claim import FIRST, Claim, claim_due
 from duejobs.services.loop import Loop, backoff
 from duejobs.validation import check_count, check_duration
 
 if TYPE_CHECKING:
-    from sqlalchemy import Connection
+    pass
 
 log = logging.getLogger("duejobs.scheduler")
 
@@ -146,8 +149,8 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.deliverer = self.core.deliverer()
         self._loop = Loop("scheduler", log, metrics.FAILED_PASSES)
-        # Where the next claim's walk over tenants starts (shared by the claim loops).
-        self._cursor = ""
+        # Where the next claim's walk over (tenant, queue) pairs starts (shared by the loops).
+        self._cursor = FIRST
         # The database clock minus this one, from the last claim; when the last pass started.
         self._clock_offset = 0.0
         self._pass_started = time.monotonic()
@@ -189,6 +192,11 @@ class Scheduler:
             rows = claim.rows
             pushes = [Push(r, front=r.front) for r in rows]
             result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback
+            # Last: the limits' rows, which the workers' grants lock. One held past its wait
+            # keeps its pointer: the next claim gives those starts again, the grant keeps the
+            # limit and turns the extra ones back.
+            if claim.paces and not store.advance_paces(conn, claim.paces):
+                log.warning("a rate limit's row stayed locked: its pace was not moved on")
         return claim, result
 
     def _drain(self) -> tuple[PassResult, datetime]:
@@ -220,7 +228,7 @@ class Scheduler:
         promotion_only = self._woken_early and not wanted and since_claims < self._claims_every
         self._woken_early = False
         with metrics.PASS_SECONDS.time(), tracing.span("duejobs.scheduler.pass") as span:
-            result = self._promotion_pass() if promotion_only else self._pass()
+            result = self._promotion_pass() if promotion_only else self._pass(woken=wanted)
             if span is not None:
                 span.set_attributes(
                     tracing.attributes(
@@ -235,9 +243,13 @@ class Scheduler:
             metrics.THROTTLED.labels(metrics.tenant_label(tenant)).inc()
         return result
 
-    def _pass(self) -> PassResult:
+    def _pass(self, woken: bool = False) -> PassResult:
+        """Claims, then promotion. A pass woken for a row due now claims on this thread
+        alone: one row or a few, which a second loop would only slow (its empty walk beside
+        the claim, the handoff to the claim threads); a batch that comes back full starts the
+        next pass at once, with every loop."""
         self._last_claims = self._pass_started
-        if self.config.concurrency == 1:
+        if self.config.concurrency == 1 or woken:
             drained = [self._drain()]
         else:
             futures = [self._pool.submit(self._drain) for _ in range(self.config.concurrency)]
@@ -336,94 +348,3 @@ class Scheduler:
 def _log_pass(result: PassResult) -> None:
     if result.claimed or result.promoted:
         log.debug("scheduler pass: %s", result)
-
-
-# -- the claim: how a batch is shared among tenants ------------------------------------------
-
-# A tenant with fewer jobs than this waiting in the queue is "sparse": its first row of a
-# batch goes to the front of the queue.
-FRONT_LANE = 2
-
-
-def fair_shares(limit: int, wants: Sequence[int]) -> list[int]:
-    """Split ``limit`` places among tenants wanting ``wants``: equal shares, a tenant wanting
-    less than its share leaves the rest to the others (water-filling), and places that do not
-    divide evenly go one each to the first tenants in order."""
-    shares = [0] * len(wants)
-    left = limit
-    active = [i for i, want in enumerate(wants) if want > 0]
-    while left > 0 and active:
-        each = left // len(active)
-        if each == 0:
-            for i in active[:left]:
-                shares[i] += 1
-            break
-        for i in active:
-            given = min(each, wants[i] - shares[i])
-            shares[i] += given
-            left -= given
-        active = [i for i in active if shares[i] < wants[i]]
-    return shares
-
-
-@dataclass(frozen=True, kw_only=True)
-class DueRow(Delivery):
-    """A claimed row the scheduler is about to push."""
-
-    # Pushed to the front of the queue: the first row of a sparse tenant (see claim_due).
-    front: bool = False
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What one claim took, and what it learned on the way."""
-
-    rows: list[DueRow]
-    db_now: datetime
-    # Capped tenants whose due rows were held back by their in-flight quota.
-    throttled: list[str]
-    # Where the next claim's walk starts: the last tenant walked when the walk was cut at
-    # ``limit`` tenants, else "" (the next claim starts again from the first tenant).
-    cursor: str
-
-
-def claim_due(conn: Connection, window: timedelta, limit: int, after: str = "") -> Claim:
-    """Claim up to ``limit`` rows due within ``window`` that have no queue job for their
-    current version, shared fairly among the tenants that have some (walked in name order
-    after ``after``), oldest first within a tenant, rows locked by another scheduler skipped;
-    record their queue job id with an ``enqueued`` event. A tenant with an in-flight quota
-    gets only its due rows, and only as many as its quota leaves room for.
-
-    The first row of a *sparse* tenant — fewer than ``FRONT_LANE`` of its jobs waiting in the
-    queue — is marked ``front``: pushed to the front of the queue, it does not wait behind
-    another tenant's backlog (the sparse-flow rule of fair queueing, as in FQ-CoDel). A
-    tenant's later rows go to the back, so a busy tenant cannot jump the queue, and the front
-    lane carries at most one job per tenant per batch. ``FRONT_LANE`` is 2, not 1: a light
-    tenant whose previous job still waits (a slow moment) keeps its place at the front
-    instead of falling behind the backlog, where each of its jobs would then find the
-    previous one still waiting. The caller pushes the rows to Redis before committing and
-    rolls back if the push fails, so a row is never marked pushed without a real queue job.
-    The claim's planner settings (the query ``claim_plan``: index scans only, generic plans)
-    hold to the end of the caller's transaction."""
-    now, tenants = store.walk_tenants(conn, window, limit, after, FRONT_LANE)
-    if not tenants and after:  # the end of the names: start again from the first
-        now, tenants = store.walk_tenants(conn, window, limit, "", FRONT_LANE)
-    wants = [
-        t.due if t.cap is None else min(t.due, max(0, t.cap - (t.inflight or 0))) if t.locked else 0
-        for t in tenants
-    ]
-    throttled = [t.tenant for t, want in zip(tenants, wants, strict=True) if want < t.due]
-    cursor = tenants[-1].tenant if len(tenants) == limit else ""
-    plan = [
-        (t.tenant, share, t.cap)
-        for t, share in zip(tenants, fair_shares(limit, wants), strict=True)
-        if share
-    ]
-    if not plan:
-        return Claim([], now, throttled, cursor)
-    sparse = {t.tenant for t in tenants if t.sparse}
-    rows = [
-        DueRow.of(r, front=r.turn == 1 and r.tenant in sparse)
-        for r in store.claim_shares(conn, window, plan)
-    ]
-    return Claim(rows, now, throttled, cursor)

@@ -17,6 +17,10 @@ applications go on meanwhile; a pass stopped midway (or killed) leaves whole sch
 batches it committed are gone with their history, the others are untouched. The application's
 own tables are never touched.
 
+Each pass also deletes the rate-limit counts of tenants that follow the default limit and
+started nothing for ``RATE_COUNTS_IDLE`` (10 min): one row per such tenant, which their next
+start makes again (:mod:`duejobs.store.rate_limits`).
+
 What it does not promise: in partitioned mode, removal at ``older_than`` sharp — a finished
 schedule may stay up to two periods (14 days with weekly ranges) past ``older_than``, plus the
 time to the next pass, until its range drops or is sent back to the batches; a deployment that
@@ -49,6 +53,9 @@ from duejobs.validation import check_count, check_duration
 log = logging.getLogger("duejobs.prune")
 
 DEFAULT_OLDER_THAN = timedelta(days=30)
+# How long a tenant that follows the default rate limit starts nothing before its count goes
+# (a count made afresh at its next start grants exactly the same: duejobs.store.rate_limits).
+RATE_COUNTS_IDLE = timedelta(minutes=10)
 DEFAULT_BATCH_SIZE = 1000
 
 
@@ -119,6 +126,8 @@ class Pruner:
         )
         if deleted:
             log.info("pruned %d finished schedules in %d batches", deleted, batches)
+        with self.core.engine.begin() as conn:
+            store.prune_rate_counts(conn, RATE_COUNTS_IDLE)
         return result
 
     def run(self, every: timedelta, report: Callable[[PruneResult], None] | None = None) -> None:

@@ -37,6 +37,7 @@ from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part,
 from duejobs.delivery.registries import RedisFigures, structures
 from duejobs.models import CURRENT, Freshness, Schedule
 from duejobs.observability import metrics
+from duejobs.services import rate_figures
 from duejobs.services.reconciler import orphan_jobs
 from duejobs.terminal import printable
 
@@ -69,6 +70,21 @@ class Stats:
     # their dead tuples, and what Redis holds, by structure.
     tables: list[store.TableFigures] | None = None
     redis: RedisFigures | None = None
+    # Rows a rate limit turned back, waiting for their time: overall, per queue, per tenant.
+    waiting_on_limits: list[store.Waiting] = field(default_factory=list)
+    # The rate limits and their use (of the tenant alone for a tenant-scoped App: a queue's
+    # limit is everyone's); None when not read.
+    rate_limits: list[store.RateLimit] | None = None
+
+    @property
+    def oldest_wait_on_a_limit_seconds(self) -> float:
+        since = next((w.since for w in self.waiting_on_limits if w.queue == w.tenant), None)
+        return 0.0 if since is None else max(0.0, (self.at - since).total_seconds())
+
+    @property
+    def waiting_in_all(self) -> int:
+        """Rows waiting on a rate limit, all told."""
+        return sum(w.waiting for w in self.waiting_on_limits if w.queue == w.tenant)
 
     def caps(self, tenant: str) -> tuple[int | None, int | None]:
         """A tenant's effective (max_live, max_inflight): its own, else the default's."""
@@ -114,6 +130,12 @@ class Stats:
             if self.tables is None
             else [{k: iso(v) for k, v in asdict(t).items()} for t in self.tables],
             "redis": None if self.redis is None else asdict(self.redis),
+            "waiting_on_limits": [
+                {k: iso(v) for k, v in asdict(w).items()} for w in self.waiting_on_limits
+            ],
+            "rate_limits": None
+            if self.rate_limits is None
+            else rate_figures.as_dicts(self.rate_limits),
         }
 
 
@@ -129,10 +151,16 @@ def collect(
     core = app.core
     with core.reading() as (conn, fresh):
         now = store.database_now(conn)
-        live = store.live_figures(conn, late_after, scope)
+        every_limit = store.rate_limits(conn, followers=True)
+        limited = store.Limited.of(every_limit, now)  # whose unpushed rows wait on a limit
+        live = store.live_figures(conn, late_after, scope, limited)
         recent = store.activity(conn, since, scope)
-        overdue = store.overdue_rows(conn, check_limit, STUCK_AFTER, scope)
+        overdue = store.overdue_rows(conn, check_limit, STUCK_AFTER, scope, limited)
         behind = store.recurring_behind(conn, late_after, scope)
+        waiting = store.waiting_on_limits(conn, limited, scope)
+        limits = [
+            r for r in every_limit if scope is None or (r.scope == "tenant" and r.name == scope)
+        ]
         quotas = [
             q
             for q in store.quotas(conn)
@@ -169,6 +197,8 @@ def collect(
         freshness=fresh,
         tables=tables,
         redis=held,
+        waiting_on_limits=waiting,
+        rate_limits=limits,
     )
 
 
@@ -247,6 +277,8 @@ def render(stats: Stats) -> str:
         f"  schedules without job {stats.schedules_without_job:>6}   "
         f"jobs without schedule {stats.jobs_without_schedule:>6}   "
         f"recurring behind {stats.recurring_behind:>6}",
+        *rate_figures.waiting_lines(stats.waiting_on_limits, stats.oldest_wait_on_a_limit_seconds),
+        *rate_figures.use_lines(stats.rate_limits or []),
         "",
         "  " + "   ".join(f"{k} {v}" for k, v in recent.counts.items()),
         "",
@@ -399,6 +431,9 @@ def observe_stats(stats: Stats, limit: int = metrics.MAX_TENANT_LABELS) -> None:
     _shown.clear()
     _shown.update(values)
     metrics.OLDEST.set(stats.oldest_overdue_seconds)
+    rate_figures.observe(
+        stats.waiting_on_limits, stats.oldest_wait_on_a_limit_seconds, stats.rate_limits, limit
+    )
     metrics.WITHOUT_JOB.set(stats.schedules_without_job)
     metrics.ORPHANS.set(stats.jobs_without_schedule)
     metrics.RECURRING_BEHIND.set(stats.recurring_behind)

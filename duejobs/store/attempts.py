@@ -36,12 +36,20 @@ class SkipReason(enum.StrEnum):
     LAPSED = "lapsed"
     # Its type has no handler in this worker: put back for one that has (see the worker).
     UNKNOWN_TYPE = "unknown_type"
+    # A rate limit of its queue or tenant granted no start now: back to the table, for the
+    # scheduler to push again at the limit's pace (:mod:`duejobs.store.rate_limits`), no
+    # attempt used.
+    RATE_LIMITED = "rate_limited"
+    # Its start slot under a rate limit is within the wait the worker asked to hold it for:
+    # nothing written, the worker asks again at the slot (never an outcome of a delivery).
+    RATE_WAIT = "rate_wait"
 
 
 @dataclass(frozen=True)
 class RunClaim:
     """What the worker learned when it tried to claim a delivery: a running attempt (no
-    ``skip``: its type, payload and times), or why it cannot run now."""
+    ``skip``: its type, payload and times), or why it cannot run now (``rate_limited``: with
+    ``due_at`` the start slot its limit gave it)."""
 
     skip: SkipReason | None
     type: str = ""
@@ -62,6 +70,7 @@ def claim_runs(
     lease: timedelta,
     types: Sequence[str],
     claim: str,
+    hold: timedelta = timedelta(0),
 ) -> list[RunClaim | None]:
     """Turn the deliveries that can run now into running attempts, in one statement: each
     one's row (of its tenant) ``scheduled`` at the delivered version, this being its next
@@ -70,10 +79,13 @@ def claim_runs(
     The answers follow the deliveries' order, each matched by (schedule id, version,
     attempt) — copies of one schedule at other versions may come in the same batch; None for
     one left untouched (see :func:`claim_verdict`), and for a second copy of a delivery
-    claimed once. ``claim`` names the statement in each ``started`` event
-    (:func:`claim_landed`)."""
+    claimed once; ``rate_limited`` for one a rate limit turned back (the rate limits'
+    grant is part of the statement: :mod:`duejobs.store.rate_limits`), ``rate_wait`` for one
+    whose start slot is within ``hold`` (left untouched). ``claim`` names the statement in
+    each ``started`` event (:func:`claim_landed`)."""
     params = {
         "synchronous_commit": None,  # a bookkeeping connection gives its own
+        "lock_timeout": None,  # and its lock limit
         "claim": claim,
         "ids": [d.schedule_id for d in deliveries],
         "tenants": [d.tenant for d in deliveries],
@@ -82,9 +94,12 @@ def claim_runs(
         "worker": worker,
         "lease": lease,
         "types": list(types),
+        "hold": hold,
     }
     claimed = {
-        (row.id, row.version, row.attempt): record(RunClaim, row, skip=None, unknown_since=None)
+        (row.id, row.version, row.attempt): record(
+            RunClaim, row, skip=row.skip and SkipReason(row.skip), unknown_since=None
+        )
         for row in run(conn, "claim_runs", params)
     }
     return [claimed.pop((d.schedule_id, d.version, d.attempt), None) for d in deliveries]

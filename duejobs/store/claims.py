@@ -1,5 +1,6 @@
-"""The scheduler's claim, in two statements: the walk over tenants with due rows, then the
-claim of each one's share (how the batch is shared is the scheduler's decision).
+"""The scheduler's claim, in two statements: the walk over (tenant, queue) pairs with due rows,
+then the claim of each one's share (how the batch is shared is the scheduler's decision); and,
+for pairs under a rate limit, the two statements that pace them (duejobs.scheduler.pacing).
 
 Both run prepared, with their generic plan (the query ``claim_plan`` says why): planned once
 per connection, not at every batch (again after an invalidation, such as an ANALYZE of the
@@ -8,44 +9,74 @@ planner settings last to the end of the caller's transaction."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from duejobs.models import Delivery
-from duejobs.store.execution import run
+from duejobs.store import dbapi
+from duejobs.store.execution import is_lock_timeout, run
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
 
 @dataclass(frozen=True)
-class TenantDue:
-    """One tenant the walk found with due rows waiting to be pushed."""
+class PairDue:
+    """One (tenant, queue) pair the walk found with due rows waiting to be pushed."""
 
     tenant: str
+    queue: str
     due: int  # counted up to the walk's limit
-    cap: int | None  # its in-flight quota
+    ahead: timedelta  # how far ahead its rows were counted: the window, the horizon or none
+    cap: int | None  # its tenant's in-flight quota
     locked: bool | None  # whether this claim holds the tenant's in-flight lock (capped only)
-    inflight: int | None  # its jobs in flight (capped only; an estimate until the claim)
-    sparse: bool  # fewer than front_lane of its jobs wait in the queue
+    inflight: int | None  # its tenant's jobs in flight (capped only; an estimate until the claim)
+    sparse: bool  # fewer than front_lane of its tenant's jobs wait in the queue
+    queue_every: timedelta | None  # the interval between starts of its queue's rate limit
+    tenant_every: timedelta | None  # of its tenant's (its own, else the default's)
 
 
-def walk_tenants(
-    conn: Connection, window: timedelta, limit: int, after: str, front_lane: int
-) -> tuple[datetime, list[TenantDue]]:
-    """The database clock, and up to ``limit`` tenants after ``after`` (in name order) with
-    rows due within ``window`` waiting to be pushed (the query ``claim_walk``)."""
-    params = {"window": window, "limit": limit, "after": after, "front_lane": front_lane}
+def walk_pairs(
+    conn: Connection,
+    window: timedelta,
+    horizon: timedelta,
+    limit: int,
+    after: tuple[str, str],
+    front_lane: int,
+) -> tuple[datetime, list[PairDue]]:
+    """The database clock, and up to ``limit`` (tenant, queue) pairs after ``after`` (in name
+    order) with rows due within ``window`` waiting to be pushed — within ``horizon`` for a
+    pair under a rate limit (the query ``claim_walk``)."""
+    params = {
+        "window": window,
+        "horizon": horizon,
+        "limit": limit,
+        "after_tenant": after[0],
+        "after_queue": after[1],
+        "front_lane": front_lane,
+    }
     run(conn, "claim_plan")
     walk = run(conn, "claim_walk", params, prepare=True)
-    tenants = [
-        TenantDue(w.tenant, w.due, w.cap, w.locked, w.inflight, w.sparse)
+    pairs = [
+        PairDue(
+            w.tenant,
+            w.queue,
+            w.due,
+            w.ahead,
+            w.cap,
+            w.locked,
+            w.inflight,
+            w.sparse,
+            w.queue_every,
+            w.tenant_every,
+        )
         for w in walk
         if w.tenant is not None
     ]
-    return walk[0].db_now.astimezone(UTC), tenants
+    return walk[0].db_now.astimezone(UTC), pairs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,22 +86,99 @@ class ClaimedRow(Delivery):
     turn: int  # 1 for the tenant's first row of the batch, 2 for its second, ...
 
 
-def claim_shares(
-    conn: Connection, window: timedelta, shares: Sequence[tuple[str, int, int | None]]
-) -> list[ClaimedRow]:
-    """Take each (tenant, share, in-flight cap)'s share of due rows, oldest first, SKIP
-    LOCKED, a capped tenant's cut to the room its cap leaves (counted again under its lock);
-    record their queue job ids with an ``enqueued`` event. Rows in turns: every tenant's
-    first, then every tenant's second (the query ``claim_shares``)."""
+@dataclass(frozen=True)
+class Share:
+    """A pair's share of a claim: how many of its rows to take, how far ahead."""
+
+    tenant: str
+    queue: str
+    share: int
+    cap: int | None  # its tenant's in-flight quota, counted again under the claim's lock
+    ahead: timedelta
+
+
+def claim_shares(conn: Connection, shares: Sequence[Share]) -> list[ClaimedRow]:
+    """Take each pair's share of due rows, oldest first, SKIP LOCKED, a capped tenant's cut to
+    the room its cap leaves (counted again under its lock); record their queue job ids with an
+    ``enqueued`` event. Rows in turns: every tenant's first, then every tenant's second (the
+    query ``claim_shares``)."""
     rows = run(
         conn,
         "claim_shares",
         {
-            "window": window,
-            "tenants": [tenant for tenant, _, _ in shares],
-            "shares": [share for _, share, _ in shares],
-            "caps": [cap for _, _, cap in shares],
+            "tenants": [s.tenant for s in shares],
+            "queues": [s.queue for s in shares],
+            "shares": [s.share for s in shares],
+            "caps": [s.cap for s in shares],
+            "aheads": [s.ahead for s in shares],
         },
         prepare=True,
     )
     return [ClaimedRow.of(r, turn=r.turn) for r in rows]
+
+
+@dataclass(frozen=True)
+class LimitState:
+    """A rate limit a claim holds: when its next start may come by the scheduler's pointer
+    and by the worker's grant."""
+
+    scope: str
+    name: str
+    paced_until: datetime | None
+    started_until: datetime | None
+
+
+def pace_limits(conn: Connection, limits: Sequence[tuple[str, str, timedelta]]) -> list[LimitState]:
+    """Hold, to this transaction's end, the (scope, name, every) limits no other claim is
+    pacing; make a count for a tenant under the default that has none (the query
+    ``pace_limits``)."""
+    rows = run(
+        conn,
+        "pace_limits",
+        {
+            "scopes": [scope for scope, _, _ in limits],
+            "names": [name for _, name, _ in limits],
+            "everies": [every for _, _, every in limits],
+        },
+    )
+    return [LimitState(r.scope, r.name, r.paced_until, r.started_until) for r in rows]
+
+
+def pace_rows(conn: Connection, moved: Sequence[tuple[uuid.UUID, datetime, datetime]]) -> None:
+    """Move each (id, slot, due time before) row to its slot, with its event (the query
+    ``pace_rows``)."""
+    run(
+        conn,
+        "pace_rows",
+        {
+            "ids": [i for i, _, _ in moved],
+            "slots": [slot for _, slot, _ in moved],
+            "moved_from": [before for _, _, before in moved],
+        },
+    )
+
+
+# How long the scheduler's claim waits for a rate limit's row to move its pointer on.
+PACE_LOCK_WAIT = "200ms"
+
+
+def advance_paces(conn: Connection, pointers: Sequence[tuple[str, str, datetime]]) -> bool:
+    """Move each (scope, name, until) limit's pointer on (the query ``advance_paces``): last
+    in the claim's transaction, after its push. A row held past ``PACE_LOCK_WAIT`` leaves
+    the pointers where they were (False), the claim's rows still committed: the next claim
+    gives those starts out again, and the workers' grant, which keeps the limit, turns back
+    the starts it has no room for."""
+    params = {
+        "scopes": [scope for scope, _, _ in pointers],
+        "names": [name for _, name, _ in pointers],
+        "untils": [until for _, _, until in pointers],
+        "lock_timeout": PACE_LOCK_WAIT,
+    }
+    try:
+        with conn.begin_nested():
+            run(conn, "advance_paces", params)
+    except dbapi.OperationalError as exc:
+        if not is_lock_timeout(exc.orig):
+            raise
+        return False
+    return True

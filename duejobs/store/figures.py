@@ -14,6 +14,7 @@ from duejobs.models import (
 )
 from duejobs.store.execution import _utc, run, run_one, schema_of
 from duejobs.store.queries import TABLES
+from duejobs.store.rate_limits import NO_LIMITS, Limited
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -41,12 +42,16 @@ class LiveFigures:
 
 
 def live_figures(
-    conn: Connection, late_after: timedelta, tenant: str | None = None
+    conn: Connection,
+    late_after: timedelta,
+    tenant: str | None = None,
+    limited: Limited = NO_LIMITS,
 ) -> list[LiveFigures]:
     """Counts over live rows only (two partial-index scans), overall, per tenant, per type;
-    one tenant's alone when ``tenant`` is given. Cost follows the live rows, never the
-    finished history."""
-    rows = run(conn, "live_figures", {"late": late_after, "tenant": tenant})
+    one tenant's alone when ``tenant`` is given; rows waiting unpushed under one of
+    ``limited`` not overdue. Cost follows the live rows, never the finished history."""
+    params = {"late": late_after, "tenant": tenant, **limited.params()}
+    rows = run(conn, "live_figures", params)
     return [
         LiveFigures(
             r.tenant,

@@ -121,6 +121,7 @@ TABLES = (
     "scheduled_job_results",
     "recurring_schedules",
     "tenant_quotas",
+    "rate_limits",
     "duejobs_partitioning",
 )
 # Of those, the tables only partitioned mode has (duejobs/store/partitions.py).

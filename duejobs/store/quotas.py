@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from duejobs.rates import Rate
 from duejobs.store.execution import run, run_one
 from duejobs.store.queries import DEFAULT_QUOTA_TENANT
 
@@ -19,11 +20,13 @@ QUOTA_COLUMNS = ("max_live", "max_inflight")
 
 @dataclass(frozen=True)
 class Quota:
-    """A tenant's own caps as stored (``None``: the default's applies), or the default's."""
+    """A tenant's own caps and rate limit as stored (``None``: the default's applies), or
+    the default's."""
 
     tenant: str
     max_live: int | None
     max_inflight: int | None
+    max_rate: Rate | None = None
 
 
 def set_quota(conn: Connection, tenant: str, caps: dict[str, int | None]) -> None:
@@ -47,12 +50,20 @@ def set_quota(conn: Connection, tenant: str, caps: dict[str, int | None]) -> Non
 def quotas(conn: Connection, tenants: Sequence[str] | None = None) -> list[Quota]:
     """Every stored quota row — or, given ``tenants``, theirs and the default's —, the
     default first."""
-    if tenants is None:
-        rows = run(conn, "quotas", {"default": DEFAULT_QUOTA_TENANT})
-    else:
-        params = {"default": DEFAULT_QUOTA_TENANT, "tenants": list(tenants)}
-        rows = run(conn, "quotas_of", params)
-    return [Quota(r.tenant, r.max_live, r.max_inflight) for r in rows]
+    params = {
+        "default": DEFAULT_QUOTA_TENANT,
+        "tenants": None if tenants is None else list(tenants),
+    }
+    rows = run(conn, "quotas", params)
+    return [
+        Quota(
+            r.tenant,
+            r.max_live,
+            r.max_inflight,
+            None if r.max_starts is None else Rate(r.max_starts, r.period),
+        )
+        for r in rows
+    ]
 
 
 def live_quota(conn: Connection, tenant: str) -> int | None:

@@ -13,6 +13,7 @@ from duejobs.models import (
     Status,
 )
 from duejobs.store.execution import run
+from duejobs.store.rate_limits import NO_LIMITS, Limited
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -112,8 +113,14 @@ class OverdueRow:
 
 
 def overdue_rows(
-    conn: Connection, limit: int, stuck_after: timedelta, tenant: str | None = None
+    conn: Connection,
+    limit: int,
+    stuck_after: timedelta,
+    tenant: str | None = None,
+    limited: Limited = NO_LIMITS,
 ) -> list[OverdueRow]:
-    """``scheduled`` rows already due, oldest first (at most ``limit``; one tenant's)."""
-    rows = run(conn, "overdue_rows", {"limit": limit, "stuck": stuck_after, "tenant": tenant})
+    """``scheduled`` rows already due, oldest first (at most ``limit``; one tenant's), but
+    those waiting unpushed under one of ``limited``."""
+    params = {"limit": limit, "stuck": stuck_after, "tenant": tenant, **limited.params()}
+    rows = run(conn, "overdue_rows", params)
     return [OverdueRow(r.queue_job_id, r.due_at.astimezone(UTC), r.stuck, r.queue) for r in rows]

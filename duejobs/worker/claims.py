@@ -21,7 +21,16 @@ What it promises:
   fresh connection;
 * a delivery that came early waits for its time when that is within ``max_early_wait`` (by
   the database's own reading of how far away it is), then claims again; one whose row an
-  application transaction holds waits at most ``claim_lock_timeout``.
+  application transaction holds waits at most ``claim_lock_timeout``;
+* a start a rate limit has no grant for now waits in its slot for the time the limit's pace
+  gives it when that is within ``RATE_LIMIT_WAIT`` (a few of a fast limit's intervals), then
+  claims again — at most ``RATE_LIMIT_WAIT`` in all, however often another start takes that
+  time meanwhile (it is not reserved); the claim leaves such a row as it is, writing nothing
+  (``rate_wait``). At a limit's pace the next grant is milliseconds away: a trip back through
+  the scheduler would miss it, and the limit's rate be lost. A time further off, or a wait
+  that is over, turns the start back to the table, for the scheduler to push again at the
+  limit's pace, so a slow limit holds no slot: that turn-back is in the schedule's history (a
+  ``requeued`` event) and counts in ``duejobs_rate_limited_deliveries_total``.
 
 What it does not do: run or close anything (:mod:`duejobs.worker.runtime`,
 :mod:`duejobs.worker.closing`).
@@ -29,6 +38,7 @@ What it does not do: run or close anything (:mod:`duejobs.worker.runtime`,
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -36,6 +46,7 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 
 from duejobs import store
 from duejobs.core import Core
@@ -50,6 +61,8 @@ log = logging.getLogger("duejobs.worker")
 _CLAIMERS = 4
 # Seconds before a claim whose connection broke or was refused is made again.
 _CLAIM_AGAIN_AFTER = 0.2
+# Seconds a start a rate limit turned back may wait in its slot for the time it was given.
+RATE_LIMIT_WAIT = 0.05
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,12 @@ class Claimer:
         self, core: Core, config: WorkerConfig, bookkeeping: Bookkeeping, name: str
     ) -> None:
         self._core, self._config, self._bookkeeping, self._name = core, config, bookkeeping, name
-        self._claims = GroupCommit("claim", self._claim_batch)
+        # The claims, in one group commit per queue (the worker serves a fixed list): a queue's
+        # rate limit locks its row for the statement that grants its starts, which the other
+        # queues' claims then need not wait for. And, apart, the claims of deliveries whose
+        # wait in their slot for a rate limit's start is over: turned back to the table, not
+        # held, if no start is granted them now.
+        self._claims: dict[tuple[str, bool], GroupCommit[Delivery, RunClaim | None]] = {}
         # Deliveries taken from Redis together, each with the claims of the batches that
         # carried it (running or done) and its places in them (copies of one delivery may
         # arrive together, or in two batches), until a slot runs it. The claims run on
@@ -96,6 +114,15 @@ class Claimer:
         self._unanswered: dict[Delivery, tuple[str, float]] = {}
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_CLAIMERS, thread_name_prefix="duejobs-claim")
+
+    def _group(self, queue: str, last: bool = False) -> GroupCommit[Delivery, RunClaim | None]:
+        """The group commit of ``queue``'s claims (``last``: of those whose wait is over)."""
+        with self._lock:
+            group = self._claims.get((queue, last))
+            if group is None:
+                batch = functools.partial(self._claim_batch, hold=0.0 if last else RATE_LIMIT_WAIT)
+                group = self._claims[queue, last] = GroupCommit("claim", batch)
+            return group
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
@@ -113,13 +140,17 @@ class Claimer:
             return len(self._unanswered)
 
     def claim_ahead(self, deliveries: Sequence[Delivery]) -> None:
-        """Have deliveries taken from Redis together claimed in one statement, each for the
-        slot that will run it (see :meth:`claim`); returns at once, the statement running
-        meanwhile. A delivery that cannot run now, or a statement that failed, is left to
-        its slot, which claims it alone and says why."""
-        batch = list(deliveries)
-        if not batch:
-            return
+        """Have deliveries taken from Redis together claimed in one statement per queue (see
+        ``_claims``), each for the slot that will run it (see :meth:`claim`); returns at once,
+        the statements running meanwhile. A delivery that cannot run now, or a statement that
+        failed, is left to its slot, which claims it alone and says why."""
+        by_queue: dict[str, list[Delivery]] = {}
+        for delivery in deliveries:
+            by_queue.setdefault(delivery.queue, []).append(delivery)
+        for batch in by_queue.values():
+            self._claim_batch_ahead(batch)
+
+    def _claim_batch_ahead(self, batch: list[Delivery]) -> None:
         asked_at = time.monotonic()
         claims = self._threads.submit(self._claim_together, batch)
         places: dict[Delivery, list[int]] = {}
@@ -132,9 +163,22 @@ class Claimer:
     def claim(self, delivery: Delivery) -> RunClaim | None:
         """The delivery's claim: the one made ahead, if any (in time, see :meth:`_in_time`),
         else its own; one that cannot run now is told why
-        (:func:`~duejobs.store.claim_verdict`), and one that came early waits for its time
-        when that is close, then claims again. None: its row stayed locked past
+        (:func:`~duejobs.store.claim_verdict`), and one that came early — for its due time,
+        or for the start a rate limit gave it — waits for its time when that is close, then
+        claims again. None: its row (or the row of a rate limit over it) stayed locked past
         ``claim_lock_timeout``."""
+        claim = self._claim_once(delivery)
+        waited_until = time.monotonic() + RATE_LIMIT_WAIT
+        while claim is not None and claim.skip is SkipReason.RATE_WAIT:
+            assert claim.due_at is not None and claim.db_now is not None
+            remaining = (claim.due_at - claim.db_now).total_seconds()
+            last = time.monotonic() + remaining > waited_until
+            if not last:
+                time.sleep(remaining)
+            claim = self._claim_once(delivery, last=last)
+        return claim
+
+    def _claim_once(self, delivery: Delivery, last: bool = False) -> RunClaim | None:
         with self._lock:  # its copies taken with it find none, and claim alone
             ahead = self._ahead.pop(delivery, [])
         for taken in ahead:
@@ -144,7 +188,12 @@ class Claimer:
         give_up = time.monotonic() + self._config.max_early_wait.total_seconds()
         locked_until = time.monotonic() + self._config.claim_lock_timeout.total_seconds()
         while True:
-            claim = self._landed(delivery) or self._submit(delivery)
+            try:
+                claim = self._landed(delivery) or self._submit(delivery, last)
+            except dbapi.DBAPIError as exc:  # a rate limit's row held past the lock limit
+                if not lock_busy(exc):
+                    raise
+                return None
             if claim is not None:
                 return claim
             try:
@@ -168,18 +217,20 @@ class Claimer:
                 return verdict
             time.sleep(remaining)
 
-    def _submit(self, delivery: Delivery) -> RunClaim | None:
-        """The delivery's claim in a batch; when the batch's statement lost its answer (ended
+    def _submit(self, delivery: Delivery, last: bool = False) -> RunClaim | None:
+        """The delivery's claim in a batch (``last``: its wait for a rate limit's start over,
+        turned back if not granted now); when the batch's statement lost its answer (ended
         by the server, a pooler or a failover), the claim it may have committed, else made
         once more on a fresh connection."""
+        claims = self._group(delivery.queue, last)
         try:
-            return self._claims.submit(delivery)
+            return claims.submit(delivery)
         except dbapi.DBAPIError as exc:
             if not unreachable(exc):
                 raise
             log.warning("the claim was not answered (%s); claiming again", exc.orig)
             time.sleep(_CLAIM_AGAIN_AFTER)  # a pooler or a server coming back
-            return self._landed(delivery) or self._claims.submit(delivery)
+            return self._landed(delivery) or claims.submit(delivery)
 
     def _landed(self, delivery: Delivery) -> RunClaim | None:
         """The claim a statement that lost its answer made of the delivery, if it committed
@@ -208,7 +259,10 @@ class Claimer:
         starts, well within the lease); otherwise renewed first — its start was held up
         (Redis failing as it started, say) — and, once the reconciler has rescued it, never
         used: the attempt the rescue pushed runs instead."""
-        if time.monotonic() - asked_at < self._config.heartbeat.total_seconds():
+        if (
+            claim.skip is not None
+            or time.monotonic() - asked_at < self._config.heartbeat.total_seconds()
+        ):
             return claim  # a heartbeat renews it before a lease less a heartbeat has passed
         with self._bookkeeping.connection() as conn:
             renewed = store.renew_claim(conn, delivery, self._config.lease)
@@ -218,12 +272,14 @@ class Claimer:
 
     def _claim_together(self, batch: list[Delivery]) -> list[RunClaim | None]:
         try:
-            return self._claims.submit_all(batch)
+            return self._group(batch[0].queue).submit_all(batch)
         except Exception:
             log.exception("could not claim %d deliveries together", len(batch))
             raise
 
-    def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
+    def _claim_batch(
+        self, deliveries: Sequence[Delivery], hold: float = RATE_LIMIT_WAIT
+    ) -> list[RunClaim | None]:
         claim = uuid.uuid4().hex
         sent: float | None = None  # a connect refused sent nothing: nothing can have committed
         try:
@@ -236,6 +292,7 @@ class Claimer:
                     lease=self._config.lease,
                     types=self.types(),
                     claim=claim,
+                    hold=timedelta(seconds=hold),
                 )
         except dbapi.DBAPIError as exc:
             if sent is not None and unreachable(exc):  # it may have committed: each asks

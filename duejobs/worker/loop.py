@@ -127,7 +127,7 @@ class Worker:
     def work(self, burst: bool = False, max_idle: float | None = None) -> None:
         """Take and run jobs until stopped (:meth:`stop`, SIGTERM, SIGINT) — or, with
         ``burst``, until none waits; with ``max_idle``, until none came for that long."""
-        with self._signals():
+        with self.signals():
             suspended = self.waits.call(
                 "the worker's registration", self.wire.register, self._stopping
             )
@@ -424,9 +424,10 @@ class Worker:
         return self._stopped_at is not None and time.monotonic() - self._stopped_at > FINISH_GRACE
 
     @contextlib.contextmanager
-    def _signals(self) -> Iterator[None]:
-        """SIGTERM and SIGINT handled as the module docstring says, while the loop runs in
-        the main thread; the handlers before it restored after."""
+    def signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT handled as the module docstring says while in it, in the main
+        thread; the handlers before it restored after. :meth:`work` enters it; a service enters
+        it before saying it serves, so a stop sent once that line shows is the warm one."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return

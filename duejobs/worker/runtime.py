@@ -162,8 +162,8 @@ class Runtime:
                 outcome = self._run(claim, delivery)
                 if span is not None:
                     span.set_attribute("duejobs.outcome", outcome.value)
-            if outcome is Outcome.DEFERRED:
-                put_back_at = self._put_back_at(claim)
+            if outcome is Outcome.DEFERRED and claim.skip is not SkipReason.RATE_LIMITED:
+                put_back_at = self._put_back_at(claim)  # a turn-back waits in the table
         metrics.DELIVERIES.labels(
             metrics.tenant_label(delivery.tenant), self._type_label(job_type), outcome.value
         ).inc()
@@ -205,6 +205,12 @@ class Runtime:
             return Outcome.DEFERRED
         if claim.skip is SkipReason.UNKNOWN_TYPE:
             return self._unknown_type(delivery, claim, where)
+        if claim.skip is SkipReason.RATE_LIMITED:  # back in the table with the claim
+            metrics.RATE_LIMITED.labels(metrics.tenant_label(delivery.tenant)).inc()
+            log.info(
+                "rate limited: back to the scheduler (its next start %s)", claim.due_at, extra=where
+            )
+            return Outcome.DEFERRED
         if claim.skip is SkipReason.EXPIRED:
             with self.bookkeeping.connection() as conn:
                 store.expire(conn, delivery)
@@ -277,11 +283,12 @@ class Runtime:
 
     def _put_back_at(self, claim: RunClaim) -> datetime:
         """When a deferred delivery goes back on its queue (by the database clock): an early
-        one at its due time; one of an unknown type after as long again as it has been put
-        back for that (at least ``_UNKNOWN_TYPE_BACKOFF[0]``, at most ``[1]``), so that a
-        worker with its handler, started meanwhile, gets it soon, and one that never comes
-        costs a few deliveries an hour. The row is due then too
-        (:func:`~duejobs.store.defer_unknown_type`), so the reconciler leaves its job there."""
+        one at its due time; one of
+        an unknown type after as long again as it has been put back for that (at least
+        ``_UNKNOWN_TYPE_BACKOFF[0]``, at most ``[1]``), so that a worker with its handler,
+        started meanwhile, gets it soon, and one that never comes costs a few deliveries an
+        hour. The row is due then too (:func:`~duejobs.store.defer_unknown_type`), so the
+        reconciler leaves its job there."""
         assert claim.due_at is not None
         if claim.skip is not SkipReason.UNKNOWN_TYPE:
             return claim.due_at

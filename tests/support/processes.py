@@ -49,5 +49,31 @@ class Proc:
                 + self.output()
             ) from None
 
+    def ended(self, timeout: float = 30) -> int:
+        """Its exit code once it ends by itself, within ``timeout`` seconds."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return self.stop(signal.SIGABRT, timeout=10)  # its stacks logged, then a failure
+
     def output(self) -> str:
         return self.log.read_text()
+
+
+def stopped_at_first_line(args: list[str]) -> str:
+    """A program that runs ``duejobs ARGS`` and sends itself SIGTERM as the service logs its
+    first line ("duejobs <service>: ..."): the moment a deployment's stop can arrive, right
+    after the start it saw."""
+    return (
+        "import logging, os, signal, sys\n"
+        "made = logging.getLogRecordFactory()\n"
+        "def record(*args, **kwargs):\n"
+        "    made_record = made(*args, **kwargs)\n"
+        "    if str(made_record.msg).startswith('duejobs %s: '):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return made_record\n"
+        "logging.setLogRecordFactory(record)\n"
+        f"sys.argv = ['duejobs', *{args!r}]\n"
+        "from duejobs.cli import main\n"
+        "main()\n"
+    )

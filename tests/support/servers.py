@@ -13,8 +13,8 @@ PARTITIONED = os.environ.get("DUEJOBS_TEST_PARTITIONED") == "1"
 # duejobs' tables and the test handlers' own, emptied before each test that takes an App.
 TABLES = (
     "scheduled_jobs, scheduled_job_events, scheduled_job_attempts, scheduled_job_effects, "
-    "scheduled_job_results, recurring_schedules, tenant_quotas, test_effects, test_runs"
-    + (", scheduled_job_keys" if PARTITIONED else "")
+    "scheduled_job_results, recurring_schedules, tenant_quotas, rate_limits, test_effects, "
+    "test_runs" + (", scheduled_job_keys" if PARTITIONED else "")
 )
 
 

@@ -53,8 +53,10 @@ from sqlalchemy import text
 
 from duejobs import App
 from duejobs.errors import DuejobsError
+from duejobs.rates import Rate, parse_rate
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.services.reconciler import ReconcileConfig, Reconciler
+from tests.support.rates import most_in_a_window, starts
 
 # Every schedule is finished within this of the last fault: the worker's lease (2 s) for a
 # killed worker's claims, the reconciler's stuck rule (2 s) and pass (0.5 s) for jobs Redis
@@ -75,6 +77,7 @@ class Setting:
     concurrency: int
     processes: int = 1
     outage: float = OUTAGE  # how long the plan's Redis outage lasts (seconds)
+    rate: str | None = None  # a rate limit on the App's queue through the plan ("20/s")
 
     @property
     def flags(self) -> list[str]:
@@ -83,6 +86,7 @@ class Setting:
 
     def __str__(self) -> str:
         named = f"c{self.concurrency}" + (f"p{self.processes}" if self.processes > 1 else "")
+        named += f"-limit{self.rate.replace('/', 'per')}" if self.rate else ""
         return named + (f"-outage{self.outage:g}s" if self.outage != OUTAGE else "")
 
 
@@ -271,6 +275,8 @@ def run_model(
     starts ``duejobs worker`` with the given extra flags in a process group of its own and
     returns an object with ``popen``."""
     report = Report(seed, setting)
+    if setting.rate is not None:
+        app.set_rate_limit(app.core.queue, setting.rate)
     plan = _Plan(app, client, seed, schedules, seconds)
     actions = plan.actions(seconds)
     report.actions = len(actions)
@@ -327,7 +333,18 @@ def run_model(
             worker.popen.wait(timeout=STOP_WITHIN)
     report.runs, found = violations(app, killed)
     report.violations += found
+    if setting.rate is not None:
+        report.violations += over_the_limit(app, parse_rate(setting.rate))
     return report
+
+
+def over_the_limit(app: App, rate: Rate) -> list[str]:
+    """The windows of one period in which more attempts started than the limit allows (N,
+    plus one start's tolerance), by the database clock."""
+    most = most_in_a_window(starts(app), rate.period)
+    if most <= rate.count + 1:
+        return []
+    return [f"{most} attempts started within {rate.period}, over the limit of {rate}"]
 
 
 def _all_finished(app: App, ids: list[uuid.UUID]) -> bool:

@@ -82,7 +82,7 @@ class CliCommand(BaseCommand):
         run_alone(
             self.cli_command,
             args,
-            prog_name=f"manage.py duejobs_{self.cli_command}",
+            prog_name=f"manage.py duejobs_{self.cli_command.replace('-', '_')}",
             app="duejobs.contrib.django:app" if self.takes_app else None,
         )
 

@@ -7,42 +7,168 @@
 -- claim_verdict, which waits for a lock, says why a delivery cannot run and records it.
 -- Each `started` event names the statement's :claim, by which a worker that lost the answer
 -- finds the claims it made (claim_landed).
+-- Rate limits (duejobs.store.rate_limits): a ready row under a queue's limit, or its tenant's
+-- (its own, else the default's), starts only on a start its limit grants now; the others stay
+-- scheduled: one whose slot (when its limit's pace would give it a start) is within :hold is
+-- left as it is and returned with skip = 'rate_wait' and that slot, for the worker to wait for
+-- in its slot; the rest go back to the table without a queue job (a `requeued` event, reason
+-- rate_limited, with that slot) and are returned with skip = 'rate_limited'. The grant locks one row per limit the
+-- batch touches (in (scope, name) order), for this statement only, waiting for it at most
+-- :lock_timeout (the worker's claim_lock_timeout); a batch under no limit locks none.
 -- Its commit's durability is its own (:synchronous_commit, the worker's bookkeeping setting;
--- NULL: the transaction's as it is):
+-- NULL: the transaction's as it is), and so is its lock limit:
 -- on the worker's hot path it runs alone, without bookkeeping_settings ahead of it (it waits
--- for no lock: SKIP LOCKED).
+-- for no lock on a schedule: SKIP LOCKED).
 WITH req AS (
     SELECT r.* FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS text[]),
                            CAST(:versions AS integer[]), CAST(:attempts AS integer[]))
         AS r(id, tenant, version, attempt),
         (SELECT set_config('synchronous_commit',
                            COALESCE(:synchronous_commit, current_setting('synchronous_commit')),
-                           true)) AS durability
+                           true) AS durability,
+                set_config('lock_timeout',
+                           COALESCE(:lock_timeout, current_setting('lock_timeout')),
+                           true) AS lock_limit) AS settings
 ), ready AS (
-    SELECT j.id, r.attempt
+    SELECT j.id, r.attempt, j.queue, j.tenant, j.due_at, j.version, j.interruptions, j.type,
+           j.run_at
     FROM req r
     JOIN /*schema*/scheduled_jobs j ON j.id = r.id AND j.tenant = r.tenant
     WHERE j.status = 'scheduled' AND j.version = r.version AND j.attempts = r.attempt - 1
       AND j.due_at <= statement_timestamp()
-      -- Not expired, measured from the due time before any put-back (defer_unknown_type
-      -- moves due_at; its events keep the time it moved from): looked up for rows with an
-      -- expiry only.
+      -- Not expired, measured from the due time before any put-back of this attempt
+      -- (defer_unknown_type and a rate limit's turn-back move due_at; their events keep the
+      -- time it moved from): looked up for rows with an expiry only.
       AND (j.expires_after IS NULL OR j.due_at + j.expires_after >= statement_timestamp()
            AND NOT EXISTS (SELECT 1 FROM /*schema*/scheduled_job_events e
                WHERE e.schedule_id = j.id AND e.version = j.version AND e.kind = 'requeued'
-                 AND e.detail ->> 'reason' = 'unknown_type'
+                 AND e.detail ->> 'reason' IN ('unknown_type', 'rate_limited')
+                 AND e.detail ->> 'attempt' = CAST(r.attempt AS text)
                  AND CAST(e.detail ->> 'moved_from' AS timestamptz) + j.expires_after
                      < statement_timestamp()))
       AND j.type = ANY(CAST(:types AS text[]))
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
+), once AS (  -- two copies of one delivery in a batch count once
+    SELECT DISTINCT id, attempt, queue, tenant, due_at, version, interruptions, type, run_at
+    FROM ready
+), limited AS (
+    -- Each ready row under each limit in force on it, ranked within the limit by due time:
+    -- the start goes to the row whose slot came first (one the scheduler paced, or that waited
+    -- in its slot for a grant another took), not to one that came after it.
+    SELECT x.id, x.scope, x.name, x.every, x.period,
+           row_number() OVER (PARTITION BY x.scope, x.name ORDER BY x.due_at, x.id) AS rank
+    FROM (
+        SELECT r.id, r.due_at, 'queue' AS scope, r.queue AS name, q.every, q.period
+        FROM once r
+        JOIN /*schema*/rate_limits q ON q.scope = 'queue' AND q.name = r.queue
+        WHERE q.max_starts IS NOT NULL
+        UNION ALL
+        SELECT r.id, r.due_at, 'tenant', r.tenant,
+               CASE WHEN own.max_starts IS NOT NULL THEN own.every ELSE dflt.every END,
+               CASE WHEN own.max_starts IS NOT NULL THEN own.period ELSE dflt.period END
+        FROM once r
+        LEFT JOIN /*schema*/rate_limits own ON own.scope = 'tenant' AND own.name = r.tenant
+        LEFT JOIN /*schema*/rate_limits dflt ON dflt.scope = 'tenant' AND dflt.name = '*'
+        WHERE COALESCE(own.max_starts, dflt.max_starts) IS NOT NULL
+    ) x
+), state AS (
+    -- The counts of the limits asked, locked in (scope, name) order for this statement.
+    SELECT l.scope, l.name, l.started_until, l.window_start
+    FROM /*schema*/rate_limits l
+    WHERE (l.scope, l.name) IN (SELECT scope, name FROM limited)
+    ORDER BY l.scope, l.name
+    FOR UPDATE
+), allowed AS (
+    -- GCRA, one start's tolerance: the k-th start asked of a limit now may start when
+    -- greatest(started_until, now) + (k - 2) * every <= now. A limit whose count is not made
+    -- yet (a tenant's first start under the default) lets none start: its count is made
+    -- below and its rows come back at once.
+    SELECT k.scope, k.name, k.every, k.period, s.scope IS NOT NULL AS counted, b.base,
+           -- the fixed window of one period the starts are counted in (rate_limits reads them):
+           -- the same one, the next (the current one kept as the one before), or a new one
+           CASE WHEN s.window_start IS NULL
+                     OR statement_timestamp() >= s.window_start + 2 * k.period THEN 'new'
+                WHEN statement_timestamp() >= s.window_start + k.period THEN 'next'
+                ELSE 'same' END AS window_is,
+           CASE WHEN s.scope IS NULL THEN 0 ELSE GREATEST(0, floor(
+               extract(epoch FROM statement_timestamp() + k.every - b.base)
+               / extract(epoch FROM k.every)) + 1) END AS n
+    FROM (SELECT scope, name, max(every) AS every, max(period) AS period
+          FROM limited GROUP BY scope, name) AS k
+    LEFT JOIN state s ON s.scope = k.scope AND s.name = k.name
+    CROSS JOIN LATERAL (SELECT GREATEST(s.started_until, statement_timestamp()) AS base) AS b
+), refused AS (
+    -- Rows one of their limits has no start for now.
+    SELECT DISTINCT m.id FROM limited m
+    JOIN allowed a ON a.scope = m.scope AND a.name = m.name
+    WHERE m.rank > a.n
+), taken AS (
+    -- Each limit's starts: the rows every limit let start (a row another limit turned back
+    -- spends none of this one's).
+    SELECT m.scope, m.name, count(*)::integer AS asked,
+           (count(*) FILTER (WHERE r.id IS NULL))::integer AS started
+    FROM limited m LEFT JOIN refused r ON r.id = m.id
+    GROUP BY m.scope, m.name
+), counted AS (
+    -- Only starts move a count on: starts turned back again and again never push it ahead.
+    UPDATE /*schema*/rate_limits l
+    SET started_until = a.base + t.started * a.every, every = a.every, asked = t.asked,
+        granted = t.started, updated_at = statement_timestamp(),
+        window_start = CASE a.window_is WHEN 'same' THEN l.window_start
+                            WHEN 'next' THEN l.window_start + a.period
+                            ELSE statement_timestamp() END,
+        previous_starts = CASE a.window_is WHEN 'same' THEN l.previous_starts
+                               WHEN 'next' THEN l.window_starts ELSE 0 END,
+        window_starts = CASE a.window_is WHEN 'same' THEN l.window_starts + t.started
+                             ELSE t.started END
+    FROM allowed a JOIN taken t ON t.scope = a.scope AND t.name = a.name
+    WHERE l.scope = a.scope AND l.name = a.name AND a.counted
+), made AS (
+    INSERT INTO /*schema*/rate_limits (scope, name, every, asked)
+    SELECT a.scope, a.name, a.every, t.asked
+    FROM allowed a JOIN taken t ON t.scope = a.scope AND t.name = a.name
+    WHERE NOT a.counted
+    ON CONFLICT (scope, name) DO NOTHING
+), refused_at AS (
+    -- A refused row's slot: when its turn would come at its limits' pace from now on (the
+    -- j-th refused of a limit: j - 1 intervals after its next start's time), the latest of
+    -- the limits that refused it.
+    SELECT m.id, GREATEST(statement_timestamp(), max(
+               a.base + (t.started + m.rank - a.n - 2) * a.every)) AS slot
+    FROM limited m
+    JOIN allowed a ON a.scope = m.scope AND a.name = m.name
+    JOIN taken t ON t.scope = m.scope AND t.name = m.name
+    WHERE m.rank > a.n
+    GROUP BY m.id
+), held AS (
+    -- Refused rows whose slot is within :hold (the time the worker's slot may still wait for
+    -- it): left as they are, nothing written, for the worker to ask again at the slot.
+    SELECT id, slot FROM refused_at
+    WHERE CAST(:hold AS interval) > interval '0'
+      AND slot <= statement_timestamp() + CAST(:hold AS interval)
+), turned_back AS (
+    -- The others: turned back.
+    SELECT r.id, r.slot FROM refused_at r WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = r.id)
+), moved AS (
+    -- Back to the table: no queue job (the worker finishes the one it took), its due time
+    -- as it was, for the scheduler to push again when its limit's pace has a start for it
+    -- (duejobs.scheduler.pacing), as it pushes every row under a limit. Not back to RQ's
+    -- scheduled registry at its slot: a slot there is not reserved, so under a limit at its
+    -- pace the jobs put back and those the scheduler paced meet at the same times, and each
+    -- is turned back again and again.
+    UPDATE /*schema*/scheduled_jobs s SET queue_job_id = NULL, updated_at = statement_timestamp()
+    FROM turned_back t JOIN once r ON r.id = t.id
+    WHERE s.id = t.id
+    RETURNING s.id, s.tenant, s.version, r.attempt, s.interruptions, s.type, s.run_at,
+              t.slot, r.due_at AS moved_from
 ), upd AS (
     UPDATE /*schema*/scheduled_jobs s
     SET status = 'running', attempts = ready.attempt, started_at = statement_timestamp(),
         lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
         updated_at = statement_timestamp()
     FROM ready
-    WHERE s.id = ready.id
+    WHERE s.id = ready.id AND NOT EXISTS (SELECT 1 FROM refused_at t WHERE t.id = ready.id)
     RETURNING s.id, s.tenant, s.version, s.attempts, s.interruptions, s.type, s.payload,
               s.run_at, s.due_at, s.trace_context
 ), attempt AS (
@@ -56,10 +182,27 @@ WITH req AS (
                'attempt', attempts, 'worker', :worker, 'type', type, 'claim', CAST(:claim AS text),
                'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
     FROM upd
+    UNION ALL
+    SELECT id, tenant, 'requeued', version,
+           jsonb_build_object('reason', 'rate_limited', 'due_at',
+               (to_jsonb(CAST(slot AS timestamptz) AT TIME ZONE 'UTC') #>> '{}') || '+00:00',
+               'moved_from',
+               (to_jsonb(CAST(moved_from AS timestamptz) AT TIME ZONE 'UTC') #>> '{}')
+                   || '+00:00',
+               'attempt', attempt, 'worker', CAST(:worker AS text))
+    FROM moved
 )
 SELECT id, version, attempts AS attempt, interruptions, type, payload, run_at, due_at,
-       statement_timestamp() AS db_now, trace_context
+       statement_timestamp() AS db_now, trace_context, NULL AS skip
 FROM upd
+UNION ALL
+SELECT id, version, attempt, interruptions, type, NULL, run_at, slot, statement_timestamp(),
+       NULL, 'rate_limited'
+FROM moved
+UNION ALL
+SELECT o.id, o.version, o.attempt, o.interruptions, o.type, NULL, o.run_at, h.slot,
+       statement_timestamp(), NULL, 'rate_wait'
+FROM held h JOIN once o ON o.id = h.id
 
 -- name: claim_landed
 -- A delivery's claim made by the statement named :claim, whose answer the worker lost (its
@@ -97,7 +240,9 @@ WITH cur AS (
                            OR EXISTS (SELECT 1 FROM /*schema*/scheduled_job_events e
                                WHERE e.schedule_id = cur.id AND e.version = cur.version
                                  AND e.kind = 'requeued'
-                                 AND e.detail ->> 'reason' = 'unknown_type'
+                                 AND e.detail ->> 'reason' IN ('unknown_type',
+                                                               'rate_limited')
+                                 AND e.detail ->> 'attempt' = CAST(:attempt AS text)
                                  AND CAST(e.detail ->> 'moved_from' AS timestamptz)
                                      + expires_after < statement_timestamp()) THEN 'expired'
                          WHEN NOT (type = ANY(CAST(:types AS text[]))) THEN 'unknown_type'

@@ -1,26 +1,31 @@
 -- Observability figures: live counts, recent activity, outcomes and lag.
 
 -- name: live_figures
--- Counts over live rows only (two partial-index scans), overall, per tenant, per type.
+-- Counts over live rows only (two partial-index scans), overall, per tenant, per type. Rows
+-- due that wait unpushed under a rate limit holding the scheduler back now (:limited_queues,
+-- :limited_tenants) are not overdue: the scheduler pushes them at the limit's pace, and the
+-- query waiting_on_limits counts them.
 WITH live AS (
-    SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed
+    SELECT tenant, type, status, due_at, queue_job_id IS NOT NULL AS pushed,
+           queue_job_id IS NULL AND (queue = ANY(CAST(:limited_queues AS text[]))
+               OR tenant = ANY(CAST(:limited_tenants AS text[]))) AS paced
     FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
         AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
     UNION ALL
-    SELECT tenant, type, status, due_at, false FROM /*schema*/scheduled_jobs
+    SELECT tenant, type, status, due_at, false, false FROM /*schema*/scheduled_jobs
     WHERE status = 'running' AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
 )
 SELECT CASE WHEN GROUPING(tenant) = 0 THEN tenant END AS tenant,
        CASE WHEN GROUPING(type) = 0 THEN type END AS type,
        count(*) FILTER (WHERE status = 'scheduled') AS scheduled,
        count(*) FILTER (WHERE status = 'running') AS running,
-       count(*) FILTER (WHERE status = 'scheduled' AND due_at <= statement_timestamp())
-           AS overdue,
-       count(*) FILTER (WHERE status = 'scheduled'
+       count(*) FILTER (WHERE status = 'scheduled' AND NOT paced
+                        AND due_at <= statement_timestamp()) AS overdue,
+       count(*) FILTER (WHERE status = 'scheduled' AND NOT paced
                         AND due_at < statement_timestamp() - CAST(:late AS interval))
            AS late,
-       min(due_at) FILTER (WHERE status = 'scheduled' AND due_at <= statement_timestamp())
-           AS oldest_overdue,
+       min(due_at) FILTER (WHERE status = 'scheduled' AND NOT paced
+                           AND due_at <= statement_timestamp()) AS oldest_overdue,
        count(*) FILTER (WHERE pushed) AS pushed
 FROM live
 GROUP BY GROUPING SETS ((), (tenant), (type))

@@ -1,4 +1,5 @@
--- Tenant quotas: caps on live schedules and on jobs in flight.
+-- Tenant quotas: caps on live schedules and on jobs in flight (and, read with them, each
+-- tenant's rate limit: duejobs.store.rate_limits).
 
 -- name: set_quota
 -- Set the caps flagged in :set_live / :set_inflight; the others keep their value (NULL: the
@@ -12,14 +13,18 @@ SET max_live = CASE WHEN :set_live THEN EXCLUDED.max_live ELSE /*schema*/tenant_
     updated_at = statement_timestamp()
 
 -- name: quotas
-SELECT tenant, max_live, max_inflight FROM /*schema*/tenant_quotas
-ORDER BY tenant <> :default, tenant
-
--- name: quotas_of
--- The quotas of :tenants and the default's, the default first.
-SELECT tenant, max_live, max_inflight FROM /*schema*/tenant_quotas
-WHERE tenant = :default OR tenant = ANY(CAST(:tenants AS text[]))
-ORDER BY tenant <> :default, tenant
+-- The quotas and rate limits of every tenant with one of its own (:tenants NULL), or of
+-- :tenants alone; the default's ('*') first, either way.
+SELECT t.tenant, q.max_live, q.max_inflight, r.max_starts, r.period
+FROM (SELECT tenant FROM /*schema*/tenant_quotas
+      UNION SELECT name FROM /*schema*/rate_limits
+      WHERE scope = 'tenant' AND max_starts IS NOT NULL) AS t
+LEFT JOIN /*schema*/tenant_quotas q ON q.tenant = t.tenant
+LEFT JOIN /*schema*/rate_limits r ON r.scope = 'tenant' AND r.name = t.tenant
+    AND r.max_starts IS NOT NULL
+WHERE CAST(:tenants AS text[]) IS NULL OR t.tenant = :default
+    OR t.tenant = ANY(CAST(:tenants AS text[]))
+ORDER BY t.tenant <> :default, t.tenant
 
 -- name: live_quota
 SELECT COALESCE((SELECT max_live FROM /*schema*/tenant_quotas WHERE tenant = :tenant),

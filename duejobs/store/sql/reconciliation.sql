@@ -13,11 +13,14 @@ WITH page AS (
     WHERE s.status = 'scheduled'
       AND s.due_at <= statement_timestamp() + CAST(:window AS interval)
       AND (s.due_at, s.id) > (CAST(:after_due AS timestamptz), CAST(:after_id AS uuid))
-      -- a never-pushed row of a tenant with an in-flight quota is the scheduler's to
-      -- push, when the quota leaves room
+      -- a never-pushed row of a tenant with an in-flight quota, or under a rate limit, is the
+      -- scheduler's to push, when the quota leaves room or the limit's pace has a start for it
       AND (s.queue_job_id IS NOT NULL
           OR COALESCE((SELECT max_inflight FROM /*schema*/tenant_quotas WHERE tenant = s.tenant),
-          (SELECT max_inflight FROM /*schema*/tenant_quotas WHERE tenant = '*')) IS NULL)
+          (SELECT max_inflight FROM /*schema*/tenant_quotas WHERE tenant = '*')) IS NULL
+          AND NOT EXISTS (SELECT 1 FROM /*schema*/rate_limits l WHERE l.max_starts IS NOT NULL
+              AND (l.scope, l.name) IN (('queue', s.queue), ('tenant', s.tenant),
+                                        ('tenant', '*'))))
     ORDER BY s.due_at, s.id
     FOR UPDATE SKIP LOCKED
     LIMIT :limit
@@ -105,10 +108,14 @@ SELECT id, status, version FROM /*schema*/scheduled_jobs WHERE id = ANY(CAST(:id
 SELECT id, tenant FROM /*schema*/scheduled_jobs WHERE id = ANY(CAST(:ids AS uuid[]))
 
 -- name: overdue_rows
+-- Scheduled rows already due, oldest first; not those waiting unpushed under a rate limit set
+-- (the query waiting_on_limits counts them).
 SELECT queue_job_id, due_at,
        due_at < statement_timestamp() - CAST(:stuck AS interval) AS stuck, queue
 FROM /*schema*/scheduled_jobs WHERE status = 'scheduled'
     AND (CAST(:tenant AS text) IS NULL OR tenant = :tenant)
+    AND NOT (queue_job_id IS NULL AND (queue = ANY(CAST(:limited_queues AS text[]))
+        OR tenant = ANY(CAST(:limited_tenants AS text[]))))
   AND due_at <= statement_timestamp() ORDER BY due_at LIMIT :limit
 
 -- name: pending_deliveries

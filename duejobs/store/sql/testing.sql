@@ -16,10 +16,11 @@ SELECT min(due_at) - statement_timestamp() AS wait FROM /*schema*/scheduled_jobs
     'scheduled'
 
 -- name: empty_tables
--- Every schedule, its history and every definition and quota gone: a test starts afresh.
+-- Every schedule, its history and every definition, quota and rate limit gone: a test starts afresh.
 TRUNCATE /*schema*/scheduled_jobs, /*schema*/scheduled_job_events,
     /*schema*/scheduled_job_attempts, /*schema*/scheduled_job_effects,
-    /*schema*/scheduled_job_results, /*schema*/recurring_schedules, /*schema*/tenant_quotas
+    /*schema*/scheduled_job_results, /*schema*/recurring_schedules, /*schema*/tenant_quotas,
+    /*schema*/rate_limits
 
 -- name: empty_keys
 -- Partitioned mode's table of live keys, emptied with the rest.
