@@ -10,15 +10,19 @@ import itertools
 import threading
 from datetime import datetime, timedelta
 
+import pytest
 from sqlalchemy import text
 
 from duejobs import App, ScheduleRequest, store
+from duejobs.models import Delivery
 from duejobs.scheduler.claim import FIRST, claim_due
 from duejobs.scheduler.pacing import PACE_AHEAD
 from duejobs.services.pruner import Pruner
 from duejobs.services.reconciler import Reconciler
 from duejobs.services.stats import collect
 from duejobs.worker import Runtime, Worker, WorkerConfig
+from duejobs.worker.config import Outcome
+from duejobs.worker.runtime import Delivered
 from tests.support import wait_for
 from tests.support.rates import running, starts, succeeded
 from tests.support.slots import count_rows
@@ -162,6 +166,59 @@ def test_a_count_made_for_a_tenant_that_then_started_nothing_is_pruned(system: S
     assert count_rows(app, rows) == 0
 
 
+def test_a_tenants_first_rows_under_the_default_are_paced_by_the_claim_that_first_meets_them(
+    system: System,
+) -> None:
+    """A tenant new to a 10/s default: the first pass pushes its first starts, paced from
+    now, and its count is made with the pointer they moved — not in the claim's first
+    statement, where a worker's grant making the same count would wait for the claim's push.
+    Seen failing with the count made by the claim ahead of its room (none pushed until a
+    second claim)."""
+    app = system.app
+    app.set_quota("*", max_rate="10/s")
+    for _ in range(30):
+        app.schedule("record", {}, delay=0, queue=SLOW, tenant="new")
+    with app.engine.begin() as conn:  # one claim, as a scheduler's first
+        claim = claim_due(conn, timedelta(minutes=15), 100, after=FIRST)
+        store.advance_paces(conn, claim.paces)
+    assert 0 < len(claim.rows) < 30
+    with app.engine.connect() as conn:
+        paced = conn.execute(
+            text("SELECT paced_until FROM rate_limits WHERE scope = 'tenant' AND name = 'new'")
+        ).scalar_one()
+    last = max(r.due_at for r in claim.rows if r.due_at is not None)
+    assert paced >= last + timedelta(milliseconds=100)
+
+
+def test_a_count_pruned_while_a_claim_paces_it_comes_back_with_the_claims_pointer(
+    system: System,
+) -> None:
+    """A tenant's count deleted (as an idle one is pruned) while a claim that paces it is
+    under way: the claim's commit writes the count back with the pointer moved past the
+    slots it gave, so the claims after it do not give them out again. Seen failing with the
+    pointer written only onto a count still there (the count gone, a later claim pacing the
+    tenant from now again: two starts within one interval)."""
+    app = system.app
+    app.set_quota("*", max_rate="10/s")
+    app.schedule("record", {}, delay=0, queue=SLOW, tenant="pruned")
+    system.scheduler_pass()  # the tenant's count made
+    for _ in range(30):
+        app.schedule("record", {}, delay=0, queue=SLOW, tenant="pruned")
+    given: list[datetime] = []
+    for i in range(3):
+        with app.engine.begin() as conn:
+            claim = claim_due(conn, timedelta(minutes=15), 100, after=FIRST)
+            if i == 0:
+                with app.engine.begin() as pruner:  # another transaction, as the pruner's
+                    pruner.execute(text("DELETE FROM rate_limits WHERE name = 'pruned'"))
+            store.advance_paces(conn, claim.paces)
+        given += [r.due_at for r in claim.rows if r.due_at is not None]
+    given.sort()
+    assert len(given) > 1
+    gaps = [b - a for a, b in itertools.pairwise(given)]
+    assert min(gaps) >= timedelta(milliseconds=100), gaps
+
+
 def test_a_start_the_grant_turns_back_waits_in_the_table_not_in_redis(system: System) -> None:
     """Jobs pushed before their queue's limit was set, then taken together: the grant lets
     the first start and its one of tolerance through and turns the rest back, to the table —
@@ -183,6 +240,37 @@ def test_a_start_the_grant_turns_back_waits_in_the_table_not_in_redis(system: Sy
     assert _in_redis(system, SLOW) == 0
     system.scheduler_pass()  # the next start a minute away: none pushed
     assert _in_redis(system, SLOW) == 0 and _pushed(app, SLOW) == []
+
+
+def test_a_start_turned_back_is_pushed_again_even_before_its_worker_has_finished_it(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four jobs taken under 1/m: two start, the others are turned back to the table. Then,
+    between a turn-back and the worker's finish of its job in RQ (the job still `started`
+    under the live worker), the limit is raised and a scheduler pass claims the row: it
+    pushes it again (a job a live worker holds for a row with no queue job is one that
+    worker is finishing, not the row's), so no row is left marked pushed without its job.
+    Seen failing with such a job counted as present: the row marked pushed, its job then
+    finished by the worker — a row with no job until the reconciler's re-push."""
+    app = system.app
+    for _ in range(4):
+        app.schedule("record", {}, delay=0, queue=SLOW)
+    system.scheduler_pass()  # no limit yet: all four pushed
+    app.set_rate_limit(SLOW, "1/m")
+    deliver, passes = system.runtime.deliver, []
+
+    def deliver_then_pass(delivery: Delivery) -> Delivered:
+        delivered = deliver(delivery)
+        if delivered.outcome == Outcome.DEFERRED.value and not passes:
+            app.set_rate_limit(SLOW, "2/s")
+            passes.append(system.scheduler_pass())  # before the worker finishes the job
+        return delivered
+
+    monkeypatch.setattr(system.runtime, "deliver", deliver_then_pass)
+    Worker(system.runtime, [SLOW]).work(burst=True)
+    assert succeeded(app) >= 2 and passes and passes[0].claimed >= 1
+    # every row marked pushed has its job in Redis (those pushed due now have run)
+    assert _in_redis(system, SLOW) == len(_pushed(app, SLOW))
 
 
 def test_a_start_whose_slot_is_milliseconds_away_waits_in_its_worker_slot_writing_nothing(

@@ -55,6 +55,9 @@ class Push:
     # The row is overdue by more than STUCK_AFTER: only the queue list or the scheduled
     # registry proves the job is still there (see :data:`~duejobs.delivery.scripts.PRESENT`).
     stuck: bool = False
+    # The row has no queue job (the scheduler's claim): a job of its id that a live worker
+    # started is one that worker turned back and is finishing, not this row's (PRESENT).
+    unpushed: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,7 @@ class Deliverer:
                     d = p.delivery
                     args += [d.job_id, self._data(d), d.when_due.timestamp()]
                     args += ["1" if p.front else "0", "1" if p.stuck else "0"]
+                    args += ["1" if p.unpushed else "0"]
                 q, d, pr, made = node.push(keys=self._keys_of(name, queue), args=args)
                 queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
                 created.update(i.decode() if isinstance(i, bytes) else i for i in made)

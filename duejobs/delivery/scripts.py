@@ -22,7 +22,11 @@ LIST_SCAN_LIMIT = 10_000
 # operator trimmed the list) or from the scheduled registry, or the worker that started it
 # may be dead. ``strict`` (the row is overdue by more than ``STUCK_AFTER``) trusts only the
 # queue list and the registry: a job half-way between RQ's lists or marked started, with
-# its row still waiting for a worker's claim that long, is missing.
+# its row still waiting for a worker's claim that long, is missing. ``unpushed`` (the row
+# has no queue job: the scheduler's claim) counts no started job: a live worker holding one
+# for such a row is finishing it after turning the row back (a rate limit's turn-back), and
+# its finish, which writes only while its own run's entry is in the started registry, writes
+# nothing once the job is replaced.
 PRESENT = """
 local listed = {}
 local function on_queue(queue_key, id, strict, limit)
@@ -42,13 +46,14 @@ local function on_queue(queue_key, id, strict, limit)
     if ids == false then return true end
     return ids[id] == 'queued' or (ids[id] == 'moving' and not strict)
 end
-local function present(job_key, id, status, queue_key, registry_key, score, strict, workers)
+local function present(job_key, id, status, queue_key, registry_key, score, strict, workers,
+                       unpushed)
     if status == 'queued' then return on_queue(queue_key, id, strict, LIST_LIMIT) end
     if status == 'scheduled' then
         local at = redis.call('ZSCORE', registry_key, id)
         return at ~= false and tonumber(at) <= score + 0.001
     end
-    if status == 'started' and not strict then
+    if status == 'started' and not strict and not unpushed then
         local worker = redis.call('HGET', job_key, 'worker_name')
         return worker ~= false and worker ~= '' and redis.call('EXISTS', workers .. worker) == 1
     end
@@ -79,11 +84,12 @@ for i = 1, ntemplate do template[i] = ARGV[5 + i] end
 local queued, deferred, present_, created, front = 0, 0, 0, {}, {}
 redis.call('SADD', KEYS[3], KEYS[1])
 redis.call('SADD', KEYS[4], ARGV[6 + ntemplate])
-for i = 7 + ntemplate, #ARGV, 5 do
+for i = 7 + ntemplate, #ARGV, 6 do
     local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
     local status = redis.call('HGET', key, 'status')
-    local strict = ARGV[i + 4] == '1'
-    if status and present(key, id, status, KEYS[1], KEYS[2], score, strict, workers) then
+    local strict, unpushed = ARGV[i + 4] == '1', ARGV[i + 5] == '1'
+    if status and present(key, id, status, KEYS[1], KEYS[2], score, strict, workers,
+                          unpushed) then
         present_ = present_ + 1
     else
         if status then  -- a stale hash: replace it, and any stray entry of its id
@@ -125,7 +131,7 @@ for i = 5, #ARGV, 3 do
     local key = prefix .. ARGV[i]
     local state = redis.call('HMGET', key, 'status', 'origin')
     local ok = state[1] and state[2] and present(key, ARGV[i], state[1], queues .. state[2],
-        registries .. state[2], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1', workers)
+        registries .. state[2], tonumber(ARGV[i + 1]), ARGV[i + 2] == '1', workers, false)
     answer[#answer + 1] = ok and 1 or 0
 end
 return answer

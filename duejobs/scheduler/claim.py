@@ -72,7 +72,7 @@ class Claim:
     cursor: tuple[str, str]
     # The rate limits it paced, each with its next start's time: for the caller to record
     # (store.advance_paces) once the rows are pushed, before its commit.
-    paces: list[tuple[str, str, datetime]] = dataclasses.field(default_factory=list)
+    paces: list[store.Pace] = dataclasses.field(default_factory=list)
 
 
 def claim_due(

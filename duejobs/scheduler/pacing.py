@@ -71,12 +71,12 @@ class Pacing:
     @classmethod
     def hold(cls, conn: Connection, pairs: Sequence[store.PairDue], now: datetime) -> Pacing:
         """Hold, to the claim's commit, the limits in force on ``pairs`` that no other claim
-        is pacing (a limit's first count is made here, its room coming with the next
-        claim)."""
+        is pacing (a tenant with no count yet is paced from now; its count is made with
+        its pointer)."""
         every = {key: each for pair in pairs for key, each in limits_of(pair).items()}
         if not every:
             return cls(now, {}, {})
-        held = store.pace_limits(conn, [(*key, each) for key, each in sorted(every.items())])
+        held = store.pace_limits(conn, sorted(every))
         due = {  # the later of the two paces, or now for a limit idle since
             (h.scope, h.name): max(t for t in (h.paced_until, h.started_until, now) if t)
             for h in held
@@ -107,7 +107,7 @@ class Pacing:
         conn: Connection,
         rows: Sequence[store.ClaimedRow],
         pairs: Sequence[store.PairDue],
-    ) -> tuple[dict[uuid.UUID, datetime], list[tuple[str, str, datetime]]]:
+    ) -> tuple[dict[uuid.UUID, datetime], list[store.Pace]]:
         """Give each row under a limit its slot, in the claim's order: the latest of its due
         time and each of its limits' due time, which then moves one interval past the slot.
         Rows whose slot is ahead are moved there. Returns the moved rows' slots, and each
@@ -128,7 +128,9 @@ class Pacing:
                 moved.append((row.schedule_id, slot, due))
         if moved:
             store.pace_rows(conn, moved)
-        pointers = [  # in (scope, name) order: the order the workers' grants lock them in
-            (*key, at) for key, at in sorted(due_next.items()) if at != self.next_start[key]
+        paces = [  # in (scope, name) order: the order the workers' grants lock them in
+            store.Pace(*key, at, self.every[key])
+            for key, at in sorted(due_next.items())
+            if at != self.next_start[key]
         ]
-        return {schedule_id: slot for schedule_id, slot, _ in moved}, pointers
+        return {schedule_id: slot for schedule_id, slot, _ in moved}, paces

@@ -50,6 +50,7 @@ from duejobs.store.attempts import (
 from duejobs.store.claims import (
     ClaimedRow,
     LimitState,
+    Pace,
     PairDue,
     Share,
     advance_paces,
@@ -292,6 +293,7 @@ __all__ = [
     "LiveFigures",
     "NewRow",
     "OverdueRow",
+    "Pace",
     "PairDue",
     "Partition",
     "Partitioning",

@@ -128,18 +128,24 @@ class LimitState:
     started_until: datetime | None
 
 
-def pace_limits(conn: Connection, limits: Sequence[tuple[str, str, timedelta]]) -> list[LimitState]:
-    """Hold, to this transaction's end, the (scope, name, every) limits no other claim is
-    pacing; make a count for a tenant under the default that has none (the query
-    ``pace_limits``)."""
+@dataclass(frozen=True)
+class Pace:
+    """A limit's pointer as a claim leaves it: when its next start may come, and the
+    limit's interval (for a count the pointer's write must make)."""
+
+    scope: str
+    name: str
+    until: datetime
+    every: timedelta
+
+
+def pace_limits(conn: Connection, limits: Sequence[tuple[str, str]]) -> list[LimitState]:
+    """Hold, to this transaction's end, the (scope, name) limits no other claim is pacing,
+    with their paces (the query ``pace_limits``; it writes nothing)."""
     rows = run(
         conn,
         "pace_limits",
-        {
-            "scopes": [scope for scope, _, _ in limits],
-            "names": [name for _, name, _ in limits],
-            "everies": [every for _, _, every in limits],
-        },
+        {"scopes": [scope for scope, _ in limits], "names": [name for _, name in limits]},
     )
     return [LimitState(r.scope, r.name, r.paced_until, r.started_until) for r in rows]
 
@@ -162,16 +168,17 @@ def pace_rows(conn: Connection, moved: Sequence[tuple[uuid.UUID, datetime, datet
 PACE_LOCK_WAIT = "200ms"
 
 
-def advance_paces(conn: Connection, pointers: Sequence[tuple[str, str, datetime]]) -> bool:
-    """Move each (scope, name, until) limit's pointer on (the query ``advance_paces``): last
-    in the claim's transaction, after its push. A row held past ``PACE_LOCK_WAIT`` leaves
-    the pointers where they were (False), the claim's rows still committed: the next claim
-    gives those starts out again, and the workers' grant, which keeps the limit, turns back
-    the starts it has no room for."""
+def advance_paces(conn: Connection, paces: Sequence[Pace]) -> bool:
+    """Move each limit's pointer on (the query ``advance_paces``, which makes a tenant's
+    count that is not there): last in the claim's transaction, after its push. A row held
+    past ``PACE_LOCK_WAIT`` leaves the pointers where they were (False), the claim's rows
+    still committed: the next claim gives those starts out again, and the workers' grant,
+    which keeps the limit, turns back the starts it has no room for."""
     params = {
-        "scopes": [scope for scope, _, _ in pointers],
-        "names": [name for _, name, _ in pointers],
-        "untils": [until for _, _, until in pointers],
+        "scopes": [p.scope for p in paces],
+        "names": [p.name for p in paces],
+        "everies": [p.every for p in paces],
+        "untils": [p.until for p in paces],
         "lock_timeout": PACE_LOCK_WAIT,
     }
     try:

@@ -30,7 +30,10 @@ What it promises:
   the scheduler would miss it, and the limit's rate be lost. A time further off, or a wait
   that is over, turns the start back to the table, for the scheduler to push again at the
   limit's pace, so a slow limit holds no slot: that turn-back is in the schedule's history (a
-  ``requeued`` event) and counts in ``duejobs_rate_limited_deliveries_total``.
+  ``requeued`` event) and counts in ``duejobs_rate_limited_deliveries_total``. The scheduler
+  may push it again before this worker has finished the job it took in RQ: its push replaces
+  a job a live worker holds for a row with no queue job, and the worker's finish, which writes
+  only while its run's entry is in the started registry, then writes nothing.
 
 What it does not do: run or close anything (:mod:`duejobs.worker.runtime`,
 :mod:`duejobs.worker.closing`).

@@ -212,24 +212,20 @@ ORDER BY turn, upd.due_at > statement_timestamp(), upd.priority DESC, upd.due_at
 
 -- name: pace_limits
 -- The rate limits a claim paces its pairs under, with the scheduler's pointer and the worker's
--- grant, held by this claim alone: a transaction-scoped try-lock per limit (a limit another
--- claim is pacing gives this one no room). Not the limit's row: the workers' grants lock it,
--- and would wait for this claim's push to Redis. A tenant under the default whose count is not
--- made yet gets one; the claim after this one paces it.
+-- grant (NULL: a tenant under the default with no count yet, paced from now), held by this
+-- claim alone: a transaction-scoped try-lock per limit (a limit another claim is pacing gives
+-- this one no room). Not the limit's row: the workers' grants lock it, and would wait for this
+-- claim's push to Redis. Nothing written: a count a claim needs is made by advance_paces, at
+-- its end, so no grant making the same count waits for the push.
 WITH asked AS (
-    SELECT * FROM unnest(CAST(:scopes AS text[]), CAST(:names AS text[]),
-                         CAST(:everies AS interval[])) AS a(scope, name, every)
-), made AS (
-    INSERT INTO /*schema*/rate_limits (scope, name, every)
-    SELECT scope, name, every FROM asked
-    ON CONFLICT (scope, name) DO NOTHING
+    SELECT * FROM unnest(CAST(:scopes AS text[]), CAST(:names AS text[])) AS a(scope, name)
 ), held AS MATERIALIZED (
     SELECT scope, name FROM asked
     WHERE pg_try_advisory_xact_lock(hashtext('duejobs-pace:' || scope || ':' || name))
 )
-SELECT l.scope, l.name, l.paced_until, l.started_until
-FROM /*schema*/rate_limits l
-JOIN held h ON h.scope = l.scope AND h.name = l.name
+SELECT h.scope, h.name, l.paced_until, l.started_until
+FROM held h
+LEFT JOIN /*schema*/rate_limits l ON l.scope = h.scope AND l.name = h.name
 
 -- name: pace_rows
 -- The slots a claim gave the rows it paced: each row due at its slot, with a `requeued` event
@@ -257,8 +253,11 @@ FROM moved
 -- statement, after its push to Redis, so the row lock it takes (which the workers' grants
 -- wait for) is held only to the commit that follows; waiting at most :lock_timeout for a row
 -- another transaction holds (a grant holds it for a statement; an operator's, for longer).
-UPDATE /*schema*/rate_limits l SET paced_until = p.until
-FROM unnest(CAST(:scopes AS text[]), CAST(:names AS text[]),
-            CAST(:untils AS timestamptz[])) AS p(scope, name, until),
+-- A tenant's count that is not there (never made, or pruned while the claim ran) is made
+-- with the pointer.
+INSERT INTO /*schema*/rate_limits (scope, name, every, paced_until)
+SELECT p.scope, p.name, p.every, p.until
+FROM unnest(CAST(:scopes AS text[]), CAST(:names AS text[]), CAST(:everies AS interval[]),
+            CAST(:untils AS timestamptz[])) AS p(scope, name, every, until),
      (SELECT set_config('lock_timeout', :lock_timeout, true)) AS settings
-WHERE l.scope = p.scope AND l.name = p.name
+ON CONFLICT (scope, name) DO UPDATE SET paced_until = EXCLUDED.paced_until
