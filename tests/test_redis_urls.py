@@ -96,6 +96,7 @@ def test_the_app_takes_a_sentinel_url(database_url: str) -> None:
         app.close()
 
 
+@pytest.mark.usefixtures("app")  # on empty tables: its pass pushes this test's row alone
 def test_an_app_given_a_ready_client_schedules_delivers_and_works_through_it(
     database_url: str, redis_url: str, redis_client: redis.Redis
 ) -> None:
