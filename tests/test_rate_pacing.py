@@ -219,6 +219,61 @@ def test_a_count_pruned_while_a_claim_paces_it_comes_back_with_the_claims_pointe
     assert min(gaps) >= timedelta(milliseconds=100), gaps
 
 
+def test_a_tenants_own_limit_cleared_while_a_claim_paces_it_is_not_brought_back(
+    system: System,
+) -> None:
+    """A tenant with a limit of its own (1/h) under a 10/s default: a claim paces its first
+    start, and the tenant's limit is cleared while that claim is under way. The clear waits
+    for the claim's commit, so the claim's pointer (an hour on, at 1/h) is written onto the
+    limit as it was, and the clear then starts the tenant's count again under the default:
+    the next claim pushes its rows at 10/s. Seen failing with the claim's pointer written
+    after the clear, as a count of the tenant's with the old limit's pace (its rows held
+    back for an hour)."""
+    app = system.app
+    app.set_quota("*", max_rate="10/s")
+    app.set_quota("own", max_rate="1/h")
+    for _ in range(10):
+        app.schedule("record", {}, delay=0, queue=SLOW, tenant="own")
+    with app.engine.begin() as conn:
+        first = claim_due(conn, timedelta(minutes=15), 100, after=FIRST)
+        clearing = threading.Thread(target=app.set_quota, args=("own",), kwargs={"max_rate": None})
+        clearing.start()
+        clearing.join(0.5)  # it waits for this claim, or has cleared the limit already
+        store.advance_paces(conn, first.paces)
+    clearing.join(10)
+    assert len(first.rows) == 1 and not clearing.is_alive()
+    with app.engine.begin() as conn:
+        then = claim_due(conn, timedelta(minutes=15), 100, after=FIRST)
+        store.advance_paces(conn, then.paces)
+    assert len(then.rows) > 1  # at the default's pace
+
+
+def test_a_default_changed_while_a_claim_paces_a_tenant_under_it_restarts_after_that_claim(
+    system: System,
+) -> None:
+    """A tenant under a 1/h default: a claim paces its first start, and the default is
+    raised to 10/s while that claim is under way. The change waits for the claim's commit
+    (every claim pacing a tenant holds the default's lock, shared), then starts the
+    tenants' counts again, so the next claim pushes the tenant's rows at 10/s. Seen failing
+    with the claim's pointer (an hour on) written after the change's restart."""
+    app = system.app
+    app.set_quota("*", max_rate="1/h")
+    for _ in range(10):
+        app.schedule("record", {}, delay=0, queue=SLOW, tenant="follower")
+    with app.engine.begin() as conn:
+        first = claim_due(conn, timedelta(minutes=15), 100, after=FIRST)
+        raising = threading.Thread(target=app.set_quota, args=("*",), kwargs={"max_rate": "10/s"})
+        raising.start()
+        raising.join(0.5)  # it waits for this claim, or has changed the default already
+        store.advance_paces(conn, first.paces)
+    raising.join(10)
+    assert len(first.rows) == 1 and not raising.is_alive()
+    with app.engine.begin() as conn:
+        then = claim_due(conn, timedelta(minutes=15), 100, after=FIRST)
+        store.advance_paces(conn, then.paces)
+    assert len(then.rows) > 1  # at the new default's pace
+
+
 def test_a_start_the_grant_turns_back_waits_in_the_table_not_in_redis(system: System) -> None:
     """Jobs pushed before their queue's limit was set, then taken together: the grant lets
     the first start and its one of tolerance through and turns the rest back, to the table —

@@ -67,6 +67,8 @@ class Pacing:
     # When each limit this claim holds (its advisory lock) is due its next start at its
     # pace (its theoretical arrival time, in GCRA's words): never before now.
     next_start: dict[Key, datetime]
+    # The tenants' counts under the default among them (made with their pointer if missing).
+    counts: frozenset[Key] = frozenset()
 
     @classmethod
     def hold(cls, conn: Connection, pairs: Sequence[store.PairDue], now: datetime) -> Pacing:
@@ -81,7 +83,8 @@ class Pacing:
             (h.scope, h.name): max(t for t in (h.paced_until, h.started_until, now) if t)
             for h in held
         }
-        return cls(now, every, due)
+        counts = frozenset((h.scope, h.name) for h in held if h.follows_default)
+        return cls(now, every, due, counts)
 
     def room(self, key: Key) -> int:
         """How many starts the limit has from its due time to ``PACE_AHEAD`` from now, one
@@ -129,7 +132,7 @@ class Pacing:
         if moved:
             store.pace_rows(conn, moved)
         paces = [  # in (scope, name) order: the order the workers' grants lock them in
-            store.Pace(*key, at, self.every[key])
+            store.Pace(*key, at, self.every[key], key in self.counts)
             for key, at in sorted(due_next.items())
             if at != self.next_start[key]
         ]

@@ -126,6 +126,8 @@ class LimitState:
     name: str
     paced_until: datetime | None
     started_until: datetime | None
+    # A tenant's count under the default (or none yet), not a limit of its own.
+    follows_default: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ class Pace:
     name: str
     until: datetime
     every: timedelta
+    # A tenant's count under the default: made with the pointer when it is not there.
+    count: bool = False
 
 
 def pace_limits(conn: Connection, limits: Sequence[tuple[str, str]]) -> list[LimitState]:
@@ -147,7 +151,10 @@ def pace_limits(conn: Connection, limits: Sequence[tuple[str, str]]) -> list[Lim
         "pace_limits",
         {"scopes": [scope for scope, _ in limits], "names": [name for _, name in limits]},
     )
-    return [LimitState(r.scope, r.name, r.paced_until, r.started_until) for r in rows]
+    return [
+        LimitState(r.scope, r.name, r.paced_until, r.started_until, bool(r.follows_default))
+        for r in rows
+    ]
 
 
 def pace_rows(conn: Connection, moved: Sequence[tuple[uuid.UUID, datetime, datetime]]) -> None:
@@ -179,6 +186,7 @@ def advance_paces(conn: Connection, paces: Sequence[Pace]) -> bool:
         "names": [p.name for p in paces],
         "everies": [p.every for p in paces],
         "untils": [p.until for p in paces],
+        "counts": [p.count for p in paces],
         "lock_timeout": PACE_LOCK_WAIT,
     }
     try:

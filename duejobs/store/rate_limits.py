@@ -65,7 +65,9 @@ class RateLimit:
 def set_rate_limit(conn: Connection, scope: Scope, name: str, rate: Rate | None) -> None:
     """Set (or, ``None``, clear) the limit of a queue or a tenant (``'*'``: the default);
     when that changes it, the counts it governs start again (the same limit again leaves
-    them: see the query ``set_rate_limit``)."""
+    them: see the query ``set_rate_limit``). Waits for a scheduler's claim pacing that limit
+    to commit (the query ``hold_limit``)."""
+    run(conn, "hold_limit", {"scope": scope, "name": name})
     if rate is None:
         changed = run(conn, "clear_rate_limit", {"scope": scope, "name": name})
     else:

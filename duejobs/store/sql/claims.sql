@@ -214,16 +214,24 @@ ORDER BY turn, upd.due_at > statement_timestamp(), upd.priority DESC, upd.due_at
 -- The rate limits a claim paces its pairs under, with the scheduler's pointer and the worker's
 -- grant (NULL: a tenant under the default with no count yet, paced from now), held by this
 -- claim alone: a transaction-scoped try-lock per limit (a limit another claim is pacing gives
--- this one no room). Not the limit's row: the workers' grants lock it, and would wait for this
--- claim's push to Redis. Nothing written: a count a claim needs is made by advance_paces, at
--- its end, so no grant making the same count waits for the push.
+-- this one no room); a claim that paces a tenant also holds the tenants' default's lock,
+-- shared. A change to a limit takes its lock (hold_limit), waiting for the claim pacing it.
+-- Not the limit's row: the workers' grants lock it, and would wait for this claim's push to
+-- Redis. Nothing written: a tenant's count a claim needs is made by advance_paces, at its
+-- end, so no grant making the same count waits for the push.
 WITH asked AS (
     SELECT * FROM unnest(CAST(:scopes AS text[]), CAST(:names AS text[])) AS a(scope, name)
+), dflt AS MATERIALIZED (
+    SELECT pg_try_advisory_xact_lock_shared(hashtext('duejobs-pace:tenant:*')) AS held
+    WHERE EXISTS (SELECT 1 FROM asked WHERE scope = 'tenant')
 ), held AS MATERIALIZED (
     SELECT scope, name FROM asked
-    WHERE pg_try_advisory_xact_lock(hashtext('duejobs-pace:' || scope || ':' || name))
+    WHERE CASE WHEN scope = 'tenant' AND NOT (SELECT held FROM dflt) THEN false
+               ELSE pg_try_advisory_xact_lock(hashtext('duejobs-pace:' || scope || ':' || name))
+          END
 )
-SELECT h.scope, h.name, l.paced_until, l.started_until
+SELECT h.scope, h.name, l.paced_until, l.started_until,
+       h.scope = 'tenant' AND l.max_starts IS NULL AS follows_default
 FROM held h
 LEFT JOIN /*schema*/rate_limits l ON l.scope = h.scope AND l.name = h.name
 
@@ -253,11 +261,20 @@ FROM moved
 -- statement, after its push to Redis, so the row lock it takes (which the workers' grants
 -- wait for) is held only to the commit that follows; waiting at most :lock_timeout for a row
 -- another transaction holds (a grant holds it for a statement; an operator's, for longer).
--- A tenant's count that is not there (never made, or pruned while the claim ran) is made
--- with the pointer.
+-- A tenant's count (one that follows the default) that is not there — never made, or pruned
+-- while the claim ran — is made with the pointer; a limit of its own is only updated (no
+-- limit changes under a claim: hold_limit waits for it).
+WITH paced AS (
+    SELECT p.* FROM unnest(CAST(:scopes AS text[]), CAST(:names AS text[]),
+                           CAST(:everies AS interval[]), CAST(:untils AS timestamptz[]),
+                           CAST(:counts AS boolean[])) AS p(scope, name, every, until, count),
+        (SELECT set_config('lock_timeout', :lock_timeout, true)) AS settings
+), limits AS (
+    UPDATE /*schema*/rate_limits l SET paced_until = p.until
+    FROM paced p
+    WHERE l.scope = p.scope AND l.name = p.name AND NOT p.count
+)
 INSERT INTO /*schema*/rate_limits (scope, name, every, paced_until)
-SELECT p.scope, p.name, p.every, p.until
-FROM unnest(CAST(:scopes AS text[]), CAST(:names AS text[]), CAST(:everies AS interval[]),
-            CAST(:untils AS timestamptz[])) AS p(scope, name, every, until),
-     (SELECT set_config('lock_timeout', :lock_timeout, true)) AS settings
+SELECT scope, name, every, until FROM paced WHERE count
 ON CONFLICT (scope, name) DO UPDATE SET paced_until = EXCLUDED.paced_until
+WHERE rate_limits.max_starts IS NULL

@@ -1,6 +1,14 @@
 -- Rate limits: at most N starts a period for a queue or a tenant (duejobs.store.rate_limits).
 -- The worker's claim (claim_runs) grants the starts and keeps each limit's count.
 
+-- name: hold_limit
+-- A limit about to change, held from the scheduler's claims to the change's commit: waits for
+-- a claim that is pacing it (pace_limits' lock; the tenants' default's, which every claim
+-- pacing a tenant holds shared), so a claim's pointer, written at its end, is for the limit
+-- as it was, and the change starting its count again comes after it.
+SELECT pg_advisory_xact_lock(hashtext('duejobs-pace:' || CAST(:scope AS text) || ':'
+                                      || CAST(:name AS text)))
+
 -- name: set_rate_limit
 -- A queue's limit, a tenant's own, or the tenants' default (tenant '*'), with the interval
 -- between starts at its rate (:every, rounded up to the microsecond); a changed limit's count
