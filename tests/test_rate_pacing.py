@@ -328,6 +328,33 @@ def test_a_start_turned_back_is_pushed_again_even_before_its_worker_has_finished
     assert _in_redis(system, SLOW) == len(_pushed(app, SLOW))
 
 
+def test_a_start_turned_back_and_then_freed_is_pushed_again_by_the_reconciler_before_the_finish(
+    system: System, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, with the limit cleared in the gap and the reconciler's pass there (it pushes
+    the rows no limit holds any more, never pushed): it pushes the row again too, rather
+    than count the job its worker is finishing as the row's. Seen failing with the
+    reconciler's pushes counting that job present: the row marked pushed, its job gone."""
+    app = system.app
+    for _ in range(4):
+        app.schedule("record", {}, delay=0, queue=SLOW)
+    system.scheduler_pass()  # no limit yet: all four pushed
+    app.set_rate_limit(SLOW, "1/m")
+    deliver, passes = system.runtime.deliver, []
+
+    def deliver_then_reconcile(delivery: Delivery) -> Delivered:
+        delivered = deliver(delivery)
+        if delivered.outcome == Outcome.DEFERRED.value and not passes:
+            app.set_rate_limit(SLOW, None)
+            passes.append(Reconciler(app).run_once())  # before the worker finishes the job
+        return delivered
+
+    monkeypatch.setattr(system.runtime, "deliver", deliver_then_reconcile)
+    Worker(system.runtime, [SLOW]).work(burst=True)
+    assert succeeded(app) >= 2 and passes
+    assert _in_redis(system, SLOW) == len(_pushed(app, SLOW))
+
+
 def test_a_start_whose_slot_is_milliseconds_away_waits_in_its_worker_slot_writing_nothing(
     system: System,
 ) -> None:

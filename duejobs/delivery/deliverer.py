@@ -55,8 +55,9 @@ class Push:
     # The row is overdue by more than STUCK_AFTER: only the queue list or the scheduled
     # registry proves the job is still there (see :data:`~duejobs.delivery.scripts.PRESENT`).
     stuck: bool = False
-    # The row has no queue job (the scheduler's claim): a job of its id that a live worker
-    # started is one that worker turned back and is finishing, not this row's (PRESENT).
+    # The row has no queue job (the scheduler's claim, a reconciler's first push): a job of
+    # its id that a live worker started is one that worker turned back and is finishing, not
+    # this row's (PRESENT).
     unpushed: bool = False
 
 

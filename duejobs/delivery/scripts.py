@@ -23,10 +23,10 @@ LIST_SCAN_LIMIT = 10_000
 # may be dead. ``strict`` (the row is overdue by more than ``STUCK_AFTER``) trusts only the
 # queue list and the registry: a job half-way between RQ's lists or marked started, with
 # its row still waiting for a worker's claim that long, is missing. ``unpushed`` (the row
-# has no queue job: the scheduler's claim) counts no started job: a live worker holding one
-# for such a row is finishing it after turning the row back (a rate limit's turn-back), and
-# its finish, which writes only while its own run's entry is in the started registry, writes
-# nothing once the job is replaced.
+# has no queue job: the scheduler's claim, a reconciler's first push) counts no started
+# job: a live worker holding one for such a row is finishing it after turning the row back
+# (a rate limit's turn-back), and its finish, which writes only while its own run's entry is
+# in the started registry, writes nothing once the job is replaced.
 PRESENT = """
 local listed = {}
 local function on_queue(queue_key, id, strict, limit)

@@ -230,7 +230,9 @@ class Reconciler:
                 rows = store.window_page(conn, self.config.window, after, self.config.batch_size)
                 now = store.database_now(conn)
                 since = now - self.config.stuck_after
-                pushes = [Push(r, stuck=r.when_due < since) for r in rows]
+                pushes = [
+                    Push(r, stuck=r.when_due < since, unpushed=not r.was_pushed) for r in rows
+                ]
                 result = self.deliverer.push(pushes, now)
                 lost = [r for r in rows if r.was_pushed and r.job_id in result.created]
                 store.record_repushed(conn, lost)
