@@ -405,6 +405,18 @@ class Sampler:
         requests = carried.get(figures.SUM, 0.0)
         return total.get(figures.SUM, 0.0) / requests if requests > 0 else None
 
+    def carried_between(
+        self, name: str, start: float, end: float, skip: Sequence[tuple[float, float]] = ()
+    ) -> float | None:
+        """The requests a statement of ``name`` carried on average in [start, end) (None:
+        not a batch): reported beside the per-request figure, which cannot show a statement
+        slower for good once it is saturated (its batches then grow with its time)."""
+        carried: dict[float, float] = {}
+        for at, window in self.windows:
+            if start <= at < end and not _within(at, skip):
+                figures.add(carried, window.get(_carried(name), {}))
+        return figures.mean(carried)
+
     def slowing(
         self,
         name: str,
@@ -576,6 +588,12 @@ def _report(
             verdict = f"last {span / 60:.0f} min / first {span / 60:.0f} min: {shown}"
             if t.name not in JUDGED_LATENCIES:
                 verdict += " (reported)"
+            carried = [
+                sampler.carried_between(t.name, *between, recovering)
+                for between in ((config.warmup, config.warmup + span), (total - span, total + 1))
+            ]
+            if None not in carried:
+                verdict += " per request; requests a statement: {:.1f} then {:.1f}".format(*carried)
         else:
             verdict = (
                 "DRIFTS" if t.drifts else ("rising" if t.significant and t.growth > 0 else "flat")
