@@ -274,7 +274,7 @@ WITH paced AS (
     FROM paced p
     WHERE l.scope = p.scope AND l.name = p.name AND NOT p.count
 )
-INSERT INTO /*schema*/rate_limits (scope, name, every, paced_until)
+INSERT INTO /*schema*/rate_limits AS c (scope, name, every, paced_until)
 SELECT scope, name, every, until FROM paced WHERE count
 ON CONFLICT (scope, name) DO UPDATE SET paced_until = EXCLUDED.paced_until
-WHERE rate_limits.max_starts IS NULL
+WHERE c.max_starts IS NULL
