@@ -30,7 +30,7 @@ series' trend after warm-up (``--warmup``, a third of the run up to 15 min), the
 told apart from noise that adds more than 10% of the level over the window); on a latency (the
 scheduler's pass, the worker's claim and outcome: the mean of every call in the span; the
 dashboard page's median read is reported, not judged) over the last ten minutes (the last
-third of a shorter run) above 1.2 times its figure over the first; and on any schedule lost,
+third of a shorter run) above 1.5 times its figure over the first; and on any schedule lost,
 any effect applied twice, early, or for a cancelled or superseded version. It writes
 ``soak.csv`` and ``soak.png`` (the series, faults marked) into ``--out``.
 """
@@ -103,11 +103,17 @@ FAULTS = ("worker-kill", "redis-restart", "postgres-restart", "reconciler-pause"
 # index that grows, bloat) moves every call, and so the mean. The p99s stay in the series.
 # The worker's statements carry a batch each, as many requests as arrived together, and a
 # batch takes longer the more it carries: their mean is per request carried (the seconds
-# over the requests, from duejobs_worker_batch_size), not per statement. Per statement it
-# followed the load's shape: after a Redis restart the jobs it emptied come back through
-# the reconciler's re-pushes as they fall due, in bursts, for up to the load's longest
-# delay (2 min, past the 90 s left out) — the claim 1.28x and the outcome 1.29x on a run
-# whose last span held a restart, the outcome 0.73x on one whose spans held none alike.
+# over the requests, from duejobs_worker_batch_size), not per statement, so that a change in
+# the load's shape is not read as a statement slower for good (the requests a statement
+# carried in each span are reported beside it).
+# At most SLOWING_MOST (1.5) times: two 3-minute spans of one run of the same code differ by
+# more than 1.2x by chance on this shared 2-core machine — the judged latencies of four
+# 20-minute runs of one commit ranged over 0.73-1.33x (the worker's outcome 0.73x in one run,
+# 1.33x in another; the claim pass 0.98x and 1.29x), their minute-by-minute p99s with no
+# trend over the run (the worker's claim 22-26 ms over the first ten minutes, 15-24 ms over
+# the judged ten, the first judged minutes following the PostgreSQL restart's fault at the
+# quickest). A statement made slower for good by what grows (a table, an index, bloat) shows
+# in the sizes' own series, judged for any drift, and in the 2-hour soak.
 # The dashboard's page, read once a sample, is reported the same way and not judged: on this
 # shared 2-core machine one read swings from 3 to 60 ms between samples with no trend (a
 # 20-minute run gave 1.59x while every judged latency fell to 0.64-0.77x). What would make it
@@ -117,7 +123,7 @@ DASHBOARD = "dashboard overview"
 LATENCIES = ("claim pass", "worker claim", "worker outcome", DASHBOARD)
 JUDGED_LATENCIES = ("claim pass", "worker claim", "worker outcome")
 BATCH_SECONDS, BATCH_SIZE = "duejobs_worker_batch_seconds", "duejobs_worker_batch_size"
-SLOWING_MOST = 1.2
+SLOWING_MOST = 1.5
 # RQ's finished registry holds the jobs that finished within the result TTL (60 s here), so
 # its size follows the throughput: a run catching up after a fault, or slowed for a while,
 # moves it by more than the drift's 10% with nothing left behind (+11% seen at 100/s, its
