@@ -108,8 +108,8 @@ FAULTS = ("worker-kill", "redis-restart", "postgres-restart", "reconciler-pause"
 # carried in each span are reported beside it).
 # At most SLOWING_MOST (1.5) times: two 3-minute spans of one run of the same code differ by
 # more than 1.2x by chance on this shared 2-core machine — the judged latencies of four
-# 20-minute runs of one commit ranged over 0.73-1.33x (the worker's outcome 0.73x in one run,
-# 1.33x in another; the claim pass 0.98x and 1.29x), their minute-by-minute p99s with no
+# 20-minute runs of the same statements ranged over 0.73-1.33x (the worker's outcome 0.73x in
+# one run, 1.33x in another; the claim pass 0.80x and 1.29x), their minute-by-minute p99s with no
 # trend over the run (the worker's claim 22-26 ms over the first ten minutes, 15-24 ms over
 # the judged ten, the first judged minutes following the PostgreSQL restart's fault at the
 # quickest). A statement made slower for good by what grows (a table, an index, bloat) shows
