@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
@@ -16,9 +17,10 @@ from sqlalchemy import text
 from duejobs import App, ScheduleRequest, store
 from duejobs.models import Delivery
 from duejobs.scheduler.claim import FIRST, claim_due
+from duejobs.scheduler.loop import PassResult
 from duejobs.scheduler.pacing import PACE_AHEAD
 from duejobs.services.pruner import Pruner
-from duejobs.services.reconciler import Reconciler
+from duejobs.services.reconciler import Reconciler, ReconcileResult
 from duejobs.services.stats import collect
 from duejobs.worker import Runtime, Worker, WorkerConfig
 from duejobs.worker.config import Outcome
@@ -297,6 +299,31 @@ def test_a_start_the_grant_turns_back_waits_in_the_table_not_in_redis(system: Sy
     assert _in_redis(system, SLOW) == 0 and _pushed(app, SLOW) == []
 
 
+def _turned_back_then(
+    system: System, monkeypatch: pytest.MonkeyPatch, between: Callable[[], object]
+) -> object:
+    """Four jobs pushed, then taken under 1/m by a worker in this thread: two start, the
+    others are turned back; ``between`` runs once, after the first turn-back and before the
+    worker's finish of that job in RQ (the job still `started` under the live worker).
+    Returns what ``between`` returned."""
+    for _ in range(4):
+        system.app.schedule("record", {}, delay=0, queue=SLOW)
+    system.scheduler_pass()  # no limit yet: all four pushed
+    system.app.set_rate_limit(SLOW, "1/m")
+    deliver, ran = system.runtime.deliver, []
+
+    def deliver_then(delivery: Delivery) -> Delivered:
+        delivered = deliver(delivery)
+        if delivered.outcome == Outcome.DEFERRED.value and not ran:
+            ran.append(between())
+        return delivered
+
+    monkeypatch.setattr(system.runtime, "deliver", deliver_then)
+    Worker(system.runtime, [SLOW]).work(burst=True)
+    assert ran, "no start was turned back"
+    return ran[0]
+
+
 def test_a_start_turned_back_is_pushed_again_even_before_its_worker_has_finished_it(
     system: System, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -308,22 +335,13 @@ def test_a_start_turned_back_is_pushed_again_even_before_its_worker_has_finished
     Seen failing with such a job counted as present: the row marked pushed, its job then
     finished by the worker — a row with no job until the reconciler's re-push."""
     app = system.app
-    for _ in range(4):
-        app.schedule("record", {}, delay=0, queue=SLOW)
-    system.scheduler_pass()  # no limit yet: all four pushed
-    app.set_rate_limit(SLOW, "1/m")
-    deliver, passes = system.runtime.deliver, []
 
-    def deliver_then_pass(delivery: Delivery) -> Delivered:
-        delivered = deliver(delivery)
-        if delivered.outcome == Outcome.DEFERRED.value and not passes:
-            app.set_rate_limit(SLOW, "2/s")
-            passes.append(system.scheduler_pass())  # before the worker finishes the job
-        return delivered
+    def raise_then_pass() -> PassResult:
+        app.set_rate_limit(SLOW, "2/s")
+        return system.scheduler_pass()
 
-    monkeypatch.setattr(system.runtime, "deliver", deliver_then_pass)
-    Worker(system.runtime, [SLOW]).work(burst=True)
-    assert succeeded(app) >= 2 and passes and passes[0].claimed >= 1
+    passed = _turned_back_then(system, monkeypatch, raise_then_pass)
+    assert succeeded(app) >= 2 and isinstance(passed, PassResult) and passed.claimed >= 1
     # every row marked pushed has its job in Redis (those pushed due now have run)
     assert _in_redis(system, SLOW) == len(_pushed(app, SLOW))
 
@@ -336,22 +354,13 @@ def test_a_start_turned_back_and_then_freed_is_pushed_again_by_the_reconciler_be
     than count the job its worker is finishing as the row's. Seen failing with the
     reconciler's pushes counting that job present: the row marked pushed, its job gone."""
     app = system.app
-    for _ in range(4):
-        app.schedule("record", {}, delay=0, queue=SLOW)
-    system.scheduler_pass()  # no limit yet: all four pushed
-    app.set_rate_limit(SLOW, "1/m")
-    deliver, passes = system.runtime.deliver, []
 
-    def deliver_then_reconcile(delivery: Delivery) -> Delivered:
-        delivered = deliver(delivery)
-        if delivered.outcome == Outcome.DEFERRED.value and not passes:
-            app.set_rate_limit(SLOW, None)
-            passes.append(Reconciler(app).run_once())  # before the worker finishes the job
-        return delivered
+    def clear_then_reconcile() -> ReconcileResult:
+        app.set_rate_limit(SLOW, None)
+        return Reconciler(app).run_once()
 
-    monkeypatch.setattr(system.runtime, "deliver", deliver_then_reconcile)
-    Worker(system.runtime, [SLOW]).work(burst=True)
-    assert succeeded(app) >= 2 and passes
+    _turned_back_then(system, monkeypatch, clear_then_reconcile)
+    assert succeeded(app) >= 2
     assert _in_redis(system, SLOW) == len(_pushed(app, SLOW))
 
 
