@@ -6,6 +6,7 @@ its docstring)."""
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime, timedelta
 
 import pytest
@@ -13,9 +14,10 @@ from prometheus_client import REGISTRY
 from sqlalchemy import text
 from starlette.testclient import TestClient
 
-from duejobs import App
+from duejobs import App, store
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.errors import InvalidRateError
+from duejobs.models import Delivery
 from duejobs.rates import Rate
 from duejobs.services.pruner import Pruner
 from duejobs.services.stats import collect, observe_stats, render
@@ -519,3 +521,38 @@ def test_the_overview_lists_the_busiest_tenants_under_the_default_a_page_at_most
     assert table.count("<tr>") == 1 + 25  # the header, the default, the 24 busiest
     assert "<td>t40 (default)</td>" in table and "<td>t17 (default)</td>" in table
     assert "t16" not in table and "and 16 more tenants under the default" in page
+
+
+def test_a_start_granted_for_its_slot_just_ahead_is_claimed_at_once_and_waited_for(
+    system: System,
+) -> None:
+    """A row under a limit whose slot is within the claim's wait is claimed in the same
+    statement for that slot — its attempt started then, the worker waiting for it — rather
+    than left for a second claim at its time: so a fast limit's jobs, sent together a little
+    ahead of their slots, cost one statement for the group. Seen failing with the grant
+    claiming only rows due by the statement's clock (no claim)."""
+    app = system.app
+    app.set_rate_limit(app.core.queue, "50/s")
+    row = app.schedule("record", {}, run_at=app.now() + timedelta(seconds=2))
+    delivery = Delivery(row.id, row.tenant, row.version, 1, row.queue)
+    with app.engine.begin() as conn:
+        (claim,) = store.claim_runs(
+            conn,
+            [delivery],
+            worker="test",
+            lease=timedelta(minutes=1),
+            types=["record"],
+            claim="ahead",
+            hold=timedelta(seconds=5),
+        )
+        answered = time.monotonic()
+    assert claim is not None and claim.skip is None
+    assert claim.db_now is not None and claim.started_at == row.due_at > claim.db_now
+    ahead = (claim.started_at - claim.db_now).total_seconds()
+    assert answered < claim.not_before <= answered + ahead  # waited for from its answer
+    with app.engine.connect() as conn:
+        started = conn.execute(
+            text("SELECT started_at FROM scheduled_job_attempts WHERE schedule_id = :id"),
+            {"id": row.id},
+        ).scalar_one()
+    assert started == row.due_at  # the start the limit counts is the slot's

@@ -59,6 +59,9 @@ class Push:
     # its id that a live worker started is one that worker turned back and is finishing, not
     # this row's (PRESENT).
     unpushed: bool = False
+    # Onto its queue at this time, though due later (a start paced under a rate limit, which
+    # the worker's grant gives for its slot: duejobs.scheduler.pacing); None: when due.
+    at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +260,7 @@ class Deliverer:
                 args += [len(template), *template, name]
                 for p in batch:
                     d = p.delivery
-                    args += [d.job_id, self._data(d), d.when_due.timestamp()]
+                    args += [d.job_id, self._data(d), (p.at or d.when_due).timestamp()]
                     args += ["1" if p.front else "0", "1" if p.stuck else "0"]
                     args += ["1" if p.unpushed else "0"]
                 q, d, pr, made = node.push(keys=self._keys_of(name, queue), args=args)

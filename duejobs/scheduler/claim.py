@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.models import Delivery
-from duejobs.scheduler.pacing import PACE_AHEAD, Pacing
+from duejobs.scheduler.pacing import PACE_AHEAD, Pacing, group_of
 
 if TYPE_CHECKING:
     from sqlalchemy import Connection
@@ -57,6 +57,9 @@ class DueRow(Delivery):
 
     # Pushed to the front of the queue: the first row of a sparse tenant (see claim_due).
     front: bool = False
+    # Onto its queue at this time, ahead of its due time (its slot under a rate limit:
+    # duejobs.scheduler.pacing.group_of); None: when due.
+    group_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,13 @@ def claim_due(
     claimed = store.claim_shares(conn, plan)
     slots, paces = pacing.place(conn, claimed, pairs)
     rows = [DueRow.of(r, front=r.turn == 1 and r.tenant in sparse) for r in claimed]
-    if slots:  # the paced rows, due at their slots
-        rows = [dataclasses.replace(r, due_at=slots.get(r.schedule_id, r.due_at)) for r in rows]
+    if slots:  # the paced rows, due at their slots, sent in groups a little ahead
+        rows = [
+            dataclasses.replace(
+                r, due_at=slots[r.schedule_id], group_at=group_of(slots[r.schedule_id])
+            )
+            if r.schedule_id in slots
+            else r
+            for r in rows
+        ]
     return Claim(rows, now, throttled, cursor, paces)

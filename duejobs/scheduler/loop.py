@@ -190,7 +190,7 @@ class Scheduler:
             self._clock_offset = claim.db_now.timestamp() - sent
             self._cursor = claim.cursor
             rows = claim.rows
-            pushes = [Push(r, front=r.front, unpushed=True) for r in rows]
+            pushes = [Push(r, front=r.front, unpushed=True, at=r.group_at) for r in rows]
             result = self.deliverer.push(pushes, claim.db_now)  # raises → rollback
             # Last: the limits' rows, which the workers' grants lock. One held past its wait
             # keeps its pointer: the next claim gives those starts again, the grant keeps the

@@ -25,15 +25,25 @@ What it does not: decide the start. The worker's grant does; a job that reaches 
 (a busy worker) starts when it is taken, and a slot given to a row that is then cancelled
 goes unused. Fairness among more pairs than one claim walks is by the walk's turns of claims.
 
+A paced job goes onto its queue a little ahead of its slot: at the start of the slot's step
+on a grid ``GROUP`` wide, so that at a fast limit's pace the jobs of one step reach a worker
+together — one promotion moves them, one statement of the worker claims them, its grant
+giving each its slot, which the worker's slot waits for (a start granted up to
+``duejobs.worker.claims.RATE_LIMIT_WAIT`` ahead). One by one, each start cost a promotion
+and a claim of its own: at 200/s, 5.6 ms of the machine's CPU a job against 0.7 ms for a job
+of an unlimited backlog.
+
 Knobs: ``PACE_AHEAD`` (1 s): shorter keeps fewer of a limit's jobs in Redis, longer rides out
-a slower scheduler pass without a gap in the limit's starts.
+a slower scheduler pass without a gap in the limit's starts. ``GROUP`` (25 ms): under the
+worker's wait, with room for a late promotion.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from duejobs import store
@@ -44,8 +54,15 @@ if TYPE_CHECKING:
     from sqlalchemy import Connection
 
 PACE_AHEAD = timedelta(seconds=1)
+GROUP = timedelta(milliseconds=25)
 
 Key = tuple[str, str]  # a limit: (scope, name)
+
+
+def group_of(slot: datetime) -> datetime:
+    """When a job paced for ``slot`` goes onto its queue: the start of its step of the grid."""
+    step = GROUP.total_seconds()
+    return datetime.fromtimestamp(math.floor(slot.timestamp() / step) * step, UTC)
 
 
 def limits_of(pair: store.PairDue) -> dict[Key, timedelta]:
@@ -113,11 +130,12 @@ class Pacing:
     ) -> tuple[dict[uuid.UUID, datetime], list[store.Pace]]:
         """Give each row under a limit its slot, in the claim's order: the latest of its due
         time and each of its limits' due time, which then moves one interval past the slot.
-        Rows whose slot is ahead are moved there. Returns the moved rows' slots, and each
+        Rows whose slot is ahead are moved there. Returns every paced row's slot, and each
         limit's new due time, for :func:`~duejobs.store.advance_paces` once the claim's rows
         are pushed."""
         limits = {(p.tenant, p.queue): limits_of(p) for p in pairs}
         due_next = dict(self.next_start)
+        slots: dict[uuid.UUID, datetime] = {}
         moved: list[tuple[uuid.UUID, datetime, datetime]] = []
         for row in rows:
             keys = [key for key in limits.get((row.tenant, row.queue), {}) if key in due_next]
@@ -127,6 +145,7 @@ class Pacing:
             slot = max(due, *(due_next[key] for key in keys))
             for key in keys:
                 due_next[key] = slot + self.every[key]
+            slots[row.schedule_id] = slot
             if slot > self.now and slot > due:
                 moved.append((row.schedule_id, slot, due))
         if moved:
@@ -136,4 +155,4 @@ class Pacing:
             for key, at in sorted(due_next.items())
             if at != self.next_start[key]
         ]
-        return {schedule_id: slot for schedule_id, slot, _ in moved}, paces
+        return slots, paces

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,16 +41,18 @@ class SkipReason(enum.StrEnum):
     # scheduler to push again at the limit's pace (:mod:`duejobs.store.rate_limits`), no
     # attempt used.
     RATE_LIMITED = "rate_limited"
-    # Its start slot under a rate limit is within the wait the worker asked to hold it for:
-    # nothing written, the worker asks again at the slot (never an outcome of a delivery).
-    RATE_WAIT = "rate_wait"
 
 
 @dataclass(frozen=True)
 class RunClaim:
     """What the worker learned when it tried to claim a delivery: a running attempt (no
     ``skip``: its type, payload and times), or why it cannot run now (``rate_limited``: with
-    ``due_at`` the start slot its limit gave it)."""
+    ``due_at`` the start slot its limit gave it).
+
+    A running attempt's ``started_at`` is when its handler may start, by the database clock:
+    ``db_now``, or a moment after it for a start a rate limit granted for its slot just ahead;
+    ``not_before`` is that moment on this process's ``time.monotonic()``, counted from when the
+    answer came (after the database read its clock, so waiting for it never starts early)."""
 
     skip: SkipReason | None
     type: str = ""
@@ -60,6 +63,8 @@ class RunClaim:
     trace_context: str | None = None  # the scheduling caller's (duejobs.observability.tracing)
     interruptions: int = 0  # this version's attempts a broken connection ended
     unknown_since: datetime | None = None  # first put back for an unknown type (this version)
+    started_at: datetime | None = None
+    not_before: float = 0.0
 
 
 def claim_runs(
@@ -81,8 +86,9 @@ def claim_runs(
     one left untouched (see :func:`claim_verdict`), and for a second copy of a delivery
     claimed once; ``rate_limited`` for one a rate limit turned back (the rate limits'
     grant is part of the statement: :mod:`duejobs.store.rate_limits`), ``rate_wait`` for one
-    whose start slot is within ``hold`` (left untouched). ``claim`` names the statement in
-    each ``started`` event (:func:`claim_landed`)."""
+    whose start is granted for a moment within ``hold`` from now is claimed for that moment
+    (``started_at``, ``not_before``). ``claim`` names the statement in each ``started`` event
+    (:func:`claim_landed`)."""
     params = {
         "synchronous_commit": None,  # a bookkeeping connection gives its own
         "lock_timeout": None,  # and its lock limit
@@ -96,11 +102,17 @@ def claim_runs(
         "types": list(types),
         "hold": hold,
     }
+    rows = run(conn, "claim_runs", params)
+    answered = time.monotonic()
     claimed = {
         (row.id, row.version, row.attempt): record(
-            RunClaim, row, skip=row.skip and SkipReason(row.skip), unknown_since=None
+            RunClaim,
+            row,
+            skip=row.skip and SkipReason(row.skip),
+            unknown_since=None,
+            not_before=_not_before(row, answered),
         )
-        for row in run(conn, "claim_runs", params)
+        for row in rows
     }
     return [claimed.pop((d.schedule_id, d.version, d.attempt), None) for d in deliveries]
 
@@ -116,7 +128,19 @@ def claim_landed(conn: Connection, delivery: Delivery, claim: str) -> RunClaim |
         "claim": claim,
     }
     row = run_one(conn, "claim_landed", params)
-    return None if row is None else record(RunClaim, row, skip=None, unknown_since=None)
+    if row is None:
+        return None
+    not_before = _not_before(row, time.monotonic())
+    return record(RunClaim, row, skip=None, unknown_since=None, not_before=not_before)
+
+
+def _not_before(row: Any, answered: float) -> float:
+    """When (``time.monotonic()``) a claimed row's handler may start: its grant's moment, as
+    far past ``answered`` as it was past the statement's clock."""
+    if row.started_at is None or row.started_at <= row.db_now:
+        return 0.0
+    ahead: float = (row.started_at - row.db_now).total_seconds()
+    return answered + ahead
 
 
 def claim_verdict(

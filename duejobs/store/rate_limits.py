@@ -3,11 +3,14 @@
 A limit is a row of ``rate_limits`` (scope ``queue`` or ``tenant``; tenant ``'*'`` holds the
 default each tenant without a limit of its own follows). The worker's claim of a batch
 (``claim_runs``) grants its starts: one statement locks the row of each limit the batch
-touches, grants by GCRA with one start's tolerance — in any window of one period, at most N
-starts plus one — and gives every start it turns back the time its turn would come at the
-limit's pace (the next grant's time for the first, one interval later for each after it), at
-which the worker puts its job back on its queue. Only grants move the pace on, so starts
-turned back again and again never push it further ahead. A tenant that follows the default
+touches and gives each start, in due order, its time by GCRA with one start's tolerance — in
+any window of one period, at most N starts plus one. A time within the worker's wait (50 ms)
+is granted, the attempt started then (``started_at``; the worker's slot waits for it); a
+start further off goes back to the table with that time, for the scheduler to push again at
+the limit's pace. Only grants move the pace on (a start turned back ahead of one granted keeps
+its place), so starts turned back again and again never push it further ahead. Limits that
+give one start different times (its queue's and its tenant's) turn it back: granted at the
+later, it would crowd the starts after it under the other. A tenant that follows the default
 gets a row of its own for its count (``max_starts`` NULL), made at its first start and pruned
 once idle (:func:`prune_rate_counts`). The same statement counts the starts it grants into
 two fixed windows of one period (the current one, and the one before), from which a limit's

@@ -22,18 +22,19 @@ What it promises:
 * a delivery that came early waits for its time when that is within ``max_early_wait`` (by
   the database's own reading of how far away it is), then claims again; one whose row an
   application transaction holds waits at most ``claim_lock_timeout``;
-* a start a rate limit has no grant for now waits in its slot for the time the limit's pace
-  gives it when that is within ``RATE_LIMIT_WAIT`` (a few of a fast limit's intervals), then
-  claims again — at most ``RATE_LIMIT_WAIT`` in all, however often another start takes that
-  time meanwhile (it is not reserved); the claim leaves such a row as it is, writing nothing
-  (``rate_wait``). At a limit's pace the next grant is milliseconds away: a trip back through
-  the scheduler would miss it, and the limit's rate be lost. A time further off, or a wait
-  that is over, turns the start back to the table, for the scheduler to push again at the
-  limit's pace, so a slow limit holds no slot: that turn-back is in the schedule's history (a
-  ``requeued`` event) and counts in ``duejobs_rate_limited_deliveries_total``. The scheduler
-  may push it again before this worker has finished the job it took in RQ: its push replaces
-  a job a live worker holds for a row with no queue job, and the worker's finish, which writes
-  only while its run's entry is in the started registry, then writes nothing.
+* a start under a rate limit starts at the time its limit grants: now, or, when the limit's
+  pace gives it a slot within ``RATE_LIMIT_WAIT`` (a few of a fast limit's intervals), that
+  slot — claimed in the same statement, and waited for in the worker's slot before its
+  handler starts (the attempt's ``started_at``). At a limit's pace the next start is
+  milliseconds away: a trip back through the scheduler would miss it, and the limit's rate be
+  lost; and the scheduler sends a fast limit's jobs a little ahead of their slots, in groups
+  one statement claims. A start further off turns back to the table, for the scheduler to
+  push again at the limit's pace, so a slow limit holds no slot: that turn-back is in the
+  schedule's history (a ``requeued`` event) and counts in
+  ``duejobs_rate_limited_deliveries_total``. The scheduler may push it again before this
+  worker has finished the job it took in RQ: its push replaces a job a live worker holds for
+  a row with no queue job, and the worker's finish, which writes only while its run's entry
+  is in the started registry, then writes nothing.
 
 What it does not do: run or close anything (:mod:`duejobs.worker.runtime`,
 :mod:`duejobs.worker.closing`).
@@ -41,7 +42,6 @@ What it does not do: run or close anything (:mod:`duejobs.worker.runtime`,
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -64,7 +64,7 @@ log = logging.getLogger("duejobs.worker")
 _CLAIMERS = 4
 # Seconds before a claim whose connection broke or was refused is made again.
 _CLAIM_AGAIN_AFTER = 0.2
-# Seconds a start a rate limit turned back may wait in its slot for the time it was given.
+# Seconds ahead a rate limit's grant may give a start, the worker's slot waiting for it.
 RATE_LIMIT_WAIT = 0.05
 
 
@@ -100,10 +100,8 @@ class Claimer:
         self._core, self._config, self._bookkeeping, self._name = core, config, bookkeeping, name
         # The claims, in one group commit per queue (the worker serves a fixed list): a queue's
         # rate limit locks its row for the statement that grants its starts, which the other
-        # queues' claims then need not wait for. And, apart, the claims of deliveries whose
-        # wait in their slot for a rate limit's start is over: turned back to the table, not
-        # held, if no start is granted them now.
-        self._claims: dict[tuple[str, bool], GroupCommit[Delivery, RunClaim | None]] = {}
+        # queues' claims then need not wait for.
+        self._claims: dict[str, GroupCommit[Delivery, RunClaim | None]] = {}
         # Deliveries taken from Redis together, each with the claims of the batches that
         # carried it (running or done) and its places in them (copies of one delivery may
         # arrive together, or in two batches), until a slot runs it. The claims run on
@@ -118,13 +116,12 @@ class Claimer:
         self._lock = threading.Lock()
         self._threads = ThreadPoolExecutor(_CLAIMERS, thread_name_prefix="duejobs-claim")
 
-    def _group(self, queue: str, last: bool = False) -> GroupCommit[Delivery, RunClaim | None]:
-        """The group commit of ``queue``'s claims (``last``: of those whose wait is over)."""
+    def _group(self, queue: str) -> GroupCommit[Delivery, RunClaim | None]:
+        """The group commit of ``queue``'s claims."""
         with self._lock:
-            group = self._claims.get((queue, last))
+            group = self._claims.get(queue)
             if group is None:
-                batch = functools.partial(self._claim_batch, hold=0.0 if last else RATE_LIMIT_WAIT)
-                group = self._claims[queue, last] = GroupCommit("claim", batch)
+                group = self._claims[queue] = GroupCommit("claim", self._claim_batch)
             return group
 
     def close(self) -> None:
@@ -166,22 +163,18 @@ class Claimer:
     def claim(self, delivery: Delivery) -> RunClaim | None:
         """The delivery's claim: the one made ahead, if any (in time, see :meth:`_in_time`),
         else its own; one that cannot run now is told why
-        (:func:`~duejobs.store.claim_verdict`), and one that came early — for its due time,
-        or for the start a rate limit gave it — waits for its time when that is close, then
-        claims again. None: its row (or the row of a rate limit over it) stayed locked past
-        ``claim_lock_timeout``."""
+        (:func:`~duejobs.store.claim_verdict`), and one that came early waits for its time
+        when that is close, then claims again. A start a rate limit granted for its slot just
+        ahead is returned at that slot. None: its row (or the row of a rate limit over it)
+        stayed locked past ``claim_lock_timeout``."""
         claim = self._claim_once(delivery)
-        waited_until = time.monotonic() + RATE_LIMIT_WAIT
-        while claim is not None and claim.skip is SkipReason.RATE_WAIT:
-            assert claim.due_at is not None and claim.db_now is not None
-            remaining = (claim.due_at - claim.db_now).total_seconds()
-            last = time.monotonic() + remaining > waited_until
-            if not last:
-                time.sleep(remaining)
-            claim = self._claim_once(delivery, last=last)
+        if claim is not None and claim.skip is None:
+            ahead = claim.not_before - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)
         return claim
 
-    def _claim_once(self, delivery: Delivery, last: bool = False) -> RunClaim | None:
+    def _claim_once(self, delivery: Delivery) -> RunClaim | None:
         with self._lock:  # its copies taken with it find none, and claim alone
             ahead = self._ahead.pop(delivery, [])
         for taken in ahead:
@@ -192,7 +185,7 @@ class Claimer:
         locked_until = time.monotonic() + self._config.claim_lock_timeout.total_seconds()
         while True:
             try:
-                claim = self._landed(delivery) or self._submit(delivery, last)
+                claim = self._landed(delivery) or self._submit(delivery)
             except dbapi.DBAPIError as exc:  # a rate limit's row held past the lock limit
                 if not lock_busy(exc):
                     raise
@@ -220,12 +213,11 @@ class Claimer:
                 return verdict
             time.sleep(remaining)
 
-    def _submit(self, delivery: Delivery, last: bool = False) -> RunClaim | None:
-        """The delivery's claim in a batch (``last``: its wait for a rate limit's start over,
-        turned back if not granted now); when the batch's statement lost its answer (ended
+    def _submit(self, delivery: Delivery) -> RunClaim | None:
+        """The delivery's claim in a batch; when the batch's statement lost its answer (ended
         by the server, a pooler or a failover), the claim it may have committed, else made
         once more on a fresh connection."""
-        claims = self._group(delivery.queue, last)
+        claims = self._group(delivery.queue)
         try:
             return claims.submit(delivery)
         except dbapi.DBAPIError as exc:
@@ -280,9 +272,7 @@ class Claimer:
             log.exception("could not claim %d deliveries together", len(batch))
             raise
 
-    def _claim_batch(
-        self, deliveries: Sequence[Delivery], hold: float = RATE_LIMIT_WAIT
-    ) -> list[RunClaim | None]:
+    def _claim_batch(self, deliveries: Sequence[Delivery]) -> list[RunClaim | None]:
         claim = uuid.uuid4().hex
         sent: float | None = None  # a connect refused sent nothing: nothing can have committed
         try:
@@ -295,7 +285,7 @@ class Claimer:
                     lease=self._config.lease,
                     types=self.types(),
                     claim=claim,
-                    hold=timedelta(seconds=hold),
+                    hold=timedelta(seconds=RATE_LIMIT_WAIT),
                 )
         except dbapi.DBAPIError as exc:
             if sent is not None and unreachable(exc):  # it may have committed: each asks

@@ -156,8 +156,9 @@ class Runtime:
         else:
             job_type = claim.type
             lag = None
-            if claim.db_now is not None and claim.due_at is not None:
-                lag = round((claim.db_now - claim.due_at).total_seconds() * 1000)
+            began = claim.started_at or claim.db_now
+            if began is not None and claim.due_at is not None:
+                lag = round((began - claim.due_at).total_seconds() * 1000)
             with tracing.attempt(job_type, claim.trace_context, lag_ms=lag, **where) as span:
                 outcome = self._run(claim, delivery)
                 if span is not None:
@@ -220,7 +221,7 @@ class Runtime:
         assert claim.run_at is not None and claim.due_at is not None and claim.db_now is not None
         tenant = metrics.tenant_label(delivery.tenant)
         metrics.LAG.labels(tenant, self._type_label(claim.type)).observe(
-            (claim.db_now - claim.due_at).total_seconds()
+            ((claim.started_at or claim.db_now) - claim.due_at).total_seconds()
         )
         ctx = Context(
             delivery,

@@ -8,13 +8,14 @@
 -- Each `started` event names the statement's :claim, by which a worker that lost the answer
 -- finds the claims it made (claim_landed).
 -- Rate limits (duejobs.store.rate_limits): a ready row under a queue's limit, or its tenant's
--- (its own, else the default's), starts only on a start its limit grants now; the others stay
--- scheduled: one whose slot (when its limit's pace would give it a start) is within :hold is
--- left as it is and returned with skip = 'rate_wait' and that slot, for the worker to wait for
--- in its slot; the rest go back to the table without a queue job (a `requeued` event, reason
--- rate_limited, with that slot) and are returned with skip = 'rate_limited'. The grant locks one row per limit the
--- batch touches (in (scope, name) order), for this statement only, waiting for it at most
--- :lock_timeout (the worker's claim_lock_timeout); a batch under no limit locks none.
+-- (its own, else the default's), starts only at a time its limit grants: now, or, for a row
+-- due or granted within :hold of now, that moment (a start's slot just ahead: the worker waits
+-- for it, as the attempt's started_at says). The others stay scheduled and go back to the
+-- table without a queue job (a `requeued` event, reason rate_limited, with their slot) and are
+-- returned with skip = 'rate_limited'. A row under no limit is claimed only once due. The
+-- grant locks one row per limit the batch touches (in (scope, name) order), for this
+-- statement only, waiting for it at most :lock_timeout (the worker's claim_lock_timeout); a
+-- batch under no limit locks none.
 -- Its commit's durability is its own (:synchronous_commit, the worker's bookkeeping setting;
 -- NULL: the transaction's as it is), and so is its lock limit:
 -- on the worker's hot path it runs alone, without bookkeeping_settings ahead of it (it waits
@@ -35,7 +36,8 @@ WITH req AS (
     FROM req r
     JOIN /*schema*/scheduled_jobs j ON j.id = r.id AND j.tenant = r.tenant
     WHERE j.status = 'scheduled' AND j.version = r.version AND j.attempts = r.attempt - 1
-      AND j.due_at <= statement_timestamp()
+      -- due, or within :hold for a start a rate limit may grant just ahead (below)
+      AND j.due_at <= statement_timestamp() + CAST(:hold AS interval)
       -- Not expired, measured from the due time before any put-back of this attempt
       -- (defer_unknown_type and a rate limit's turn-back move due_at; their events keep the
       -- time it moved from): looked up for rows with an expiry only.
@@ -54,9 +56,9 @@ WITH req AS (
     FROM ready
 ), limited AS (
     -- Each ready row under each limit in force on it, ranked within the limit by due time:
-    -- the start goes to the row whose slot came first (one the scheduler paced, or that waited
-    -- in its slot for a grant another took), not to one that came after it.
-    SELECT x.id, x.scope, x.name, x.every, x.period,
+    -- the first start goes to the row whose slot came first (one the scheduler paced), not to
+    -- one that came after it.
+    SELECT x.id, x.due_at, x.scope, x.name, x.every, x.period,
            row_number() OVER (PARTITION BY x.scope, x.name ORDER BY x.due_at, x.id) AS rank
     FROM (
         SELECT r.id, r.due_at, 'queue' AS scope, r.queue AS name, q.every, q.period
@@ -79,108 +81,102 @@ WITH req AS (
     WHERE (l.scope, l.name) IN (SELECT scope, name FROM limited)
     ORDER BY l.scope, l.name
     FOR UPDATE
-), allowed AS (
-    -- GCRA, one start's tolerance: the k-th start asked of a limit now may start when
-    -- greatest(started_until, now) + (k - 2) * every <= now. A limit whose count is not made
-    -- yet (a tenant's first start under the default) lets none start: its count is made
-    -- below and its rows come back at once.
-    SELECT k.scope, k.name, k.every, k.period, s.scope IS NOT NULL AS counted, b.base,
-           -- the fixed window of one period the starts are counted in (rate_limits reads them):
-           -- the same one, the next (the current one kept as the one before), or a new one
-           CASE WHEN s.window_start IS NULL
-                     OR statement_timestamp() >= s.window_start + 2 * k.period THEN 'new'
-                WHEN statement_timestamp() >= s.window_start + k.period THEN 'next'
-                ELSE 'same' END AS window_is,
-           CASE WHEN s.scope IS NULL THEN 0 ELSE GREATEST(0, floor(
-               extract(epoch FROM statement_timestamp() + k.every - b.base)
-               / extract(epoch FROM k.every)) + 1) END AS n
-    FROM (SELECT scope, name, max(every) AS every, max(period) AS period
-          FROM limited GROUP BY scope, name) AS k
-    LEFT JOIN state s ON s.scope = k.scope AND s.name = k.name
+), paced AS (
+    -- Each row's start in its limit's sequence, by GCRA with one start's tolerance, by the
+    -- database clock: the k-th row of a limit here starts at the latest of now, its own due
+    -- time and its limit's theoretical arrival time (TAT) after the k - 1 before it, less
+    -- one interval (the tolerance); its TAT is one interval past the later of its due time
+    -- and the one before. Unrolled: the limit's next start plus k intervals, or an earlier
+    -- row's due time plus one interval for each row from it to this one and one more. A limit
+    -- whose count is not made yet (a tenant's first start under the default) grants none: its
+    -- count is made below and its rows come back at once.
+    SELECT m.id, m.scope, m.name, m.every, m.period, s.scope IS NOT NULL AS counted, b.base,
+           s.window_start,
+           GREATEST(statement_timestamp(), m.due_at, b.base + (m.rank - 2) * m.every,
+                    m.latest + (m.rank - 1) * m.every) AS at,
+           GREATEST(b.base + m.rank * m.every, m.latest + (m.rank + 1) * m.every) AS tat
+    FROM (SELECT l.*, max(l.due_at - l.rank * l.every) OVER (
+              PARTITION BY l.scope, l.name ORDER BY l.rank) AS latest
+          FROM limited l) AS m
+    LEFT JOIN state s ON s.scope = m.scope AND s.name = m.name
     CROSS JOIN LATERAL (SELECT GREATEST(s.started_until, statement_timestamp()) AS base) AS b
-), refused AS (
-    -- Rows one of their limits has no start for now.
-    SELECT DISTINCT m.id FROM limited m
-    JOIN allowed a ON a.scope = m.scope AND a.name = m.name
-    WHERE m.rank > a.n
+), granted AS (
+    -- Each row under a limit: its start, the latest its limits give, and whether it is
+    -- refused — a limit with no count, a start further off than :hold, or limits that
+    -- disagree (moved later than one limit's sequence has it, it would crowd the starts after
+    -- it there: turned back, its place in each left unused).
+    SELECT id, max(at) AS at,
+           bool_or(NOT counted) OR max(at) > statement_timestamp() + CAST(:hold AS interval)
+               OR min(at) <> max(at) AS refused
+    FROM paced GROUP BY id
 ), taken AS (
-    -- Each limit's starts: the rows every limit let start (a row another limit turned back
-    -- spends none of this one's).
-    SELECT m.scope, m.name, count(*)::integer AS asked,
-           (count(*) FILTER (WHERE r.id IS NULL))::integer AS started
-    FROM limited m LEFT JOIN refused r ON r.id = m.id
-    GROUP BY m.scope, m.name
+    -- Each limit's starts, and its TAT after the last it granted (a row turned back before
+    -- that one keeps its place: counted, as if it had started).
+    SELECT p.scope, p.name, p.counted, max(p.every) AS every, max(p.period) AS period,
+           count(*)::integer AS asked,
+           (count(*) FILTER (WHERE NOT g.refused))::integer AS started,
+           COALESCE(max(p.tat) FILTER (WHERE NOT g.refused), max(p.base)) AS started_until,
+           -- the fixed window of one period the starts are counted in (rate_limits reads
+           -- them): the same one, the next (the current one kept as the one before), or a new
+           CASE WHEN max(p.window_start) IS NULL
+                     OR statement_timestamp() >= max(p.window_start) + 2 * max(p.period)
+                    THEN 'new'
+                WHEN statement_timestamp() >= max(p.window_start) + max(p.period) THEN 'next'
+                ELSE 'same' END AS window_is
+    FROM paced p JOIN granted g ON g.id = p.id
+    GROUP BY p.scope, p.name, p.counted
 ), counted AS (
     -- Only starts move a count on: starts turned back again and again never push it ahead.
     UPDATE /*schema*/rate_limits l
-    SET started_until = a.base + t.started * a.every, every = a.every, asked = t.asked,
-        granted = t.started, updated_at = statement_timestamp(),
-        window_start = CASE a.window_is WHEN 'same' THEN l.window_start
-                            WHEN 'next' THEN l.window_start + a.period
+    SET started_until = t.started_until, every = t.every, asked = t.asked, granted = t.started,
+        updated_at = statement_timestamp(),
+        window_start = CASE t.window_is WHEN 'same' THEN l.window_start
+                            WHEN 'next' THEN l.window_start + t.period
                             ELSE statement_timestamp() END,
-        previous_starts = CASE a.window_is WHEN 'same' THEN l.previous_starts
+        previous_starts = CASE t.window_is WHEN 'same' THEN l.previous_starts
                                WHEN 'next' THEN l.window_starts ELSE 0 END,
-        window_starts = CASE a.window_is WHEN 'same' THEN l.window_starts + t.started
+        window_starts = CASE t.window_is WHEN 'same' THEN l.window_starts + t.started
                              ELSE t.started END
-    FROM allowed a JOIN taken t ON t.scope = a.scope AND t.name = a.name
-    WHERE l.scope = a.scope AND l.name = a.name AND a.counted
+    FROM taken t
+    WHERE l.scope = t.scope AND l.name = t.name AND t.counted
 ), made AS (
     INSERT INTO /*schema*/rate_limits (scope, name, every, asked)
-    SELECT a.scope, a.name, a.every, t.asked
-    FROM allowed a JOIN taken t ON t.scope = a.scope AND t.name = a.name
-    WHERE NOT a.counted
+    SELECT scope, name, every, asked FROM taken WHERE NOT counted
     ON CONFLICT (scope, name) DO NOTHING
-), refused_at AS (
-    -- A refused row's slot: when its turn would come at its limits' pace from now on (the
-    -- j-th refused of a limit: j - 1 intervals after its next start's time), the latest of
-    -- the limits that refused it.
-    SELECT m.id, GREATEST(statement_timestamp(), max(
-               a.base + (t.started + m.rank - a.n - 2) * a.every)) AS slot
-    FROM limited m
-    JOIN allowed a ON a.scope = m.scope AND a.name = m.name
-    JOIN taken t ON t.scope = m.scope AND t.name = m.name
-    WHERE m.rank > a.n
-    GROUP BY m.id
-), held AS (
-    -- Refused rows whose slot is within :hold (the time the worker's slot may still wait for
-    -- it): left as they are, nothing written, for the worker to ask again at the slot.
-    SELECT id, slot FROM refused_at
-    WHERE CAST(:hold AS interval) > interval '0'
-      AND slot <= statement_timestamp() + CAST(:hold AS interval)
-), turned_back AS (
-    -- The others: turned back.
-    SELECT r.id, r.slot FROM refused_at r WHERE NOT EXISTS (SELECT 1 FROM held h WHERE h.id = r.id)
 ), moved AS (
-    -- Back to the table: no queue job (the worker finishes the one it took), its due time
-    -- as it was, for the scheduler to push again when its limit's pace has a start for it
-    -- (duejobs.scheduler.pacing), as it pushes every row under a limit. Not back to RQ's
-    -- scheduled registry at its slot: a slot there is not reserved, so under a limit at its
-    -- pace the jobs put back and those the scheduler paced meet at the same times, and each
-    -- is turned back again and again.
+    -- Refused: back to the table, no queue job (the worker finishes the one it took), its
+    -- due time as it was, for the scheduler to push again when its limit's pace has a start
+    -- for it (duejobs.scheduler.pacing), as it pushes every row under a limit. Not back to
+    -- RQ's scheduled registry at its slot: a slot there is not reserved, so under a limit at
+    -- its pace the jobs put back and those the scheduler paced meet at the same times, and
+    -- each is turned back again and again.
     UPDATE /*schema*/scheduled_jobs s SET queue_job_id = NULL, updated_at = statement_timestamp()
-    FROM turned_back t JOIN once r ON r.id = t.id
-    WHERE s.id = t.id
+    FROM granted g JOIN once r ON r.id = g.id
+    WHERE s.id = g.id AND g.refused
     RETURNING s.id, s.tenant, s.version, r.attempt, s.interruptions, s.type, s.run_at,
-              t.slot, r.due_at AS moved_from
+              g.at AS slot, r.due_at AS moved_from
 ), upd AS (
+    -- Started: due now under no limit, or at the start its limits granted.
     UPDATE /*schema*/scheduled_jobs s
-    SET status = 'running', attempts = ready.attempt, started_at = statement_timestamp(),
+    SET status = 'running', attempts = o.attempt,
+        started_at = COALESCE(g.at, statement_timestamp()),
         lease_expires_at = statement_timestamp() + CAST(:lease AS interval),
         updated_at = statement_timestamp()
-    FROM ready
-    WHERE s.id = ready.id AND NOT EXISTS (SELECT 1 FROM refused_at t WHERE t.id = ready.id)
+    FROM once o LEFT JOIN granted g ON g.id = o.id
+    WHERE s.id = o.id
+      AND (g.id IS NULL AND o.due_at <= statement_timestamp() OR NOT g.refused)
     RETURNING s.id, s.tenant, s.version, s.attempts, s.interruptions, s.type, s.payload,
-              s.run_at, s.due_at, s.trace_context
+              s.run_at, s.due_at, s.trace_context, s.started_at
 ), attempt AS (
     INSERT INTO /*schema*/scheduled_job_attempts (schedule_id, tenant, version, attempt, status,
-        worker)
-    SELECT id, tenant, version, attempts, 'running', :worker FROM upd
+        worker, started_at)
+    SELECT id, tenant, version, attempts, 'running', :worker, started_at FROM upd
 ), event AS (
     INSERT INTO /*schema*/scheduled_job_events (schedule_id, tenant, kind, version, detail)
     SELECT id, tenant, 'started', version,
            jsonb_build_object(
                'attempt', attempts, 'worker', :worker, 'type', type, 'claim', CAST(:claim AS text),
-               'lag_ms', round(extract(epoch FROM statement_timestamp() - due_at) * 1000))
+               'lag_ms', round(extract(epoch FROM started_at - due_at) * 1000))
     FROM upd
     UNION ALL
     SELECT id, tenant, 'requeued', version,
@@ -193,23 +189,19 @@ WITH req AS (
     FROM moved
 )
 SELECT id, version, attempts AS attempt, interruptions, type, payload, run_at, due_at,
-       statement_timestamp() AS db_now, trace_context, NULL AS skip
+       statement_timestamp() AS db_now, started_at, trace_context, NULL AS skip
 FROM upd
 UNION ALL
 SELECT id, version, attempt, interruptions, type, NULL, run_at, slot, statement_timestamp(),
-       NULL, 'rate_limited'
+       NULL, NULL, 'rate_limited'
 FROM moved
-UNION ALL
-SELECT o.id, o.version, o.attempt, o.interruptions, o.type, NULL, o.run_at, h.slot,
-       statement_timestamp(), NULL, 'rate_wait'
-FROM held h JOIN once o ON o.id = h.id
 
 -- name: claim_landed
 -- A delivery's claim made by the statement named :claim, whose answer the worker lost (its
 -- connection broke after the commit): the row still running at that attempt, as claim_runs
 -- would have returned it; nothing when that statement did not commit it.
 SELECT j.id, j.version, j.attempts AS attempt, j.interruptions, j.type, j.payload, j.run_at,
-       j.due_at, statement_timestamp() AS db_now, j.trace_context
+       j.due_at, statement_timestamp() AS db_now, j.started_at, j.trace_context
 FROM /*schema*/scheduled_jobs j
 WHERE j.id = :id AND j.tenant = :tenant AND j.version = :version AND j.attempts = :attempt
   AND j.status = 'running'
