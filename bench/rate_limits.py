@@ -10,7 +10,13 @@ listed first (the harder order for the other). No-op jobs, all times by the data
    queue ``limited`` under RATE_LIMIT (``200/s``): the free queue's drain again (target
    <= 1.1x alone), the limited queue's achieved rate (its starts over the span from its first
    start to its last; target within 5% of the limit) and the most of its starts in any window
-   of one period (target <= N + 1).
+   of one period (target <= N + 1);
+3. beside the same work unlimited: the limited queue's jobs with no limit, each due one
+   interval of the limit after the one before (they arrive at the limit's rate): the free
+   queue's drain beside the limit against beside them. Where the machine's cores are all
+   busy (this one has two), the limited queue's 200 jobs a second take their share of them
+   whether a limit or their due times space them; this figure is what the limit costs beyond
+   that work (target <= 1.1x).
 
     python -m bench rate_limits
 """
@@ -35,19 +41,27 @@ SLOTS = int(os.environ.get("RATE_SLOTS", "32"))
 LEAD = 8.0  # seconds between writing the jobs and their instant (the processes start)
 
 
-def _phase(database_url: str, redis_url: str, limited: int) -> dict[str, float]:
-    """One phase: FREE jobs on ``free`` and ``limited`` on ``limited``, all due at one instant;
+def _phase(
+    database_url: str, redis_url: str, limited: int, spaced: bool = False
+) -> dict[str, float]:
+    """One phase: FREE jobs on ``free`` and ``limited`` on ``limited``, all due at one instant
+    (``spaced``: the limited ones with no limit, one interval of it apart from that instant);
     the free drain (s), and the limited queue's starts: rate (/s) and the most in a window."""
     app = App(database_url=database_url, redis_url=redis_url)
     Redis.from_url(redis_url).flushdb()
     with app.engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {TABLES}"))
     rate = parse_rate(LIMIT)
-    app.set_rate_limit("limited", rate)
+    if not spaced:
+        app.set_rate_limit("limited", rate)
     at = app.now() + timedelta(seconds=LEAD)
+    every = rate.period / rate.count if spaced else timedelta(0)
     app.schedule_many(
         [ScheduleRequest("noop", {}, run_at=at, queue="free") for _ in range(FREE)]
-        + [ScheduleRequest("noop", {}, run_at=at, queue="limited") for _ in range(limited)]
+        + [
+            ScheduleRequest("noop", {}, run_at=at + i * every, queue="limited")
+            for i in range(limited)
+        ]
     )
     env = {"DUEJOBS_DATABASE_URL": database_url, "DUEJOBS_REDIS_URL": redis_url}
     worker = [*DUEJOBS, "worker", "--app", "bench.jobs:app", "--concurrency", str(SLOTS)]
@@ -105,6 +119,7 @@ def _most_in_a_window(times: list[datetime], period: timedelta) -> int:
 def run(database_url: str, redis_url: str) -> list[Figure]:
     alone = _phase(database_url, redis_url, 0)
     beside = _phase(database_url, redis_url, LIMITED)
+    unlimited = _phase(database_url, redis_url, LIMITED, spaced=True)
     rate = parse_rate(LIMIT)
     per_second = rate.count / rate.period.total_seconds()
     return [
@@ -115,6 +130,14 @@ def run(database_url: str, redis_url: str) -> list[Figure]:
             "s",
             "<= 1.1x",
             beside["free_drain"] <= 1.1 * alone["free_drain"],
+        ),
+        Figure(
+            "free queue's drain beside the limit (beside the same jobs unlimited, spaced)",
+            beside["free_drain"],
+            unlimited["free_drain"],
+            "s",
+            "<= 1.1x",
+            beside["free_drain"] <= 1.1 * unlimited["free_drain"],
         ),
         Figure(
             "limited queue's achieved rate (the limit beside)",

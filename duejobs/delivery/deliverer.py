@@ -45,9 +45,8 @@ class JobState:
 
 @dataclass(frozen=True)
 class Push:
-    """How to push one delivery (its ``due_at`` and ``job_id`` known): to the front of its
-    queue or not, and whether only the queue list or the scheduled registry proves a job of
-    it already there."""
+    """How to push one delivery (its ``due_at`` and ``job_id`` known): where, when, and what
+    proves a job of it already there."""
 
     delivery: Delivery
     # Due now: onto the front of the queue rather than the back (RQ's at_front).
@@ -59,8 +58,7 @@ class Push:
     # its id that a live worker started is one that worker turned back and is finishing, not
     # this row's (PRESENT).
     unpushed: bool = False
-    # Onto its queue at this time, though due later (a start paced under a rate limit, which
-    # the worker's grant gives for its slot: duejobs.scheduler.pacing); None: when due.
+    # Onto its queue then, though due later (a slot under a rate limit: scheduler.pacing).
     at: datetime | None = None
 
 
