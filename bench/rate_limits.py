@@ -1,5 +1,5 @@
 """A rate-limited queue beside an unlimited backlog: `python -m bench rate_limits`
-(RATE_LIMITED, RATE_FREE, RATE_LIMIT, RATE_SLOTS).
+(RATE_LIMITED, RATE_FREE, RATE_LIMIT, RATE_SLOTS, RATE_ROUNDS).
 
 One scheduler and one worker of RATE_SLOTS (32) slots serving two queues, the limited one
 listed first (the harder order for the other). No-op jobs, all times by the database clock.
@@ -18,12 +18,18 @@ listed first (the harder order for the other). No-op jobs, all times by the data
    whether a limit or their due times space them; this figure is what the limit costs beyond
    that work (target <= 1.1x).
 
+RATE_ROUNDS (3) rounds of the three, each round in another order; each figure is the median
+of its rounds (one phase's drain moves by a third from run to run on this shared machine, and
+the first phase of a run on a fresh database is the slowest).
+
     python -m bench rate_limits
 """
 
 from __future__ import annotations
 
 import os
+import statistics
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from redis import Redis
@@ -38,6 +44,7 @@ LIMITED = int(os.environ.get("RATE_LIMITED", "10000"))
 FREE = int(os.environ.get("RATE_FREE", "10000"))
 LIMIT = os.environ.get("RATE_LIMIT", "200/s")
 SLOTS = int(os.environ.get("RATE_SLOTS", "32"))
+ROUNDS = int(os.environ.get("RATE_ROUNDS", "3"))
 LEAD = 8.0  # seconds between writing the jobs and their instant (the processes start)
 
 
@@ -117,9 +124,20 @@ def _most_in_a_window(times: list[datetime], period: timedelta) -> int:
 
 
 def run(database_url: str, redis_url: str) -> list[Figure]:
-    alone = _phase(database_url, redis_url, 0)
-    beside = _phase(database_url, redis_url, LIMITED)
-    unlimited = _phase(database_url, redis_url, LIMITED, spaced=True)
+    phases: dict[str, Callable[[], dict[str, float]]] = {
+        "alone": lambda: _phase(database_url, redis_url, 0),
+        "beside": lambda: _phase(database_url, redis_url, LIMITED),
+        "unlimited": lambda: _phase(database_url, redis_url, LIMITED, spaced=True),
+    }
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in phases}
+    order = list(phases)
+    for n in range(ROUNDS):
+        for name in order[n % 3 :] + order[: n % 3]:  # each round begins with another
+            runs[name].append(phases[name]())
+    alone, beside, unlimited = (
+        {key: statistics.median(r[key] for r in runs[name]) for key in runs[name][0]}
+        for name in order
+    )
     rate = parse_rate(LIMIT)
     per_second = rate.count / rate.period.total_seconds()
     return [
