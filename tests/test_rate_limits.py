@@ -5,7 +5,9 @@ its docstring)."""
 
 from __future__ import annotations
 
+import itertools
 import re
+import threading
 import time
 from datetime import datetime, timedelta
 
@@ -17,10 +19,11 @@ from starlette.testclient import TestClient
 from duejobs import App, store
 from duejobs.dashboard import Access, create_dashboard
 from duejobs.errors import InvalidRateError
-from duejobs.models import Delivery
-from duejobs.rates import Rate
+from duejobs.models import Delivery, Schedule
+from duejobs.rates import Rate, parse_rate
 from duejobs.services.pruner import Pruner
 from duejobs.services.stats import collect, observe_stats, render
+from duejobs.store import RunClaim, SkipReason
 from tests.support import wait_for
 from tests.support.cli import run_cli
 from tests.support.dashboard import auth
@@ -523,6 +526,57 @@ def test_the_overview_lists_the_busiest_tenants_under_the_default_a_page_at_most
     assert "t16" not in table and "and 16 more tenants under the default" in page
 
 
+def _claim(app: App, rows: list[Schedule], hold: timedelta) -> list[RunClaim | None]:
+    """The rows' first deliveries claimed in one statement, as a worker's batch is."""
+    with app.engine.begin() as conn:
+        return store.claim_runs(
+            conn,
+            [Delivery(r.id, r.tenant, r.version, 1, r.queue) for r in rows],
+            worker="test",
+            lease=timedelta(minutes=1),
+            types=["record"],
+            claim="batch",
+            hold=hold,
+        )
+
+
+def test_a_batch_under_its_queues_limit_and_its_tenants_starts_each_at_the_latest_they_give(
+    system: System,
+) -> None:
+    """Six rows due a moment ago, one of each of six tenants limited to 100/s, on a queue
+    limited to 200/s: the queue's pace gives them now, now (its start of tolerance), then 5,
+    10, 15 and 20 ms on, each tenant's own now — each starts at the later, all within the
+    worker's wait, none turned back. Seen failing with a row whose limits gave different times
+    turned back (the last four)."""
+    app = system.app
+    app.set_rate_limit(app.core.queue, "200/s")
+    for i in range(6):
+        app.set_quota(f"t{i}", max_rate="100/s")
+    rows = [app.schedule("record", {}, delay=0, tenant=f"t{i}") for i in range(6)]
+    claims = _claim(app, rows, timedelta(milliseconds=50))
+    assert all(c is not None and c.skip is None for c in claims), claims
+    times = sorted(c.started_at for c in claims if c is not None and c.started_at)
+    gaps = [round((b - a).total_seconds() * 1000, 3) for a, b in itertools.pairwise(times)]
+    assert gaps == [0, 5, 5, 5, 5]
+
+
+def test_a_start_under_a_limit_is_never_granted_past_its_expiry(system: System) -> None:
+    """At 1/s four rows due now start now, now (the start of tolerance), 1 s and 2 s on: the
+    third, which expires 1.5 s after its due time, is granted its start; the fourth, expiring
+    as soon, is turned back rather than started past its expiry. Seen failing with the grant
+    checking the expiry at the statement's clock only (the fourth granted 2 s on)."""
+    app = system.app
+    app.set_rate_limit(app.core.queue, "1/s")
+    rows = [
+        app.schedule("record", {}, delay=0, expires_after=timedelta(seconds=1.5)) for _ in range(4)
+    ]
+    claims = _claim(app, rows, timedelta(seconds=5))
+    assert [c.skip if c else None for c in claims] == [None, None, None, SkipReason.RATE_LIMITED]
+    third = claims[2]
+    assert third is not None and third.started_at is not None
+    assert third.started_at <= rows[2].due_at + timedelta(seconds=1.5)
+
+
 def test_a_start_granted_for_its_slot_just_ahead_is_claimed_at_once_and_waited_for(
     system: System,
 ) -> None:
@@ -534,18 +588,8 @@ def test_a_start_granted_for_its_slot_just_ahead_is_claimed_at_once_and_waited_f
     app = system.app
     app.set_rate_limit(app.core.queue, "50/s")
     row = app.schedule("record", {}, run_at=app.now() + timedelta(seconds=2))
-    delivery = Delivery(row.id, row.tenant, row.version, 1, row.queue)
-    with app.engine.begin() as conn:
-        (claim,) = store.claim_runs(
-            conn,
-            [delivery],
-            worker="test",
-            lease=timedelta(minutes=1),
-            types=["record"],
-            claim="ahead",
-            hold=timedelta(seconds=5),
-        )
-        answered = time.monotonic()
+    (claim,) = _claim(app, [row], timedelta(seconds=5))
+    answered = time.monotonic()
     assert claim is not None and claim.skip is None
     assert claim.db_now is not None and claim.started_at == row.due_at > claim.db_now
     ahead = (claim.started_at - claim.db_now).total_seconds()
@@ -556,3 +600,44 @@ def test_a_start_granted_for_its_slot_just_ahead_is_claimed_at_once_and_waited_f
             {"id": row.id},
         ).scalar_one()
     assert started == row.due_at  # the start the limit counts is the slot's
+
+
+def test_a_limit_changed_while_a_grant_waits_for_its_row_keeps_its_new_pace(
+    system: System,
+) -> None:
+    """A queue's 1/s limit raised to 100/s in a transaction that holds its row while a
+    worker's grant waits for it: the grant, once the change commits, counts its start at
+    the new pace and leaves the new interval in place. Seen failing with the grant writing
+    back the interval it read before its wait (1 s: the 100/s limit kept at 1/s's pace)."""
+    app = system.app
+    app.set_rate_limit(app.core.queue, "1/s")
+    row = app.schedule("record", {}, delay=0)
+    answers: list[RunClaim | None] = []
+    grant = threading.Thread(target=lambda: answers.extend(_claim(app, [row], timedelta(0))))
+    with app.engine.begin() as conn:
+        store.set_rate_limit(conn, "queue", app.core.queue, parse_rate("100/s"))
+        grant.start()
+        wait_for(lambda: _grants_waiting(app) == 1, 10, "the grant waiting for the limit's row")
+    grant.join(10)
+    assert len(answers) == 1 and answers[0] is not None and answers[0].skip is None
+    with app.engine.connect() as conn:
+        limit = conn.execute(
+            text(
+                "SELECT every, started_until - (SELECT started_at FROM scheduled_job_attempts) "
+                "AS ahead FROM rate_limits WHERE scope = 'queue'"
+            )
+        ).one()
+    assert limit.every == limit.ahead == timedelta(milliseconds=10)
+
+
+def _grants_waiting(app: App) -> int:
+    """Statements of this database waiting for a lock (the grant: nothing else runs)."""
+    with app.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+            ).scalar_one()
+        )

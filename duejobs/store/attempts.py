@@ -85,10 +85,10 @@ def claim_runs(
     attempt) — copies of one schedule at other versions may come in the same batch; None for
     one left untouched (see :func:`claim_verdict`), and for a second copy of a delivery
     claimed once; ``rate_limited`` for one a rate limit turned back (the rate limits'
-    grant is part of the statement: :mod:`duejobs.store.rate_limits`), ``rate_wait`` for one
-    whose start is granted for a moment within ``hold`` from now is claimed for that moment
-    (``started_at``, ``not_before``). ``claim`` names the statement in each ``started`` event
-    (:func:`claim_landed`)."""
+    grant is part of the statement: :mod:`duejobs.store.rate_limits`). A row under a limit
+    whose start the limit grants for a moment within ``hold`` from now is claimed for that
+    moment (``started_at``, ``not_before``). ``claim`` names the statement in each ``started``
+    event (:func:`claim_landed`)."""
     params = {
         "synchronous_commit": None,  # a bookkeeping connection gives its own
         "lock_timeout": None,  # and its lock limit

@@ -3,14 +3,13 @@
 A limit is a row of ``rate_limits`` (scope ``queue`` or ``tenant``; tenant ``'*'`` holds the
 default each tenant without a limit of its own follows). The worker's claim of a batch
 (``claim_runs``) grants its starts: one statement locks the row of each limit the batch
-touches and gives each start, in due order, its time by GCRA with one start's tolerance — in
-any window of one period, at most N starts plus one. A time within the worker's wait (50 ms)
-is granted, the attempt started then (``started_at``; the worker's slot waits for it); a
-start further off goes back to the table with that time, for the scheduler to push again at
-the limit's pace. Only grants move the pace on (a start turned back ahead of one granted keeps
-its place), so starts turned back again and again never push it further ahead. Limits that
-give one start different times (its queue's and its tenant's) turn it back: granted at the
-later, it would crowd the starts after it under the other. A tenant that follows the default
+touches and walks the batch's rows in due order, giving each its start by GCRA with one
+start's tolerance over all its limits at once — in any window of one period, at most N starts
+plus one. A start within the worker's wait (50 ms) and before the row's expiry is granted, the
+attempt started then (``started_at``; the worker's slot waits for it), and moves its limits'
+pace on; a start further off goes back to the table with that time, for the scheduler to push
+again at the limit's pace, and moves nothing, so starts turned back again and again never push
+a limit's pace ahead. A tenant that follows the default
 gets a row of its own for its count (``max_starts`` NULL), made at its first start and pruned
 once idle (:func:`prune_rate_counts`). The same statement counts the starts it grants into
 two fixed windows of one period (the current one, and the one before), from which a limit's

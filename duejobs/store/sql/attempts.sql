@@ -20,7 +20,7 @@
 -- NULL: the transaction's as it is), and so is its lock limit:
 -- on the worker's hot path it runs alone, without bookkeeping_settings ahead of it (it waits
 -- for no lock on a schedule: SKIP LOCKED).
-WITH req AS (
+WITH RECURSIVE req AS (
     SELECT r.* FROM unnest(CAST(:ids AS uuid[]), CAST(:tenants AS text[]),
                            CAST(:versions AS integer[]), CAST(:attempts AS integer[]))
         AS r(id, tenant, version, attempt),
@@ -32,7 +32,7 @@ WITH req AS (
                            true) AS lock_limit) AS settings
 ), ready AS (
     SELECT j.id, r.attempt, j.queue, j.tenant, j.due_at, j.version, j.interruptions, j.type,
-           j.run_at
+           j.run_at, j.expires_after
     FROM req r
     JOIN /*schema*/scheduled_jobs j ON j.id = r.id AND j.tenant = r.tenant
     WHERE j.status = 'scheduled' AND j.version = r.version AND j.attempts = r.attempt - 1
@@ -52,79 +52,106 @@ WITH req AS (
     ORDER BY j.id
     FOR UPDATE OF j SKIP LOCKED
 ), once AS (  -- two copies of one delivery in a batch count once
-    SELECT DISTINCT id, attempt, queue, tenant, due_at, version, interruptions, type, run_at
+    SELECT DISTINCT id, attempt, queue, tenant, due_at, version, interruptions, type, run_at,
+                    expires_after
     FROM ready
 ), limited AS (
-    -- Each ready row under each limit in force on it, ranked within the limit by due time:
-    -- the first start goes to the row whose slot came first (one the scheduler paced), not to
-    -- one that came after it.
-    SELECT x.id, x.due_at, x.scope, x.name, x.every, x.period,
-           row_number() OVER (PARTITION BY x.scope, x.name ORDER BY x.due_at, x.id) AS rank
-    FROM (
-        SELECT r.id, r.due_at, 'queue' AS scope, r.queue AS name, q.every, q.period
-        FROM once r
-        JOIN /*schema*/rate_limits q ON q.scope = 'queue' AND q.name = r.queue
-        WHERE q.max_starts IS NOT NULL
-        UNION ALL
-        SELECT r.id, r.due_at, 'tenant', r.tenant,
-               CASE WHEN own.max_starts IS NOT NULL THEN own.every ELSE dflt.every END,
-               CASE WHEN own.max_starts IS NOT NULL THEN own.period ELSE dflt.period END
-        FROM once r
-        LEFT JOIN /*schema*/rate_limits own ON own.scope = 'tenant' AND own.name = r.tenant
-        LEFT JOIN /*schema*/rate_limits dflt ON dflt.scope = 'tenant' AND dflt.name = '*'
-        WHERE COALESCE(own.max_starts, dflt.max_starts) IS NOT NULL
-    ) x
+    -- Each ready row under each limit in force on it.
+    SELECT r.id, 'queue' AS scope, r.queue AS name, q.every, q.period
+    FROM once r
+    JOIN /*schema*/rate_limits q ON q.scope = 'queue' AND q.name = r.queue
+    WHERE q.max_starts IS NOT NULL
+    UNION ALL
+    SELECT r.id, 'tenant', r.tenant,
+           CASE WHEN own.max_starts IS NOT NULL THEN own.every ELSE dflt.every END,
+           CASE WHEN own.max_starts IS NOT NULL THEN own.period ELSE dflt.period END
+    FROM once r
+    LEFT JOIN /*schema*/rate_limits own ON own.scope = 'tenant' AND own.name = r.tenant
+    LEFT JOIN /*schema*/rate_limits dflt ON dflt.scope = 'tenant' AND dflt.name = '*'
+    WHERE COALESCE(own.max_starts, dflt.max_starts) IS NOT NULL
 ), state AS (
-    -- The counts of the limits asked, locked in (scope, name) order for this statement.
-    SELECT l.scope, l.name, l.started_until, l.window_start
+    -- The counts of the limits asked, locked in (scope, name) order for this statement: as
+    -- they are once locked (a change committed while this waited for one is read here).
+    SELECT l.scope, l.name, l.started_until, l.window_start, l.max_starts, l.every, l.period
     FROM /*schema*/rate_limits l
     WHERE (l.scope, l.name) IN (SELECT scope, name FROM limited)
     ORDER BY l.scope, l.name
     FOR UPDATE
+), lim AS (
+    -- Each limit asked, keyed 'scope:name': its interval (a limit's own as locked, not as
+    -- this statement first read it), whether its count is made (a tenant's first start under
+    -- the default: not yet; it grants none, its count is made below and its rows come back at
+    -- once), and its TAT — when its next start is due at its pace (GCRA's theoretical arrival
+    -- time), never before now.
+    SELECT k.scope, k.name, k.scope || ':' || k.name AS key,
+           CASE WHEN s.max_starts IS NOT NULL THEN s.every ELSE k.every END AS every,
+           CASE WHEN s.max_starts IS NOT NULL THEN s.period ELSE k.period END AS period,
+           s.scope IS NOT NULL AS counted, s.window_start,
+           GREATEST(s.started_until, statement_timestamp()) AS tat
+    FROM (SELECT scope, name, max(every) AS every, max(period) AS period
+          FROM limited GROUP BY scope, name) AS k
+    LEFT JOIN state s ON s.scope = k.scope AND s.name = k.name
 ), paced AS (
-    -- Each row's start in its limit's sequence, by GCRA with one start's tolerance, by the
-    -- database clock: the k-th row of a limit here starts at the latest of now, its own due
-    -- time and its limit's theoretical arrival time (TAT) after the k - 1 before it, less
-    -- one interval (the tolerance); its TAT is one interval past the later of its due time
-    -- and the one before. Unrolled: the limit's next start plus k intervals, or an earlier
-    -- row's due time plus one interval for each row from it to this one and one more. A limit
-    -- whose count is not made yet (a tenant's first start under the default) grants none: its
-    -- count is made below and its rows come back at once.
-    SELECT m.id, m.scope, m.name, m.every, m.period, s.scope IS NOT NULL AS counted, b.base,
-           s.window_start,
-           GREATEST(statement_timestamp(), m.due_at, b.base + (m.rank - 2) * m.every,
-                    m.latest + (m.rank - 1) * m.every) AS at,
-           GREATEST(b.base + m.rank * m.every, m.latest + (m.rank + 1) * m.every) AS tat
-    FROM (SELECT l.*, max(l.due_at - l.rank * l.every) OVER (
-              PARTITION BY l.scope, l.name ORDER BY l.rank) AS latest
-          FROM limited l) AS m
-    LEFT JOIN state s ON s.scope = m.scope AND s.name = m.name
-    CROSS JOIN LATERAL (SELECT GREATEST(s.started_until, statement_timestamp()) AS base) AS b
+    -- The rows under a limit in due order, each with its limits' keys and, for a row with an
+    -- expiry, the last moment it may start (from its due time before any put-back).
+    SELECT o.id, o.due_at, row_number() OVER (ORDER BY o.due_at, o.id) AS k,
+           array_agg(m.scope || ':' || m.name) AS keys,
+           CASE WHEN o.expires_after IS NOT NULL THEN LEAST(o.due_at, (
+               SELECT min(CAST(e.detail ->> 'moved_from' AS timestamptz))
+               FROM /*schema*/scheduled_job_events e
+               WHERE e.schedule_id = o.id AND e.version = o.version AND e.kind = 'requeued'
+                 AND e.detail ->> 'reason' IN ('unknown_type', 'rate_limited')
+                 AND e.detail ->> 'attempt' = CAST(o.attempt AS text))) + o.expires_after
+           END AS expires_at
+    FROM once o JOIN limited m ON m.id = o.id
+    GROUP BY o.id, o.due_at, o.expires_after, o.version, o.attempt
+), walk (k, tats, id, at, granted) AS (
+    -- GCRA with one start's tolerance over every limit at once, row after row in due order:
+    -- a row's start is the latest of now, its due time and, for each of its limits, the
+    -- limit's TAT less one interval (the tolerance). It is granted when that is within :hold
+    -- (the worker's slot waits for it) and before its expiry, every limit counted; then each
+    -- of its limits' TAT moves to one interval past the later of the TAT and the start. A row
+    -- turned back moves none: its place goes to the rows after it. In any window of one
+    -- period, at most N starts of a limit, plus one.
+    SELECT CAST(0 AS bigint), (SELECT jsonb_object_agg(key, tat) FROM lim),
+           CAST(NULL AS uuid), CAST(NULL AS timestamptz), CAST(NULL AS boolean)
+    UNION ALL
+    SELECT p.k, CASE WHEN g.granted THEN w.tats || g.tats ELSE w.tats END, p.id, g.at,
+           g.granted
+    FROM walk w
+    JOIN paced p ON p.k = w.k + 1
+    CROSS JOIN LATERAL (
+        SELECT t.at,
+               bool_and(l.counted) AND t.at <= statement_timestamp() + CAST(:hold AS interval)
+                   AND (p.expires_at IS NULL OR t.at <= p.expires_at) AS granted,
+               jsonb_object_agg(l.key, GREATEST(CAST(w.tats ->> l.key AS timestamptz), t.at)
+                                       + l.every) AS tats
+        FROM lim l
+        CROSS JOIN LATERAL (
+            SELECT GREATEST(statement_timestamp(), p.due_at,
+                            max(CAST(w.tats ->> o.key AS timestamptz) - o.every)) AS at
+            FROM lim o WHERE o.key = ANY(p.keys)) AS t
+        WHERE l.key = ANY(p.keys)
+        GROUP BY t.at
+    ) AS g
 ), granted AS (
-    -- Each row under a limit: its start, the latest its limits give, and whether it is
-    -- refused — a limit with no count, a start further off than :hold, or limits that
-    -- disagree (moved later than one limit's sequence has it, it would crowd the starts after
-    -- it there: turned back, its place in each left unused).
-    SELECT id, max(at) AS at,
-           bool_or(NOT counted) OR max(at) > statement_timestamp() + CAST(:hold AS interval)
-               OR min(at) <> max(at) AS refused
-    FROM paced GROUP BY id
+    SELECT id, at, NOT granted AS refused FROM walk WHERE k > 0
 ), taken AS (
-    -- Each limit's starts, and its TAT after the last it granted (a row turned back before
-    -- that one keeps its place: counted, as if it had started).
-    SELECT p.scope, p.name, p.counted, max(p.every) AS every, max(p.period) AS period,
-           count(*)::integer AS asked,
+    -- Each limit's starts, and its TAT after the walk.
+    SELECT l.scope, l.name, l.counted, l.every, l.period, count(*)::integer AS asked,
            (count(*) FILTER (WHERE NOT g.refused))::integer AS started,
-           COALESCE(max(p.tat) FILTER (WHERE NOT g.refused), max(p.base)) AS started_until,
+           (SELECT CAST(w.tats ->> l.key AS timestamptz) FROM walk w
+            ORDER BY w.k DESC LIMIT 1) AS started_until,
            -- the fixed window of one period the starts are counted in (rate_limits reads
            -- them): the same one, the next (the current one kept as the one before), or a new
-           CASE WHEN max(p.window_start) IS NULL
-                     OR statement_timestamp() >= max(p.window_start) + 2 * max(p.period)
-                    THEN 'new'
-                WHEN statement_timestamp() >= max(p.window_start) + max(p.period) THEN 'next'
+           CASE WHEN l.window_start IS NULL
+                     OR statement_timestamp() >= l.window_start + 2 * l.period THEN 'new'
+                WHEN statement_timestamp() >= l.window_start + l.period THEN 'next'
                 ELSE 'same' END AS window_is
-    FROM paced p JOIN granted g ON g.id = p.id
-    GROUP BY p.scope, p.name, p.counted
+    FROM lim l
+    JOIN limited m ON m.scope = l.scope AND m.name = l.name
+    JOIN granted g ON g.id = m.id
+    GROUP BY l.scope, l.name, l.key, l.counted, l.every, l.period, l.window_start
 ), counted AS (
     -- Only starts move a count on: starts turned back again and again never push it ahead.
     UPDATE /*schema*/rate_limits l
