@@ -632,12 +632,8 @@ def test_a_limit_changed_while_a_grant_waits_for_its_row_keeps_its_new_pace(
 
 def _grants_waiting(app: App) -> int:
     """Statements of this database waiting for a lock (the grant: nothing else runs)."""
-    with app.engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                )
-            ).scalar_one()
-        )
+    return count_rows(
+        app,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+    )
