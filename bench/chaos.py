@@ -63,11 +63,11 @@ from bench.chaos_app import EFFECTS
 from duejobs import store
 from duejobs.config import libpq_url, sqlalchemy_url
 from duejobs.core import make_engine
-from duejobs.delivery import QUEUES_KEY
-from duejobs.delivery.bands import band_queue
 from duejobs.dev.embedded import EmbeddedRedis
 from duejobs.errors import DuejobsError
 from duejobs.rates import parse_rate
+from duejobs.rq_wire.bands import band_queue
+from duejobs.rq_wire.keys import QUEUES_KEY
 from duejobs.store.migrate import upgrade
 from duejobs.store.partitions import PARTITIONED, Partitioning, partition_name
 
@@ -507,7 +507,7 @@ class _Faults:
 
     def _on_node(self) -> tuple[redis.Redis, str]:
         """A node's client and one of its queue's RQ queues (a band: see
-        :mod:`duejobs.delivery.bands`), for a fault on its keys."""
+        :mod:`duejobs.rq_wire.bands`), for a fault on its keys."""
         node = self._node()
         return self.clients[node], band_queue(self.queues[node], self.rng.choice(PRIORITIES))
 

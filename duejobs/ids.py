@@ -1,5 +1,5 @@
-"""The identifiers duejobs makes: schedule ids, UUID version 7 (RFC 9562), which grow with
-time; and the RQ job id of each delivery, built from them (read back by :func:`parse_job_id`).
+"""Schedule ids: UUID version 7 (RFC 9562), which grow with time. (A delivery's RQ job id,
+built from one, is read in :mod:`duejobs.rq_wire.job_ids`.)
 
 A schedule's id leads the primary key of ``scheduled_jobs`` and of its history. Random
 (version 4) ids put each insert on a random leaf page of both indexes; ids that grow with
@@ -17,17 +17,11 @@ drawing process's clock to the millisecond, and a bulk insert's ids in increasin
 What it does not: order between processes, or between single ids, within a millisecond;
 and it tells anyone who sees it when it was made (as ``created_at`` does). Only the last 62
 bits are random: :func:`random_share` reads those.
-
-A delivery's RQ job id is ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>``: the store
-builds it with the row (the claim's SQL), so the same (schedule, version, attempt) always has
-the same job id, which is what keeps a second push from making a second job
-(:mod:`duejobs.delivery`).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -91,25 +85,3 @@ def stamped(derived: uuid.UUID, at: datetime) -> uuid.UUID:
 def time_of(schedule_id: uuid.UUID) -> datetime:
     """The millisecond an id was stamped with (its creation, for a version 7 id)."""
     return datetime.fromtimestamp((schedule_id.int >> 80) / 1000, tz=UTC)
-
-
-def job_tenant_part(tenant: str) -> str:
-    """How a tenant is spelled inside job ids (RQ allows no ``.``)."""
-    return tenant.replace(".", "_")
-
-
-_JOB_ID = re.compile(r"dj-(?P<tenant>[A-Za-z0-9_-]+)-(?P<id>[0-9a-f]{32})-v(?P<v>\d+)-a(?P<a>\d+)")
-
-
-def job_tenant(queue_job_id: str) -> str | None:
-    """The tenant part of a duejobs job id (see :func:`job_tenant_part`); None for others."""
-    match = _JOB_ID.fullmatch(queue_job_id)
-    return None if match is None else match["tenant"]
-
-
-def parse_job_id(queue_job_id: str) -> tuple[uuid.UUID, int, int] | None:
-    """(schedule id, version, attempt) of a duejobs job id; None for anything else."""
-    match = _JOB_ID.fullmatch(queue_job_id)
-    if match is None:
-        return None
-    return uuid.UUID(match["id"]), int(match["v"]), int(match["a"])

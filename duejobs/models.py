@@ -241,7 +241,7 @@ class Delivery:
     queue: str
     due_at: datetime | None = field(default=None, compare=False)
     job_id: str = field(default="", compare=False)
-    # Its schedule's priority, which picks the RQ queue of its band (duejobs.delivery.bands);
+    # Its schedule's priority, which picks the RQ queue of its band (duejobs.rq_wire.bands);
     # known on the pushing side only, as due_at.
     priority: int = field(default=0, compare=False)
 

@@ -34,8 +34,8 @@ from sqlalchemy.exc import OperationalError
 
 from duejobs import App, EventKind, Status, store
 from duejobs.config import libpq_url
-from duejobs.delivery import parse_job_id
 from duejobs.delivery.wakes import WAKE_TTL, send_wake, wake_key
+from duejobs.rq_wire.job_ids import parse_job_id
 from duejobs.scheduler.claim import claim_due
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.services.reconciler import Reconciler

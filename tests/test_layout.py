@@ -3,8 +3,9 @@
 * only the store speaks SQL: SQLAlchemy's SQL constructs (``text``, ``select``, ...,
   ``sqlalchemy.sql``) and psycopg are imported by the ``duejobs/store/`` package alone
   (connections, engines and error classes may be named anywhere);
-* only RQ's wire code knows RQ: ``rq`` is imported by the push side (the
-  ``duejobs/delivery/`` package) and the worker's :mod:`duejobs.worker.rq_wire` alone;
+* only RQ's wire code knows RQ: ``rq`` is imported by the ``duejobs/rq_wire/`` package alone,
+  which imports nothing of duejobs' but the records it carries, the defaults and itself (the
+  push policy in ``delivery/`` and the worker's loop are built on it);
 * RQ is read and written through its public names: no class subclasses one of RQ's, and no
   private RQ name (``_state``, ``Job._execute``...) is imported, read or written;
 * the App is a facade: no module imports ``duejobs.app.application`` but the public package and the
@@ -22,7 +23,10 @@ Seen failing against a build broken on purpose: ``from sqlalchemy import text`` 
 ``duejobs/demo.py`` (as it was) → ``test_only_the_store_speaks_sql``; the worker that
 subclassed RQ's (``DuejobsWorker(SimpleWorker)``, ``DeliveryJob(Job)``, ``_state``,
 ``_status``, ``_ordered_queues``) → ``test_no_class_subclasses_one_of_rqs`` and
-``test_no_private_rq_name_is_read_or_written``.
+``test_no_private_rq_name_is_read_or_written``; ``from rq import Queue`` back in
+``delivery/deliverer.py`` → ``test_only_rqs_wire_code_knows_rq``; ``from
+duejobs.delivery.nodes import Node`` in ``rq_wire/keys.py`` →
+``test_rqs_wire_format_is_built_on_nothing_above_it``.
 """
 
 from __future__ import annotations
@@ -166,10 +170,24 @@ def test_only_the_store_speaks_sql(path: Path) -> None:
 
 @pytest.mark.parametrize("path", _modules(), ids=_relative)
 def test_only_rqs_wire_code_knows_rq(path: Path) -> None:
-    if path.parent.name == "delivery" or path == PACKAGE / "worker" / "rq_wire.py":
+    if path.parent == PACKAGE / "rq_wire":
         return
     offending = [m for m, _n in _imports(path) if m.split(".")[0] == "rq"]
-    assert offending == [], f"{path.name} imports {offending}: RQ belongs in its wire code"
+    assert offending == [], f"{path.name} imports {offending}: RQ belongs in duejobs/rq_wire/"
+
+
+# What RQ's wire format may import of duejobs: the records it carries, the defaults, the lazy
+# exports of its package, and itself.
+_BELOW_RQ_WIRE = ("duejobs.models", "duejobs.config", "duejobs.lazy", "duejobs.rq_wire")
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "rq_wire").glob("*.py")), ids=_relative)
+def test_rqs_wire_format_is_built_on_nothing_above_it(path: Path) -> None:
+    """The delivery side and the worker import the wire format; an import back up from it is
+    a cycle in waiting, and a key's name spelled where a cluster's change would miss it."""
+    ours = [m for m, _n in _imports(path) if m.split(".")[0] == "duejobs"]
+    offending = [m for m in ours if not m.startswith(_BELOW_RQ_WIRE)]
+    assert offending == [], f"{path.name} imports {offending}: the wire format sits below them"
 
 
 @pytest.mark.parametrize("path", _rq_modules(), ids=_relative)

@@ -33,9 +33,9 @@ from redis.exceptions import RedisError
 from sqlalchemy import Connection, text
 
 from duejobs import App, Status, store
-from duejobs.delivery import WORKER_PREFIX
 from duejobs.errors import ConfigurationError
 from duejobs.models import Delivery
+from duejobs.rq_wire.keys import WORKER_PREFIX
 from duejobs.scheduler import occurrences
 from duejobs.scheduler.loop import Scheduler
 from duejobs.services import stats

@@ -1,6 +1,6 @@
 """Priority within a queue: given on every way to write a schedule, refused out of range,
 delivered on the RQ queue of its band, taken highest band first by the worker, and no lower
-band starved (duejobs.delivery.bands)."""
+band starved (duejobs.rq_wire.bands)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pytest
 from sqlalchemy import text
 
 from duejobs import App, ScheduleRequest
-from duejobs.delivery import QUEUES_KEY
-from duejobs.delivery.bands import RESERVE, band_queue, bands, queue_of, take_order
 from duejobs.errors import InvalidPriorityError, InvalidQueueError
 from duejobs.models import EventKind
+from duejobs.rq_wire import worker_side
+from duejobs.rq_wire.bands import RESERVE, band_queue, bands, queue_of, take_order
+from duejobs.rq_wire.keys import QUEUES_KEY
 from duejobs.scheduler.claim import DueRow, claim_due
-from duejobs.worker import build_worker, rq_wire
+from duejobs.worker import build_worker
 from tests.support.redis_versions import as_redis_6_2_runs_it
 from tests.support.system import System
 
@@ -161,7 +162,7 @@ def _start_order(app: App, ids: list[uuid.UUID]) -> list[uuid.UUID]:
 def take(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """The worker's take as this Redis runs it, and as Redis 6.2 does (no LMPOP)."""
     if request.param == "as-redis-6.2":
-        monkeypatch.setattr(rq_wire, "TAKE", as_redis_6_2_runs_it(rq_wire.TAKE))
+        monkeypatch.setattr(worker_side, "TAKE", as_redis_6_2_runs_it(worker_side.TAKE))
 
 
 @pytest.mark.usefixtures("take")

@@ -12,8 +12,7 @@ import re
 
 import redis
 
-from duejobs.delivery import scripts
-from duejobs.worker import rq_wire
+from duejobs.rq_wire import scripts
 from tests.support.redis_versions import as_redis_6_2_runs_it, without_dead_branches
 
 OLDEST = (6, 2, 0)
@@ -36,7 +35,7 @@ def _version(text: str) -> tuple[int, ...]:
 
 def _scripts() -> list[str]:
     found = [value for name, value in vars(scripts).items() if name.endswith("_SCRIPT")]
-    return [*found, rq_wire.TAKE]
+    return [*found, scripts.TAKE]
 
 
 def test_every_command_the_scripts_call_came_by_redis_6_2(redis_client: redis.Redis) -> None:
@@ -46,4 +45,4 @@ def test_every_command_the_scripts_call_came_by_redis_6_2(redis_client: redis.Re
     assert {"lpop", "hset", "zadd", "rpush", "lrem"} <= set(since)  # the scripts were read
     newer = {name: v for name, v in since.items() if _version(v) > OLDEST}
     assert not newer, f"commands newer than Redis 6.2: {newer}"
-    assert "LMPOP" in rq_wire.TAKE  # Redis 7.0's branch is there, and left out above
+    assert "LMPOP" in scripts.TAKE  # Redis 7.0's branch is there, and left out above

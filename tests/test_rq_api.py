@@ -54,11 +54,10 @@ from rq.serializers import JSONSerializer
 from rq_dashboard.cli import make_flask_app
 
 from duejobs.config import DEFAULT_RESULT_TTL
-from duejobs.delivery import JOB_FUNCTION
-from duejobs.delivery.bands import bands
+from duejobs.rq_wire.bands import bands
+from duejobs.rq_wire.job_hash import JOB_FUNCTION, delivery_of
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import build_worker
-from duejobs.worker.rq_wire import delivery_of
 from tests.support import wait_for
 from tests.support.deliveries import push_of
 from tests.support.processes import WORKER, Proc

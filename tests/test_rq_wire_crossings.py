@@ -1,5 +1,5 @@
 """How often a job takes control from the worker's loop into its RQ wire code
-(:mod:`duejobs.worker.rq_wire`): at most four calls per job, at one slot and at four, so that
+(:mod:`duejobs.rq_wire.worker_side`): at most four calls per job, at one slot and at four, so that
 the loop reads top to bottom and the wire code stays what it writes in RQ's layout. (The
 files one schedule's life runs through are counted by ``python -m bench.schedule_path``.)
 
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from duejobs.rq_wire.worker_side import RqWire
 from duejobs.worker import WorkerConfig, build_worker
-from duejobs.worker.rq_wire import RqWire
 from tests.support.system import System
 
-WIRE = Path(__file__).resolve().parent.parent / "duejobs" / "worker" / "rq_wire.py"
+WIRE = Path(__file__).resolve().parent.parent / "duejobs" / "rq_wire" / "worker_side.py"
 CROSSINGS_PER_JOB_AT_MOST = 4
 
 

@@ -41,10 +41,10 @@ from sqlalchemy import text
 from duejobs import App
 from duejobs.errors import KeyInUseError
 from duejobs.models import Delivery
+from duejobs.rq_wire.scripts import TAKE
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Outcome, Runtime, Worker, WorkerConfig
 from duejobs.worker.event_loops import EventLoops
-from duejobs.worker.rq_wire import TAKE
 from tests.support import wait_for
 from tests.support.processes import Proc
 from tests.support.system import System

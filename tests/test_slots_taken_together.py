@@ -53,11 +53,12 @@ from rq.suspension import resume, suspend
 from sqlalchemy import text
 
 from duejobs import App
+from duejobs.rq_wire.scripts import TAKE
+from duejobs.rq_wire.worker_side import Finished, RqWire, Taken
 from duejobs.services.reconciler import Reconciler
 from duejobs.worker import Context, Runtime, Worker, WorkerConfig, loop
 from duejobs.worker.claims import Claimer
 from duejobs.worker.group_commit import GroupCommit
-from duejobs.worker.rq_wire import TAKE, Finished, RqWire, Taken
 from tests.support import sample, wait_for
 from tests.support.processes import WORKER, Proc
 from tests.support.slots import attempts_of, count_rows, gated_job

@@ -1,4 +1,6 @@
-"""Delivery: the push side of RQ — jobs onto RQ's queues and registries, and what is there.
+"""Delivery: the push policy — which jobs go onto RQ's queues and registries, where and when,
+and what is there. RQ's layout itself (keys, job hashes, scripts, bands, ids) is
+:mod:`duejobs.rq_wire`'s.
 
 What it promises:
 
@@ -6,7 +8,7 @@ What it promises:
   same RQ job id, ``dj-<tenant>-<schedule hex>-v<version>-a<attempt>`` (RQ allows only
   ``[A-Za-z0-9_-]``; a ``.`` in a tenant becomes ``_``, the schedule id keeps it unique).
   The store builds it (in the statements that claim and re-push the row) and
-  every push carries it from there; this module only reads ids back (:func:`parse_job_id`).
+  every push carries it from there (read back by :mod:`duejobs.rq_wire.job_ids`).
 * **A re-push never creates a second live job.** Pushing checks and writes atomically (one
   Lua script per batch): an id Redis can still hand to a worker is left alone; RQ's own
   ``enqueue`` would overwrite it and run it twice.
@@ -48,52 +50,28 @@ from duejobs.lazy import lazy_exports
 if TYPE_CHECKING:
     from duejobs.delivery.deliverer import (
         DEFAULT_QUEUE,
-        JOB_FUNCTION,
-        QUEUES_KEY,
-        SCHEDULED_PREFIX,
-        WORKER_PREFIX,
         Deliverer,
         JobState,
         Push,
         PushResult,
     )
     from duejobs.delivery.removals import Removals
-    from duejobs.delivery.scripts import LIST_SCAN_LIMIT, STUCK_AFTER
-    from duejobs.ids import job_tenant, job_tenant_part, parse_job_id
 
 _HOMES = {
     "DEFAULT_QUEUE": "duejobs.delivery.deliverer",
-    "JOB_FUNCTION": "duejobs.delivery.deliverer",
-    "QUEUES_KEY": "duejobs.delivery.deliverer",
-    "SCHEDULED_PREFIX": "duejobs.delivery.deliverer",
-    "STUCK_AFTER": "duejobs.delivery.scripts",
-    "WORKER_PREFIX": "duejobs.delivery.deliverer",
     "Deliverer": "duejobs.delivery.deliverer",
     "JobState": "duejobs.delivery.deliverer",
     "Push": "duejobs.delivery.deliverer",
     "PushResult": "duejobs.delivery.deliverer",
     "Removals": "duejobs.delivery.removals",
-    "job_tenant": "duejobs.ids",
-    "job_tenant_part": "duejobs.ids",
-    "parse_job_id": "duejobs.ids",
-    "LIST_SCAN_LIMIT": "duejobs.delivery.scripts",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _HOMES, globals())
 
 __all__ = [
     "DEFAULT_QUEUE",
-    "JOB_FUNCTION",
-    "LIST_SCAN_LIMIT",
-    "QUEUES_KEY",
-    "SCHEDULED_PREFIX",
-    "STUCK_AFTER",
-    "WORKER_PREFIX",
     "Deliverer",
     "JobState",
     "Push",
     "PushResult",
     "Removals",
-    "job_tenant",
-    "job_tenant_part",
-    "parse_job_id",
 ]

@@ -12,24 +12,30 @@ from typing import Any, TypeVar
 
 from redis import Redis
 from redis.exceptions import ConnectionError, RedisError, TimeoutError
-from rq import Queue
-from rq.job import Job
-from rq.serializers import JSONSerializer
-from rq.utils import utcformat
-from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
 from duejobs.config import DEFAULT_RESULT_TTL
-from duejobs.delivery.bands import band_queue, bands, queue_of
 from duejobs.delivery.nodes import NODE_WAIT, Node
-from duejobs.delivery.scripts import TAKE_OFF_SCRIPT
 from duejobs.models import Delivery
 from duejobs.redis_urls import refusal
+from duejobs.rq_wire.bands import band_queue, bands, queue_of
+from duejobs.rq_wire.job_hash import JOB_FIELDS, constant_fields, job_data
+from duejobs.rq_wire.keys import (
+    JOB_PREFIX,
+    QUEUE_PREFIX,
+    QUEUES_KEY,
+    SCHEDULED_PREFIX,
+    WORKER_PREFIX,
+    RqQueue,
+    queue_keys,
+    rq_queue,
+    stamp,
+)
+from duejobs.rq_wire.scripts import TAKE_OFF_SCRIPT
 
 log = logging.getLogger("duejobs.delivery")
 T = TypeVar("T")
 
 DEFAULT_QUEUE = "duejobs"
-JOB_FUNCTION = "duejobs.worker.perform"
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,7 @@ class Push:
     # Due now: onto the front of the queue rather than the back (RQ's at_front).
     front: bool = False
     # The row is overdue by more than STUCK_AFTER: only the queue list or the scheduled
-    # registry proves the job is still there (see :data:`~duejobs.delivery.scripts.PRESENT`).
+    # registry proves the job is still there (see :data:`~duejobs.rq_wire.scripts.PRESENT`).
     stuck: bool = False
     # The row has no queue job (the scheduler's claim, a reconciler's first push): a job of
     # its id that a live worker started is one that worker turned back and is finishing, not
@@ -81,15 +87,6 @@ class PushResult:
     deferred: int = 0
     present: int = 0
     created: frozenset[str] = frozenset()
-
-
-# Every queue duejobs has pushed to, so that promotion, the orphan scan and the figures cover
-# jobs routed to other queues than the default.
-QUEUES_KEY = "duejobs:queues"
-SCHEDULED_PREFIX = "rq:scheduled:"  # RQ's ScheduledJobRegistry key is this + the queue name
-WORKER_PREFIX = "rq:worker:"  # a live RQ worker's key (it expires when the worker stops beating)
-# What :meth:`Deliverer.job_state` reads of a job hash.
-JOB_FIELDS = ("status", "origin", "worker_name")
 
 
 class Deliverer:
@@ -122,10 +119,10 @@ class Deliverer:
         # Seconds a finished or failed job stays (the job hash's result_ttl and failure_ttl,
         # as RQ's readers read them; the worker writes the expiry).
         self.result_ttl = result_ttl
-        self.queue = Queue(queue_name, connection=connection, serializer=JSONSerializer)
-        self._queues: dict[str, tuple[Queue, list[Any]]] = {}
+        # RQ's own object for the default queue, for RQ's readers (its name, counts...).
+        self.queue: RqQueue = rq_queue(queue_name, connection)
+        self._templates: dict[str, list[Any]] = {}
         self._push_keys: dict[str, list[str]] = {}
-        self._prefix = Job.redis_job_namespace_prefix
         clients = {id(c): c for c in (connection, *(nodes or {}).values())}
         by_client = {key: Node(client, threads=len(clients) > 1) for key, client in clients.items()}
         self._default = by_client[id(connection)]
@@ -145,23 +142,24 @@ class Deliverer:
     def scheduled_key(self) -> str:
         return SCHEDULED_PREFIX + self.queue.name
 
-    def _routed(self, name: str) -> tuple[Queue, list[Any]]:
-        """The RQ queue called ``name`` and the job-hash fields every job on it shares."""
-        if name not in self._queues:
-            queue = Queue(name, connection=self._node(name).redis, serializer=JSONSerializer)
-            self._queues[name] = (queue, self._constant_fields(queue))
-        return self._queues[name]
+    def _template(self, name: str) -> list[Any]:
+        """The job-hash fields every job on the RQ queue ``name`` shares."""
+        if name not in self._templates:
+            queue = rq_queue(name, self._node(name).redis)
+            self._templates[name] = constant_fields(queue, self.result_ttl)
+        return self._templates[name]
 
-    def _keys_of(self, name: str, queue: Queue) -> list[str]:
+    def _keys_of(self, name: str) -> list[str]:
         """The keys a push to queue ``name`` touches, spelled once per queue."""
         if name not in self._push_keys:
+            keys = queue_keys(name)
             self._push_keys[name] = [
-                queue.key,
-                SCHEDULED_PREFIX + name,
-                queue.redis_queues_keys,
+                keys.queue,
+                keys.scheduled,
+                keys.all_queues,
                 QUEUES_KEY,
-                queue.intermediate_queue_key,
-                queue.started_job_registry.key,
+                keys.intermediate,
+                keys.started,
             ]
         return self._push_keys[name]
 
@@ -192,36 +190,6 @@ class Deliverer:
         outages = all(isinstance(f, (ConnectionError, TimeoutError)) for f in failures)
         return not outages and called == len(self._nodes)
 
-    def _constant_fields(self, queue: Queue) -> list[Any]:
-        """The job-hash fields RQ writes that are the same for every duejobs job."""
-        job = queue.create_job(
-            JOB_FUNCTION,
-            args=["-", 0, 0, "-"],
-            timeout=-1,
-            result_ttl=self.result_ttl,
-            failure_ttl=self.result_ttl,
-        )
-        job.origin = queue.name
-        fields = job.to_dict()
-        for varying in ("data", "description", "created_at", "status", "enqueued_at"):
-            fields.pop(varying, None)
-        flat: list[Any] = []
-        for name, value in fields.items():
-            if value != "":  # RQ reads a missing field exactly like an empty one
-                flat += [name, value]
-        return flat
-
-    @staticmethod
-    def _data(delivery: Delivery) -> str:
-        """RQ's job data: the JSON of (function, instance, args, kwargs). RQ reads it
-        uncompressed as well as zlib-compressed; skipping zlib saves most of the cost.
-        Formatted directly: a UUID, two ints and a tenant (``[A-Za-z0-9_.-]``, checked on
-        the way in) need no JSON escaping."""
-        return (
-            f'["{JOB_FUNCTION}",null,["{delivery.schedule_id}",{delivery.version},'
-            f'{delivery.attempt},"{delivery.tenant}"],{{}}]'
-        )
-
     def _queues_on(self, node: Node) -> list[str]:
         """The RQ queues on ``node``: every band of the queues it is configured for and of
         every queue duejobs has pushed to there (a queue moved away keeps its leftovers
@@ -239,7 +207,7 @@ class Deliverer:
 
     def push(self, pushes: Sequence[Push], now: datetime) -> PushResult:
         """Push a batch, one round trip per RQ queue it names (a queue's band for each
-        delivery's priority: :mod:`duejobs.delivery.bands`): due ones (``due_at <= now``) onto
+        delivery's priority: :mod:`duejobs.rq_wire.bands`): due ones (``due_at <= now``) onto
         their queue, the rest into its scheduled registry; due ones marked ``front`` go to the
         front of the queue, in the batch's order. ``now`` is the database clock."""
         by_node: dict[int, tuple[Node, dict[str, list[Push]]]] = {}
@@ -247,21 +215,21 @@ class Deliverer:
             name = band_queue(p.delivery.queue or self.queue.name, p.delivery.priority)
             node = self._node(name)
             by_node.setdefault(id(node), (node, {}))[1].setdefault(name, []).append(p)
-        stamp = utcformat(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
+        now_stamp = stamp(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
 
         def push_on(node: Node, by_queue: dict[str, list[Push]]) -> PushResult:
             queued = deferred = present = 0
             created: set[str] = set()
             for name, batch in by_queue.items():
-                queue, template = self._routed(name)
-                args: list[Any] = [self._prefix, now.timestamp(), stamp, WORKER_PREFIX]
+                template = self._template(name)
+                args: list[Any] = [JOB_PREFIX, now.timestamp(), now_stamp, WORKER_PREFIX]
                 args += [len(template), *template, name]
                 for p in batch:
                     d = p.delivery
-                    args += [d.job_id, self._data(d), (p.at or d.when_due).timestamp()]
+                    args += [d.job_id, job_data(d), (p.at or d.when_due).timestamp()]
                     args += ["1" if p.front else "0", "1" if p.stuck else "0"]
                     args += ["1" if p.unpushed else "0"]
-                q, d, pr, made = node.push(keys=self._keys_of(name, queue), args=args)
+                q, d, pr, made = node.push(keys=self._keys_of(name), args=args)
                 queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
                 created.update(i.decode() if isinstance(i, bytes) else i for i in made)
             return PushResult(queued, deferred, present, frozenset(created))
@@ -280,17 +248,17 @@ class Deliverer:
         """Move jobs whose time has come (by ``now``, the database clock) onto their queues,
         up to ``limit`` per queue, on every node; and say when the next one left falls due
         (read in the same script, so it costs no round trip)."""
-        stamp = utcformat(datetime.now(UTC))
+        now_stamp = stamp(datetime.now(UTC))
 
         def promote_on(node: Node) -> list[tuple[int, float | None]]:
             # Every queue's script in one round trip (a pipeline, not one script over every
             # queue's keys: each script touches one queue's, as a cluster's slots need).
             pipe = node.redis.pipeline(transaction=False)
             for name in self._queues_on(node):
-                queue, _ = self._routed(name)
+                keys = queue_keys(name)
                 node.promote(
-                    keys=[SCHEDULED_PREFIX + name, queue.key],
-                    args=[self._prefix, now.timestamp(), limit, stamp],
+                    keys=[keys.scheduled, keys.queue],
+                    args=[JOB_PREFIX, now.timestamp(), limit, now_stamp],
                     client=pipe,
                 )
             return [
@@ -313,10 +281,6 @@ class Deliverer:
         goes (:meth:`_each`): what the nodes that answered returned."""
         return self._each(self._nodes, lambda node: work(node, self._queues_on(node)))
 
-    def rq_queue(self, name: str) -> Queue:
-        """The RQ queue called ``name`` (a band's too), on its node."""
-        return self._routed(name)[0]
-
     def live(self, jobs: Sequence[tuple[Any, ...]]) -> list[bool]:
         """Whether Redis can still hand each job — (id, due at, overdue past ``STUCK_AFTER``
         [, its queue]) — to a worker, by the same test a push makes (one round trip per
@@ -329,12 +293,7 @@ class Deliverer:
 
         def check_on(node: Node) -> None:
             indexes = by_node[id(node)][1]
-            args: list[Any] = [
-                self._prefix,
-                Queue.redis_queue_namespace_prefix,
-                SCHEDULED_PREFIX,
-                WORKER_PREFIX,
-            ]
+            args: list[Any] = [JOB_PREFIX, QUEUE_PREFIX, SCHEDULED_PREFIX, WORKER_PREFIX]
             for i in indexes:
                 job_id, due_at, stuck = jobs[i][:3]
                 args += [job_id, due_at.timestamp(), "1" if stuck else "0"]
@@ -348,7 +307,7 @@ class Deliverer:
         self, queue_job_id: str, due_at: datetime, stuck: bool, queue: str | None = None
     ) -> JobState:
         """One job as Redis holds it, and whether a worker can still take it (:meth:`live`)."""
-        key = self._prefix + queue_job_id
+        key = JOB_PREFIX + queue_job_id
         fields = self._node(queue).call(lambda node: node.redis.hmget(key, *JOB_FIELDS))
         status, origin, worker = (v.decode() if isinstance(v, bytes) else v for v in fields)
         (live,) = self.live([(queue_job_id, due_at, stuck, queue)])
@@ -362,8 +321,9 @@ class Deliverer:
             names = self._queues_on(node)
             with node.redis.pipeline(transaction=False) as pipe:
                 for name in names:
-                    pipe.llen(self._routed(name)[0].key)
-                    pipe.zcard(SCHEDULED_PREFIX + name)
+                    keys = queue_keys(name)
+                    pipe.llen(keys.queue)
+                    pipe.zcard(keys.scheduled)
                 counts = pipe.execute()
             return sum(counts[0::2]), sum(counts[1::2])
 
@@ -374,7 +334,7 @@ class Deliverer:
         """The workers registered in RQ for ``queue`` (the App's by default) on its node:
         those started and not yet retired (a killed one counts until its key expires)."""
         node, name = self._node(queue), queue or self.queue.name
-        return int(node.redis.scard(WORKERS_BY_QUEUE_KEY % name))
+        return int(node.redis.scard(queue_keys(name).workers))
 
     def waiting_job_ids(self, chunk: int = 1000, most: int | None = None) -> Iterator[list[str]]:
         """The ids of jobs waiting on the queues or in their scheduled registries, in chunks,
@@ -398,10 +358,8 @@ class Deliverer:
         self, node: Node, name: str, chunk: int, most: int | None
     ) -> Iterator[list[str]]:
         """The ids waiting on queue ``name`` of ``node``: its list, then its registry."""
-        for key, read in (
-            (self._routed(name)[0].key, node.redis.lrange),
-            (SCHEDULED_PREFIX + name, node.redis.zrange),
-        ):
+        keys = queue_keys(name)
+        for key, read in ((keys.queue, node.redis.lrange), (keys.scheduled, node.redis.zrange)):
             start = 0
             while most is None or start < most:
                 end = start + chunk if most is None else min(start + chunk, most)
@@ -439,14 +397,15 @@ class Deliverer:
     def take_off(self, redis: Redis, queue: str, job_ids: Sequence[str]) -> int:
         """Take the waiting jobs ``job_ids`` off ``queue`` on the node ``redis`` (a worker
         there that started one keeps it); how many were still waiting."""
-        keys = [self._routed(queue)[0].key, SCHEDULED_PREFIX + queue]
-        return int(redis.eval(TAKE_OFF_SCRIPT, 0, self._prefix, *keys, *job_ids))
+        keys = queue_keys(queue)
+        args = [JOB_PREFIX, keys.queue, keys.scheduled, *job_ids]
+        return int(redis.eval(TAKE_OFF_SCRIPT, 0, *args))
 
     def started_in(self, redis: Redis, queues: Sequence[str]) -> int:
         """Jobs of ``queues`` that live workers on the node ``redis`` have started and not
         finished (entries of a dead worker, past their expiry, left out)."""
         now = redis.time()[0]
-        keys = [self._routed(name)[0].started_job_registry.key for name in queues]
+        keys = [queue_keys(name).started for name in queues]
         return sum(int(redis.zcount(key, now, "+inf")) for key in keys)
 
     def defer(self, queue_job_id: str, due_at: datetime, queue: str | None = None) -> bool:
@@ -455,8 +414,8 @@ class Deliverer:
         For a delivery that came too early: its job keeps its id (the row still names it), so
         nothing can push a second one. Called after RQ has finished with the job.
         """
-        keys = [SCHEDULED_PREFIX + (queue or self.queue.name)]
-        args: list[Any] = [self._prefix + queue_job_id, queue_job_id, due_at.timestamp()]
+        keys = [queue_keys(queue or self.queue.name).scheduled]
+        args: list[Any] = [JOB_PREFIX + queue_job_id, queue_job_id, due_at.timestamp()]
         deferred = self._node(queue).call(lambda node: node.defer(keys=keys, args=args))
         return bool(deferred)
 
@@ -473,7 +432,7 @@ class Deliverer:
         for i, (_, queue) in enumerate(jobs):
             for node in [self._node(queue)] if queue is not None else self._nodes:
                 by_node.setdefault(id(node), (node, []))[1].append(i)
-        head = [self._prefix, Queue.redis_queue_namespace_prefix, SCHEDULED_PREFIX]
+        head = [JOB_PREFIX, QUEUE_PREFIX, SCHEDULED_PREFIX]
 
         def work(node: Node) -> tuple[list[int], list[int]]:
             indexes = by_node[id(node)][1]

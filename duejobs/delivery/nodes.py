@@ -40,7 +40,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from duejobs.delivery.scripts import (
+from duejobs.rq_wire.scripts import (
     CLEAN_SCRIPT,
     DEFER_SCRIPT,
     LIVE_SCRIPT,

@@ -25,12 +25,9 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from rq.job import Job
-from rq.utils import utcformat
-from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
-
-from duejobs.delivery.deliverer import SCHEDULED_PREFIX, WORKER_PREFIX, Deliverer
+from duejobs.delivery.deliverer import Deliverer
 from duejobs.delivery.nodes import Node
+from duejobs.rq_wire.keys import JOB_PREFIX, WORKER_PREFIX, WORKERS_KEY, queue_keys, stamp
 
 # The structures of one RQ queue that :func:`structures` counts, by kind.
 STRUCTURES = ("queue", "scheduled", "started", "finished", "failed", "queue_workers")
@@ -70,28 +67,17 @@ MAX_CALLS = 100
 
 def clean(deliverer: Deliverer, most: int = 1000) -> Cleaned:
     """RQ's registry cleanup on every node (see the module docstring and
-    :data:`~duejobs.delivery.scripts.CLEAN_SCRIPT`): calls of at most ``most`` entries per
+    :data:`~duejobs.rq_wire.scripts.CLEAN_SCRIPT`): calls of at most ``most`` entries per
     registry, made again while a registry had more (up to :data:`MAX_CALLS` per node; the
     next cleanup goes on)."""
-    stamp = utcformat(datetime.now(UTC))
+    now = stamp(datetime.now(UTC))
 
     def clean_on(node: Node, queues: list[str]) -> Cleaned:
-        keys = [REDIS_WORKER_KEYS]
+        keys = [WORKERS_KEY]
         for name in queues:
-            queue = deliverer.rq_queue(name)
-            keys += [
-                queue.finished_job_registry.key,
-                queue.failed_job_registry.key,
-                queue.started_job_registry.key,
-                WORKERS_BY_QUEUE_KEY % name,
-            ]
-        args: list[Any] = [
-            Job.redis_job_namespace_prefix,
-            WORKER_PREFIX,
-            deliverer.result_ttl,
-            most,
-            stamp,
-        ]
+            queue = queue_keys(name)
+            keys += [queue.finished, queue.failed, queue.started, queue.workers]
+        args: list[Any] = [JOB_PREFIX, WORKER_PREFIX, deliverer.result_ttl, most, now]
         done = Cleaned()
         for _ in range(MAX_CALLS):
             expired, abandoned, dead, more = (int(n) for n in node.clean(keys=keys, args=args))
@@ -111,16 +97,16 @@ def structures(deliverer: Deliverer) -> RedisFigures:
     per node; a node that does not answer counts for nothing)."""
 
     def count_on(node: Node, queues: list[str]) -> RedisFigures:
-        kinds: list[tuple[str, str, str]] = [("workers", REDIS_WORKER_KEYS, "scard")]
+        kinds: list[tuple[str, str, str]] = [("workers", WORKERS_KEY, "scard")]
         for name in queues:
-            queue = deliverer.rq_queue(name)
+            queue = queue_keys(name)
             kinds += [
-                ("queue", queue.key, "llen"),
-                ("scheduled", SCHEDULED_PREFIX + name, "zcard"),
-                ("started", queue.started_job_registry.key, "zcard"),
-                ("finished", queue.finished_job_registry.key, "zcard"),
-                ("failed", queue.failed_job_registry.key, "zcard"),
-                ("queue_workers", WORKERS_BY_QUEUE_KEY % name, "scard"),
+                ("queue", queue.queue, "llen"),
+                ("scheduled", queue.scheduled, "zcard"),
+                ("started", queue.started, "zcard"),
+                ("finished", queue.finished, "zcard"),
+                ("failed", queue.failed, "zcard"),
+                ("queue_workers", queue.workers, "scard"),
             ]
         with node.redis.pipeline(transaction=False) as pipe:
             pipe.info("memory")

@@ -33,9 +33,11 @@ from dataclasses import dataclass
 
 from duejobs import store
 from duejobs.core import Core, HasCore
-from duejobs.delivery import STUCK_AFTER, Push, parse_job_id
+from duejobs.delivery import Push
 from duejobs.delivery.nodes import NodeDown, node_label
 from duejobs.redis_urls import check_redis_url, redis_client
+from duejobs.rq_wire.job_ids import parse_job_id
+from duejobs.rq_wire.scripts import STUCK_AFTER
 from duejobs.validation import check_count
 
 

@@ -69,9 +69,11 @@ from typing import TYPE_CHECKING
 
 from duejobs import store
 from duejobs.core import HasCore
-from duejobs.delivery import STUCK_AFTER, Push, parse_job_id, registries
+from duejobs.delivery import Push, registries
 from duejobs.models import Status
 from duejobs.observability import metrics
+from duejobs.rq_wire.job_ids import parse_job_id
+from duejobs.rq_wire.scripts import STUCK_AFTER
 from duejobs.services.loop import Loop
 from duejobs.timespec import spell_duration
 from duejobs.validation import check_count, check_duration

@@ -33,10 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from duejobs import store
 from duejobs.core import HasCore
-from duejobs.delivery import STUCK_AFTER, JobState, job_tenant, job_tenant_part, parse_job_id
+from duejobs.delivery import JobState
 from duejobs.delivery.registries import RedisFigures, structures
 from duejobs.models import CURRENT, Freshness, Schedule
 from duejobs.observability import metrics
+from duejobs.rq_wire.job_ids import job_tenant, job_tenant_part, parse_job_id
+from duejobs.rq_wire.scripts import STUCK_AFTER
 from duejobs.services import rate_figures
 from duejobs.services.reconciler import orphan_jobs
 from duejobs.terminal import printable

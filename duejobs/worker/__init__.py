@@ -88,8 +88,8 @@ Metrics: ``duejobs_deliveries_total{tenant,type,outcome}``, ``duejobs_lag_second
 ``duejobs_worker_batch_size{kind}`` (claims or outcomes per bookkeeping statement).
 
 Where each part lives, one role per module: :mod:`.loop` (the loop: take → claim → run →
-close, signals, stops), :mod:`.rq_wire` (what the worker reads and writes in RQ's layout, by
-duejobs' own scripts), :mod:`.redis_waits` (outages waited out), :mod:`.runtime` (one
+close, signals, stops; what it reads and writes in RQ's layout is
+:mod:`duejobs.rq_wire.worker_side`), :mod:`.redis_waits` (outages waited out), :mod:`.runtime` (one
 delivery from claim to outcome), :mod:`.claims` (claims, and those made ahead for jobs taken
 together), :mod:`.closing` (outcomes), :mod:`.slot_pool` (slots, takes, the warm-stop drain;
 no RQ), :mod:`.heartbeat` (leases), :mod:`.time_limits`, :mod:`.bookkeeping` (connections),

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
-from duejobs.delivery.scripts import STUCK_AFTER
 from duejobs.errors import ConfigurationError
+from duejobs.rq_wire.scripts import STUCK_AFTER
 from duejobs.validation import check_count, check_duration
 
 # The exit status of a worker that ended itself because handlers would not return.

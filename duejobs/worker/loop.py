@@ -1,10 +1,10 @@
 """The worker's loop, top to bottom: take → claim → run → close (:class:`Worker`).
 
-One pass of :meth:`Worker.work`: wait for a free slot; take from Redis as many waiting jobs
-as slots are free (started in RQ in one script: :mod:`.rq_wire`), blocking up to a second
-when none waits; claim their deliveries in the database together (:mod:`.claims`); run each
-on its slot (:mod:`.slot_pool`; with one slot, in this thread) through the runtime — claim,
-handler under its time limit while the heartbeat renews its lease, outcome
+One pass of :meth:`Worker.work`: wait for a free slot; take from Redis as many waiting jobs as
+slots are free (started in RQ in one script: :mod:`duejobs.rq_wire.worker_side`), blocking up
+to a second when none waits; claim their deliveries in the database together (:mod:`.claims`);
+run each on its slot (:mod:`.slot_pool`; with one slot, in this thread) through the runtime —
+claim, handler under its time limit while the heartbeat renews its lease, outcome
 (:mod:`.runtime`); then finish the job in RQ — in the script of the loop's next take, which
 comes at once as the job's slot is free (while the loop waits on an empty queue, the slot
 writes it itself, with the slots ending beside it) — and put an early delivery back into the
@@ -28,7 +28,7 @@ What it promises:
   loop (no job taken) until ``rq resume``; in a burst it ends the burst.
 
 What it does not do: decide whether a job runs (the database does, in the claim), or hear
-RQ's worker commands (see :mod:`.rq_wire`).
+RQ's worker commands (see :mod:`duejobs.rq_wire.worker_side`).
 
 Knobs: the runtime's (:class:`~duejobs.worker.config.WorkerConfig`); ``burst`` (return once
 no job waits) and ``max_idle`` (return after that many seconds without a job).
@@ -59,11 +59,11 @@ from redis.exceptions import (
 from duejobs.config import redacted
 from duejobs.errors import InvalidQueueError
 from duejobs.redis_urls import GIVEN_REDIS, redis_client
+from duejobs.rq_wire.worker_side import Finished, RqWire, Taken
 from duejobs.services.loop import StopRequest
 from duejobs.validation import check_queue
 from duejobs.worker.group_commit import GroupCommit
 from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits, is_outage
-from duejobs.worker.rq_wire import Finished, RqWire, Taken
 from duejobs.worker.runtime import Runtime
 from duejobs.worker.slot_pool import SLOT_WAIT
 
@@ -96,7 +96,7 @@ class Worker:
         self.name = runtime.name
         given = runtime.core.settings.redis_client if url == GIVEN_REDIS else None
         # No retry inside redis-py: the loop retries (redis_waits), knowing a take it sent
-        # may have run (rq_wire's lost takes); a client given to the App keeps its own.
+        # may have run (the wire's lost takes); a client given to the App keeps its own.
         client = given or redis_client(url, runtime.config.concurrency + _REDIS_SPARE, 0)
         self.wire = RqWire(client, names, self.name, runtime.core.settings.result_ttl)
         self.waits = RedisWaits(redacted(url))

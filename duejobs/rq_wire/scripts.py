@@ -1,7 +1,13 @@
-"""The Lua scripts through which duejobs writes and reads its jobs in Redis, each one atomic
-(see :mod:`duejobs.delivery` for what they promise): a push that never makes a second live
-job, the check of whether Redis can still hand a job to a worker, the promotion of jobs due
-by the database clock, a put-back into the scheduled registry, and a removal."""
+"""The Lua scripts through which duejobs writes and reads its jobs in Redis, each one atomic:
+a push that never makes a second live job, the check of whether Redis can still hand a job to
+a worker, the promotion of jobs due by the database clock, a put-back into the scheduled
+registry, a removal, a take-off for a queue that moved, RQ's registry cleanup (see
+:mod:`duejobs.delivery` for what they promise), and the worker's take and finish (see
+:mod:`duejobs.rq_wire.worker_side`).
+
+The scripts name job hashes, and some of them queues and registries, through prefixes given
+as arguments (:mod:`duejobs.rq_wire.keys`), not as declared keys.
+"""
 
 from __future__ import annotations
 
@@ -287,3 +293,101 @@ for i = 2, #KEYS, 4 do
 end
 return {expired, abandoned, dead, more}
 """
+
+
+# The most results RQ keeps in a job's results stream (RQ's own ``maxlen``).
+RESULTS_KEPT = 10
+
+# The worker's take and finish (:meth:`duejobs.rq_wire.worker_side.RqWire.take`).
+TAKE = (
+    """
+-- One script for what the worker writes as jobs come and go: the jobs that ran finished,
+-- then up to ``most`` waiting jobs taken, then the worker's key once.
+-- KEYS[1]: the worker's key; then, per RQ queue in this take's order (its bands: see
+--   duejobs.rq_wire.bands), its list and its started registry.
+-- ARGV[1..9]: most, job key prefix, now (RQ's format), started score, worker name, run-id
+--   base, an id popped already (or ''), that id's queue index, the worker's state when no
+--   job is taken ('' to leave it);
+-- ARGV[10..13], with jobs finished: results key prefix, successful count, failed count,
+--   working time; then per job: id, started registry, run id, registry, score, ttl, status,
+--   result type, field, value.
+local most, prefix, stamp, score = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local worker, base = ARGV[5], ARGV[6]
+local figures = {}
+if #ARGV > 9 then
+    local results = ARGV[10]
+    figures = {'successful_job_count', ARGV[11], 'failed_job_count', ARGV[12],
+               'total_working_time', ARGV[13]}
+    for i = 14, #ARGV, 10 do
+        local id, ttl = ARGV[i], ARGV[i + 5]
+        local key, run = prefix .. id, id .. ':' .. ARGV[i + 2]
+        -- Once per run: a script sent again after its answer was lost finds the run's started
+        -- entry gone, and writes nothing twice. A results stream Redis refuses puts the entry
+        -- back as it was, nothing of this job written, for a second try.
+        if redis.call('ZREM', ARGV[i + 1], run) == 1 then
+            local added = redis.pcall('XADD', results .. id, 'MAXLEN', '~', '"""
+    + str(RESULTS_KEPT)
+    + """', '*',
+                                      'type', ARGV[i + 7], 'worker_name', worker, ARGV[i + 8],
+                                      ARGV[i + 9])
+            if type(added) == 'table' and added.err then
+                redis.call('ZADD', ARGV[i + 1], score, run)
+                return redis.error_reply(added.err)
+            end
+            redis.call('EXPIRE', results .. id, ttl)
+            redis.call('HSET', key, 'status', ARGV[i + 6], 'ended_at', stamp,
+                       'last_heartbeat', stamp)
+            redis.call('EXPIRE', key, ttl)
+            redis.call('ZADD', ARGV[i + 3], ARGV[i + 4], id)
+        end
+    end
+end
+local taken = {}
+local function start(id, q)
+    local key = prefix .. id
+    local data = redis.call('HGET', key, 'data')
+    if not data then  -- its hash is gone: handed back unread, nothing written
+        taken[#taken + 1] = {id, q, '', ''}
+        return
+    end
+    local run = base .. #taken
+    redis.call('HSET', key, 'status', 'started', 'started_at', stamp, 'last_heartbeat', stamp,
+               'worker_name', worker)
+    redis.call('ZADD', KEYS[2 * q + 1], score, id .. ':' .. run)
+    taken[#taken + 1] = {id, q, data, run}
+end
+if ARGV[7] ~= '' then start(ARGV[7], tonumber(ARGV[8])) end
+-- Each RQ queue in this take's order gives what it holds, up to the room left. Where Redis
+-- has LMPOP (7.0), one call takes from the first that holds jobs, the next from those after it
+-- (that one is empty then): one command where an LPOP per empty band would cost one each.
+local listed = (#KEYS - 1) / 2
+if redis.REDIS_VERSION_NUM then
+    local q = 1
+    while q <= listed and most - #taken > 0 do
+        local call = {'LMPOP', listed - q + 1}
+        for i = q, listed do call[#call + 1] = KEYS[2 * i] end
+        call[#call + 1], call[#call + 2], call[#call + 3] = 'LEFT', 'COUNT', most - #taken
+        local popped = redis.call(unpack(call))
+        if not popped then break end
+        while KEYS[2 * q] ~= popped[1] do q = q + 1 end
+        for _, id in ipairs(popped[2]) do start(id, q) end
+        q = q + 1
+    end
+else  -- Redis 6.2
+    for q = 1, listed do
+        if most - #taken <= 0 then break end
+        local popped = redis.call('LPOP', KEYS[2 * q], most - #taken)
+        if popped then
+            for _, id in ipairs(popped) do start(id, q) end
+        end
+    end
+end
+local state = #taken > 0 and 'busy' or ARGV[9]
+if state ~= '' then
+    figures[#figures + 1] = 'state'
+    figures[#figures + 1] = state
+end
+if #figures > 0 then redis.call('HSET', KEYS[1], unpack(figures)) end
+return taken
+"""
+)

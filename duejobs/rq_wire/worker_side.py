@@ -9,10 +9,11 @@ What it writes, in RQ's layout (the same from RQ 2.0 to 3.0, read through RQ's p
   :meth:`RqWire.beat` (``WORKER_TTL``), listed in ``rq:workers`` and ``rq:workers:<queue>``,
   and marked dead (``death``) when the worker ends. The deliverer counts a ``started`` job as
   live only while this key lives.
-* **A job taken** (:data:`TAKE`, one script for all the jobs taken together, and for the
-  jobs finishing meanwhile): popped off its queue, its hash marked ``started`` by this
-  worker, and entered into the queue's started registry as ``<job id>:<run id>`` (RQ 2.0+'s
-  member form), its score refreshed while it runs (:meth:`RqWire.keep_started`).
+* **A job taken** (:data:`~duejobs.rq_wire.scripts.TAKE`, one script for all the jobs taken
+  together, and for the jobs finishing meanwhile): popped off its queue, its hash marked
+  ``started`` by this worker, and entered into the queue's started registry as
+  ``<job id>:<run id>`` (RQ 2.0+'s member form), its score refreshed while it runs
+  (:meth:`RqWire.keep_started`).
 * **A job finished** (the same script, for the jobs finishing together — at one slot with the
   take of the next job): its hash ``finished`` (or ``failed``) with its end, kept
   ``result_ttl`` (``DUEJOBS_RESULT_TTL``), out of the started registry and into the finished
@@ -41,14 +42,10 @@ an outage means (:mod:`duejobs.worker.redis_waits`).
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import os
 import platform
 import socket
 import uuid
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -57,117 +54,23 @@ from typing import Any
 import rq
 from redis import Redis
 from redis.typing import EncodableT, FieldT
-from rq import Queue, Worker
-from rq.job import Job
-from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
-from rq.results import Result
-from rq.suspension import WORKERS_SUSPENDED
-from rq.utils import utcformat
-from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from duejobs.config import DEFAULT_RESULT_TTL
-from duejobs.delivery.bands import bands, queue_of, take_order
 from duejobs.models import Delivery
-
-# Seconds a worker's key lives without a beat (RQ's default worker_ttl, 420, plus RQ's 60).
-WORKER_TTL = 480
-# Seconds a started-registry entry lives without being refreshed (as the worker's key).
-STARTED_TTL = WORKER_TTL
-# The most results RQ keeps in a job's results stream (RQ's own ``maxlen``).
-_RESULTS_KEPT = 10
-
-TAKE = (
-    """
--- One script for what the worker writes as jobs come and go: the jobs that ran finished,
--- then up to ``most`` waiting jobs taken, then the worker's key once.
--- KEYS[1]: the worker's key; then, per RQ queue in this take's order (its bands: see
---   duejobs.delivery.bands), its list and its started registry.
--- ARGV[1..9]: most, job key prefix, now (RQ's format), started score, worker name, run-id
---   base, an id popped already (or ''), that id's queue index, the worker's state when no
---   job is taken ('' to leave it);
--- ARGV[10..13], with jobs finished: results key prefix, successful count, failed count,
---   working time; then per job: id, started registry, run id, registry, score, ttl, status,
---   result type, field, value.
-local most, prefix, stamp, score = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local worker, base = ARGV[5], ARGV[6]
-local figures = {}
-if #ARGV > 9 then
-    local results = ARGV[10]
-    figures = {'successful_job_count', ARGV[11], 'failed_job_count', ARGV[12],
-               'total_working_time', ARGV[13]}
-    for i = 14, #ARGV, 10 do
-        local id, ttl = ARGV[i], ARGV[i + 5]
-        local key, run = prefix .. id, id .. ':' .. ARGV[i + 2]
-        -- Once per run: a script sent again after its answer was lost finds the run's started
-        -- entry gone, and writes nothing twice. A results stream Redis refuses puts the entry
-        -- back as it was, nothing of this job written, for a second try.
-        if redis.call('ZREM', ARGV[i + 1], run) == 1 then
-            local added = redis.pcall('XADD', results .. id, 'MAXLEN', '~', '"""
-    + str(_RESULTS_KEPT)
-    + """', '*',
-                                      'type', ARGV[i + 7], 'worker_name', worker, ARGV[i + 8],
-                                      ARGV[i + 9])
-            if type(added) == 'table' and added.err then
-                redis.call('ZADD', ARGV[i + 1], score, run)
-                return redis.error_reply(added.err)
-            end
-            redis.call('EXPIRE', results .. id, ttl)
-            redis.call('HSET', key, 'status', ARGV[i + 6], 'ended_at', stamp,
-                       'last_heartbeat', stamp)
-            redis.call('EXPIRE', key, ttl)
-            redis.call('ZADD', ARGV[i + 3], ARGV[i + 4], id)
-        end
-    end
-end
-local taken = {}
-local function start(id, q)
-    local key = prefix .. id
-    local data = redis.call('HGET', key, 'data')
-    if not data then  -- its hash is gone: handed back unread, nothing written
-        taken[#taken + 1] = {id, q, '', ''}
-        return
-    end
-    local run = base .. #taken
-    redis.call('HSET', key, 'status', 'started', 'started_at', stamp, 'last_heartbeat', stamp,
-               'worker_name', worker)
-    redis.call('ZADD', KEYS[2 * q + 1], score, id .. ':' .. run)
-    taken[#taken + 1] = {id, q, data, run}
-end
-if ARGV[7] ~= '' then start(ARGV[7], tonumber(ARGV[8])) end
--- Each RQ queue in this take's order gives what it holds, up to the room left. Where Redis
--- has LMPOP (7.0), one call takes from the first that holds jobs, the next from those after it
--- (that one is empty then): one command where an LPOP per empty band would cost one each.
-local listed = (#KEYS - 1) / 2
-if redis.REDIS_VERSION_NUM then
-    local q = 1
-    while q <= listed and most - #taken > 0 do
-        local call = {'LMPOP', listed - q + 1}
-        for i = q, listed do call[#call + 1] = KEYS[2 * i] end
-        call[#call + 1], call[#call + 2], call[#call + 3] = 'LEFT', 'COUNT', most - #taken
-        local popped = redis.call(unpack(call))
-        if not popped then break end
-        while KEYS[2 * q] ~= popped[1] do q = q + 1 end
-        for _, id in ipairs(popped[2]) do start(id, q) end
-        q = q + 1
-    end
-else  -- Redis 6.2
-    for q = 1, listed do
-        if most - #taken <= 0 then break end
-        local popped = redis.call('LPOP', KEYS[2 * q], most - #taken)
-        if popped then
-            for _, id in ipairs(popped) do start(id, q) end
-        end
-    end
-end
-local state = #taken > 0 and 'busy' or ARGV[9]
-if state ~= '' then
-    figures[#figures + 1] = 'state'
-    figures[#figures + 1] = state
-end
-if #figures > 0 then redis.call('HSET', KEYS[1], unpack(figures)) end
-return taken
-"""
+from duejobs.rq_wire.bands import bands, take_order
+from duejobs.rq_wire.job_hash import delivery_of, result_entry
+from duejobs.rq_wire.keys import (
+    JOB_PREFIX,
+    RESULTS_PREFIX,
+    STARTED_TTL,
+    SUSPENDED_KEY,
+    WORKER_PREFIX,
+    WORKER_TTL,
+    WORKERS_KEY,
+    queue_keys,
+    stamp,
 )
+from duejobs.rq_wire.scripts import TAKE
 
 
 @dataclass(frozen=True)
@@ -204,16 +107,16 @@ class RqWire:
         self.result_ttl = result_ttl  # seconds a finished or failed job stays
         self.queues = bands(queues)  # the RQ queues of each queue's priority bands, in order
         self.name = name
-        self.key = Worker.redis_worker_namespace_prefix + name
-        self._queue_keys = [Queue.redis_queue_namespace_prefix + q for q in self.queues]
-        self._started_keys = [StartedJobRegistry(q, connection=redis).key for q in self.queues]
-        self._finished_keys = [FinishedJobRegistry(q, connection=redis).key for q in self.queues]
-        self._failed_keys = [FailedJobRegistry(q, connection=redis).key for q in self.queues]
+        self.key = WORKER_PREFIX + name
+        keys = [queue_keys(q) for q in self.queues]
+        self._queue_keys = [k.queue for k in keys]
+        self._started_keys = [k.started for k in keys]
+        self._finished_keys = [k.finished for k in keys]
+        self._failed_keys = [k.failed for k in keys]
+        self._worker_sets = [k.workers for k in keys]
         self._takes = 0  # takes made, which sets each one's order (bands.take_order)
         self._script = redis.register_script(TAKE)
-        self._job_prefix = Job.redis_job_namespace_prefix
         self._lost: list[str] = []  # run-id bases of takes whose answers were lost
-        self._results_prefix: str = Result.get_key("")  # type: ignore[no-untyped-call]
         # The worker's own figures, written whole with each finish (only it writes them).
         self.succeeded = 0
         self.failed = 0
@@ -224,10 +127,10 @@ class RqWire:
     def register(self) -> bool:
         """The worker's key, as RQ's ``register_birth`` writes it, and its place in RQ's
         worker sets; whether ``rq suspend`` holds the workers."""
-        stamp = utcformat(datetime.now(UTC))
+        now = stamp(datetime.now(UTC))
         fields: dict[FieldT, EncodableT] = {
-            "birth": stamp,
-            "last_heartbeat": stamp,
+            "birth": now,
+            "last_heartbeat": now,
             "queues": ",".join(self.queues),
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
@@ -243,10 +146,10 @@ class RqWire:
             pipe.delete(self.key)
             pipe.hset(self.key, mapping=fields)
             pipe.expire(self.key, WORKER_TTL)
-            pipe.sadd(REDIS_WORKER_KEYS, self.key)
-            for queue in self.queues:
-                pipe.sadd(WORKERS_BY_QUEUE_KEY % queue, self.key)
-            pipe.exists(WORKERS_SUSPENDED)
+            pipe.sadd(WORKERS_KEY, self.key)
+            for workers in self._worker_sets:
+                pipe.sadd(workers, self.key)
+            pipe.exists(SUSPENDED_KEY)
             return bool(pipe.execute()[-1])
 
     def beat(self, stopping_since: datetime | None = None) -> bool:
@@ -254,12 +157,12 @@ class RqWire:
         ``shutdown_requested_date``); whether ``rq suspend`` holds the workers (RQ's
         suspension key), read in the same round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        fields: dict[FieldT, EncodableT] = {"last_heartbeat": utcformat(datetime.now(UTC))}
+        fields: dict[FieldT, EncodableT] = {"last_heartbeat": stamp(datetime.now(UTC))}
         if stopping_since is not None:
-            fields["shutdown_requested_date"] = utcformat(stopping_since)
+            fields["shutdown_requested_date"] = stamp(stopping_since)
         pipe.hset(self.key, mapping=fields)
         pipe.expire(self.key, WORKER_TTL)
-        pipe.exists(WORKERS_SUSPENDED)
+        pipe.exists(SUSPENDED_KEY)
         created, _, suspended = pipe.execute()
         if created == len(fields):  # the key was gone (Redis restarted empty): register again
             return self.register()
@@ -281,10 +184,10 @@ class RqWire:
         """RQ's ``register_death``: out of the worker sets, the key marked dead, gone in a
         minute."""
         with self.redis.pipeline() as pipe:
-            pipe.srem(REDIS_WORKER_KEYS, self.key)
-            for queue in self.queues:
-                pipe.srem(WORKERS_BY_QUEUE_KEY % queue, self.key)
-            pipe.hset(self.key, "death", utcformat(datetime.now(UTC)))
+            pipe.srem(WORKERS_KEY, self.key)
+            for workers in self._worker_sets:
+                pipe.srem(workers, self.key)
+            pipe.hset(self.key, "death", stamp(datetime.now(UTC)))
             pipe.expire(self.key, 60)
             pipe.execute()
 
@@ -351,11 +254,11 @@ class RqWire:
         keys = [self.key]
         for i in order:
             keys += [self._queue_keys[i], self._started_keys[i]]
-        stamp, base = datetime.now(UTC), uuid.uuid4().hex[:16]
-        args: list[EncodableT] = [most, self._job_prefix, utcformat(stamp)]
+        now, base = datetime.now(UTC), uuid.uuid4().hex[:16]
+        args: list[EncodableT] = [most, JOB_PREFIX, stamp(now)]
         position = order.index(index) + 1 if first else 0
-        args += [stamp.timestamp() + STARTED_TTL, self.name, base, first, position, state]
-        figures = self._finishes(finishing, stamp, args)
+        args += [now.timestamp() + STARTED_TTL, self.name, base, first, position, state]
+        figures = self._finishes(finishing, now, args)
         if taking:  # until its answer comes: it may run and its answer be lost
             self._lost.append(base)
         rows = self._script(keys=keys, args=args)
@@ -374,17 +277,15 @@ class RqWire:
         working_time = self.working_time + sum(item.seconds for item in done)
         if not done:
             return succeeded, failed, working_time
-        args += [self._results_prefix, succeeded, failed, round(working_time, 6)]
+        args += [RESULTS_PREFIX, succeeded, failed, round(working_time, 6)]
+        ttl = self.result_ttl
         for item in done:
             at = self.queues.index(item.taken.queue)
             if item.error is None:
-                registry, ttl, status = self._finished_keys[at], self.result_ttl, "finished"
-                kind, field = Result.Type.SUCCESSFUL.value, "return_value"
-                value = base64.b64encode(json.dumps(item.outcome).encode()).decode()
+                registry, status = self._finished_keys[at], "finished"
             else:
-                registry, ttl, status = self._failed_keys[at], self.result_ttl, "failed"
-                kind, field = Result.Type.FAILED.value, "exc_string"
-                value = base64.b64encode(zlib.compress(item.error.encode())).decode()
+                registry, status = self._failed_keys[at], "failed"
+            kind, field, value = result_entry(item.outcome, item.error)
             args += [item.taken.job_id, self._started_keys[at], item.taken.run, registry]
             args += [now.timestamp() + ttl, ttl, status, kind, field, value]
         return succeeded, failed, working_time
@@ -402,7 +303,7 @@ class RqWire:
             for queue, started in zip(self.queues, self._started_keys, strict=True):
                 for member, _score in self.redis.zscan_iter(started, match=f"*:{base}*"):
                     job_id, run = _text(member).rsplit(":", 1)
-                    data = self.redis.hget(self._job_prefix + job_id, "data")
+                    data = self.redis.hget(JOB_PREFIX + job_id, "data")
                     found.append(self._taken(job_id, queue, data or "", run))
         self._lost.clear()
         return found
@@ -415,18 +316,6 @@ class RqWire:
             return Taken(job, queue, _text(run), delivery_of(data, queue))
         except (ValueError, TypeError, KeyError, IndexError) as exc:
             return Taken(job, queue, _text(run), None, f"not a duejobs job ({exc})")
-
-
-def delivery_of(data: bytes | str, queue: str) -> Delivery:
-    """The delivery a duejobs job's ``data`` carries (RQ's JSON of ``[function, instance,
-    args, kwargs]``, as the deliverer writes it; zlib-compressed if RQ wrote it)."""
-    raw = data.encode() if isinstance(data, str) else data
-    with contextlib.suppress(zlib.error):
-        raw = zlib.decompress(raw)
-    _function, _instance, args, _kwargs = json.loads(raw)
-    schedule_id, version, attempt, tenant = args
-    home = queue_of(queue)  # the schedule's queue, whichever band its job came on
-    return Delivery(uuid.UUID(str(schedule_id)), str(tenant), int(version), int(attempt), home)
 
 
 def _text(value: Any) -> str:
