@@ -8,10 +8,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis import Redis
-from redis.exceptions import ConnectionError, RedisError, TimeoutError
+from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError, NoScriptError, RedisError, TimeoutError
 
 from duejobs.config import DEFAULT_RESULT_TTL
 from duejobs.delivery.nodes import NODE_WAIT, Node
@@ -20,20 +21,20 @@ from duejobs.redis_urls import refusal
 from duejobs.rq_wire.bands import band_queue, bands, queue_of
 from duejobs.rq_wire.job_hash import JOB_FIELDS, constant_fields, job_data
 from duejobs.rq_wire.keys import (
-    JOB_PREFIX,
     QUEUE_PREFIX,
     QUEUES_KEY,
     SCHEDULED_PREFIX,
-    WORKER_PREFIX,
     RqQueue,
     queue_keys,
+    rq_name,
     rq_queue,
     stamp,
 )
-from duejobs.rq_wire.scripts import TAKE_OFF_SCRIPT
 
 log = logging.getLogger("duejobs.delivery")
 T = TypeVar("T")
+# Indexes of a call's items by node (its id), and on each node by the queue a call names.
+_Groups = dict[int, tuple["Node", dict[str, list[int]]]]
 
 DEFAULT_QUEUE = "duejobs"
 
@@ -106,26 +107,37 @@ class Deliverer:
     answers. A call raises only when no node answered and the failure is the caller's: the
     only node failed, every node is down, or a node refused the call (an error that is not
     an outage).
+
+    On a Redis Cluster (``connection`` a ``RedisCluster``; no ``nodes`` then: the cluster
+    places the queues) each queue's keys and jobs carry its hash tag
+    (:mod:`duejobs.rq_wire.keys`), every script call names one queue's keys, and the sets that
+    list every queue are written apart from the scripts.
     """
 
     def __init__(
         self,
-        connection: Redis,
+        connection: Redis | RedisCluster,
         queue_name: str = DEFAULT_QUEUE,
         nodes: Mapping[str, Redis] | None = None,
         result_ttl: int = DEFAULT_RESULT_TTL,
     ) -> None:
-        self.redis = connection
+        self.cluster = isinstance(connection, RedisCluster)
+        if self.cluster and nodes:
+            raise ValueError("a Redis Cluster places the queues itself: give it no node mapping")
+        # A cluster's client serves every command sent here (each script call names one
+        # slot's keys), so it stands where the client of one node does.
+        self.redis = cast(Redis, connection)
         # Seconds a finished or failed job stays (the job hash's result_ttl and failure_ttl,
         # as RQ's readers read them; the worker writes the expiry).
         self.result_ttl = result_ttl
+        self.queue_name = queue_name
         # RQ's own object for the default queue, for RQ's readers (its name, counts...).
-        self.queue: RqQueue = rq_queue(queue_name, connection)
+        self.queue: RqQueue = rq_queue(self._rq(queue_name), self.redis)
         self._templates: dict[str, list[Any]] = {}
         self._push_keys: dict[str, list[str]] = {}
-        clients = {id(c): c for c in (connection, *(nodes or {}).values())}
+        clients = {id(c): c for c in (self.redis, *(nodes or {}).values())}
         by_client = {key: Node(client, threads=len(clients) > 1) for key, client in clients.items()}
-        self._default = by_client[id(connection)]
+        self._default = by_client[id(self.redis)]
         self._homes = {queue: by_client[id(client)] for queue, client in (nodes or {}).items()}
         self._nodes = list(by_client.values())
 
@@ -136,11 +148,15 @@ class Deliverer:
 
     def _node(self, queue: str | None) -> Node:
         """The node of ``queue`` (an RQ queue of its bands: its queue's node)."""
-        return self._homes.get(queue_of(queue or self.queue.name), self._default)
+        return self._homes.get(queue_of(queue or self.queue_name), self._default)
+
+    def _rq(self, queue: str) -> str:
+        """The RQ queue of ``queue``'s default band (tagged on a cluster)."""
+        return rq_name(queue, self.cluster)
 
     @property
     def scheduled_key(self) -> str:
-        return SCHEDULED_PREFIX + self.queue.name
+        return queue_keys(self.queue.name).scheduled
 
     def _template(self, name: str) -> list[Any]:
         """The job-hash fields every job on the RQ queue ``name`` shares."""
@@ -150,17 +166,14 @@ class Deliverer:
         return self._templates[name]
 
     def _keys_of(self, name: str) -> list[str]:
-        """The keys a push to queue ``name`` touches, spelled once per queue."""
+        """The keys a push to queue ``name`` touches, spelled once per queue (on one node
+        with the sets of every queue, which a cluster's push writes apart)."""
         if name not in self._push_keys:
             keys = queue_keys(name)
-            self._push_keys[name] = [
-                keys.queue,
-                keys.scheduled,
-                keys.all_queues,
-                QUEUES_KEY,
-                keys.intermediate,
-                keys.started,
-            ]
+            listed = [keys.queue, keys.scheduled, keys.intermediate, keys.started]
+            if not self.cluster:
+                listed += [keys.all_queues, QUEUES_KEY]
+            self._push_keys[name] = listed
         return self._push_keys[name]
 
     def _each(self, nodes: Iterable[Node], work: Callable[[Node], T]) -> list[T]:
@@ -197,9 +210,10 @@ class Deliverer:
         promoted and counted even once the list of queues pushed to is lost."""
         known = {m.decode() if isinstance(m, bytes) else m for m in node.redis.smembers(QUEUES_KEY)}
         homed = {queue for queue, home in self._homes.items() if home is node}
-        if self._node(self.queue.name) is node:
-            homed.add(self.queue.name)
-        return sorted(bands(sorted({queue_of(name) for name in known | homed})))
+        if self._node(self.queue_name) is node:
+            homed.add(self.queue_name)
+        queues = sorted({queue_of(name) for name in known | homed})
+        return sorted(bands([self._rq(queue) for queue in queues]))
 
     def queues(self) -> list[str]:
         """The default queue and every queue duejobs has pushed to, on every node."""
@@ -212,7 +226,7 @@ class Deliverer:
         front of the queue, in the batch's order. ``now`` is the database clock."""
         by_node: dict[int, tuple[Node, dict[str, list[Push]]]] = {}
         for p in pushes:
-            name = band_queue(p.delivery.queue or self.queue.name, p.delivery.priority)
+            name = band_queue(self._rq(p.delivery.queue or self.queue_name), p.delivery.priority)
             node = self._node(name)
             by_node.setdefault(id(node), (node, {}))[1].setdefault(name, []).append(p)
         now_stamp = stamp(datetime.now(UTC))  # RQ's own bookkeeping field, informative only
@@ -221,14 +235,18 @@ class Deliverer:
             queued = deferred = present = 0
             created: set[str] = set()
             for name, batch in by_queue.items():
-                template = self._template(name)
-                args: list[Any] = [JOB_PREFIX, now.timestamp(), now_stamp, WORKER_PREFIX]
+                template, keys = self._template(name), queue_keys(name)
+                args: list[Any] = [keys.job_prefix, now.timestamp(), now_stamp]
+                args += [keys.worker_prefix]
                 args += [len(template), *template, name]
                 for p in batch:
                     d = p.delivery
                     args += [d.job_id, job_data(d), (p.at or d.when_due).timestamp()]
                     args += ["1" if p.front else "0", "1" if p.stuck else "0"]
                     args += ["1" if p.unpushed else "0"]
+                if self.cluster:  # the sets of every queue, each in a slot of its own
+                    node.redis.sadd(keys.all_queues, keys.queue)
+                    node.redis.sadd(QUEUES_KEY, name)
                 q, d, pr, made = node.push(keys=self._keys_of(name), args=args)
                 queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
                 created.update(i.decode() if isinstance(i, bytes) else i for i in made)
@@ -253,18 +271,24 @@ class Deliverer:
         def promote_on(node: Node) -> list[tuple[int, float | None]]:
             # Every queue's script in one round trip (a pipeline, not one script over every
             # queue's keys: each script touches one queue's, as a cluster's slots need).
-            pipe = node.redis.pipeline(transaction=False)
-            for name in self._queues_on(node):
-                keys = queue_keys(name)
-                node.promote(
-                    keys=[keys.scheduled, keys.queue],
-                    args=[JOB_PREFIX, now.timestamp(), limit, now_stamp],
-                    client=pipe,
-                )
-            return [
-                (int(moved), None if next_due is None else float(next_due))
-                for moved, next_due in pipe.execute()
-            ]
+            names = self._queues_on(node)
+
+            def run() -> list[Any]:
+                pipe = node.redis.pipeline(transaction=False)
+                for keys in map(queue_keys, names):
+                    node.promote(
+                        keys=[keys.scheduled, keys.queue],
+                        args=[keys.job_prefix, now.timestamp(), limit, now_stamp],
+                        client=pipe,
+                    )
+                return pipe.execute()
+
+            try:
+                answers = run()
+            except NoScriptError:  # a cluster's pipeline loads no script: a new or promoted
+                node.redis.script_load(node.promote.script)  # master had none (every master)
+                answers = run()
+            return [(int(n), None if due is None else float(due)) for n, due in answers]
 
         answers = [a for node_answers in self._each(self._nodes, promote_on) for a in node_answers]
         dues = [due for _, due in answers if due is not None]
@@ -284,30 +308,40 @@ class Deliverer:
     def live(self, jobs: Sequence[tuple[Any, ...]]) -> list[bool]:
         """Whether Redis can still hand each job — (id, due at, overdue past ``STUCK_AFTER``
         [, its queue]) — to a worker, by the same test a push makes (one round trip per
-        node; a job without a queue is looked for on the default queue's node)."""
+        node, on a cluster per queue; a job without a queue is looked for on the default
+        queue's node)."""
         answers: list[bool] = [False] * len(jobs)  # a node that fails hands out nothing
-        by_node: dict[int, tuple[Node, list[int]]] = {}
-        for i, job in enumerate(jobs):
-            node = self._node(job[3] if len(job) > 3 else None)
-            by_node.setdefault(id(node), (node, []))[1].append(i)
+        queues = [job[3] if len(job) > 3 else None for job in jobs]
+        groups = self._grouped((i, queue, self._node(queue)) for i, queue in enumerate(queues))
 
         def check_on(node: Node) -> None:
-            indexes = by_node[id(node)][1]
-            args: list[Any] = [JOB_PREFIX, QUEUE_PREFIX, SCHEDULED_PREFIX, WORKER_PREFIX]
-            for i in indexes:
-                job_id, due_at, stuck = jobs[i][:3]
-                args += [job_id, due_at.timestamp(), "1" if stuck else "0"]
-            for i, ok in zip(indexes, node.live(keys=[], args=args), strict=True):
-                answers[i] = bool(ok)
+            for queue, indexes in groups[id(node)][1].items():
+                keys = queue_keys(self._rq(queue))
+                args: list[Any] = [keys.job_prefix, QUEUE_PREFIX, SCHEDULED_PREFIX]
+                args += [keys.worker_prefix]
+                for i in indexes:
+                    job_id, due_at, stuck = jobs[i][:3]
+                    args += [job_id, due_at.timestamp(), "1" if stuck else "0"]
+                for i, ok in zip(indexes, node.live(keys=[keys.queue], args=args), strict=True):
+                    answers[i] = bool(ok)
 
-        self._each([node for node, _ in by_node.values()], check_on)
+        self._each([node for node, _ in groups.values()], check_on)
         return answers
+
+    def _grouped(self, homes: Iterable[tuple[int, str | None, Node]]) -> _Groups:
+        """Indexes by node, and on each node by the queue whose keys a call names: on one
+        node the default queue's for all, on a cluster each one's own."""
+        groups: _Groups = {}
+        for i, queue, node in homes:
+            named = queue_of(queue) if self.cluster and queue else self.queue_name
+            groups.setdefault(id(node), (node, {}))[1].setdefault(named, []).append(i)
+        return groups
 
     def job_state(
         self, queue_job_id: str, due_at: datetime, stuck: bool, queue: str | None = None
     ) -> JobState:
         """One job as Redis holds it, and whether a worker can still take it (:meth:`live`)."""
-        key = JOB_PREFIX + queue_job_id
+        key = queue_keys(self._rq(queue_of(queue or self.queue_name))).job_prefix + queue_job_id
         fields = self._node(queue).call(lambda node: node.redis.hmget(key, *JOB_FIELDS))
         status, origin, worker = (v.decode() if isinstance(v, bytes) else v for v in fields)
         (live,) = self.live([(queue_job_id, due_at, stuck, queue)])
@@ -394,29 +428,15 @@ class Deliverer:
         here = Node(redis, threads=False)
         return [i for part in self._waiting_in(here, queue, chunk, None) for i in part]
 
-    def take_off(self, redis: Redis, queue: str, job_ids: Sequence[str]) -> int:
-        """Take the waiting jobs ``job_ids`` off ``queue`` on the node ``redis`` (a worker
-        there that started one keeps it); how many were still waiting."""
-        keys = queue_keys(queue)
-        args = [JOB_PREFIX, keys.queue, keys.scheduled, *job_ids]
-        return int(redis.eval(TAKE_OFF_SCRIPT, 0, *args))
-
-    def started_in(self, redis: Redis, queues: Sequence[str]) -> int:
-        """Jobs of ``queues`` that live workers on the node ``redis`` have started and not
-        finished (entries of a dead worker, past their expiry, left out)."""
-        now = redis.time()[0]
-        keys = [queue_keys(name).started for name in queues]
-        return sum(int(redis.zcount(key, now, "+inf")) for key in keys)
-
     def defer(self, queue_job_id: str, due_at: datetime, queue: str | None = None) -> bool:
         """Put a job that just ran back into its queue's scheduled registry for ``due_at``.
 
         For a delivery that came too early: its job keeps its id (the row still names it), so
         nothing can push a second one. Called after RQ has finished with the job.
         """
-        keys = [queue_keys(queue or self.queue.name).scheduled]
-        args: list[Any] = [JOB_PREFIX + queue_job_id, queue_job_id, due_at.timestamp()]
-        deferred = self._node(queue).call(lambda node: node.defer(keys=keys, args=args))
+        keys = queue_keys(queue or self.queue.name)
+        args: list[Any] = [keys.job_prefix + queue_job_id, queue_job_id, due_at.timestamp()]
+        deferred = self._node(queue).call(lambda n: n.defer(keys=[keys.scheduled], args=args))
         return bool(deferred)
 
     def remove(self, queue_job_id: str, queue: str | None = None) -> bool:
@@ -426,22 +446,33 @@ class Deliverer:
         return self.remove_many([(queue_job_id, queue)])[0]
 
     def remove_many(self, jobs: Sequence[tuple[str, str | None]]) -> list[bool]:
-        """:meth:`remove` of each (job id, queue or None), one script call per node; for each,
-        whether something was removed."""
-        by_node: dict[int, tuple[Node, list[int]]] = {}
+        """:meth:`remove` of each (job id, queue or None), one script call per node (on a
+        cluster per queue, a job without one looked for on every queue); for each, whether
+        something was removed."""
+        homes: list[tuple[int, str | None, Node]] = []
         for i, (_, queue) in enumerate(jobs):
-            for node in [self._node(queue)] if queue is not None else self._nodes:
-                by_node.setdefault(id(node), (node, []))[1].append(i)
-        head = [JOB_PREFIX, QUEUE_PREFIX, SCHEDULED_PREFIX]
+            if queue is not None:
+                homes.append((i, queue, self._node(queue)))
+            elif self.cluster:
+                homes += [(i, name, self._default) for name in self._queues_on(self._default)]
+            else:
+                homes += [(i, None, node) for node in self._nodes]
+        groups = self._grouped(homes)
 
-        def work(node: Node) -> tuple[list[int], list[int]]:
-            indexes = by_node[id(node)][1]
-            return indexes, node.remove(keys=[], args=[*head, *(jobs[i][0] for i in indexes)])
+        def work(node: Node) -> list[tuple[list[int], list[int]]]:
+            done = []
+            for queue, indexes in groups[id(node)][1].items():
+                keys = queue_keys(self._rq(queue))
+                args = [keys.job_prefix, QUEUE_PREFIX, SCHEDULED_PREFIX]
+                args += [jobs[i][0] for i in indexes]
+                done.append((indexes, node.remove(keys=[keys.queue], args=args)))
+            return done
 
         removed = [False] * len(jobs)
-        for indexes, flags in self._each([node for node, _ in by_node.values()], work):
-            for i, flag in zip(indexes, flags, strict=True):
-                removed[i] = removed[i] or bool(flag)
+        for answers in self._each([node for node, _ in groups.values()], work):
+            for indexes, flags in answers:
+                for i, flag in zip(indexes, flags, strict=True):
+                    removed[i] = removed[i] or bool(flag)
         return removed
 
 

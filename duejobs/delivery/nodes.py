@@ -35,6 +35,7 @@ from typing import TypeVar
 
 from prometheus_client import Counter, Gauge
 from redis import Redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -74,7 +75,10 @@ NODE_THREADS = 4
 
 
 def node_label(redis: Redis) -> str:
-    """Where a Redis client connects, without its password (for logs, metrics, messages)."""
+    """Where a Redis client connects, without its password (for logs, metrics, messages); a
+    cluster's client, the nodes it was given."""
+    if isinstance(redis, RedisCluster):
+        return "cluster " + ",".join(sorted(redis.nodes_manager.startup_nodes))
     kwargs = redis.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"{kwargs['path']}/{kwargs.get('db', 0)}"

@@ -8,7 +8,9 @@ the order given), so RQ's tools show each band as the queue it is.
 * ``<queue>+low``: priorities below 0.
 
 A queue's name never holds ``+`` (:func:`duejobs.validation.check_queue`), so no queue of a
-user's is another's band. Within a band, jobs go in the order they were pushed (the
+user's is another's band. On a Redis Cluster the three are ``{<queue>}+high``, ``{<queue>}``
+and ``{<queue>}+low``: the queue's hash tag, so that the bands share its slot
+(:func:`duejobs.rq_wire.keys.rq_name`). Within a band, jobs go in the order they were pushed (the
 scheduler pushes a claim's rows in priority order within each tenant's turn): 10 and 50 share
 a band on the wire. A flood of the high band starves neither lower band: at one take in
 :data:`RESERVE` a worker serves the default band before the high one, and the low band moves
@@ -45,11 +47,13 @@ def band_queue(queue: str, priority: int) -> str:
 
 
 def queue_of(name: str) -> str:
-    """The queue whose band is the RQ queue ``name`` (``name`` itself for the default band)."""
+    """The queue whose band is the RQ queue ``name`` (``name`` itself for the default band),
+    without the hash tag a cluster's RQ names carry (:func:`duejobs.rq_wire.keys.rq_name`)."""
     for suffix in (_HIGH, _LOW):
         if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
+            name = name[: -len(suffix)]
+            break
+    return name[1:-1] if name.startswith("{") and name.endswith("}") else name
 
 
 def bands(queues: Sequence[str]) -> list[str]:

@@ -2,8 +2,18 @@
 
 Every key duejobs writes in Redis is named here: a queue's list, its in-between list, its
 registries and its worker set (:class:`QueueKeys`); a job's hash and results stream; a
-worker's key and the worker sets; and duejobs' own set of the queues it has pushed to. A
-change of layout (a Redis Cluster's hash tag, say) is a change of this module alone.
+worker's key and the worker sets; and duejobs' own set of the queues it has pushed to.
+
+**On a Redis Cluster** every key one script touches must sit in one hash slot. There a
+queue's RQ name is its name as a hash tag, ``{<queue>}`` (:func:`rq_name`; its bands
+``{<queue>}+high`` and ``{<queue>}+low``), so its lists and registries share one slot, and
+its jobs' hashes and results carry the same tag: ``rq:job:{<queue>}<job id>``,
+``rq:results:{<queue>}<job id>`` (:attr:`QueueKeys.job_prefix`). Queues spread over the
+shards, each on one. A started job's worker is known alive by a key of the worker's in the
+queue's slot (:attr:`QueueKeys.worker_prefix`) rather than by RQ's worker key, which lives
+in a slot of its own. RQ's queue and registry readers read the tagged names; RQ's job
+readers (``Job.fetch``) look for a job's hash under its id alone and do not find these. On
+one node, every name is RQ's own.
 
 What it promises: the names RQ 2.0 to 3.0 read (``tests/test_rq_api.py`` holds them to RQ's
 readers). What it does not: create anything — these are names; the scripts write the keys.
@@ -59,13 +69,33 @@ class QueueKeys:
     failed: str  # the same, for failed jobs
     workers: str  # the workers that take from it
     all_queues: str  # RQ's set of every queue's key
+    job_prefix: str  # a job's hash is this + its id
+    results_prefix: str  # a job's results stream is this + its id
+    # A live worker's mark, this + its name: RQ's worker key on one node; on a cluster a key
+    # of the worker's own in the queue's slot, which a script there can read.
+    worker_prefix: str
+
+
+def rq_name(queue: str, cluster: bool) -> str:
+    """The RQ queue of ``queue``'s default band: ``queue`` on one node, ``{queue}`` on a
+    Redis Cluster (a queue's name never holds a brace: :func:`duejobs.validation.check_queue`)."""
+    return f"{{{queue}}}" if cluster else queue
+
+
+def _tag(name: str) -> str:
+    """The hash tag an RQ queue's name starts with (``{queue}``), or none."""
+    return name[: name.index("}") + 1] if name.startswith("{") and "}" in name else ""
 
 
 @functools.lru_cache(maxsize=1024)
 def queue_keys(name: str) -> QueueKeys:
-    """The keys of the RQ queue called ``name``."""
+    """The keys of the RQ queue called ``name`` (tagged on a cluster: :func:`rq_name`)."""
     queue = Queue(name, connection=_UNCONNECTED)
+    tag = _tag(name)
     return QueueKeys(
+        job_prefix=JOB_PREFIX + tag,
+        results_prefix=RESULTS_PREFIX + tag,
+        worker_prefix=f"duejobs:worker:{tag}:" if tag else WORKER_PREFIX,
         name=name,
         queue=queue.key,
         intermediate=queue.intermediate_queue_key,

@@ -67,6 +67,10 @@ local function present(job_key, id, status, queue_key, registry_key, score, stri
 end
 """
 
+# A batch of one RQ queue's jobs pushed. KEYS: its list, its scheduled registry, its list
+# between RQ's lists, its started registry; on one node also RQ's set of queues and duejobs'.
+# ARGV: the job-hash prefix, now, RQ's stamp, the live-worker prefix, the template's length
+# and fields, the queue's name; then per job its id, data, score, front, stuck, unpushed.
 PUSH_SCRIPT = (
     f"local LIST_LIMIT = {LIST_SCAN_LIMIT}\n"
     + PRESENT
@@ -88,8 +92,10 @@ local ntemplate = tonumber(ARGV[5])
 local template = {}
 for i = 1, ntemplate do template[i] = ARGV[5 + i] end
 local queued, deferred, present_, created, front = 0, 0, 0, {}, {}
-redis.call('SADD', KEYS[3], KEYS[1])
-redis.call('SADD', KEYS[4], ARGV[6 + ntemplate])
+if #KEYS > 4 then  -- one node: the sets of every queue, written here (a cluster's apart)
+    redis.call('SADD', KEYS[5], KEYS[1])
+    redis.call('SADD', KEYS[6], ARGV[6 + ntemplate])
+end
 for i = 7 + ntemplate, #ARGV, 6 do
     local id, key, score = ARGV[i], prefix .. ARGV[i], tonumber(ARGV[i + 2])
     local status = redis.call('HGET', key, 'status')
@@ -100,9 +106,9 @@ for i = 7 + ntemplate, #ARGV, 6 do
     else
         if status then  -- a stale hash: replace it, and any stray entry of its id
             redis.call('DEL', key)
-            redis.call('LREM', KEYS[5], 0, id)
+            redis.call('LREM', KEYS[3], 0, id)
             redis.call('ZREM', KEYS[2], id)
-            unstart(KEYS[6], id)
+            unstart(KEYS[4], id)
         end
         created[#created + 1] = id
         redis.call('HSET', key, 'data', ARGV[i + 1], 'description', 'duejobs ' .. id,

@@ -29,7 +29,10 @@ Knobs (:class:`DrainConfig`, checked when built): ``url`` (the node, a Redis URL
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from redis import Redis
 
 from duejobs import store
 from duejobs.core import Core, HasCore
@@ -37,7 +40,8 @@ from duejobs.delivery import Push
 from duejobs.delivery.nodes import NodeDown, node_label
 from duejobs.redis_urls import check_redis_url, redis_client
 from duejobs.rq_wire.job_ids import parse_job_id
-from duejobs.rq_wire.scripts import STUCK_AFTER
+from duejobs.rq_wire.keys import queue_keys
+from duejobs.rq_wire.scripts import STUCK_AFTER, TAKE_OFF_SCRIPT
 from duejobs.validation import check_count
 
 
@@ -88,10 +92,10 @@ class NodeDrain:
                 for start in range(0, len(ids), chunk):
                     part = ids[start : start + chunk]
                     pushed = _push_home(self.core, part)
-                    taken += deliverer.take_off(old, queue, part)
+                    taken += _take_off(old, queue, part)
                     moved += pushed
                     dropped += len(part) - pushed
-            started = deliverer.started_in(old, moved_off)
+            started = _started_in(old, moved_off)
             return DrainResult(node_label(old), found, moved, dropped, taken, started)
         finally:
             old.close()
@@ -116,3 +120,18 @@ def _push_home(core: Core, job_ids: list[str]) -> int:
             "in this batch; run the drain again once every node answers"
         )
     return len(deliveries)
+
+
+def _take_off(redis: Redis, queue: str, job_ids: Sequence[str]) -> int:
+    """Take the waiting jobs ``job_ids`` off ``queue`` on the node ``redis`` (a worker there
+    that started one keeps it); how many were still waiting."""
+    keys = queue_keys(queue)
+    args = [keys.job_prefix, keys.queue, keys.scheduled, *job_ids]
+    return int(redis.eval(TAKE_OFF_SCRIPT, 0, *args))
+
+
+def _started_in(redis: Redis, queues: Sequence[str]) -> int:
+    """Jobs of ``queues`` that live workers on the node ``redis`` have started and not
+    finished (entries of a dead worker, past their expiry, left out)."""
+    now = redis.time()[0]
+    return sum(int(redis.zcount(queue_keys(name).started, now, "+inf")) for name in queues)
