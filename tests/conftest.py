@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.cluster import RedisCluster
 from sqlalchemy import Engine, text
 
 from duejobs import App
@@ -29,9 +30,11 @@ from duejobs.store.migrate import upgrade
 from duejobs.store.partitions import Partitioning
 from duejobs.worker import Runtime, WorkerConfig
 from tests.support.apps import EFFECTS_TABLE, RUNS_TABLE, register
+from tests.support.cluster import Cluster, cluster
 from tests.support.processes import ROOT, Proc
 from tests.support.servers import PARTITIONED, SESSION_ZONE, TABLES, Servers
 from tests.support.system import System
+from tests.support.valkey import server_binary
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -84,6 +87,22 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.flushdb()
     yield client
     client.close()
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A Redis Cluster of three masters and three replicas (:mod:`tests.support.cluster`),
+    one per test module that asks."""
+    with cluster(server_binary(), tmp_path_factory.mktemp("cluster")) as started:
+        yield started
+
+
+@pytest.fixture
+def cluster_client(redis_cluster: Cluster) -> RedisCluster:
+    """A client of that cluster, every master emptied."""
+    client = redis_cluster.client()
+    client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    return client
 
 
 @pytest.fixture

@@ -9,62 +9,34 @@ the same key slot", and a node mapping beside a cluster taken without a word."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from redis import Redis
 from redis.cluster import RedisCluster
 
-from duejobs.delivery import Deliverer, Push
-from duejobs.models import Delivery
+from duejobs.delivery import Deliverer
 from duejobs.rq_wire.bands import band_queue
 from duejobs.rq_wire.keys import QUEUES_KEY, queue_keys, rq_name
-from tests.support.cluster import Cluster, cluster
-from tests.support.deliveries import job_id
-from tests.support.valkey import server_binary
-
-# Six queues whose hash tags fall on all three masters of an evenly split cluster.
-QUEUES = ("mail", "sms", "payments", "billing", "followups", "webhooks")
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with cluster(server_binary(), Path(tmp_path_factory.mktemp("cluster"))) as started:
-        yield started
+from tests.support.cluster import QUEUES, push_due
 
 
 @pytest.fixture
-def client(made: Cluster) -> RedisCluster:
-    redis = made.client()
-    redis.flushall(target_nodes=RedisCluster.PRIMARIES)
-    return redis
-
-
-@pytest.fixture
-def deliverer(client: RedisCluster) -> Iterator[Deliverer]:
-    made = Deliverer(client, "mail")
+def deliverer(cluster_client: RedisCluster) -> Iterator[Deliverer]:
+    made = Deliverer(cluster_client, "mail")
     yield made
     made.close()
 
 
-def _push(queue: str, due_in: float, priority: int = 0, tenant: str = "acme") -> Push:
-    sid = uuid.uuid4()
-    due = datetime.now(UTC) + timedelta(seconds=due_in)
-    spelled = job_id(tenant, sid, 1, 1)
-    return Push(Delivery(sid, tenant, 1, 1, queue, due, spelled, priority))
-
-
-def _slots(client: RedisCluster, keys: list[str]) -> set[int]:
-    return {int(client.keyslot(key)) for key in keys}
+def _slots(cluster_client: RedisCluster, keys: list[str]) -> set[int]:
+    return {int(cluster_client.keyslot(key)) for key in keys}
 
 
 def test_each_queues_keys_and_jobs_sit_in_its_hash_slot_and_queues_spread_over_the_shards(
-    deliverer: Deliverer, client: RedisCluster
+    deliverer: Deliverer, cluster_client: RedisCluster
 ) -> None:
-    pushes = [_push(q, due, p) for q in QUEUES for due in (-1, 60) for p in (-5, 0, 5)]
+    pushes = [push_due(q, due, p) for q in QUEUES for due in (-1, 60) for p in (-5, 0, 5)]
     result = deliverer.push(pushes, datetime.now(UTC))
     assert (result.queued, result.deferred) == (len(QUEUES) * 3, len(QUEUES) * 3)
     owners = set()
@@ -73,17 +45,19 @@ def test_each_queues_keys_and_jobs_sit_in_its_hash_slot_and_queues_spread_over_t
         keys = [queue_keys(n).queue for n in names] + [queue_keys(n).scheduled for n in names]
         jobs = [p for p in pushes if p.delivery.queue == queue]
         hashes = [queue_keys(names[0]).job_prefix + p.delivery.job_id for p in jobs]
-        assert all(client.exists(h) for h in hashes)
-        assert len(_slots(client, keys + hashes)) == 1, queue
-        owners.add(client.get_node_from_key(keys[0]).port)
+        assert all(cluster_client.exists(h) for h in hashes)
+        assert len(_slots(cluster_client, keys + hashes)) == 1, queue
+        owners.add(cluster_client.get_node_from_key(keys[0]).port)
     assert len(owners) == 3
-    assert {m.decode() for m in client.smembers(QUEUES_KEY)} >= {rq_name(q, True) for q in QUEUES}
+    assert {m.decode() for m in cluster_client.smembers(QUEUES_KEY)} >= {
+        rq_name(q, True) for q in QUEUES
+    }
 
 
 def test_a_job_pushed_again_on_a_cluster_is_found_there_and_not_made_twice(
-    deliverer: Deliverer, client: RedisCluster
+    deliverer: Deliverer, cluster_client: RedisCluster
 ) -> None:
-    pushes = [_push(q, -1) for q in QUEUES]
+    pushes = [push_due(q, -1) for q in QUEUES]
     deliverer.push(pushes, datetime.now(UTC))
     again = deliverer.push(pushes, datetime.now(UTC))
     assert (again.present, again.created) == (len(QUEUES), frozenset())
@@ -93,7 +67,7 @@ def test_a_job_pushed_again_on_a_cluster_is_found_there_and_not_made_twice(
 def test_jobs_due_later_are_promoted_on_every_shard_when_the_clock_reaches_them(
     deliverer: Deliverer,
 ) -> None:
-    pushes = [_push(q, 30) for q in QUEUES]
+    pushes = [push_due(q, 30) for q in QUEUES]
     deliverer.push(pushes, datetime.now(UTC))
     assert deliverer.depth() == (0, len(QUEUES))
     early = deliverer.promote(datetime.now(UTC))
@@ -106,7 +80,7 @@ def test_jobs_due_later_are_promoted_on_every_shard_when_the_clock_reaches_them(
 def test_a_waiting_job_on_a_cluster_is_live_until_removed_with_or_without_its_queue(
     deliverer: Deliverer,
 ) -> None:
-    pushes = [_push(q, due) for q in QUEUES for due in (-1, 30)]
+    pushes = [push_due(q, due) for q in QUEUES for due in (-1, 30)]
     deliverer.push(pushes, datetime.now(UTC))
     jobs = [(p.delivery.job_id, p.delivery.due_at, False, p.delivery.queue) for p in pushes]
     assert deliverer.live(jobs) == [True] * len(jobs)
@@ -119,13 +93,13 @@ def test_a_waiting_job_on_a_cluster_is_live_until_removed_with_or_without_its_qu
 
 
 def test_a_jobs_state_on_a_cluster_is_read_from_its_queues_slot(deliverer: Deliverer) -> None:
-    push = _push("billing", -1, priority=5)
+    push = push_due("billing", -1, priority=5)
     deliverer.push([push], datetime.now(UTC))
     d = push.delivery
     state = deliverer.job_state(d.job_id, d.due_at or datetime.now(UTC), False, d.queue)
     assert (state.status, state.origin, state.live) == ("queued", "{billing}+high", True)
 
 
-def test_a_cluster_with_a_node_mapping_is_refused(client: RedisCluster) -> None:
+def test_a_cluster_with_a_node_mapping_is_refused(cluster_client: RedisCluster) -> None:
     with pytest.raises(ValueError, match="places the queues itself"):
-        Deliverer(client, "mail", nodes={"sms": Redis()})
+        Deliverer(cluster_client, "mail", nodes={"sms": Redis()})

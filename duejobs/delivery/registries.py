@@ -23,11 +23,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
+
+from redis.cluster import RedisCluster
 
 from duejobs.delivery.deliverer import Deliverer
 from duejobs.delivery.nodes import Node
-from duejobs.rq_wire.keys import JOB_PREFIX, WORKER_PREFIX, WORKERS_KEY, queue_keys, stamp
+from duejobs.rq_wire.bands import queue_of
+from duejobs.rq_wire.keys import WORKERS_KEY, queue_keys, stamp
 
 # The structures of one RQ queue that :func:`structures` counts, by kind.
 STRUCTURES = ("queue", "scheduled", "started", "finished", "failed", "queue_workers")
@@ -73,23 +76,72 @@ def clean(deliverer: Deliverer, most: int = 1000) -> Cleaned:
     now = stamp(datetime.now(UTC))
 
     def clean_on(node: Node, queues: list[str]) -> Cleaned:
-        keys = [WORKERS_KEY]
-        for name in queues:
-            queue = queue_keys(name)
-            keys += [queue.finished, queue.failed, queue.started, queue.workers]
-        args: list[Any] = [JOB_PREFIX, WORKER_PREFIX, deliverer.result_ttl, most, now]
         done = Cleaned()
-        for _ in range(MAX_CALLS):
-            expired, abandoned, dead, more = (int(n) for n in node.clean(keys=keys, args=args))
-            done = Cleaned(
-                done.expired + expired, done.abandoned + abandoned, done.dead_workers + dead
-            )
-            if not more:
-                break
+        for keys, args in _clean_calls(deliverer, queues, most, now):
+            for _ in range(MAX_CALLS):
+                counts = (int(n) for n in node.clean(keys=keys, args=args))
+                expired, abandoned, dead, more = counts
+                done = Cleaned(
+                    done.expired + expired, done.abandoned + abandoned, done.dead_workers + dead
+                )
+                if not more:
+                    break
+        if deliverer.cluster:
+            sets = [WORKERS_KEY, *(queue_keys(name).workers for name in queues)]
+            done = Cleaned(done.expired, done.abandoned, done.dead_workers + _bury(node, sets))
         return done
 
     done = deliverer.on_each_node(clean_on)
     return Cleaned(*(sum(getattr(c, f.name) for c in done) for f in fields(Cleaned)))
+
+
+def _clean_calls(
+    deliverer: Deliverer, queues: list[str], most: int, now: str
+) -> list[tuple[list[str], list[Any]]]:
+    """The cleanup's script calls: one over every queue on one node; on a cluster one per
+    queue (its bands share its slot), its worker sets left to :func:`_bury`."""
+    by_queue: dict[str, list[str]] = {}
+    for name in queues:
+        by_queue.setdefault(queue_of(name) if deliverer.cluster else "", []).append(name)
+    calls = []
+    for names in by_queue.values():
+        first = queue_keys(names[0])
+        keys = [first.finished if deliverer.cluster else WORKERS_KEY]
+        for queue in map(queue_keys, names):
+            keys += [queue.finished, queue.failed, queue.started, queue.workers]
+        args: list[Any] = [first.job_prefix, first.worker_prefix, deliverer.result_ttl, most, now]
+        calls.append((keys, [*args, "0" if deliverer.cluster else "1"]))
+    return calls
+
+
+def _bury(node: Node, sets: list[str]) -> int:
+    """Dead workers out of ``sets`` (a cluster's, read apart: their members live in slots of
+    their own); how many places were removed."""
+    removed = 0
+    for name in sets:
+        members = list(node.redis.smembers(name))
+        with node.redis.pipeline(transaction=False) as pipe:
+            for member in members:
+                pipe.exists(member)
+            alive = pipe.execute()
+        dead = [m for m, live in zip(members, alive, strict=True) if not live]
+        if dead:
+            removed += int(node.redis.srem(name, *dead))
+    return removed
+
+
+def _memory_and_keys(node: Node, cluster: bool) -> tuple[int, int]:
+    """Redis' memory in use and its keys: the server's; a cluster's, summed over its masters."""
+    if not cluster:
+        with node.redis.pipeline(transaction=False) as pipe:
+            pipe.info("memory")
+            pipe.dbsize()
+            memory, keys = pipe.execute()
+        return int(memory["used_memory"]), int(keys)
+    redis = cast(RedisCluster, node.redis)
+    masters = redis.get_primaries()  # type: ignore[no-untyped-call]
+    used = sum(int(redis.info("memory", target_nodes=m)["used_memory"]) for m in masters)
+    return used, sum(int(redis.dbsize(target_nodes=m)) for m in masters)
 
 
 def structures(deliverer: Deliverer) -> RedisFigures:
@@ -108,18 +160,17 @@ def structures(deliverer: Deliverer) -> RedisFigures:
                 ("failed", queue.failed, "zcard"),
                 ("queue_workers", queue.workers, "scard"),
             ]
+        memory, keys = _memory_and_keys(node, deliverer.cluster)
         with node.redis.pipeline(transaction=False) as pipe:
-            pipe.info("memory")
-            pipe.dbsize()
             for _, key, size in kinds:
                 getattr(pipe, size)(key)
                 pipe.memory_usage(key, samples=5)
-            memory, keys, *counted = pipe.execute()
+            counted = pipe.execute()
         summed: dict[str, Structure] = {}
         for (kind, _, _), entries, used in zip(kinds, counted[0::2], counted[1::2], strict=True):
             was = summed.get(kind, Structure())
             summed[kind] = Structure(was.entries + int(entries), was.bytes + int(used or 0))
-        return RedisFigures(int(memory["used_memory"]), int(keys), summed)
+        return RedisFigures(memory, keys, summed)
 
     total: dict[str, Structure] = {kind: Structure() for kind in ("workers", *STRUCTURES)}
     memory = keys = 0

@@ -251,6 +251,9 @@ return taken
 #   an entry a live worker still holds is left alone, whatever the clocks say;
 # * a worker set member whose key is gone (a worker SIGKILLed, its key expired) is removed (the
 #   sets are read whole: their size is the live workers').
+# * ARGV[6] '1' (one node): the worker sets are read here; on a cluster, whose worker keys
+#   live in slots of their own, the caller buries them apart (KEYS[1] is then any key of the
+#   queue's slot, and a started entry's worker is known alive by its mark in that slot).
 # Returns the counts: expired entries, abandoned started entries, dead workers; and 1 when a
 # registry had more to remove than ``most`` (call again), else 0.
 CLEAN_SCRIPT = """
@@ -276,7 +279,8 @@ local function expire(registry)
         expired = expired + redis.call('ZREMRANGEBYRANK', registry, 0, due - 1)
     end
 end
-bury(KEYS[1])
+local sets = ARGV[6] == '1'
+if sets then bury(KEYS[1]) end
 for i = 2, #KEYS, 4 do
     expire(KEYS[i])
     expire(KEYS[i + 1])
@@ -295,7 +299,7 @@ for i = 2, #KEYS, 4 do
             abandoned = abandoned + 1
         end
     end
-    bury(KEYS[i + 3])
+    if sets then bury(KEYS[i + 3]) end
 end
 return {expired, abandoned, dead, more}
 """

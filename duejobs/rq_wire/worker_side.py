@@ -49,10 +49,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import rq
 from redis import Redis
+from redis.cluster import RedisCluster
 from redis.typing import EncodableT, FieldT
 
 from duejobs.config import DEFAULT_RESULT_TTL
@@ -60,17 +61,20 @@ from duejobs.models import Delivery
 from duejobs.rq_wire.bands import bands, take_order
 from duejobs.rq_wire.job_hash import delivery_of, result_entry
 from duejobs.rq_wire.keys import (
-    JOB_PREFIX,
-    RESULTS_PREFIX,
     STARTED_TTL,
     SUSPENDED_KEY,
     WORKER_PREFIX,
     WORKER_TTL,
     WORKERS_KEY,
     queue_keys,
+    rq_name,
     stamp,
 )
 from duejobs.rq_wire.scripts import TAKE
+
+BANDS = 3  # RQ queues per queue (:func:`duejobs.rq_wire.bands.bands`)
+# On a cluster, how long a blocking take waits on one of several queues before the next.
+CLUSTER_BLOCK = 0.1
 
 
 @dataclass(frozen=True)
@@ -101,11 +105,19 @@ class RqWire:
     """One worker's RQ records on one Redis (see the module docstring)."""
 
     def __init__(
-        self, redis: Redis, queues: Sequence[str], name: str, result_ttl: int = DEFAULT_RESULT_TTL
+        self,
+        redis: Redis | RedisCluster,
+        queues: Sequence[str],
+        name: str,
+        result_ttl: int = DEFAULT_RESULT_TTL,
     ) -> None:
-        self.redis = redis
+        self.cluster = isinstance(redis, RedisCluster)
+        # A cluster's client serves every command sent here (each script names one slot's
+        # keys; the pipelines are not transactions there).
+        self.redis = cast(Redis, redis)
         self.result_ttl = result_ttl  # seconds a finished or failed job stays
-        self.queues = bands(queues)  # the RQ queues of each queue's priority bands, in order
+        # The RQ queues of each queue's priority bands, in order: three per queue.
+        self.queues = bands([rq_name(q, self.cluster) for q in queues])
         self.name = name
         self.key = WORKER_PREFIX + name
         keys = [queue_keys(q) for q in self.queues]
@@ -113,7 +125,13 @@ class RqWire:
         self._started_keys = [k.started for k in keys]
         self._finished_keys = [k.finished for k in keys]
         self._failed_keys = [k.failed for k in keys]
+        self._job_prefixes = [k.job_prefix for k in keys]
+        self._results_prefixes = [k.results_prefix for k in keys]
         self._worker_sets = [k.workers for k in keys]
+        # On a cluster, the worker's mark in each queue's slot (a started job's worker is
+        # alive while it lives, :mod:`duejobs.rq_wire.keys`); on one node, RQ's worker key.
+        self._marks = [k.worker_prefix + name for k in keys[::BANDS]]
+        self._blocks = 0  # a cluster's blocking takes, which queue each one waits on
         self._takes = 0  # takes made, which sets each one's order (bands.take_order)
         self._script = redis.register_script(TAKE)
         self._lost: list[str] = []  # run-id bases of takes whose answers were lost
@@ -142,15 +160,22 @@ class RqWire:
             "failed_job_count": 0,
             "total_working_time": 0,
         }
-        with self.redis.pipeline() as pipe:
+        with self.redis.pipeline(transaction=not self.cluster) as pipe:
             pipe.delete(self.key)
             pipe.hset(self.key, mapping=fields)
             pipe.expire(self.key, WORKER_TTL)
             pipe.sadd(WORKERS_KEY, self.key)
             for workers in self._worker_sets:
                 pipe.sadd(workers, self.key)
+            for mark in self._slot_marks():
+                pipe.hset(mark, "state", "idle")
+                pipe.expire(mark, WORKER_TTL)
             pipe.exists(SUSPENDED_KEY)
             return bool(pipe.execute()[-1])
+
+    def _slot_marks(self) -> list[str]:
+        """The worker's marks in its queues' slots, beside its key (a cluster's only)."""
+        return self._marks if self.cluster else []
 
     def beat(self, stopping_since: datetime | None = None) -> bool:
         """The worker's heartbeat (with, once a warm stop began, RQ's
@@ -162,9 +187,12 @@ class RqWire:
             fields["shutdown_requested_date"] = stamp(stopping_since)
         pipe.hset(self.key, mapping=fields)
         pipe.expire(self.key, WORKER_TTL)
+        for mark in self._slot_marks():
+            pipe.expire(mark, WORKER_TTL)
         pipe.exists(SUSPENDED_KEY)
-        created, _, suspended = pipe.execute()
-        if created == len(fields):  # the key was gone (Redis restarted empty): register again
+        created, _, *kept, suspended = pipe.execute()
+        # The key, or a mark, was gone (Redis, or a shard, restarted empty): register again.
+        if created == len(fields) or not all(kept):
             return self.register()
         return bool(suspended)
 
@@ -183,10 +211,12 @@ class RqWire:
     def retire(self) -> None:
         """RQ's ``register_death``: out of the worker sets, the key marked dead, gone in a
         minute."""
-        with self.redis.pipeline() as pipe:
+        with self.redis.pipeline(transaction=not self.cluster) as pipe:
             pipe.srem(WORKERS_KEY, self.key)
             for workers in self._worker_sets:
                 pipe.srem(workers, self.key)
+            for mark in self._slot_marks():
+                pipe.delete(mark)
             pipe.hset(self.key, "death", stamp(datetime.now(UTC)))
             pipe.expire(self.key, 60)
             pipe.execute()
@@ -229,11 +259,22 @@ class RqWire:
         finishing.clear()
         if taken or wait <= 0 or not may_block():
             return taken
-        popped = self.redis.blpop(self._queue_keys, timeout=wait)
+        popped = self.redis.blpop(*self._blocking(wait))
         if popped is None:
             return []
         key, job_id = (_text(part) for part in popped)
         return self._run(most, job_id, self._queue_keys.index(key), (), "")
+
+    def _blocking(self, wait: float) -> tuple[list[str], float]:
+        """The lists a blocking take waits on, and for how long: every band of every queue
+        on one node; on a cluster one queue's bands at a time (a command names one slot's
+        keys), each queue in turn for at most :data:`CLUSTER_BLOCK` when there are several."""
+        if not self.cluster:
+            return self._queue_keys, wait
+        queues = len(self._marks)
+        first = BANDS * (self._blocks % queues)
+        self._blocks += 1
+        return self._queue_keys[first : first + BANDS], wait if queues == 1 else CLUSTER_BLOCK
 
     def finish(self, done: Sequence[Finished], state: str) -> None:
         """RQ's finish of jobs that ran (one script), the worker's figures and ``state``
@@ -246,19 +287,63 @@ class RqWire:
         """The script: ``finishing`` finished, then ``first`` (an id popped already, from the
         RQ queue at ``index`` of :attr:`queues`) and as many more waiting jobs as make
         ``most`` started, looked for in this take's order of bands; the worker ``state`` if
-        none is."""
+        none is. On a cluster, one call per queue in that order, each with its own jobs'
+        finishes; the worker's key written apart, after them."""
         taking = bool(most or first)
         if taking:
             self._takes += 1
         order = take_order(self._takes, len(self.queues)) if taking else []
-        keys = [self.key]
+        if not self.cluster:
+            return self._call(self.key, order, most, first, index, finishing, state)
+        taken: list[Taken] = []
+        for group, (bands_, done) in self._by_queue(order, finishing).items():
+            here = first if index in bands_ else ""
+            room = max(most - len(taken), 1 if here else 0)
+            taken += self._call(self._marks[group], bands_, room, here, index, done, "")
+        fields: dict[FieldT, EncodableT] = {}
+        if taken or state:
+            fields["state"] = "busy" if taken else state
+        if finishing:
+            fields["successful_job_count"], fields["failed_job_count"] = self.succeeded, self.failed
+            fields["total_working_time"] = round(self.working_time, 6)
+        if fields:
+            self.redis.hset(self.key, mapping=fields)
+        return taken
+
+    def _by_queue(
+        self, order: list[int], finishing: Sequence[Finished]
+    ) -> dict[int, tuple[list[int], list[Finished]]]:
+        """A cluster's take, by queue (its three bands share its slot): the bands in this
+        take's order, and its jobs' finishes; the queues taken from first, in order."""
+        calls: dict[int, tuple[list[int], list[Finished]]] = {}
+        for i in order:
+            calls.setdefault(i // BANDS, ([], []))[0].append(i)
+        for item in finishing:
+            calls.setdefault(self.queues.index(item.taken.queue) // BANDS, ([], []))[1].append(item)
+        return calls
+
+    def _call(
+        self,
+        mark: str,
+        order: list[int],
+        most: int,
+        first: str,
+        index: int,
+        finishing: Sequence[Finished],
+        state: str,
+    ) -> list[Taken]:
+        """One script call over the bands of ``order`` (:data:`~duejobs.rq_wire.scripts.TAKE`),
+        the worker's figures and ``state`` written on ``mark``."""
+        keys = [mark]
         for i in order:
             keys += [self._queue_keys[i], self._started_keys[i]]
         now, base = datetime.now(UTC), uuid.uuid4().hex[:16]
-        args: list[EncodableT] = [most, JOB_PREFIX, stamp(now)]
+        bands_of = order or [self.queues.index(item.taken.queue) for item in finishing] or [0]
+        args: list[EncodableT] = [most, self._job_prefixes[bands_of[0]], stamp(now)]
         position = order.index(index) + 1 if first else 0
         args += [now.timestamp() + STARTED_TTL, self.name, base, first, position, state]
         figures = self._finishes(finishing, now, args)
+        taking = bool(most or first)
         if taking:  # until its answer comes: it may run and its answer be lost
             self._lost.append(base)
         rows = self._script(keys=keys, args=args)
@@ -277,7 +362,8 @@ class RqWire:
         working_time = self.working_time + sum(item.seconds for item in done)
         if not done:
             return succeeded, failed, working_time
-        args += [RESULTS_PREFIX, succeeded, failed, round(working_time, 6)]
+        results = self._results_prefixes[self.queues.index(done[0].taken.queue)]
+        args += [results, succeeded, failed, round(working_time, 6)]
         ttl = self.result_ttl
         for item in done:
             at = self.queues.index(item.taken.queue)
@@ -303,7 +389,8 @@ class RqWire:
             for queue, started in zip(self.queues, self._started_keys, strict=True):
                 for member, _score in self.redis.zscan_iter(started, match=f"*:{base}*"):
                     job_id, run = _text(member).rsplit(":", 1)
-                    data = self.redis.hget(JOB_PREFIX + job_id, "data")
+                    prefix = self._job_prefixes[self.queues.index(queue)]
+                    data = self.redis.hget(prefix + job_id, "data")
                     found.append(self._taken(job_id, queue, data or "", run))
         self._lost.clear()
         return found

@@ -9,17 +9,24 @@ import contextlib
 import random
 import signal
 import subprocess
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 
+from duejobs.delivery import Push
+from duejobs.models import Delivery
 from tests.support import wait_for
+from tests.support.deliveries import job_id
 from tests.support.network import listening
 
 SLOTS = 16384
+# Six queues whose hash tags fall on all three masters of an evenly split cluster.
+QUEUES = ("mail", "sms", "payments", "billing", "followups", "webhooks")
 # A node's cluster bus listens on its port + 10000: both must be valid ports.
 HIGHEST_PORT = 55535
 _BUS = 10000
@@ -180,3 +187,10 @@ def cluster(binary: str, folder: Path) -> Iterator[Cluster]:
         yield made
     finally:
         made.stop()
+
+
+def push_due(queue: str, due_in: float, priority: int = 0, tenant: str = "acme") -> Push:
+    """A push of a new delivery on ``queue``, due ``due_in`` seconds from now."""
+    sid = uuid.uuid4()
+    due = datetime.now(UTC) + timedelta(seconds=due_in)
+    return Push(Delivery(sid, tenant, 1, 1, queue, due, job_id(tenant, sid, 1, 1), priority))

@@ -1,0 +1,133 @@
+"""The worker's side of RQ's wire, and the reconciler's cleanup and figures, on a Redis
+Cluster of three masters and three replicas started by the test: jobs of queues on every
+shard taken, finished and found alive, RQ's registries cleaned, Redis' figures summed.
+
+Seen failing, all seven, against the wire before it knew a cluster: its take named the
+worker's key beside the queues' (refused: "all keys must map to the same key slot"), as did
+the cleanup's one call over every queue; the figures read the servers' memory in a pipeline,
+which a cluster's client refuses."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+
+import pytest
+from redis.cluster import RedisCluster
+
+from duejobs.delivery import Deliverer, registries
+from duejobs.rq_wire.keys import WORKERS_KEY, queue_keys, rq_name
+from duejobs.rq_wire.worker_side import Finished, RqWire, Taken
+from tests.support import wait_for
+from tests.support.cluster import QUEUES, push_due
+
+
+@pytest.fixture
+def deliverer(cluster_client: RedisCluster) -> Iterator[Deliverer]:
+    made = Deliverer(cluster_client, QUEUES[0])
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def wire(cluster_client: RedisCluster) -> Iterator[RqWire]:
+    made = RqWire(cluster_client, QUEUES, "w1")
+    made.register()
+    yield made
+    made.retire()
+
+
+def _pushed(deliverer: Deliverer, each: int = 2) -> list[str]:
+    pushes = [push_due(q, -1, priority=p) for q in QUEUES for p in range(each)]
+    deliverer.push(pushes, datetime.now(UTC))
+    return sorted(p.delivery.job_id for p in pushes)
+
+
+def _take_all(wire: RqWire, want: int) -> list[Taken]:
+    taken: list[Taken] = []
+    deadline = time.monotonic() + 10
+    while len(taken) < want and time.monotonic() < deadline:
+        taken += wire.take(want - len(taken), 0)
+    return taken
+
+
+def test_a_worker_takes_and_finishes_jobs_of_queues_on_every_shard(
+    deliverer: Deliverer, wire: RqWire, cluster_client: RedisCluster
+) -> None:
+    pushed = _pushed(deliverer)
+    taken = wire.take(len(pushed), 0)
+    assert sorted(t.job_id for t in taken) == pushed
+    assert {t.delivery.queue for t in taken if t.delivery} == set(QUEUES)
+    wire.finish([Finished(t, "succeeded", seconds=0.01) for t in taken], "idle")
+    for t in taken:
+        keys = queue_keys(t.queue)
+        assert cluster_client.hget(keys.job_prefix + t.job_id, "status") == b"finished"
+        assert cluster_client.zscore(keys.finished, t.job_id) is not None
+        assert cluster_client.zcard(keys.started) == 0
+        assert cluster_client.xlen(keys.results_prefix + t.job_id) == 1
+    figures = cluster_client.hgetall(wire.key)
+    assert figures[b"successful_job_count"] == str(len(pushed)).encode()
+    assert figures[b"state"] == b"idle"
+
+
+def test_finishes_of_several_shards_go_with_the_next_take(
+    deliverer: Deliverer, wire: RqWire, cluster_client: RedisCluster
+) -> None:
+    first = _take_all(wire, len(_pushed(deliverer, each=1)))
+    done = [Finished(t, "succeeded") for t in first]
+    _pushed(deliverer, each=1)
+    again = wire.take(len(QUEUES), 0, finishing=done)
+    assert len(again) == len(QUEUES) and done == []
+    assert cluster_client.hget(wire.key, "successful_job_count") == str(len(QUEUES)).encode()
+    assert cluster_client.hget(wire.key, "state") == b"busy"
+
+
+@pytest.mark.parametrize("queues", [QUEUES[:1], QUEUES], ids=["one queue", "six queues"])
+def test_a_blocking_take_on_a_cluster_returns_a_job_pushed_while_it_waits(
+    deliverer: Deliverer, cluster_client: RedisCluster, queues: tuple[str, ...]
+) -> None:
+    """One queue: the take blocks on its bands; several: on each queue's in turn."""
+    wire = RqWire(cluster_client, queues, "w2")
+    late = push_due(queues[-1], -1)
+    timer = threading.Timer(0.3, lambda: deliverer.push([late], datetime.now(UTC)))
+    timer.start()
+    try:
+        found: list[Taken] = []
+        wait_for(lambda: bool(found.extend(wire.take(1, 1.0)) or found), 10, "the late job")
+        assert [t.job_id for t in found] == [late.delivery.job_id]
+    finally:
+        timer.cancel()
+
+
+def test_a_started_jobs_worker_on_a_cluster_is_alive_by_its_mark_in_its_queues_slot(
+    deliverer: Deliverer, wire: RqWire
+) -> None:
+    _pushed(deliverer, each=1)
+    taken = wire.take(len(QUEUES), 0)
+    jobs = [(t.job_id, datetime.now(UTC), False, t.delivery.queue) for t in taken if t.delivery]
+    assert deliverer.live(jobs) == [True] * len(QUEUES)
+    wire.retire()
+    assert deliverer.live(jobs) == [False] * len(QUEUES)
+
+
+def test_the_cleanup_on_a_cluster_removes_expired_entries_and_dead_workers_on_every_shard(
+    deliverer: Deliverer, cluster_client: RedisCluster
+) -> None:
+    _pushed(deliverer, each=1)  # the queues known, as once their jobs were pushed
+    for queue in QUEUES:
+        keys = queue_keys(rq_name(queue, True))
+        cluster_client.zadd(keys.finished, {"gone-job": 1.0})
+        cluster_client.sadd(keys.workers, "rq:worker:dead")
+    cluster_client.sadd(WORKERS_KEY, "rq:worker:dead")
+    cleaned = registries.clean(deliverer)
+    assert (cleaned.expired, cleaned.dead_workers) == (len(QUEUES), len(QUEUES) + 1)
+    assert cluster_client.scard(WORKERS_KEY) == 0
+
+
+def test_redis_figures_on_a_cluster_sum_every_shard(deliverer: Deliverer) -> None:
+    pushed = _pushed(deliverer)
+    figures = registries.structures(deliverer)
+    assert figures.structures["queue"].entries == len(pushed)
+    assert figures.keys >= len(pushed) and figures.used_memory > 0
