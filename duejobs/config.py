@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from duejobs.errors import ConfigurationError, DuejobsError
 from duejobs.redis_urls import GIVEN_REDIS, check_redis_url, redacted_redis
@@ -300,6 +300,31 @@ def named(variable: str, read_from: Collection[str]) -> Iterator[None]:
         raise ConfigurationError(f"{variable}: {exc}") from None
 
 
+def _check_cluster_alone(
+    url: str | None, client: object, nodes: tuple[tuple[str, str], ...]
+) -> None:
+    """A Redis Cluster places every queue itself: no node mapping beside it, nor a cluster
+    as a queue's node."""
+    from duejobs.redis_urls import cluster_url
+
+    clustered = url is not None and cluster_url(url) is not None
+    if client is not None:
+        from redis.cluster import RedisCluster
+
+        clustered = isinstance(client, RedisCluster)
+    if clustered and nodes:
+        raise ConfigurationError(
+            f"{REDIS_NODES_ENV} is set beside a Redis Cluster, which places every queue "
+            "itself: unset it (docs/scaling.md, moving from the node mapping)"
+        )
+    for queue, node in nodes:
+        if cluster_url(node) is not None:
+            raise ConfigurationError(
+                f"{REDIS_NODES_ENV} puts queue {queue!r} on a Redis Cluster: point "
+                f"{REDIS_ENV} at the cluster instead, which places every queue"
+            )
+
+
 @dataclass(frozen=True)
 class Settings:
     """The two URLs duejobs needs. Writing schedules needs only the database; the scheduler,
@@ -357,10 +382,12 @@ class Settings:
 
             if redis_url:
                 raise ConfigurationError("pass the App redis_url or redis, not both")
-            if not isinstance(redis_client, Redis):
+            from redis.cluster import RedisCluster
+
+            if not isinstance(redis_client, (Redis, RedisCluster)):
                 raise ConfigurationError(
-                    "redis must be a redis.Redis client (Sentinel's master_for() makes one), "
-                    f"got {type(redis_client).__name__}"
+                    "redis must be a redis.Redis client (Sentinel's master_for() makes one) "
+                    f"or a redis.cluster.RedisCluster, got {type(redis_client).__name__}"
                 )
         redis = None if redis_client is not None else redis_url or os.environ.get(REDIS_ENV)
         if redis:
@@ -380,21 +407,24 @@ class Settings:
             if prepared_statements is None
             else prepared_statements
         )
+        nodes = parse_redis_nodes(
+            redis_nodes if redis_nodes is not None else os.environ.get(REDIS_NODES_ENV)
+        )
+        _check_cluster_alone(redis, redis_client, nodes)
         return cls(
             database_url=database,
             redis_url=redis,
             schema=where,
             read_database_url=replica,
-            redis_nodes=parse_redis_nodes(
-                redis_nodes if redis_nodes is not None else os.environ.get(REDIS_NODES_ENV)
-            ),
+            redis_nodes=nodes,
             prepared_statements=check_prepared_statements(prepared),
             result_ttl=check_result_ttl(
                 result_ttl
                 if result_ttl is not None
                 else os.environ.get(RESULT_TTL_ENV) or DEFAULT_RESULT_TTL
             ),
-            redis_client=redis_client,
+            # A RedisCluster stands where a client of one node does (see redis_urls).
+            redis_client=cast("Redis | None", redis_client),
             read_from=frozenset(read_from),
         )
 

@@ -1,5 +1,14 @@
 """Redis URLs as duejobs reads them, and the clients it makes from them: a server's own
-address (``redis://``, ``rediss://``, ``unix://``) or a master found through Sentinel.
+address (``redis://``, ``rediss://``, ``unix://``), a master found through Sentinel, or a
+Redis Cluster.
+
+The cluster form lists some of its nodes (the client finds the rest, and each slot's
+master)::
+
+    redis+cluster://[[user]:password@]host:7000[,host:7001...]
+
+(``rediss+cluster://``: TLS). A cluster has one database, 0: a path naming another is
+refused.
 
 The Sentinel form lists the Sentinels, then the master's name and the database::
 
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from duejobs.errors import ConfigurationError
@@ -39,6 +48,7 @@ REDIS_TIMEOUT = 10.0
 # redis-py's own default pool size, kept as the least a shared client gets.
 REDIS_POOL = 100
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel", "sentinel")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 # Where a queue lives when the App was given a ready client (``App(redis=...)``) rather than
 # a URL: it names that client wherever a URL would name a server.
 GIVEN_REDIS = "the App's Redis client"
@@ -98,13 +108,52 @@ def sentinel_url(url: str) -> SentinelUrl | None:
     )
 
 
+@dataclass(frozen=True)
+class ClusterUrl:
+    """A cluster URL read: the nodes it lists and the credentials."""
+
+    nodes: tuple[tuple[str, int], ...]
+    username: str | None
+    password: str | None = field(repr=False)
+    ssl: bool
+
+    @property
+    def identity(self) -> tuple[tuple[str, str], ...]:
+        """What names the same cluster whatever the spelling (the nodes it lists)."""
+        return (("cluster", ",".join(f"{h}:{p}" for h, p in sorted(self.nodes))),)
+
+
+def cluster_url(url: str) -> ClusterUrl | None:
+    """The cluster URL ``url`` is, or None when it is of another scheme; a malformed one is
+    refused naming what is wrong (never its password)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in CLUSTER_SCHEMES:
+        return None
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    nodes = []
+    for host in hosts.split(","):
+        name, _, port = host.strip().rpartition(":") if ":" in host else (host.strip(), "", "")
+        if not name or (port and not port.isdigit()):
+            raise ConfigurationError(f"a cluster URL lists a bad node: {redacted_redis(url)}")
+        nodes.append((name.strip("[]"), int(port) if port else 6379))
+    if parts.path.strip("/") not in ("", "0"):
+        raise ConfigurationError(
+            f"a Redis Cluster has one database, 0: {redacted_redis(url)} names another"
+        )
+    return ClusterUrl(
+        tuple(nodes), unquote(username) or None, unquote(password) or None, scheme[:6] == "rediss"
+    )
+
+
 def check_redis_url(url: str) -> str:
     """A Redis URL duejobs can use, refused here rather than after a database commit."""
     if url.split("://", 1)[-1].split("/", 1)[0].count("@") > 1:
         raise ConfigurationError(
             "the Redis URL has more than one '@' before its host: percent-encode the password"
         )
-    if sentinel_url(url) is not None:
+    if sentinel_url(url) is not None or cluster_url(url) is not None:
         return url
     try:
         from redis.connection import parse_url
@@ -113,7 +162,8 @@ def check_redis_url(url: str) -> str:
     except ValueError:
         raise ConfigurationError(
             f"not a Redis URL: {redacted_redis(url)} (expected redis://host:6379/0, rediss://, "
-            "unix:// or redis+sentinel://host:26379,host:26380/mymaster/0)"
+            "unix://, redis+sentinel://host:26379,host:26380/mymaster/0 or "
+            "redis+cluster://host:7000,host:7001)"
         ) from None
     return url
 
@@ -123,9 +173,9 @@ def same_redis(url: str) -> tuple[tuple[str, str], ...]:
     whatever its spelling (``redis://h`` and ``redis://h:6379/0`` are one node)."""
     if url == GIVEN_REDIS:
         return (("client", "given"),)
-    sentinel = sentinel_url(url)
-    if sentinel is not None:
-        return sentinel.identity
+    named = sentinel_url(url) or cluster_url(url)
+    if named is not None:
+        return named.identity
     parsed: dict[str, object] = {"host": "localhost", "port": 6379, "db": 0}
     from redis.connection import parse_url
 
@@ -153,7 +203,9 @@ def redis_client(url: str, connections: int = REDIS_POOL, retries: int = 1) -> R
     """A client of ``url``: bounded waits (``REDIS_TIMEOUT``) and ``retries`` tries more of a
     command whose connection dropped (0 for a caller that retries itself, and must know when
     a command it sent may have run); through Sentinel, the master found again on each new
-    connection."""
+    connection; of a cluster, each slot's master found again after a failover or a move
+    (a ``RedisCluster``, which serves the commands duejobs sends where a client of one node
+    does)."""
     from redis import Redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -165,6 +217,9 @@ def redis_client(url: str, connections: int = REDIS_POOL, retries: int = 1) -> R
         "socket_connect_timeout": REDIS_TIMEOUT,
         "retry": Retry(NoBackoff(), retries),
     }
+    cluster = cluster_url(url)
+    if cluster is not None:
+        return _cluster_client(cluster, options)
     sentinel = sentinel_url(url)
     if sentinel is None:
         client: Redis = Redis.from_url(url, **options)
@@ -185,6 +240,21 @@ def redis_client(url: str, connections: int = REDIS_POOL, retries: int = 1) -> R
         **options,
     )
     return master
+
+
+def _cluster_client(url: ClusterUrl, options: dict[str, Any]) -> Redis:
+    """A client of the cluster ``url`` lists (its own pool per node, ``options`` each)."""
+    from redis import Redis
+    from redis.cluster import ClusterNode, RedisCluster
+
+    client = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in url.nodes],  # type: ignore[no-untyped-call]
+        username=url.username,
+        password=url.password,
+        ssl=url.ssl,
+        **options,
+    )
+    return cast(Redis, client)
 
 
 def refusal(client: Redis) -> str | None:
@@ -223,7 +293,7 @@ def _sentinel_refusal(client: Redis) -> str | None:
     from redis.exceptions import AuthenticationError, RedisError, ResponseError
     from redis.sentinel import SentinelConnectionPool
 
-    pool = client.connection_pool
+    pool = getattr(client, "connection_pool", None)  # a cluster's client has one per node
     if not isinstance(pool, SentinelConnectionPool):
         return None
     answered: list[str] = []

@@ -13,11 +13,8 @@ Promises:
 * A database outage raises :class:`~duejobs.errors.DatabaseUnavailableError`; the transaction
   is rolled back, so nothing is half-written.
 
-Knobs: ``database_url`` / ``redis_url`` (default: ``DUEJOBS_DATABASE_URL`` /
-``DUEJOBS_REDIS_URL``), ``max_payload_bytes`` (default 64 KiB), ``queue`` (the RQ queue,
-default ``duejobs``), ``schema`` (of duejobs' tables, default ``DUEJOBS_SCHEMA``, else
-``public``). Cancel and reschedule also remove the superseded job from Redis when it
-is still waiting there (best effort; the worker's check is the guarantee).
+Knobs: :class:`App`'s own docstring. Cancel and reschedule also remove the superseded job
+from Redis when it is still waiting there (best effort; the worker's check is the guarantee).
 """
 
 from __future__ import annotations
@@ -32,6 +29,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from redis import Redis
+from redis.cluster import RedisCluster
 
 from duejobs import store
 from duejobs.app.quotas import UNSET, QuotaAPI, Unset
@@ -85,7 +83,8 @@ def _required_key(value: object) -> str:
 
 
 class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
-    """The entry point: ``App()`` reads the URLs from the environment.
+    """The entry point: ``App()`` reads the URLs from the environment (``DUEJOBS_DATABASE_URL``,
+    ``DUEJOBS_REDIS_URL``: a server, Sentinel or a cluster, :mod:`duejobs.redis_urls`).
 
     Beyond the two URLs: ``schema`` (of duejobs' tables), ``queue`` (the default RQ queue),
     ``max_payload_bytes``, ``trace_runs`` (:mod:`duejobs.observability.tracing`);
@@ -101,11 +100,12 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
     (``DUEJOBS_PREPARED_STATEMENTS``), ``"auto"`` (the default: kept on a connection to PostgreSQL
     itself, off through a connection pooler), ``"on"`` or ``"off"``
     (:class:`~duejobs.config.PreparedStatements`); ``redis``, a ready ``redis.Redis`` client instead
-    of ``redis_url`` (``Sentinel(...).master_for("mymaster")``, a client with TLS or options of
-    one's own): the App's queues use it, and so do the workers made from the App. An ``AsyncApp``
-    built on the App uses it too. Give it a ``socket_timeout`` (a call to a Redis that hangs waits
-    that long) and no ``decode_responses``. ``result_ttl`` (``DUEJOBS_RESULT_TTL``, 500 s): how long
-    a finished or failed job stays in Redis, in whole seconds (an int or a timedelta)."""
+    of ``redis_url`` (``Sentinel(...).master_for("mymaster")``, a ``RedisCluster``, a client with
+    TLS or options of one's own): the App's queues use it, and so do the workers made from the App.
+    An ``AsyncApp`` built on the App uses it too. Give it a ``socket_timeout`` (a call to a Redis
+    that hangs waits that long) and no ``decode_responses``. ``result_ttl`` (``DUEJOBS_RESULT_TTL``,
+    500 s): how long a finished or failed job stays in Redis, in whole seconds (an int or a
+    timedelta)."""
 
     def __init__(
         self,
@@ -122,7 +122,7 @@ class App(ReadAPI, RecurringAPI, QuotaAPI, TaskAPI):
         redis_nodes: Mapping[str, str] | None = None,
         strict_types: bool | None = None,
         prepared_statements: str | None = None,
-        redis: Redis | None = None,
+        redis: Redis | RedisCluster | None = None,
         result_ttl: int | timedelta | None = None,
     ) -> None:
         settings = Settings.from_env(

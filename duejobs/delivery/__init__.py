@@ -39,11 +39,10 @@ What it promises:
 What it does not do: decide anything. Whether a job runs is the database's call (the
 worker re-reads the row).
 
-* **On a Redis Cluster** (the deliverer given a ``RedisCluster``) each queue's keys and jobs
-  carry its hash tag (:mod:`duejobs.rq_wire.keys`), so queues spread over the shards; every
-  script call names one queue's keys, and the sets of every queue are written apart. The
-  worker's take and the reconciler's cleanup still span slots, so the App refuses a cluster's
-  client for now: map queues to standalone nodes.
+* **On a Redis Cluster** (``redis+cluster://``, or an App given a ``RedisCluster``) each
+  queue's keys and jobs carry its hash tag (:mod:`duejobs.rq_wire.keys`), so queues spread
+  over the shards; every script call names one queue's keys, and the sets of every queue are
+  written apart. A cluster takes no node mapping: it places the queues itself.
 """
 
 from __future__ import annotations

@@ -6,20 +6,21 @@ Setup::
     INSTALLED_APPS = [..., "duejobs.contrib.django"]
     DUEJOBS = {"REDIS_URL": "redis://localhost:6379/0"}  # the other keys below are optional
 
-Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` whose
-connection duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3);
-``DATABASE_URL`` (default: built from that alias's settings); ``READ_DATABASE_URL`` and
-``READ_MAX_LAG`` (a streaming replica for the operators' reads and the lag, a ``timedelta``,
-past which they say they are stale: :mod:`duejobs.observability.replica`); ``READ_TIMEOUT`` (how
-long a statement of an operator's read may run, a ``timedelta``, default 10 s); ``REDIS_NODES``
-(queue → Redis URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default
-``public``); ``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``; ``TRACE_RUNS``
-(``"link"`` or ``"child"``: :mod:`duejobs.observability.tracing`); ``STRICT_TYPES`` (``False`` for a
-project that schedules another service's types: see ``App(strict_types=)``); ``PREPARED_STATEMENTS``
-(``"auto"``, ``"on"`` or ``"off"``: see ``App(prepared_statements=)``); ``REDIS`` (a ready
-``redis.Redis`` client instead of ``REDIS_URL``: see ``App(redis=)``); ``RESULT_TTL`` (seconds a
-finished or failed job stays in Redis: see ``App(result_ttl=)``). An unknown key or a database
-that is not PostgreSQL on psycopg 3 is :class:`~django.core.exceptions.ImproperlyConfigured`.
+Keys of ``DUEJOBS``: ``REDIS_URL``; ``DATABASE`` (the alias in ``DATABASES`` whose connection
+duejobs shares, default ``"default"``; it must be PostgreSQL on psycopg 3); ``DATABASE_URL``
+(default: built from that alias's settings); ``READ_DATABASE_URL`` and ``READ_MAX_LAG`` (a
+streaming replica for the operators' reads and the lag, a ``timedelta``, past which they say
+they are stale: :mod:`duejobs.observability.replica`); ``READ_TIMEOUT`` (how long a statement
+of an operator's read may run, a ``timedelta``, default 10 s); ``REDIS_NODES`` (queue → Redis
+URL, for queues on a Redis of their own); ``SCHEMA`` (of duejobs' tables, default ``public``);
+``QUEUE`` (the RQ queue, default ``duejobs``); ``MAX_PAYLOAD_BYTES``; ``TRACE_RUNS``
+(``"link"`` or ``"child"``: :mod:`duejobs.observability.tracing`); ``STRICT_TYPES`` (``False``
+for a project that schedules another service's types: see ``App(strict_types=)``);
+``PREPARED_STATEMENTS`` (``"auto"``, ``"on"`` or ``"off"``: see ``App(prepared_statements=)``);
+``REDIS`` (a ready ``redis.Redis`` or ``RedisCluster`` client instead of ``REDIS_URL``: see
+``App(redis=)``); ``RESULT_TTL`` (seconds a finished or failed job stays in Redis: see
+``App(result_ttl=)``). An unknown key or a database that is not PostgreSQL on psycopg 3 is
+:class:`~django.core.exceptions.ImproperlyConfigured`.
 
 Promises:
 
