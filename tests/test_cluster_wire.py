@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 import pytest
 from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError
 
 from duejobs.delivery import Deliverer, registries
 from duejobs.rq_wire.keys import WORKERS_KEY, queue_keys, rq_name
@@ -131,3 +132,50 @@ def test_redis_figures_on_a_cluster_sum_every_shard(deliverer: Deliverer) -> Non
     figures = registries.structures(deliverer)
     assert figures.structures["queue"].entries == len(pushed)
     assert figures.keys >= len(pushed) and figures.used_memory > 0
+
+
+def test_a_blocking_take_on_a_cluster_starts_the_job_it_popped_and_no_more_than_asked(
+    deliverer: Deliverer, cluster_client: RedisCluster
+) -> None:
+    """A worker of two queues blocks on the second one's bands while jobs arrive on both: the
+    job it popped starts, and with it no more than the slots it asked for. Seen failing with
+    the queues called in their usual order (the first queue's two jobs, then the popped one:
+    three started for two slots)."""
+    wire = RqWire(cluster_client, QUEUES[:2], "w3")
+    assert wire.take(2, 0.01) == []  # its first blocking take waited on the first queue
+    popped = push_due(QUEUES[1], -1)
+
+    def jobs_arrive() -> bool:
+        deliverer.push(
+            [push_due(QUEUES[0], -1), push_due(QUEUES[0], -1), popped], datetime.now(UTC)
+        )
+        return True
+
+    taken = wire.take(2, 1.0, may_block=jobs_arrive)
+    assert len(taken) == 2
+    assert popped.delivery.job_id in {t.job_id for t in taken}
+
+
+def test_a_cluster_take_whose_later_call_failed_hands_out_the_jobs_its_first_call_started(
+    deliverer: Deliverer, cluster_client: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take of two queues is two script calls on a cluster: the second one failing (its
+    shard away) leaves the first one's job started for this worker, and the next take hands
+    it out, once. Seen failing with each call's run ids forgotten once it answered: the job
+    stayed started, and no take found it."""
+    wire = RqWire(cluster_client, QUEUES[:2], "w4")
+    pushes = [push_due(queue, -1) for queue in QUEUES[:2]]
+    deliverer.push(pushes, datetime.now(UTC))
+    script, calls = wire._script, []
+
+    def second_fails(**kwargs: object) -> object:
+        calls.append(kwargs)
+        if len(calls) == 2:
+            raise ConnectionError("the second shard is away")
+        return script(**kwargs)
+
+    monkeypatch.setattr(wire, "_script", second_fails)
+    with pytest.raises(ConnectionError):
+        wire.take(2, 0)
+    handed = [t.job_id for _ in range(3) for t in wire.take(2, 0)]
+    assert sorted(handed) == sorted(p.delivery.job_id for p in pushes)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.exceptions import ClusterDownError, ClusterError
 
 from duejobs import App
 from duejobs.scheduler.loop import Scheduler
@@ -128,6 +129,14 @@ def test_replies_of_a_server_passing_through_trouble_are_outages_to_wait_out(rep
     its traceback and a fixed pause."""
     assert is_outage(redis.ResponseError(reply))
     assert not is_outage(redis.ResponseError("WRONGTYPE Operation against a key"))
+
+
+def test_a_cluster_down_or_its_slots_moving_past_the_retries_is_an_outage_to_wait_out() -> None:
+    """A cluster's client reports a master down before its replica is promoted, and slots
+    still moving once its own redirections are spent, as errors of its own (its parser takes
+    the ``CLUSTERDOWN`` word off the reply). Seen failing: both were raised to the worker."""
+    assert is_outage(ClusterDownError("The cluster is down"))
+    assert is_outage(ClusterError("TTL exhausted."))
 
 
 @pytest.mark.parametrize(

@@ -367,7 +367,7 @@ class Deliverer:
     def workers_on(self, queue: str | None = None) -> int:
         """The workers registered in RQ for ``queue`` (the App's by default) on its node:
         those started and not yet retired (a killed one counts until its key expires)."""
-        node, name = self._node(queue), queue or self.queue.name
+        node, name = self._node(queue), self._rq(queue or self.queue_name)
         return int(node.redis.scard(queue_keys(name).workers))
 
     def waiting_job_ids(self, chunk: int = 1000, most: int | None = None) -> Iterator[list[str]]:
@@ -449,12 +449,14 @@ class Deliverer:
         """:meth:`remove` of each (job id, queue or None), one script call per node (on a
         cluster per queue, a job without one looked for on every queue); for each, whether
         something was removed."""
+        every = self._queues_on(self._default) if self.cluster else []
+        known = sorted({queue_of(name) for name in every})
         homes: list[tuple[int, str | None, Node]] = []
         for i, (_, queue) in enumerate(jobs):
             if queue is not None:
                 homes.append((i, queue, self._node(queue)))
             elif self.cluster:
-                homes += [(i, name, self._default) for name in self._queues_on(self._default)]
+                homes += [(i, name, self._default) for name in known]
             else:
                 homes += [(i, None, node) for node in self._nodes]
         groups = self._grouped(homes)

@@ -293,13 +293,44 @@ class RqWire:
         if taking:
             self._takes += 1
         order = take_order(self._takes, len(self.queues)) if taking else []
-        if not self.cluster:
-            return self._call(self.key, order, most, first, index, finishing, state)
+        base = uuid.uuid4().hex[:16]  # of the run ids of the jobs this take starts
+        if taking:  # until every answer comes: a script may run and its answer be lost
+            self._lost.append(base)
+        before = self.succeeded, self.failed, self.working_time
+        try:
+            if self.cluster:
+                taken = self._each_queue(base, order, most, first, index, finishing, state)
+            else:
+                taken = self._call(self.key, base, order, most, first, index, finishing, state)
+        except BaseException:
+            self.succeeded, self.failed, self.working_time = before  # written again, once
+            raise
+        if taking:
+            self._lost.remove(base)
+        return taken
+
+    def _each_queue(
+        self,
+        base: str,
+        order: list[int],
+        most: int,
+        first: str,
+        index: int,
+        finishing: Sequence[Finished],
+        state: str,
+    ) -> list[Taken]:
+        """A cluster's take: one call per queue — the queue of ``first`` (popped already)
+        first, whatever the room, then the others in this take's order with the room left —
+        and the worker's key written after them."""
         taken: list[Taken] = []
-        for group, (bands_, done) in self._by_queue(order, finishing).items():
+        calls = sorted(
+            self._by_queue(order, finishing).items(),
+            key=lambda call: not (first and index in call[1][0]),
+        )
+        for group, (bands_, done) in calls:
             here = first if index in bands_ else ""
             room = max(most - len(taken), 1 if here else 0)
-            taken += self._call(self._marks[group], bands_, room, here, index, done, "")
+            taken += self._call(self._marks[group], base, bands_, room, here, index, done, "")
         fields: dict[FieldT, EncodableT] = {}
         if taken or state:
             fields["state"] = "busy" if taken else state
@@ -325,6 +356,7 @@ class RqWire:
     def _call(
         self,
         mark: str,
+        base: str,
         order: list[int],
         most: int,
         first: str,
@@ -333,22 +365,18 @@ class RqWire:
         state: str,
     ) -> list[Taken]:
         """One script call over the bands of ``order`` (:data:`~duejobs.rq_wire.scripts.TAKE`),
-        the worker's figures and ``state`` written on ``mark``."""
+        the jobs it starts given run ids from ``base``, the worker's figures and ``state``
+        written on ``mark``."""
         keys = [mark]
         for i in order:
             keys += [self._queue_keys[i], self._started_keys[i]]
-        now, base = datetime.now(UTC), uuid.uuid4().hex[:16]
+        now = datetime.now(UTC)
         bands_of = order or [self.queues.index(item.taken.queue) for item in finishing] or [0]
         args: list[EncodableT] = [most, self._job_prefixes[bands_of[0]], stamp(now)]
         position = order.index(index) + 1 if first else 0
         args += [now.timestamp() + STARTED_TTL, self.name, base, first, position, state]
         figures = self._finishes(finishing, now, args)
-        taking = bool(most or first)
-        if taking:  # until its answer comes: it may run and its answer be lost
-            self._lost.append(base)
         rows = self._script(keys=keys, args=args)
-        if taking:
-            self._lost.remove(base)
         self.succeeded, self.failed, self.working_time = figures
         return [self._taken(job, self.queues[order[int(at) - 1]], *rest) for job, at, *rest in rows]
 

@@ -25,6 +25,7 @@ from typing import TypeVar
 from redis.exceptions import (
     AuthenticationError,
     AuthorizationError,
+    ClusterError,
     ConnectionError,
     MasterDownError,
     OutOfMemoryError,
@@ -59,8 +60,8 @@ def is_outage(exc: RedisError) -> bool:
         return False
     if isinstance(exc, ConnectionError | TimeoutError | ReadOnlyError | MasterDownError):
         return True
-    if isinstance(exc, TryAgainError | OutOfMemoryError):
-        return True
+    if isinstance(exc, TryAgainError | OutOfMemoryError | ClusterError):
+        return True  # ClusterError: a cluster down, or its slots moving past the retries
     return isinstance(exc, ResponseError) and str(exc).startswith(_PASSING)
 
 
