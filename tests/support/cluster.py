@@ -9,6 +9,7 @@ import contextlib
 import random
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 
 from duejobs.delivery import Push
 from duejobs.models import Delivery
@@ -136,13 +138,97 @@ class Cluster:
         except redis.RedisError:
             return False
         roles = [flag for node in nodes for flag in node.split()[2].split(",")]
-        return roles.count("master") == 3 and roles.count("slave") == 3
+        if roles.count("master") != 3 or roles.count("slave") != 3:
+            return False
+        # A replica that never synced with its master cannot be promoted in its place.
+        return all(_synced(replica) for replica in self.servers[3:])
+
+    def master_of(self, queue: str) -> ClusterServer:
+        """The server that serves ``queue``'s slot now (its hash tag's)."""
+        slot = key_slot(f"{{{queue}}}".encode())
+        for server in self.servers:
+            if server.process_ended():
+                continue
+            with contextlib.suppress(redis.RedisError), server.client() as client:
+                for start, end, (_host, port, *_rest), *_replicas in client.execute_command(
+                    "CLUSTER", "SLOTS"
+                ):
+                    if start <= slot <= end:
+                        return next(s for s in self.servers if s.port == int(port))
+        raise AssertionError(f"no server answers for {queue!r}'s slot")
+
+    def kill_master_of(self, queue: str) -> float:
+        """SIGKILL to the master of ``queue``; returns the time.time() at which the cluster
+        names its replica master and says it is ``ok`` again."""
+        old = self.master_of(queue)
+        old.kill()
+        wait_for(lambda: self._served_by_other(queue, old), 60, "the replica's promotion")
+        return time.time()
+
+    def promote_replica_of(self, queue: str, flush: bool = False) -> float:
+        """The replica of ``queue``'s master made master by hand (``CLUSTER FAILOVER``), then,
+        with ``flush``, emptied (a replica that had fallen far behind); the time.time() at
+        which it serves."""
+        old = self.master_of(queue)
+        replica = next(s for s in self.servers if s is not old and _replica_of(s, old))
+        with replica.client() as client:
+            client.execute_command("CLUSTER", "FAILOVER")
+        wait_for(lambda: self._served_by_other(queue, old), 60, "the manual failover")
+        if flush:
+            with replica.client() as client:
+                client.flushall()
+        return time.time()
+
+    def reshard_away(self, queue: str, cli: str) -> float:
+        """``queue``'s slot, and the slots before it on its master, migrated to another
+        master with ``redis-cli --cluster reshard`` (``cli``); the time.time() it ended."""
+        old = self.master_of(queue)
+        to = next(s for s in self.servers[:3] if s is not old and not s.process_ended())
+        slot = key_slot(f"{{{queue}}}".encode())
+        with old.client() as client:
+            first = min(
+                start
+                for start, end, (_h, port, *_r), *_ in client.execute_command("CLUSTER", "SLOTS")
+                if int(port) == old.port and start <= slot
+            )
+        subprocess.run(
+            [
+                *(cli, "--cluster", "reshard", f"127.0.0.1:{old.port}"),
+                *("--cluster-from", old.node_id(), "--cluster-to", to.node_id()),
+                *("--cluster-slots", str(slot - first + 1), "--cluster-yes"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        wait_for(lambda: self._served_by_other(queue, old), 60, "the slot's new master")
+        return time.time()
+
+    def _served_by_other(self, queue: str, old: ClusterServer) -> bool:
+        with contextlib.suppress(AssertionError, redis.RedisError):
+            now = self.master_of(queue)
+            with now.client() as client:
+                ok = "cluster_state:ok" in client.execute_command("CLUSTER", "INFO").decode()
+            return now is not old and ok
+        return False
 
     def stop(self) -> None:
         for made in self.clients:
             made.close()
         for server in self.servers:
             server.kill()
+
+
+def _synced(replica: ClusterServer) -> bool:
+    with replica.client() as client:
+        return client.info("replication").get("master_link_status") == "up"
+
+
+def _replica_of(server: ClusterServer, master: ClusterServer) -> bool:
+    with contextlib.suppress(redis.RedisError), server.client() as client:
+        info = client.info("replication")
+        return info.get("role") == "slave" and int(info.get("master_port", 0)) == master.port
+    return False
 
 
 def _known(server: ClusterServer) -> int:

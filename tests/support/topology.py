@@ -70,12 +70,14 @@ def run_workload(
     spread: float = 6.0,
     worker_flags: tuple[str, ...] = (),
     redis_url: str | None = None,
+    queues: tuple[str, ...] = (),
 ) -> Counts:
     """Schedules spread over ``spread`` seconds through ``url``, the services started on it,
     ``fault()`` a third of the way in (returning, if it knows, the time.time() at which the
     servers were back), then every schedule waited for (two minutes at most);
     the counts are read through ``read_url`` (the server that holds the data after the
-    fault). ``redis_url``: the services' Redis, when not the suite's. The lease is longer
+    fault). ``redis_url``: the services' Redis, when not the suite's. ``queues``: the
+    schedules spread over them in turn, the worker serving them all. The lease is longer
     than any fault here lasts on a busy machine (a failover has taken 5 s): an outcome that
     waits out an outage longer than its lease is rescued and its handler runs again, a
     documented case these runs do not measure."""
@@ -88,9 +90,11 @@ def run_workload(
             HANDLER,
             {"seconds": rng.choice((0, 0.05, 0.2))},
             run_at=start + timedelta(seconds=rng.uniform(0, spread)),
+            **({"queue": queues[n % len(queues)]} if queues else {}),
         ).id
-        for _ in range(schedules)
+        for n in range(schedules)
     ]
+    serving = [flag for queue in queues for flag in ("--queue", queue)]
     producer.close()
     services = {
         "scheduler": spawn("scheduler", "--poll-interval", "50ms", extra_env=env),
@@ -105,6 +109,7 @@ def run_workload(
             "--heartbeat",
             "1s",
             *worker_flags,
+            *serving,
             extra_env=env,
         ),
         "reconciler": spawn("reconcile", "--every", "1s", extra_env=env),
