@@ -17,6 +17,7 @@ import time
 from bench import (
     bulk,
     changes,
+    cluster,
     concurrency,
     durability,
     fairness,
@@ -65,6 +66,7 @@ def main() -> int:
         prepared,
         durability,
         redis_failover,
+        cluster,
         worker_ab,
     )
     chosen = sys.argv[1:]

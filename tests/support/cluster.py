@@ -1,5 +1,5 @@
-"""A Redis Cluster of a test's own: three masters, each with a replica, six server processes
-(``cluster-enabled``) on loopback ports at most 55535 (each node's cluster bus listens 10000
+"""A Redis Cluster of a test's own: three masters (or as many as asked), each with a replica,
+every server (``cluster-enabled``) on loopback ports at most 55535 (each node's cluster bus listens 10000
 above its port), nothing persisted. Made with the servers' own commands (``CLUSTER MEET``,
 ``ADDSLOTSRANGE``, ``REPLICATE``), so no ``redis-cli`` is needed to start one."""
 
@@ -84,20 +84,21 @@ class ClusterServer:
 
 @dataclass
 class Cluster:
-    """Three masters (slots split evenly) and a replica of each."""
+    """Masters (three by default, slots split evenly) and a replica of each."""
 
-    servers: list[ClusterServer]  # the three masters as made, then their replicas
+    servers: list[ClusterServer]  # the masters as made, then their replicas
+    masters: int = 3
     clients: list[RedisCluster] = field(default_factory=list)
 
     @property
     def url(self) -> str:
-        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.servers[:3])
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.servers[: self.masters])
         return f"redis+cluster://{hosts}"
 
     def client(self) -> RedisCluster:
         """A cluster client (closed with the cluster)."""
         made = RedisCluster(
-            startup_nodes=[ClusterNode("127.0.0.1", s.port) for s in self.servers[:3]],
+            startup_nodes=[ClusterNode("127.0.0.1", s.port) for s in self.servers[: self.masters]],
             socket_timeout=5,
         )
         self.clients.append(made)
@@ -112,21 +113,22 @@ class Cluster:
         for server in self.servers[1:]:
             first.execute_command("CLUSTER", "MEET", "127.0.0.1", server.port)
         wait_for(lambda: all(_known(s) == len(self.servers) for s in self.servers), 30, "MEET")
-        step = SLOTS // 3
-        for i, master in enumerate(self.servers[:3]):
-            last = SLOTS - 1 if i == 2 else (i + 1) * step - 1
+        n = self.masters
+        step = SLOTS // n
+        for i, master in enumerate(self.servers[:n]):
+            last = SLOTS - 1 if i == n - 1 else (i + 1) * step - 1
             with master.client() as client:
                 client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * step, last)
-        ids = [master.node_id() for master in self.servers[:3]]
+        ids = [master.node_id() for master in self.servers[:n]]
         wait_for(lambda: all(_assigned(s) == SLOTS for s in self.servers), 30, "the slots")
-        for replica, master_id in zip(self.servers[3:], ids, strict=True):
+        for replica, master_id in zip(self.servers[n:], ids, strict=True):
             with replica.client() as client:
                 client.execute_command("CLUSTER", "REPLICATE", master_id)
         wait_for(self.healthy, 60, "the cluster to be ok with a replica of each master")
         first.close()
 
     def healthy(self) -> bool:
-        """Every server answers and says ``cluster_state:ok``; three masters, each with a
+        """Every server answers and says ``cluster_state:ok``; its masters, each with a
         replica."""
         try:
             for server in self.servers:
@@ -138,10 +140,10 @@ class Cluster:
         except redis.RedisError:
             return False
         roles = [flag for node in nodes for flag in node.split()[2].split(",")]
-        if roles.count("master") != 3 or roles.count("slave") != 3:
+        if roles.count("master") != self.masters or roles.count("slave") != self.masters:
             return False
         # A replica that never synced with its master cannot be promoted in its place.
-        return all(_synced(replica) for replica in self.servers[3:])
+        return all(_synced(replica) for replica in self.servers[self.masters :])
 
     def master_of(self, queue: str) -> ClusterServer:
         """The server that serves ``queue``'s slot now (its hash tag's)."""
@@ -183,7 +185,8 @@ class Cluster:
         """``queue``'s slot, and the slots before it on its master, migrated to another
         master with ``redis-cli --cluster reshard`` (``cli``); the time.time() it ended."""
         old = self.master_of(queue)
-        to = next(s for s in self.servers[:3] if s is not old and not s.process_ended())
+        masters = self.servers[: self.masters]
+        to = next(s for s in masters if s is not old and not s.process_ended())
         slot = key_slot(f"{{{queue}}}".encode())
         with old.client() as client:
             first = min(
@@ -257,11 +260,12 @@ def cluster_ports(n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def cluster(binary: str, folder: Path) -> Iterator[Cluster]:
+def cluster(binary: str, folder: Path, masters: int = 3) -> Iterator[Cluster]:
     """Three masters and three replicas, made and stopped at the end (made again on other
     ports, up to three times, when a port was taken between its draw and its server's start)."""
     for attempt in range(3):
-        made = Cluster([ClusterServer(binary, p, folder / str(p)) for p in cluster_ports(6)])
+        ports = cluster_ports(2 * masters)
+        made = Cluster([ClusterServer(binary, p, folder / str(p)) for p in ports], masters)
         try:
             made.make()
             break

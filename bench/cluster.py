@@ -1,0 +1,165 @@
+"""duejobs on a Redis Cluster: no-op jobs a second on three shards against one shard, the
+same worker slots; and the Redis commands a job costs on a cluster against a single node.
+
+Each round: CLUSTER_JOBS (6,000) no-op jobs due now over six queues, pushed by one scheduler
+pass, then drained by two ``duejobs worker --burst`` processes of 16 slots serving the six
+queues (again after a scheduler pass, when a job was put back for later); the drain is the span
+from the first attempt's start to the last one's end (the database's clock). Three layouts,
+alternated in each of CLUSTER_ROUNDS (3) rounds, medians reported: a cluster of one master and
+its replica, a cluster of three masters and their replicas (both started here, as the test
+suite starts them), and the single Redis of the run. Redis' commands are ``INFO commandstats``
+summed over every master (a script's commands counted with the script call), after the drain
+less before the push.
+
+    python -m bench cluster
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from redis import Redis
+from sqlalchemy import text
+
+from bench.common import TABLES, Figure
+from bench.procs import ROOT
+from duejobs import App
+from duejobs.scheduler.loop import Scheduler, SchedulerConfig
+from tests.support.cluster import QUEUES, Cluster, cluster
+from tests.support.valkey import server_binary
+
+JOBS = int(os.environ.get("CLUSTER_JOBS", "6000"))
+ROUNDS = int(os.environ.get("CLUSTER_ROUNDS", "3"))
+WORKERS, SLOTS = 2, 16
+
+
+def _commands(clients: list[Redis]) -> int:
+    """Every command the servers ran so far (scripts' own commands included)."""
+    return sum(
+        int(stats["calls"])
+        for client in clients
+        for stats in client.info("commandstats").values()
+        if isinstance(stats, dict)
+    )
+
+
+def _drain(
+    database_url: str, redis_url: str, masters: Callable[[], list[Redis]]
+) -> tuple[float, float]:
+    """(jobs a second, Redis commands a job) of one round on the Redis of ``redis_url``."""
+    app = App(database_url=database_url, redis_url=redis_url, strict_types=False)
+    try:
+        with app.engine.begin() as conn:
+            conn.execute(text(f"TRUNCATE {TABLES}"))
+        before = _commands(masters())
+        _schedule(app)
+        Scheduler(app, SchedulerConfig(batch_size=1000)).run_once()
+        env = {
+            **os.environ,
+            "DUEJOBS_DATABASE_URL": database_url,
+            "DUEJOBS_REDIS_URL": redis_url,
+            "PYTHONPATH": str(ROOT),
+        }
+        serving = [flag for queue in QUEUES for flag in ("--queue", queue)]
+        cmd = [sys.executable, "-m", "duejobs", "worker", "--app", "bench.jobs:app", "--burst"]
+        cmd += ["--concurrency", str(SLOTS), "--log-level", "warning", *serving]
+        scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
+        for _ in range(5):  # a job put back (a claim that timed out) waits for a promotion
+            workers = [subprocess.Popen(cmd, env=env, cwd=ROOT) for _ in range(WORKERS)]
+            for worker in workers:
+                assert worker.wait(600) == 0
+            if _succeeded(app) == JOBS:
+                break
+            scheduler.run_once()
+        with app.engine.connect() as conn:
+            done, span = conn.execute(
+                text(
+                    "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at)) "
+                    "FROM scheduled_job_attempts WHERE status = 'succeeded'"
+                )
+            ).one()
+        assert done == JOBS, done
+        return JOBS / float(span), (_commands(masters()) - before) / JOBS
+    finally:
+        app.close()
+
+
+def _succeeded(app: App) -> int:
+    with app.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'")
+            ).scalar_one()
+        )
+
+
+def _schedule(app: App) -> None:
+    """JOBS no-op schedules due now, spread over the six queues in turn."""
+    with app.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, queue) "
+                "SELECT gen_random_uuid(), 'noop', '{}', now() - interval '1 second', "
+                "now() - interval '1 second', (CAST(:queues AS text[]))[1 + g % :n] "
+                "FROM generate_series(0, :jobs - 1) g"
+            ),
+            {"queues": list(QUEUES), "n": len(QUEUES), "jobs": JOBS},
+        )
+
+
+def _on_cluster(database_url: str, masters: int) -> tuple[float, float]:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        cluster(server_binary(), Path(folder), masters) as made,
+    ):
+        return _drain(database_url, made.url, lambda: _clients(made))
+
+
+def _clients(made: Cluster) -> list[Redis]:
+    return [server.client() for server in made.servers[: made.masters]]
+
+
+def run(database_url: str, redis_url: str) -> list[Figure]:
+    one, three, single = [], [], []
+    Redis.from_url(redis_url).flushdb()
+    for _ in range(ROUNDS):
+        one.append(_on_cluster(database_url, 1))
+        three.append(_on_cluster(database_url, 3))
+        single.append(_drain(database_url, redis_url, lambda: [Redis.from_url(redis_url)]))
+    layouts = {"one shard": one, "three shards": three, "single node": single}
+    rate = {name: statistics.median(r for r, _ in runs) for name, runs in layouts.items()}
+    cost = {name: statistics.median(c for _, c in runs) for name, runs in layouts.items()}
+    for name in layouts:
+        print(f"cluster: {name}: {rate[name]:.0f} jobs/s, {cost[name]:.1f} Redis commands a job")
+    return [
+        Figure(
+            "no-op jobs/s, 3 shards vs 1 shard (2 x 16 slots)",
+            rate["three shards"],
+            rate["one shard"],
+            "jobs/s",
+            "reported",
+            True,
+        ),
+        Figure(
+            "Redis commands a job, cluster (3 shards) vs one node",
+            cost["three shards"],
+            cost["single node"],
+            "cmds",
+            "reported",
+            True,
+        ),
+    ]
+
+
+if __name__ == "__main__":
+    from bench.common import scratch_database
+
+    with scratch_database() as (database_url, redis_url):
+        for figure in run(database_url, redis_url):
+            print(figure.line())
