@@ -1,7 +1,8 @@
 """A Redis Cluster of a test's own: three masters (or as many as asked), each with a replica,
-every server (``cluster-enabled``) on loopback ports at most 55535 (each node's cluster bus listens 10000
-above its port), nothing persisted. Made with the servers' own commands (``CLUSTER MEET``,
-``ADDSLOTSRANGE``, ``REPLICATE``), so no ``redis-cli`` is needed to start one."""
+every server (``cluster-enabled``) on loopback ports at most 55535 (each node's cluster bus
+listens 10000 above its port), nothing persisted. Made with the servers' own commands
+(``CLUSTER MEET``, ``ADDSLOTSRANGE``, ``REPLICATE``), so no ``redis-cli`` is needed to start
+one."""
 
 from __future__ import annotations
 
