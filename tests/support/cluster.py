@@ -247,12 +247,23 @@ def _assigned(server: ClusterServer) -> int:
     return int(fields["cluster_slots_assigned"])
 
 
+def _below_ephemeral() -> int:
+    """The highest port below the kernel's range for outgoing connections' own ports (a
+    server cannot listen on a port a connection of the machine holds as its own)."""
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        return min(HIGHEST_PORT, low - 1)
+    return HIGHEST_PORT
+
+
 def cluster_ports(n: int) -> list[int]:
-    """``n`` ports at most :data:`HIGHEST_PORT` on which nothing listens, nor on their bus
-    ports (drawn at random, so that test processes side by side rarely draw the same)."""
+    """``n`` ports at most :data:`HIGHEST_PORT`, they and their bus ports below the ports the
+    kernel gives outgoing connections, on which nothing listens (drawn at random, so that test
+    processes side by side rarely draw the same)."""
+    highest = _below_ephemeral() - _BUS
     found: list[int] = []
     while len(found) < n:
-        port = random.randint(20000, HIGHEST_PORT)
+        port = random.randint(min(10000, highest - 1000), highest)
         taken = {p for q in found for p in (q, q + _BUS)}
         if {port, port + _BUS} & taken or listening(port) or listening(port + _BUS):
             continue
