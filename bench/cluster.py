@@ -27,9 +27,10 @@ from pathlib import Path
 from redis import Redis
 from sqlalchemy import text
 
-from bench.common import TABLES, Figure
+from bench.common import Figure, fill_due
 from bench.procs import ROOT
 from duejobs import App
+from duejobs.config import libpq_url
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from tests.support.cluster import QUEUES, Cluster, cluster
 from tests.support.valkey import server_binary
@@ -54,12 +55,11 @@ def _drain(
 ) -> tuple[float, float]:
     """(jobs a second, Redis commands a job) of one round on the Redis of ``redis_url``."""
     app = App(database_url=database_url, redis_url=redis_url, strict_types=False)
+    scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
     try:
-        with app.engine.begin() as conn:
-            conn.execute(text(f"TRUNCATE {TABLES}"))
         before = _commands(masters())
-        _schedule(app)
-        Scheduler(app, SchedulerConfig(batch_size=1000)).run_once()
+        fill_due(libpq_url(database_url), JOBS, job_type="noop", offset="-1 second", queues=QUEUES)
+        scheduler.run_once()
         env = {
             **os.environ,
             "DUEJOBS_DATABASE_URL": database_url,
@@ -69,7 +69,6 @@ def _drain(
         serving = [flag for queue in QUEUES for flag in ("--queue", queue)]
         cmd = [sys.executable, "-m", "duejobs", "worker", "--app", "bench.jobs:app", "--burst"]
         cmd += ["--concurrency", str(SLOTS), "--log-level", "warning", *serving]
-        scheduler = Scheduler(app, SchedulerConfig(batch_size=1000))
         for _ in range(5):  # a job put back (a claim that timed out) waits for a promotion
             workers = [subprocess.Popen(cmd, env=env, cwd=ROOT) for _ in range(WORKERS)]
             for worker in workers:
@@ -87,6 +86,7 @@ def _drain(
         assert done == JOBS, done
         return JOBS / float(span), (_commands(masters()) - before) / JOBS
     finally:
+        scheduler.close()
         app.close()
 
 
@@ -96,20 +96,6 @@ def _succeeded(app: App) -> int:
             conn.execute(
                 text("SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'")
             ).scalar_one()
-        )
-
-
-def _schedule(app: App) -> None:
-    """JOBS no-op schedules due now, spread over the six queues in turn."""
-    with app.engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at, queue) "
-                "SELECT gen_random_uuid(), 'noop', '{}', now() - interval '1 second', "
-                "now() - interval '1 second', (CAST(:queues AS text[]))[1 + g % :n] "
-                "FROM generate_series(0, :jobs - 1) g"
-            ),
-            {"queues": list(QUEUES), "n": len(QUEUES), "jobs": JOBS},
         )
 
 

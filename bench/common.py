@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,17 +114,21 @@ def fill_due(
     offset: str = "0 seconds",
     spread: str = "0 seconds",
     background: int = 0,
+    queues: Sequence[str] = (),
 ) -> None:
-    """``n`` scheduled rows due at now() + offset (+ up to ``spread``), plus ``background``
-    rows that are finished or far in the future; tables are emptied first."""
+    """``n`` scheduled rows due at now() + offset (+ up to ``spread``), on ``queues`` in turn
+    (else the default queue), plus ``background`` rows that are finished or far in the
+    future; tables are emptied first."""
     with psycopg.connect(url) as conn:
         conn.execute(f"TRUNCATE {TABLES}")
+        routed = ", queue" if queues else ""  # else the column's default
         conn.execute(
-            "INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at) "
-            "SELECT gen_random_uuid(), %(type)s, '{}', t, t FROM ("
-            "  SELECT now() + %(offset)s::interval + random() * %(spread)s::interval AS t "
-            "  FROM generate_series(1, %(n)s)) AS d",
-            {"type": job_type, "offset": offset, "spread": spread, "n": n},
+            f"INSERT INTO scheduled_jobs (id, type, payload, run_at, due_at{routed}) "
+            f"SELECT gen_random_uuid(), %(type)s, '{{}}', t, t{routed} FROM ("
+            "  SELECT now() + %(offset)s::interval + random() * %(spread)s::interval AS t, "
+            "  (%(queues)s::text[])[1 + g %% greatest(cardinality(%(queues)s::text[]), 1)] "
+            "  AS queue FROM generate_series(1, %(n)s) AS g) AS d",
+            {"type": job_type, "offset": offset, "spread": spread, "n": n, "queues": list(queues)},
         )
         if background:
             conn.execute(

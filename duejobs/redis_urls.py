@@ -82,14 +82,7 @@ def sentinel_url(url: str) -> SentinelUrl | None:
     if scheme not in SENTINEL_SCHEMES:
         return None
     parts = urlsplit(url)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
-    sentinels = []
-    for host in hosts.split(","):
-        name, _, port = host.strip().rpartition(":") if ":" in host else (host.strip(), "", "")
-        if not name or (port and not port.isdigit()):
-            raise ConfigurationError(f"a Sentinel URL lists a bad Sentinel: {redacted_redis(url)}")
-        sentinels.append((name.strip("[]"), int(port) if port else 26379))
+    username, password, sentinels = _hosts(url, 26379, "a Sentinel URL lists a bad Sentinel")
     path = [unquote(p) for p in parts.path.split("/") if p]
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ConfigurationError(
@@ -98,11 +91,11 @@ def sentinel_url(url: str) -> SentinelUrl | None:
         )
     query = dict(parse_qsl(parts.query))
     return SentinelUrl(
-        tuple(sentinels),
+        sentinels,
         path[0],
         int(path[1]) if len(path) == 2 else 0,
-        unquote(username) or None,
-        unquote(password) or None,
+        username,
+        password,
         query.get("sentinel_password"),
         scheme == "rediss+sentinel",
     )
@@ -130,21 +123,29 @@ def cluster_url(url: str) -> ClusterUrl | None:
     if scheme not in CLUSTER_SCHEMES:
         return None
     parts = urlsplit(url)
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
-    nodes = []
-    for host in hosts.split(","):
-        name, _, port = host.strip().rpartition(":") if ":" in host else (host.strip(), "", "")
-        if not name or (port and not port.isdigit()):
-            raise ConfigurationError(f"a cluster URL lists a bad node: {redacted_redis(url)}")
-        nodes.append((name.strip("[]"), int(port) if port else 6379))
+    username, password, nodes = _hosts(url, 6379, "a cluster URL lists a bad node")
     if parts.path.strip("/") not in ("", "0"):
         raise ConfigurationError(
             f"a Redis Cluster has one database, 0: {redacted_redis(url)} names another"
         )
-    return ClusterUrl(
-        tuple(nodes), unquote(username) or None, unquote(password) or None, scheme[:6] == "rediss"
-    )
+    return ClusterUrl(nodes, username, password, scheme[:6] == "rediss")
+
+
+def _hosts(
+    url: str, default_port: int, bad: str
+) -> tuple[str | None, str | None, tuple[tuple[str, int], ...]]:
+    """(user, password, (host, port) of each host listed) of a URL naming several hosts
+    (Sentinels, a cluster's nodes); a host that is no ``host[:port]`` refused with ``bad``,
+    the URL shown without its password."""
+    userinfo, _, hosts = urlsplit(url).netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    listed = []
+    for host in hosts.split(","):
+        name, _, port = host.strip().rpartition(":") if ":" in host else (host.strip(), "", "")
+        if not name or (port and not port.isdigit()):
+            raise ConfigurationError(f"{bad}: {redacted_redis(url)}")
+        listed.append((name.strip("[]"), int(port) if port else default_port))
+    return unquote(username) or None, unquote(password) or None, tuple(listed)
 
 
 def check_redis_url(url: str) -> str:

@@ -34,7 +34,7 @@ from duejobs.rq_wire.keys import (
 log = logging.getLogger("duejobs.delivery")
 T = TypeVar("T")
 # Indexes of a call's items by node (its id), and on each node by the queue a call names.
-_Groups = dict[int, tuple["Node", dict[str, list[int]]]]
+_Groups = dict[int, tuple[Node, dict[str, list[int]]]]
 
 DEFAULT_QUEUE = "duejobs"
 
@@ -245,8 +245,10 @@ class Deliverer:
                     args += ["1" if p.front else "0", "1" if p.stuck else "0"]
                     args += ["1" if p.unpushed else "0"]
                 if self.cluster:  # the sets of every queue, each in a slot of its own
-                    node.redis.sadd(keys.all_queues, keys.queue)
-                    node.redis.sadd(QUEUES_KEY, name)
+                    with node.redis.pipeline(transaction=False) as pipe:
+                        pipe.sadd(keys.all_queues, keys.queue)
+                        pipe.sadd(QUEUES_KEY, name)
+                        pipe.execute()
                 q, d, pr, made = node.push(keys=self._keys_of(name), args=args)
                 queued, deferred, present = queued + int(q), deferred + int(d), present + int(pr)
                 created.update(i.decode() if isinstance(i, bytes) else i for i in made)
