@@ -263,12 +263,9 @@ def refusal(client: Redis) -> str | None:
     mends, in one line: a wrong password, an ACL without the commands duejobs runs, a
     Sentinel refusing its password, no Sentinel knowing the master's name. None when it
     answers, and when it does not (an outage, waited out)."""
-    from redis.exceptions import (
-        AuthenticationError,
-        AuthorizationError,
-        NoPermissionError,
-        RedisError,
-    )
+    from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
+
+    from duejobs.redis_failures import REDIS_FAILURES
 
     sentinel = _sentinel_refusal(client)
     if sentinel is not None:
@@ -280,7 +277,7 @@ def refusal(client: Redis) -> str | None:
             f"{exc} (check the user and password of DUEJOBS_REDIS_URL, and that its ACL "
             "allows duejobs' commands)"
         )
-    except RedisError:
+    except REDIS_FAILURES:
         pass
     return None
 

@@ -16,11 +16,18 @@ from pathlib import Path
 
 import pytest
 import redis
-from redis.exceptions import ClusterDownError, ClusterError
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    RedisClusterException,
+    RedisClusterUnreachableError,
+    SlotNotCoveredError,
+)
 
 from duejobs import App
+from duejobs.redis_failures import is_outage
 from duejobs.scheduler.loop import Scheduler
-from duejobs.worker.redis_waits import is_outage
+from duejobs.worker.redis_waits import RedisWaits
 from tests.support import wait_for
 from tests.support.apps import register
 from tests.support.network import free_ports
@@ -137,6 +144,25 @@ def test_a_cluster_down_or_its_slots_moving_past_the_retries_is_an_outage_to_wai
     the ``CLUSTERDOWN`` word off the reply). Seen failing: both were raised to the worker."""
     assert is_outage(ClusterDownError("The cluster is down"))
     assert is_outage(ClusterError("TTL exhausted."))
+
+
+def test_a_cluster_no_node_of_which_answers_or_a_slot_unserved_is_an_outage_to_wait_out() -> None:
+    """redis-py's cluster client raises these outside the ``RedisError`` family: a cluster
+    restarted whole, or away when the client is made, and a slot between its master's loss
+    and its replica's promotion. A request the client itself refuses (keys of several slots)
+    is a defect, raised. Seen failing: the worker's waits let them through, and it exited."""
+    assert is_outage(RedisClusterUnreachableError("Redis Cluster cannot be connected"))
+    assert is_outage(SlotNotCoveredError('Slot "1" is not covered by the cluster.'))
+    assert not is_outage(RedisClusterException("Keys in request don't hash to the same slot"))
+    calls: list[int] = []
+
+    def unreachable_once() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RedisClusterUnreachableError("Redis Cluster cannot be connected")
+        return "answered"
+
+    assert RedisWaits("a cluster").call("a take", unreachable_once) == "answered"
 
 
 @pytest.mark.parametrize(

@@ -201,10 +201,10 @@ def _app(
 ) -> Iterator[App]:
     """The App a command works on — ``App()`` from the environment, or the one ``app_ref``
     (``MODULE:APP``) names, with its handlers —, its errors as the CLI says them."""
-    from redis.exceptions import RedisError
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     from duejobs.app.application import App
+    from duejobs.redis_failures import REDIS_FAILURES
 
     data_dir: Path = ctx.obj["data_dir"]
     try:
@@ -216,7 +216,9 @@ def _app(
                 yield app
             finally:
                 app.close()
-    except (DuejobsError, RedisError, OperationalError, InterfaceError) as exc:
+    except Exception as exc:
+        if not isinstance(exc, (DuejobsError, *REDIS_FAILURES, OperationalError, InterfaceError)):
+            raise
         said = outage(exc)  # an outage in one line, naming the service
         _fail(exc if said is None else ConnectionError(said))
 
@@ -313,8 +315,17 @@ def refuse_unusable_redis(app: App) -> None:
     ACL without the commands it runs; through Sentinel, a wrong Sentinel password or a master
     name no Sentinel knows) ends it with exit 2, naming it — no retry mends that. A
     Redis that does not answer is an outage, which the service waits out; so is the same
-    refusal once it runs (a password being rotated)."""
-    refusals = app.core.deliverer().refusing()
+    refusal once it runs (a password being rotated). A cluster's client reads the cluster's
+    map when made: a cluster away is an outage too, one refusing its password a refusal."""
+    from duejobs.redis_failures import REDIS_FAILURES, is_outage
+    from duejobs.redis_urls import redacted_redis
+
+    try:
+        refusals = app.core.deliverer().refusing()
+    except REDIS_FAILURES as exc:
+        if is_outage(exc):
+            return  # the service's loop waits it out
+        refusals = [(redacted_redis(app.settings.require_redis()), str(exc))]
     for where, answer in refusals:
         click.echo(f"error: Redis at {where} refuses duejobs: {answer}", err=True)
     if refusals:

@@ -13,7 +13,6 @@ from datetime import timedelta
 from typing import Protocol, TypeVar
 
 import click
-from redis.exceptions import RedisError
 
 from duejobs.app.application import App
 from duejobs.cli.base import (
@@ -33,6 +32,7 @@ from duejobs.cli.base import (
 )
 from duejobs.cli.group import main
 from duejobs.errors import DuejobsError, describe, outage
+from duejobs.redis_failures import REDIS_FAILURES
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.services.partition_maintenance import EVERY as PARTITIONS_EVERY
 from duejobs.services.partition_maintenance import PartitionMaintenance
@@ -210,7 +210,9 @@ def reconcile(
             if metrics_port is not None:
                 try:
                     gauges.maybe_refresh()
-                except (DuejobsError, RedisError, dbapi.SQLAlchemyError) as exc:
+                except Exception as exc:
+                    if not isinstance(exc, (DuejobsError, *REDIS_FAILURES, dbapi.SQLAlchemyError)):
+                        raise
                     # The pass's repairs are done and counted: the figures wait for the next
                     # pass (a replica that is down is its own gauge, duejobs_read_replica_up).
                     said = outage(exc) or describe(exc)

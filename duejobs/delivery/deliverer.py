@@ -12,11 +12,12 @@ from typing import Any, TypeVar, cast
 
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.exceptions import ConnectionError, NoScriptError, RedisError, TimeoutError
+from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
 
 from duejobs.config import DEFAULT_RESULT_TTL
 from duejobs.delivery.nodes import NODE_WAIT, Node
 from duejobs.models import Delivery
+from duejobs.redis_failures import REDIS_FAILURES
 from duejobs.redis_urls import refusal
 from duejobs.rq_wire.bands import band_queue, bands, queue_of
 from duejobs.rq_wire.job_hash import JOB_FIELDS, constant_fields, job_data
@@ -183,17 +184,17 @@ class Deliverer:
         started = [(node, node.start(work)) for node in nodes]
         deadline = time.monotonic() + NODE_WAIT
         done: list[T] = []
-        failures: list[RedisError] = []
+        failures: list[Exception] = []
         for node, future in started:
             try:
                 done.append(node.finish(future, deadline))
-            except RedisError as exc:
+            except REDIS_FAILURES as exc:
                 failures.append(exc)
         if failures and not done and self._cannot_go_on(failures, len(started)):
             raise failures[0]
         return done
 
-    def _cannot_go_on(self, failures: Sequence[RedisError], called: int) -> bool:
+    def _cannot_go_on(self, failures: Sequence[Exception], called: int) -> bool:
         """Whether the failures of a call no node answered are the caller's to handle: the
         only node failed, every node is down, or every node refused the call (an error that
         is not an outage). A refusal by some of the nodes is logged and counted, and the
@@ -377,11 +378,11 @@ class Deliverer:
         node by node (a node that fails or is down is skipped; the error is raised when no
         node could be read). ``most``: the first that many of each queue's list and each
         registry only (those next to run), whatever the queue holds behind them."""
-        failures: list[RedisError] = []
+        failures: list[Exception] = []
         for node in self._nodes:
             try:
                 yield from self._waiting_on(node, chunk, most)
-            except RedisError as exc:
+            except REDIS_FAILURES as exc:
                 failures.append(exc)
         if len(failures) == len(self._nodes):
             raise failures[0]

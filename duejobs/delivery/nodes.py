@@ -41,6 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from duejobs.redis_failures import REDIS_FAILURES
 from duejobs.rq_wire.scripts import (
     CLEAN_SCRIPT,
     DEFER_SCRIPT,
@@ -127,7 +128,7 @@ class Node:
         if self._lane is None:
             try:
                 future.set_result(work(self))
-            except RedisError as exc:
+            except REDIS_FAILURES as exc:
                 NODE_ERRORS.labels(self.label).inc()
                 future.set_exception(exc)
             return future

@@ -35,9 +35,9 @@ from collections.abc import Callable
 
 from prometheus_client import Counter
 from redis import Redis
-from redis.exceptions import RedisError
 
 from duejobs.errors import redis_said
+from duejobs.redis_failures import REDIS_FAILURES
 
 log = logging.getLogger("duejobs.delivery")
 
@@ -123,7 +123,7 @@ class Wakes:
                 return
             try:
                 send_wake(self._redis(), self._key)
-            except RedisError as exc:  # the schedule waits for the next poll
+            except REDIS_FAILURES as exc:  # the schedule waits for the next poll
                 self._failed(exc)
             except Exception:  # never end the thread: the next wake may go through
                 log.exception("waking the scheduler failed")
@@ -142,11 +142,12 @@ class Wakes:
 class WakeWatch:
     """The scheduler's side: a thread blocked on the wake list that calls ``woken()``, at
     most every ``WAKE_GAP``, for each entry it takes; Redis failing, it tries again after
-    ``backoff(failures)`` seconds, saying so once per outage."""
+    ``backoff(failures)`` seconds, saying so once per outage. ``redis`` gives the client at
+    each call (a cluster's is made once the cluster answers)."""
 
     def __init__(
         self,
-        redis: Redis,
+        redis: Callable[[], Redis],
         key: str,
         woken: Callable[[], None],
         stopping: Callable[[], bool],
@@ -172,14 +173,14 @@ class WakeWatch:
         last = 0.0
         while not self._stopping():
             try:
-                taken = self._redis.blpop([self._key], timeout=WATCH_BLOCK)
+                taken = self._redis().blpop([self._key], timeout=WATCH_BLOCK)
             except Exception as exc:  # the poll goes on meanwhile; this thread never ends
                 failures += 1
                 if failures == 1:
                     log.warning(
                         "the scheduler's wake list is out of reach (%s); polling",
                         redis_said(exc),
-                        exc_info=not isinstance(exc, RedisError),
+                        exc_info=not isinstance(exc, REDIS_FAILURES),
                     )
                 self._pause(self._backoff(failures))
                 continue
@@ -189,8 +190,8 @@ class WakeWatch:
             if taken is None:
                 continue
             if self._stopping():  # for a scheduler that still runs, if any
-                with contextlib.suppress(RedisError):
-                    send_wake(self._redis, self._key)
+                with contextlib.suppress(*REDIS_FAILURES):
+                    send_wake(self._redis(), self._key)
                 return
             self._pause(last + WAKE_GAP - time.monotonic())
             last = time.monotonic()

@@ -94,7 +94,7 @@ from duejobs.services.loop import Loop, backoff
 from duejobs.validation import check_count, check_duration
 
 if TYPE_CHECKING:
-    pass
+    from duejobs.delivery import Deliverer
 
 log = logging.getLogger("duejobs.scheduler")
 
@@ -147,7 +147,6 @@ class Scheduler:
     def __init__(self, app: HasCore, config: SchedulerConfig | None = None) -> None:
         self.core = app.core
         self.config = config or SchedulerConfig()
-        self.deliverer = self.core.deliverer()
         self._loop = Loop("scheduler", log, metrics.FAILED_PASSES)
         # Where the next claim's walk over (tenant, queue) pairs starts (shared by the loops).
         self._cursor = FIRST
@@ -167,6 +166,13 @@ class Scheduler:
         )
         # Each claim loop and the recurring loop hold a connection at once.
         self.core.ensure_pool(self.config.concurrency + 1)
+
+    @property
+    def deliverer(self) -> Deliverer:
+        """The App's delivery side, made on its first pass: a cluster's client reads the
+        cluster's map when it is made, so a scheduler started while its cluster is away
+        fails its passes (retried) instead of ending."""
+        return self.core.deliverer()
 
     def stop(self) -> None:
         """Ask the loops to stop after the batch in flight."""
@@ -323,7 +329,7 @@ class Scheduler:
         )
         recurring.start()
         WakeWatch(
-            self.deliverer.redis,
+            lambda: self.deliverer.redis,
             wake_key(self.core.queue),
             self._woken,
             lambda: self.stopping,

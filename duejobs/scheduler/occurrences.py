@@ -46,12 +46,12 @@ from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 from croniter import croniter
-from redis.exceptions import RedisError
 
 from duejobs import store
 from duejobs.errors import InvalidCronError, describe
 from duejobs.models import DstGap, DstOverlap, Misfire, Occurrence, Recurring
 from duejobs.observability import metrics
+from duejobs.redis_failures import REDIS_FAILURES
 from duejobs.services.loop import Loop
 from duejobs.store import dbapi
 
@@ -260,10 +260,9 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = BATCH) -> M
                 log.info("recurring %s of tenant %s: quota lock held, next pass", r.name, r.tenant)
                 waiting += 1
                 continue
-            # Errors that say nothing about a definition: the pass fails and is retried.
-            except (dbapi.InterfaceError, RedisError):
-                raise
             except Exception as exc:
+                if isinstance(exc, (dbapi.InterfaceError, *REDIS_FAILURES)):
+                    raise  # says nothing about the definition: the pass fails, is retried
                 error = describe(exc)
                 store.quarantine_recurring(conn, r.id, error)
                 metrics.RECURRING_QUARANTINED.labels(metrics.tenant_label(r.tenant)).inc()

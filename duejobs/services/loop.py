@@ -29,9 +29,9 @@ from datetime import timedelta
 from typing import TypeVar
 
 from prometheus_client import Counter
-from redis.exceptions import RedisError
 
 from duejobs.errors import redis_said
+from duejobs.redis_failures import REDIS_FAILURES
 from duejobs.store import dbapi
 
 R = TypeVar("R")
@@ -159,11 +159,11 @@ class Loop:
                 self.failed.inc()
                 failures += 1
                 wait = backoff(interval, cap, failures)
-                outage = isinstance(exc, dbapi.SQLAlchemyError | RedisError)
+                outage = isinstance(exc, (dbapi.SQLAlchemyError, *REDIS_FAILURES))
                 self.log.warning(
                     "%s pass failed (%s); retrying in %.1f s",
                     self.name,
-                    redis_said(exc) if isinstance(exc, RedisError) else exc,
+                    redis_said(exc) if isinstance(exc, REDIS_FAILURES) else exc,
                     wait,
                     exc_info=not outage,
                 )

@@ -81,6 +81,8 @@ from duejobs.validation import check_count, check_duration
 if TYPE_CHECKING:
     from sqlalchemy import Connection
 
+    from duejobs.delivery import Deliverer
+
 log = logging.getLogger("duejobs.reconcile")
 # How often the passes that fixed nothing are summed into one log line.
 QUIET_SUMMARY_EVERY = timedelta(minutes=10)
@@ -164,9 +166,15 @@ class Reconciler:
     def __init__(self, app: HasCore, config: ReconcileConfig | None = None) -> None:
         self.core = app.core
         self.config = config or ReconcileConfig()
-        self.deliverer = self.core.deliverer()
         self._loop = Loop("reconcile", log, metrics.RECONCILE_FAILED_PASSES)
         self._quiet = _QuietPasses(QUIET_SUMMARY_EVERY)
+
+    @property
+    def deliverer(self) -> Deliverer:
+        """The App's delivery side, made on its first pass: a cluster's client reads the
+        cluster's map when it is made, so a reconciler started while its cluster is away
+        fails its passes (retried) instead of ending."""
+        return self.core.deliverer()
 
     def stop(self) -> None:
         """Ask the loop to stop after the pass under way."""

@@ -49,21 +49,17 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from types import FrameType
 
-from redis.exceptions import (
-    AuthenticationError,
-    AuthorizationError,
-    NoPermissionError,
-    RedisError,
-)
+from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
 
 from duejobs.config import redacted
 from duejobs.errors import InvalidQueueError
+from duejobs.redis_failures import REDIS_FAILURES, is_outage
 from duejobs.redis_urls import GIVEN_REDIS, redis_client
 from duejobs.rq_wire.worker_side import Finished, RqWire, Taken
 from duejobs.services.loop import StopRequest
 from duejobs.validation import check_queue
 from duejobs.worker.group_commit import GroupCommit
-from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits, is_outage
+from duejobs.worker.redis_waits import BACKOFF_CAP, RedisWaits
 from duejobs.worker.runtime import Runtime
 from duejobs.worker.slot_pool import SLOT_WAIT
 
@@ -95,10 +91,8 @@ class Worker:
         url = runtime.redis_url_for(names)
         self.name = runtime.name
         given = runtime.core.settings.redis_client if url == GIVEN_REDIS else None
-        # No retry inside redis-py: the loop retries (redis_waits), knowing a take it sent
-        # may have run (the wire's lost takes); a client given to the App keeps its own.
-        client = given or redis_client(url, runtime.config.concurrency + _REDIS_SPARE, 0)
-        self.wire = RqWire(client, names, self.name, runtime.core.settings.result_ttl)
+        self._names, self._given, self._url = names, given, url
+        self._wire: RqWire | None = None
         self.waits = RedisWaits(redacted(url))
         self._pool = runtime.slots
         # Made from a signal handler: a request that takes no lock (a ``threading.Event``'s
@@ -122,6 +116,21 @@ class Worker:
             "redis_finish", self._finish_together
         )
 
+    @property
+    def wire(self) -> RqWire:
+        """RQ's side of the worker, made on first use: a cluster's client reads the
+        cluster's map when it is made, so a worker started while its cluster is away waits
+        for it (its registration, waited through the outage) instead of ending."""
+        if self._wire is None:
+            # No retry inside redis-py: the loop retries (redis_waits), knowing a take it
+            # sent may have run (the wire's lost takes); a client given to the App keeps its
+            # own.
+            slots = self.runtime.config.concurrency + _REDIS_SPARE
+            client = self._given or redis_client(self._url, slots, 0)
+            ttl = self.runtime.core.settings.result_ttl
+            self._wire = RqWire(client, self._names, self.name, ttl)
+        return self._wire
+
     # -- the loop ------------------------------------------------------------------------------
 
     def work(self, burst: bool = False, max_idle: float | None = None) -> None:
@@ -129,7 +138,7 @@ class Worker:
         ``burst``, until none waits; with ``max_idle``, until none came for that long."""
         with self.signals():
             suspended = self.waits.call(
-                "the worker's registration", self.wire.register, self._stopping
+                "the worker's registration", lambda: self.wire.register(), self._stopping
             )
             self._suspended = bool(suspended)
             beating = threading.Thread(target=self._beating, name="duejobs-beat", daemon=True)
@@ -228,7 +237,7 @@ class Worker:
                 lambda: self.wire.take(most, wait, finishing, state, self._may_block),
                 self._may_leave,
             )
-        except RedisError as exc:
+        except REDIS_FAILURES as exc:
             self._finish_apart(finishing)  # those it did not write (it empties the list)
             if not _mends(exc):
                 raise
@@ -310,7 +319,7 @@ class Worker:
                     lambda: deliverer.defer(taken.job_id, put_back_at, taken.queue),
                     self._past_finish_grace,
                 )
-            except RedisError as exc:  # the row is due then: the reconciler pushes it
+            except REDIS_FAILURES as exc:  # the row is due then: the reconciler pushes it
                 log.error("could not put job %s back (%s); the reconciler will", taken.job_id, exc)
 
     def _fold(self, finished: Finished) -> bool:
@@ -332,7 +341,7 @@ class Worker:
             done = self.waits.call(
                 "a finish", lambda: self._finishes.submit_all(finished), self._past_finish_grace
             )
-        except RedisError as exc:
+        except REDIS_FAILURES as exc:
             log.error("could not finish job %s in RQ (%s)", jobs, exc)
             return
         if done is None and self._past_finish_grace():
@@ -361,7 +370,7 @@ class Worker:
         state = self._state_after(batch)
         try:
             self.wire.finish(batch, state)
-        except RedisError as exc:
+        except REDIS_FAILURES as exc:
             if len(batch) == 1 or is_outage(exc):
                 raise
             return [self._finish_alone(item, state) for item in batch]
@@ -370,7 +379,7 @@ class Worker:
     def _finish_alone(self, item: Finished, state: str) -> bool:
         try:
             self.wire.finish([item], state)
-        except RedisError as exc:
+        except REDIS_FAILURES as exc:
             if is_outage(exc):
                 raise
             log.error("could not finish job %s in RQ (%s)", item.taken.job_id, exc)
@@ -403,7 +412,7 @@ class Worker:
                     log.warning("rq suspend: %s", "holding" if suspended else "resumed")
                 self._suspended = suspended
             if time.monotonic() - kept >= KEEP_EVERY:
-                with contextlib.suppress(RedisError):  # tried again at the next round
+                with contextlib.suppress(*REDIS_FAILURES):  # tried again at the next round
                     self.waits.call("the started entries", self._keep_started, lambda: True)
                 kept = time.monotonic()
 
@@ -449,6 +458,6 @@ class Worker:
             os._exit(1)
 
 
-def _mends(exc: RedisError) -> bool:
+def _mends(exc: Exception) -> bool:
     """A Redis error the loop outlives: any but a refused password or ACL."""
     return not isinstance(exc, AuthenticationError | AuthorizationError | NoPermissionError)

@@ -6,7 +6,8 @@ treats a refused or dropped connection, a timeout, a server still loading its da
 master that went down or is not known (``MASTERDOWN``, Sentinel's ``MasterNotFound``), a
 master short of replicas (``NOREPLICAS``), a failed background save (``MISCONF``), a busy
 script (``BUSY``), a blocking pop ended by the master turning replica (``UNBLOCKED``), a full
-server and too many clients as an *outage*: the call is tried
+server, too many clients, and a cluster unreachable or with a slot unserved as an *outage*
+(:func:`~duejobs.redis_failures.is_outage`): the call is tried
 again after a capped backoff (0.1 s doubling to ``BACKOFF_CAP``), with one warning when an
 outage starts and one line when Redis answers again — never an exit. A wrong password or ACL
 is not an outage (it does not mend by waiting): it is raised.
@@ -22,21 +23,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from redis.exceptions import (
-    AuthenticationError,
-    AuthorizationError,
-    ClusterError,
-    ConnectionError,
-    MasterDownError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    RedisError,
-    ResponseError,
-    TimeoutError,
-    TryAgainError,
-)
-
 from duejobs.errors import redis_said
+from duejobs.redis_failures import REDIS_FAILURES, is_outage
 
 log = logging.getLogger("duejobs.worker")
 
@@ -46,23 +34,6 @@ T = TypeVar("T")
 # from an outage, however long, is served again within it.
 BACKOFF_CAP = 2.0
 _FIRST_WAIT = 0.1
-# Replies that mean a server passing through a failover or a restart (ResponseError's text).
-_PASSING = (
-    *("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"),
-    *("MISCONF", "BUSY"),  # a failed background save (a full disk), a long script
-    "UNBLOCKED",  # a blocking pop ended by the server turning replica (a failover)
-)
-
-
-def is_outage(exc: RedisError) -> bool:
-    """Whether a Redis error is one that waiting mends."""
-    if isinstance(exc, AuthenticationError | AuthorizationError):
-        return False
-    if isinstance(exc, ConnectionError | TimeoutError | ReadOnlyError | MasterDownError):
-        return True
-    if isinstance(exc, TryAgainError | OutOfMemoryError | ClusterError):
-        return True  # ClusterError: a cluster down, or its slots moving past the retries
-    return isinstance(exc, ResponseError) and str(exc).startswith(_PASSING)
 
 
 class RedisWaits:
@@ -86,7 +57,7 @@ class RedisWaits:
         while True:
             try:
                 answer = call()
-            except RedisError as exc:
+            except REDIS_FAILURES as exc:
                 if not is_outage(exc):
                     raise
                 self._failed(what, exc)
@@ -98,7 +69,7 @@ class RedisWaits:
             self._answered()
             return answer
 
-    def _failed(self, what: str, exc: RedisError) -> None:
+    def _failed(self, what: str, exc: Exception) -> None:
         if self._since is None:
             self._since = time.monotonic()
             log.warning(

@@ -48,10 +48,12 @@ class ClusterServer:
     folder: Path
     process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        """Started empty, its cluster configuration forgotten (a restart joins as new)."""
+    def start(self, keep_config: bool = False) -> None:
+        """Started empty, its cluster configuration forgotten (a restart joins as new) —
+        or, with ``keep_config``, kept (a restart rejoins as the node it was)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / "nodes.conf").unlink(missing_ok=True)
+        if not keep_config:
+            (self.folder / "nodes.conf").unlink(missing_ok=True)
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
         args += ["--appendonly", "no", "--dir", str(self.folder), "--cluster-enabled", "yes"]
         args += ["--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000"]
@@ -181,6 +183,26 @@ class Cluster:
             with replica.client() as client:
                 client.flushall()
         return time.time()
+
+    def kill_all(self) -> None:
+        """Every server SIGKILLed at once: the whole cluster away."""
+        for server in self.servers:
+            server.kill()
+
+    def start_again(self) -> float:
+        """Every server started again empty (no persistence), each as the node it was; the
+        time.time() at which the cluster is whole again."""
+        for server in self.servers:
+            server.start(keep_config=True)
+        wait_for(self.healthy, 60, "the cluster whole again after its restart")
+        return time.time()
+
+    def restart_all(self, away: float) -> float:
+        """The whole cluster away for ``away`` seconds, then whole again (:meth:`start_again`'s
+        time)."""
+        self.kill_all()
+        time.sleep(away)  # the outage itself, not a wait for a result
+        return self.start_again()
 
     def reshard_away(self, queue: str, cli: str) -> float:
         """``queue``'s slot, and the slots before it on its master, migrated to another
