@@ -11,6 +11,11 @@ suite starts them), and the single Redis of the run. Redis' commands are ``INFO 
 summed over every master (a script's commands counted with the script call), after the drain
 less before the push.
 
+Start lag of a worker serving the six queues: LAG_JOBS (300) jobs at 20 a second, each at a
+random sub-second offset and on the next queue in turn, served by one scheduler and one
+8-slot worker process; lag = the ``started`` event's database time minus ``run_at``, p50 and
+p99, on three shards against the single Redis (alternated, medians of the rounds' figures).
+
     python -m bench cluster
 """
 
@@ -22,13 +27,16 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 from redis import Redis
 from sqlalchemy import text
 
-from bench.common import Figure, fill_due
-from bench.procs import ROOT
+from bench.common import TABLES, Figure, fill_due, percentile, wait_until
+from bench.lag import JOBS as LAG_JOBS
+from bench.lag import offsets
+from bench.procs import ROOT, stop_all
 from duejobs import App
 from duejobs.config import libpq_url
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
@@ -99,6 +107,46 @@ def _succeeded(app: App) -> int:
         )
 
 
+def _lags(database_url: str, redis_url: str) -> tuple[float, float]:
+    """(p50, p99) in ms of a six-queue worker's start lag on the Redis of ``redis_url``."""
+    app = App(database_url=database_url, redis_url=redis_url, strict_types=False)
+    with app.engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {TABLES}"))
+    env = {
+        **os.environ,
+        "DUEJOBS_DATABASE_URL": database_url,
+        "DUEJOBS_REDIS_URL": redis_url,
+        "PYTHONPATH": str(ROOT),
+    }
+    serving = [flag for queue in QUEUES for flag in ("--queue", queue)]
+    cmd = [sys.executable, "-m", "duejobs"]
+    worker = [*cmd, "worker", "--app", "bench.jobs:app", "--concurrency", "8", *serving]
+    procs = [
+        subprocess.Popen([*cmd, "scheduler", "--log-level", "warning"], env=env, cwd=ROOT),
+        subprocess.Popen([*worker, "--log-level", "warning"], env=env, cwd=ROOT),
+    ]
+    try:
+        now = app.now()
+        for n, offset in enumerate(offsets()):
+            queue = QUEUES[n % len(QUEUES)]
+            app.schedule("noop", {}, run_at=now + timedelta(seconds=offset), queue=queue)
+        wait_until(lambda: _succeeded(app) == LAG_JOBS, 120, "the cluster's lag run")
+        with app.engine.connect() as conn:
+            lags = [
+                float(lag) * 1000
+                for lag in conn.execute(
+                    text(
+                        "SELECT extract(epoch FROM e.at - s.run_at) FROM scheduled_job_events e "
+                        "JOIN scheduled_jobs s ON s.id = e.schedule_id WHERE e.kind = 'started'"
+                    )
+                ).scalars()
+            ]
+        return statistics.median(lags), percentile(lags, 0.99)
+    finally:
+        stop_all(procs)
+        app.close()
+
+
 def _on_cluster(database_url: str, masters: int) -> tuple[float, float]:
     with (
         tempfile.TemporaryDirectory() as folder,
@@ -111,7 +159,40 @@ def _clients(made: Cluster) -> list[Redis]:
     return [server.client() for server in made.servers[: made.masters]]
 
 
+def _lag_rounds(database_url: str, redis_url: str) -> list[Figure]:
+    on_cluster: list[tuple[float, float]] = []
+    on_single: list[tuple[float, float]] = []
+    for _ in range(ROUNDS):
+        with (
+            tempfile.TemporaryDirectory() as folder,
+            cluster(server_binary(), Path(folder)) as made,
+        ):
+            on_cluster.append(_lags(database_url, made.url))
+        Redis.from_url(redis_url).flushdb()
+        on_single.append(_lags(database_url, redis_url))
+    figures = []
+    for i, name in enumerate(("p50", "p99")):
+        ours = statistics.median(run[i] for run in on_cluster)
+        theirs = statistics.median(run[i] for run in on_single)
+        print(f"cluster: six-queue worker start lag {name}: {ours:.0f} ms, one node {theirs:.0f}")
+        figures.append(
+            Figure(
+                f"six-queue worker start lag {name}, 3 shards vs one node",
+                ours,
+                theirs,
+                "ms",
+                "reported",
+                True,
+            )
+        )
+    return figures
+
+
 def run(database_url: str, redis_url: str) -> list[Figure]:
+    return [*_throughput(database_url, redis_url), *_lag_rounds(database_url, redis_url)]
+
+
+def _throughput(database_url: str, redis_url: str) -> list[Figure]:
     one, three, single = [], [], []
     Redis.from_url(redis_url).flushdb()
     for _ in range(ROUNDS):

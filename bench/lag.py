@@ -40,7 +40,7 @@ RATE = float(os.environ.get("LAG_RATE", "20"))
 LEAD = 3.0  # seconds before the first job is due, so that everything is running
 
 
-def _offsets() -> list[float]:
+def offsets() -> list[float]:
     rng = random.Random(42)
     return [LEAD + i / RATE + rng.random() / RATE for i in range(JOBS)]
 
@@ -76,7 +76,7 @@ def duejobs_lags(database_url: str, redis_url: str, due_now: bool = False) -> li
             _paced(lambda: app.schedule("noop", {}, delay=0))
         else:
             now = app.now()
-            for offset in _offsets():
+            for offset in offsets():
                 app.schedule("noop", {}, run_at=now + timedelta(seconds=offset))
         done = text("SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'")
 
@@ -126,7 +126,7 @@ def rq_lags(redis_url: str, due_now: bool = False) -> list[float]:
             _paced(lambda: queue.enqueue("bench.jobs.stamp", time.time()))
         else:
             start = time.time()
-            for offset in _offsets():
+            for offset in offsets():
                 target = start + offset
                 queue.enqueue_at(datetime.fromtimestamp(target, UTC), "bench.jobs.stamp", target)
         wait_until(

@@ -211,11 +211,11 @@ def describe(exc: BaseException) -> str:
 def outage(exc: BaseException) -> str | None:
     """One line naming the service behind an outage error (``PostgreSQL is unavailable:
     ...``), or None for an error that is no outage. Driver messages carry no password."""
+    from redis.exceptions import RedisClusterException, RedisError
     from sqlalchemy.exc import InterfaceError, OperationalError
 
-    from duejobs.redis_failures import REDIS_FAILURES
-
-    if isinstance(exc, REDIS_FAILURES):
+    # Both of redis-py's families (duejobs.redis_urls.redis_failures, which imports this).
+    if isinstance(exc, RedisError | RedisClusterException):
         said = f"Redis is unavailable: {redis_said(exc)}"
     elif isinstance(exc, (OperationalError, InterfaceError)):
         said = f"PostgreSQL is unavailable: {exc.orig}"

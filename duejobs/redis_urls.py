@@ -23,6 +23,15 @@ each new connection, so a promoted replica is found without a restart; a connect
 master that was demoted is dropped at its first ``READONLY`` (redis-py's Sentinel pool) and
 the next one goes to the new master. Waits are bounded (``REDIS_TIMEOUT``) and a dropped
 connection is tried once more at once; what an outage means is each caller's to decide.
+
+What a failed call raises (:func:`redis_failures`): redis-py raises two families.
+``RedisError`` is a server's reply or a connection to one. A cluster's client raises
+``RedisClusterException`` as well, which is *not* a ``RedisError``: a cluster no node of which
+answers (``RedisClusterUnreachableError``, raised too when the client is made while the cluster
+is away) and a slot no node serves yet (``SlotNotCoveredError``, between a master's loss and
+its replica's promotion). Every place that outlives an outage catches both, so a whole cluster
+restarted is waited out as one server restarted is. :func:`is_outage` says which of them
+waiting mends; :func:`refusal`, what a server answered that no retry mends.
 """
 
 from __future__ import annotations
@@ -265,8 +274,6 @@ def refusal(client: Redis) -> str | None:
     answers, and when it does not (an outage, waited out)."""
     from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissionError
 
-    from duejobs.redis_failures import REDIS_FAILURES
-
     sentinel = _sentinel_refusal(client)
     if sentinel is not None:
         return sentinel
@@ -277,7 +284,7 @@ def refusal(client: Redis) -> str | None:
             f"{exc} (check the user and password of DUEJOBS_REDIS_URL, and that its ACL "
             "allows duejobs' commands)"
         )
-    except REDIS_FAILURES:
+    except redis_failures():
         pass
     return None
 
@@ -318,3 +325,50 @@ def _sentinel_refusal(client: Redis) -> str | None:
         f"no Sentinel knows a master named {pool.service_name!r} (asked {', '.join(answered)}; "
         "check the name after the Sentinels in the URL: …/mymaster/0)"
     )
+
+
+# Replies that mean a server passing through a failover or a restart (ResponseError's text).
+_PASSING = (
+    *("LOADING", "READONLY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"),
+    *("MISCONF", "BUSY"),  # a failed background save (a full disk), a long script
+    "UNBLOCKED",  # a blocking pop ended by the server turning replica (a failover)
+)
+
+
+def redis_failures() -> tuple[type[Exception], ...]:
+    """What a failed Redis call raises, both of redis-py's families (see the module
+    docstring): ``except redis_failures() as exc``."""
+    from redis.exceptions import RedisClusterException, RedisError
+
+    return (RedisError, RedisClusterException)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether a Redis failure is one that waiting mends: a refused or dropped connection, a
+    timeout, a server loading its data or turning replica, a cluster down, unreachable or with
+    slots moving; not a wrong password or ACL, nor a request the client itself refuses (keys
+    of several slots in one command: a defect)."""
+    from redis.exceptions import (
+        AuthenticationError,
+        AuthorizationError,
+        ClusterError,
+        ConnectionError,
+        MasterDownError,
+        OutOfMemoryError,
+        ReadOnlyError,
+        RedisClusterUnreachableError,
+        ResponseError,
+        SlotNotCoveredError,
+        TimeoutError,
+        TryAgainError,
+    )
+
+    if isinstance(exc, AuthenticationError | AuthorizationError):
+        return False
+    if isinstance(exc, ConnectionError | TimeoutError | ReadOnlyError | MasterDownError):
+        return True
+    if isinstance(exc, TryAgainError | OutOfMemoryError | ClusterError):
+        return True  # ClusterError: a cluster down, or its slots moving past the retries
+    if isinstance(exc, RedisClusterUnreachableError | SlotNotCoveredError):
+        return True  # no node answers, or none serves a slot yet (a failover under way)
+    return isinstance(exc, ResponseError) and str(exc).startswith(_PASSING)

@@ -89,7 +89,7 @@ def test_finishes_of_several_shards_go_with_the_next_take(
 def test_a_blocking_take_on_a_cluster_returns_a_job_pushed_while_it_waits(
     deliverer: Deliverer, cluster_client: RedisCluster, queues: tuple[str, ...]
 ) -> None:
-    """One queue: the take blocks on its bands; several: on each queue's in turn."""
+    """One queue: the take blocks on its bands; several: a watch of each band list."""
     wire = RqWire(cluster_client, queues, "w2")
     late = push_due(queues[-1], -1)
     timer = threading.Timer(0.3, lambda: deliverer.push([late], datetime.now(UTC)))
@@ -100,6 +100,7 @@ def test_a_blocking_take_on_a_cluster_returns_a_job_pushed_while_it_waits(
         assert [t.job_id for t in found] == [late.delivery.job_id]
     finally:
         timer.cancel()
+        wire.retire()
 
 
 def test_a_started_jobs_worker_on_a_cluster_is_alive_by_its_mark_in_its_queues_slot(
@@ -134,26 +135,58 @@ def test_redis_figures_on_a_cluster_sum_every_shard(deliverer: Deliverer) -> Non
     assert figures.keys >= len(pushed) and figures.used_memory > 0
 
 
-def test_a_blocking_take_on_a_cluster_starts_the_job_it_popped_and_no_more_than_asked(
+def test_a_blocking_take_on_a_cluster_starts_no_more_than_asked(
     deliverer: Deliverer, cluster_client: RedisCluster
 ) -> None:
-    """A worker of two queues blocks on the second one's bands while jobs arrive on both: the
-    job it popped starts, and with it no more than the slots it asked for. Seen failing with
-    the queues called in their usual order (the first queue's two jobs, then the popped one:
-    three started for two slots)."""
+    """A worker of two queues waits while jobs arrive on both: no more start than the slots
+    it asked for, the others stay queued. Seen failing, when a blocking take popped a job
+    off the queue it waited on, with the queues then called in their usual order (the first
+    queue's two jobs, then the popped one: three started for two slots)."""
     wire = RqWire(cluster_client, QUEUES[:2], "w3")
-    assert wire.take(2, 0.01) == []  # its first blocking take waited on the first queue
-    popped = push_due(QUEUES[1], -1)
+    arriving = [push_due(QUEUES[0], -1), push_due(QUEUES[0], -1), push_due(QUEUES[1], -1)]
 
     def jobs_arrive() -> bool:
-        deliverer.push(
-            [push_due(QUEUES[0], -1), push_due(QUEUES[0], -1), popped], datetime.now(UTC)
-        )
+        deliverer.push(arriving, datetime.now(UTC))
         return True
 
     taken = wire.take(2, 1.0, may_block=jobs_arrive)
     assert len(taken) == 2
-    assert popped.delivery.job_id in {t.job_id for t in taken}
+    assert len(wire.take(3, 0)) == 1
+    wire.retire()
+
+
+def test_a_worker_of_six_queues_on_a_cluster_wakes_for_a_job_pushed_on_any_of_them(
+    deliverer: Deliverer, cluster_client: RedisCluster
+) -> None:
+    """One blocking take of a six-queue worker returns a job pushed onto the last queue while
+    it waits (a watch blocks on every band list), and leaves the other lists as they were.
+    Seen failing when the take waited on one queue's bands at a time, 0.1 s each: it returned
+    nothing (the job started up to a turn of the queues later)."""
+    before = set(_watches())
+    wire = RqWire(cluster_client, QUEUES, "w5")
+    found: list[Taken] = []
+    taking = threading.Thread(target=lambda: found.extend(wire.take(1, 10.0)))
+    taking.start()
+    try:
+        wait_for(lambda: _blocked(cluster_client) > 0, 10, "the take to block")
+        late = push_due(QUEUES[-1], -1)
+        deliverer.push([late], datetime.now(UTC))
+        taking.join(10)
+        assert [t.job_id for t in found] == [late.delivery.job_id]
+    finally:
+        wire.retire()
+        taking.join(10)
+    wait_for(lambda: not _watches() - before, 15, "the watches to end once the worker retired")
+
+
+def _watches() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "duejobs-watch"}
+
+
+def _blocked(client: RedisCluster) -> int:
+    """Clients blocked in a command, over every master."""
+    lists = client.client_list(target_nodes=RedisCluster.PRIMARIES)
+    return sum("b" in entry["flags"] for entries in lists.values() for entry in entries)
 
 
 def test_a_cluster_take_whose_later_call_failed_hands_out_the_jobs_its_first_call_started(

@@ -25,7 +25,7 @@ from redis.exceptions import (
 )
 
 from duejobs import App
-from duejobs.redis_failures import is_outage
+from duejobs.redis_urls import is_outage
 from duejobs.scheduler.loop import Scheduler
 from duejobs.worker.redis_waits import RedisWaits
 from tests.support import wait_for

@@ -204,7 +204,7 @@ def _app(
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     from duejobs.app.application import App
-    from duejobs.redis_failures import REDIS_FAILURES
+    from duejobs.redis_urls import redis_failures
 
     data_dir: Path = ctx.obj["data_dir"]
     try:
@@ -217,7 +217,7 @@ def _app(
             finally:
                 app.close()
     except Exception as exc:
-        if not isinstance(exc, (DuejobsError, *REDIS_FAILURES, OperationalError, InterfaceError)):
+        if not isinstance(exc, (DuejobsError, *redis_failures(), OperationalError, InterfaceError)):
             raise
         said = outage(exc)  # an outage in one line, naming the service
         _fail(exc if said is None else ConnectionError(said))
@@ -317,12 +317,11 @@ def refuse_unusable_redis(app: App) -> None:
     Redis that does not answer is an outage, which the service waits out; so is the same
     refusal once it runs (a password being rotated). A cluster's client reads the cluster's
     map when made: a cluster away is an outage too, one refusing its password a refusal."""
-    from duejobs.redis_failures import REDIS_FAILURES, is_outage
-    from duejobs.redis_urls import redacted_redis
+    from duejobs.redis_urls import is_outage, redacted_redis, redis_failures
 
     try:
         refusals = app.core.deliverer().refusing()
-    except REDIS_FAILURES as exc:
+    except redis_failures() as exc:
         if is_outage(exc):
             return  # the service's loop waits it out
         refusals = [(redacted_redis(app.settings.require_redis()), str(exc))]

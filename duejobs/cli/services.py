@@ -32,7 +32,7 @@ from duejobs.cli.base import (
 )
 from duejobs.cli.group import main
 from duejobs.errors import DuejobsError, describe, outage
-from duejobs.redis_failures import REDIS_FAILURES
+from duejobs.redis_urls import redis_failures
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from duejobs.services.partition_maintenance import EVERY as PARTITIONS_EVERY
 from duejobs.services.partition_maintenance import PartitionMaintenance
@@ -211,7 +211,8 @@ def reconcile(
                 try:
                     gauges.maybe_refresh()
                 except Exception as exc:
-                    if not isinstance(exc, (DuejobsError, *REDIS_FAILURES, dbapi.SQLAlchemyError)):
+                    outages = (DuejobsError, dbapi.SQLAlchemyError, *redis_failures())
+                    if not isinstance(exc, outages):
                         raise
                     # The pass's repairs are done and counted: the figures wait for the next
                     # pass (a replica that is down is its own gauge, duejobs_read_replica_up).

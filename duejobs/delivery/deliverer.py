@@ -17,8 +17,7 @@ from redis.exceptions import ConnectionError, NoScriptError, TimeoutError
 from duejobs.config import DEFAULT_RESULT_TTL
 from duejobs.delivery.nodes import NODE_WAIT, Node
 from duejobs.models import Delivery
-from duejobs.redis_failures import REDIS_FAILURES
-from duejobs.redis_urls import refusal
+from duejobs.redis_urls import redis_failures, refusal
 from duejobs.rq_wire.bands import band_queue, bands, queue_of
 from duejobs.rq_wire.job_hash import JOB_FIELDS, constant_fields, job_data
 from duejobs.rq_wire.keys import (
@@ -188,7 +187,7 @@ class Deliverer:
         for node, future in started:
             try:
                 done.append(node.finish(future, deadline))
-            except REDIS_FAILURES as exc:
+            except redis_failures() as exc:
                 failures.append(exc)
         if failures and not done and self._cannot_go_on(failures, len(started)):
             raise failures[0]
@@ -382,7 +381,7 @@ class Deliverer:
         for node in self._nodes:
             try:
                 yield from self._waiting_on(node, chunk, most)
-            except REDIS_FAILURES as exc:
+            except redis_failures() as exc:
                 failures.append(exc)
         if len(failures) == len(self._nodes):
             raise failures[0]

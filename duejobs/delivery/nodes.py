@@ -41,7 +41,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from duejobs.redis_failures import REDIS_FAILURES
+from duejobs.redis_urls import redis_failures
 from duejobs.rq_wire.scripts import (
     CLEAN_SCRIPT,
     DEFER_SCRIPT,
@@ -128,7 +128,7 @@ class Node:
         if self._lane is None:
             try:
                 future.set_result(work(self))
-            except REDIS_FAILURES as exc:
+            except redis_failures() as exc:
                 NODE_ERRORS.labels(self.label).inc()
                 future.set_exception(exc)
             return future

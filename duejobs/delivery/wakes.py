@@ -37,7 +37,7 @@ from prometheus_client import Counter
 from redis import Redis
 
 from duejobs.errors import redis_said
-from duejobs.redis_failures import REDIS_FAILURES
+from duejobs.redis_urls import redis_failures
 
 log = logging.getLogger("duejobs.delivery")
 
@@ -123,7 +123,7 @@ class Wakes:
                 return
             try:
                 send_wake(self._redis(), self._key)
-            except REDIS_FAILURES as exc:  # the schedule waits for the next poll
+            except redis_failures() as exc:  # the schedule waits for the next poll
                 self._failed(exc)
             except Exception:  # never end the thread: the next wake may go through
                 log.exception("waking the scheduler failed")
@@ -180,7 +180,7 @@ class WakeWatch:
                     log.warning(
                         "the scheduler's wake list is out of reach (%s); polling",
                         redis_said(exc),
-                        exc_info=not isinstance(exc, REDIS_FAILURES),
+                        exc_info=not isinstance(exc, redis_failures()),
                     )
                 self._pause(self._backoff(failures))
                 continue
@@ -190,7 +190,7 @@ class WakeWatch:
             if taken is None:
                 continue
             if self._stopping():  # for a scheduler that still runs, if any
-                with contextlib.suppress(*REDIS_FAILURES):
+                with contextlib.suppress(*redis_failures()):
                     send_wake(self._redis(), self._key)
                 return
             self._pause(last + WAKE_GAP - time.monotonic())

@@ -71,10 +71,9 @@ from duejobs.rq_wire.keys import (
     stamp,
 )
 from duejobs.rq_wire.scripts import TAKE
+from duejobs.rq_wire.watch import Watch
 
 BANDS = 3  # RQ queues per queue (:func:`duejobs.rq_wire.bands.bands`)
-# On a cluster, how long a blocking take waits on one of several queues before the next.
-CLUSTER_BLOCK = 0.1
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,10 @@ class RqWire:
         # On a cluster, the worker's mark in each queue's slot (a started job's worker is
         # alive while it lives, :mod:`duejobs.rq_wire.keys`); on one node, RQ's worker key.
         self._marks = [k.worker_prefix + name for k in keys[::BANDS]]
-        self._blocks = 0  # a cluster's blocking takes, which queue each one waits on
+        # On a cluster, several queues are waited on by a watch of each band list (a
+        # command names one slot's keys); one queue's bands by one BLPOP, as on one node.
+        several = self.cluster and len(self._marks) > 1
+        self._watch = Watch(self.redis, self._queue_keys) if several else None
         self._takes = 0  # takes made, which sets each one's order (bands.take_order)
         self._script = redis.register_script(TAKE)
         self._lost: list[str] = []  # run-id bases of takes whose answers were lost
@@ -210,7 +212,9 @@ class RqWire:
 
     def retire(self) -> None:
         """RQ's ``register_death``: out of the worker sets, the key marked dead, gone in a
-        minute."""
+        minute. The watches of a cluster's waits end."""
+        if self._watch is not None:
+            self._watch.close()
         with self.redis.pipeline(transaction=not self.cluster) as pipe:
             pipe.srem(WORKERS_KEY, self.key)
             for workers in self._worker_sets:
@@ -259,22 +263,13 @@ class RqWire:
         finishing.clear()
         if taken or wait <= 0 or not may_block():
             return taken
-        popped = self.redis.blpop(*self._blocking(wait))
+        if self._watch is not None:
+            return self._run(most, "", 0, (), "") if self._watch.wait(wait) else []
+        popped = self.redis.blpop(self._queue_keys, wait)
         if popped is None:
             return []
         key, job_id = (_text(part) for part in popped)
         return self._run(most, job_id, self._queue_keys.index(key), (), "")
-
-    def _blocking(self, wait: float) -> tuple[list[str], float]:
-        """The lists a blocking take waits on, and for how long: every band of every queue
-        on one node; on a cluster one queue's bands at a time (a command names one slot's
-        keys), each queue in turn for at most :data:`CLUSTER_BLOCK` when there are several."""
-        if not self.cluster:
-            return self._queue_keys, wait
-        queues = len(self._marks)
-        first = BANDS * (self._blocks % queues)
-        self._blocks += 1
-        return self._queue_keys[first : first + BANDS], wait if queues == 1 else CLUSTER_BLOCK
 
     def finish(self, done: Sequence[Finished], state: str) -> None:
         """RQ's finish of jobs that ran (one script), the worker's figures and ``state``

@@ -51,7 +51,7 @@ from duejobs import store
 from duejobs.errors import InvalidCronError, describe
 from duejobs.models import DstGap, DstOverlap, Misfire, Occurrence, Recurring
 from duejobs.observability import metrics
-from duejobs.redis_failures import REDIS_FAILURES
+from duejobs.redis_urls import redis_failures
 from duejobs.services.loop import Loop
 from duejobs.store import dbapi
 
@@ -261,7 +261,7 @@ def materialize_once(engine: Engine, window: timedelta, batch: int = BATCH) -> M
                 waiting += 1
                 continue
             except Exception as exc:
-                if isinstance(exc, (dbapi.InterfaceError, *REDIS_FAILURES)):
+                if isinstance(exc, (dbapi.InterfaceError, *redis_failures())):
                     raise  # says nothing about the definition: the pass fails, is retried
                 error = describe(exc)
                 store.quarantine_recurring(conn, r.id, error)

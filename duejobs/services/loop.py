@@ -31,7 +31,7 @@ from typing import TypeVar
 from prometheus_client import Counter
 
 from duejobs.errors import redis_said
-from duejobs.redis_failures import REDIS_FAILURES
+from duejobs.redis_urls import redis_failures
 from duejobs.store import dbapi
 
 R = TypeVar("R")
@@ -159,11 +159,11 @@ class Loop:
                 self.failed.inc()
                 failures += 1
                 wait = backoff(interval, cap, failures)
-                outage = isinstance(exc, (dbapi.SQLAlchemyError, *REDIS_FAILURES))
+                outage = isinstance(exc, (dbapi.SQLAlchemyError, *redis_failures()))
                 self.log.warning(
                     "%s pass failed (%s); retrying in %.1f s",
                     self.name,
-                    redis_said(exc) if isinstance(exc, REDIS_FAILURES) else exc,
+                    redis_said(exc) if isinstance(exc, redis_failures()) else exc,
                     wait,
                     exc_info=not outage,
                 )

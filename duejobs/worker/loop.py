@@ -53,9 +53,8 @@ from redis.exceptions import AuthenticationError, AuthorizationError, NoPermissi
 
 from duejobs.config import redacted
 from duejobs.errors import InvalidQueueError
-from duejobs.redis_failures import REDIS_FAILURES, is_outage
-from duejobs.redis_urls import GIVEN_REDIS, redis_client
-from duejobs.rq_wire.worker_side import Finished, RqWire, Taken
+from duejobs.redis_urls import GIVEN_REDIS, is_outage, redis_client, redis_failures
+from duejobs.rq_wire.worker_side import BANDS, Finished, RqWire, Taken
 from duejobs.services.loop import StopRequest
 from duejobs.validation import check_queue
 from duejobs.worker.group_commit import GroupCommit
@@ -125,8 +124,9 @@ class Worker:
             # No retry inside redis-py: the loop retries (redis_waits), knowing a take it
             # sent may have run (the wire's lost takes); a client given to the App keeps its
             # own.
-            slots = self.runtime.config.concurrency + _REDIS_SPARE
-            client = self._given or redis_client(self._url, slots, 0)
+            # A connection per slot, the spare, and on a cluster one per band list watched.
+            most = self.runtime.config.concurrency + _REDIS_SPARE + BANDS * len(self._names)
+            client = self._given or redis_client(self._url, most, 0)
             ttl = self.runtime.core.settings.result_ttl
             self._wire = RqWire(client, self._names, self.name, ttl)
         return self._wire
@@ -237,7 +237,7 @@ class Worker:
                 lambda: self.wire.take(most, wait, finishing, state, self._may_block),
                 self._may_leave,
             )
-        except REDIS_FAILURES as exc:
+        except redis_failures() as exc:
             self._finish_apart(finishing)  # those it did not write (it empties the list)
             if not _mends(exc):
                 raise
@@ -319,7 +319,7 @@ class Worker:
                     lambda: deliverer.defer(taken.job_id, put_back_at, taken.queue),
                     self._past_finish_grace,
                 )
-            except REDIS_FAILURES as exc:  # the row is due then: the reconciler pushes it
+            except redis_failures() as exc:  # the row is due then: the reconciler pushes it
                 log.error("could not put job %s back (%s); the reconciler will", taken.job_id, exc)
 
     def _fold(self, finished: Finished) -> bool:
@@ -341,7 +341,7 @@ class Worker:
             done = self.waits.call(
                 "a finish", lambda: self._finishes.submit_all(finished), self._past_finish_grace
             )
-        except REDIS_FAILURES as exc:
+        except redis_failures() as exc:
             log.error("could not finish job %s in RQ (%s)", jobs, exc)
             return
         if done is None and self._past_finish_grace():
@@ -370,7 +370,7 @@ class Worker:
         state = self._state_after(batch)
         try:
             self.wire.finish(batch, state)
-        except REDIS_FAILURES as exc:
+        except redis_failures() as exc:
             if len(batch) == 1 or is_outage(exc):
                 raise
             return [self._finish_alone(item, state) for item in batch]
@@ -379,7 +379,7 @@ class Worker:
     def _finish_alone(self, item: Finished, state: str) -> bool:
         try:
             self.wire.finish([item], state)
-        except REDIS_FAILURES as exc:
+        except redis_failures() as exc:
             if is_outage(exc):
                 raise
             log.error("could not finish job %s in RQ (%s)", item.taken.job_id, exc)
@@ -412,7 +412,7 @@ class Worker:
                     log.warning("rq suspend: %s", "holding" if suspended else "resumed")
                 self._suspended = suspended
             if time.monotonic() - kept >= KEEP_EVERY:
-                with contextlib.suppress(*REDIS_FAILURES):  # tried again at the next round
+                with contextlib.suppress(*redis_failures()):  # tried again at the next round
                     self.waits.call("the started entries", self._keep_started, lambda: True)
                 kept = time.monotonic()
 

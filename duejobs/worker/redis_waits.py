@@ -7,7 +7,7 @@ master that went down or is not known (``MASTERDOWN``, Sentinel's ``MasterNotFou
 master short of replicas (``NOREPLICAS``), a failed background save (``MISCONF``), a busy
 script (``BUSY``), a blocking pop ended by the master turning replica (``UNBLOCKED``), a full
 server, too many clients, and a cluster unreachable or with a slot unserved as an *outage*
-(:func:`~duejobs.redis_failures.is_outage`): the call is tried
+(:func:`~duejobs.redis_urls.is_outage`): the call is tried
 again after a capped backoff (0.1 s doubling to ``BACKOFF_CAP``), with one warning when an
 outage starts and one line when Redis answers again — never an exit. A wrong password or ACL
 is not an outage (it does not mend by waiting): it is raised.
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from duejobs.errors import redis_said
-from duejobs.redis_failures import REDIS_FAILURES, is_outage
+from duejobs.redis_urls import is_outage, redis_failures
 
 log = logging.getLogger("duejobs.worker")
 
@@ -57,7 +57,7 @@ class RedisWaits:
         while True:
             try:
                 answer = call()
-            except REDIS_FAILURES as exc:
+            except redis_failures() as exc:
                 if not is_outage(exc):
                     raise
                 self._failed(what, exc)
