@@ -15,6 +15,8 @@ Start lag of a worker serving the six queues: LAG_JOBS (300) jobs at 20 a second
 random sub-second offset and on the next queue in turn, served by one scheduler and one
 8-slot worker process; lag = the ``started`` event's database time minus ``run_at``, p50 and
 p99, on three shards against the single Redis (alternated, medians of the rounds' figures).
+And the Redis commands a second of that worker's side of RQ idle (a ten-second count of
+``INFO commandstats`` over the masters, its takes of up to a second each), on each.
 
     python -m bench cluster
 """
@@ -26,11 +28,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 from redis import Redis
+from redis.cluster import RedisCluster
 from sqlalchemy import text
 
 from bench.common import TABLES, Figure, fill_due, percentile, wait_until
@@ -39,11 +43,13 @@ from bench.lag import offsets
 from bench.procs import ROOT, stop_all
 from duejobs import App
 from duejobs.config import libpq_url
+from duejobs.rq_wire.worker_side import RqWire
 from duejobs.scheduler.loop import Scheduler, SchedulerConfig
 from tests.support.cluster import QUEUES, Cluster, cluster
 from tests.support.valkey import server_binary
 
 JOBS = int(os.environ.get("CLUSTER_JOBS", "6000"))
+IDLE_SECONDS = 10.0
 ROUNDS = int(os.environ.get("CLUSTER_ROUNDS", "3"))
 WORKERS, SLOTS = 2, 16
 
@@ -159,17 +165,34 @@ def _clients(made: Cluster) -> list[Redis]:
     return [server.client() for server in made.servers[: made.masters]]
 
 
+def _idle(client: Redis | RedisCluster, masters: list[Redis]) -> float:
+    """Redis commands a second of an idle six-queue worker's takes (one a second)."""
+    wire = RqWire(client, QUEUES, "bench-idle")
+    wire.register()
+    try:
+        wire.take(8, 1.0)
+        before, started = _commands(masters), time.monotonic()
+        while time.monotonic() - started < IDLE_SECONDS:
+            wire.take(8, 1.0)
+        return (_commands(masters) - before) / (time.monotonic() - started)
+    finally:
+        wire.retire()
+
+
 def _lag_rounds(database_url: str, redis_url: str) -> list[Figure]:
-    on_cluster: list[tuple[float, float]] = []
-    on_single: list[tuple[float, float]] = []
+    on_cluster: list[tuple[float, float, float]] = []
+    on_single: list[tuple[float, float, float]] = []
     for _ in range(ROUNDS):
         with (
             tempfile.TemporaryDirectory() as folder,
             cluster(server_binary(), Path(folder)) as made,
         ):
-            on_cluster.append(_lags(database_url, made.url))
-        Redis.from_url(redis_url).flushdb()
-        on_single.append(_lags(database_url, redis_url))
+            on_cluster.append(
+                (*_lags(database_url, made.url), _idle(made.client(), _clients(made)))
+            )
+        single = Redis.from_url(redis_url)
+        single.flushdb()
+        on_single.append((*_lags(database_url, redis_url), _idle(single, [single])))
     figures = []
     for i, name in enumerate(("p50", "p99")):
         ours = statistics.median(run[i] for run in on_cluster)
@@ -185,6 +208,20 @@ def _lag_rounds(database_url: str, redis_url: str) -> list[Figure]:
                 True,
             )
         )
+    idle, idle_single = (
+        statistics.median(run[2] for run in runs) for runs in (on_cluster, on_single)
+    )
+    print(f"cluster: six-queue worker idle: {idle:.1f} commands/s, one node {idle_single:.1f}")
+    figures.append(
+        Figure(
+            "six-queue worker idle, 3 shards vs one node",
+            idle,
+            idle_single,
+            "cmds/s",
+            "reported",
+            True,
+        )
+    )
     return figures
 
 

@@ -333,6 +333,8 @@ _PASSING = (
     *("MISCONF", "BUSY"),  # a failed background save (a full disk), a long script
     "UNBLOCKED",  # a blocking pop ended by the server turning replica (a failover)
 )
+# What a cluster's client says of a cluster still forming or restarting without its map.
+_FORMING = ("All slots are not covered",)
 
 
 def redis_failures() -> tuple[type[Exception], ...]:
@@ -356,6 +358,7 @@ def is_outage(exc: BaseException) -> bool:
         MasterDownError,
         OutOfMemoryError,
         ReadOnlyError,
+        RedisClusterException,
         RedisClusterUnreachableError,
         ResponseError,
         SlotNotCoveredError,
@@ -371,4 +374,6 @@ def is_outage(exc: BaseException) -> bool:
         return True  # ClusterError: a cluster down, or its slots moving past the retries
     if isinstance(exc, RedisClusterUnreachableError | SlotNotCoveredError):
         return True  # no node answers, or none serves a slot yet (a failover under way)
+    if type(exc) is RedisClusterException and str(exc).startswith(_FORMING):
+        return True
     return isinstance(exc, ResponseError) and str(exc).startswith(_PASSING)

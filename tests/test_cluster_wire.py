@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import cast
 
 import pytest
 from redis.cluster import RedisCluster
@@ -20,6 +21,7 @@ from redis.exceptions import ConnectionError
 
 from duejobs.delivery import Deliverer, registries
 from duejobs.rq_wire.keys import WORKERS_KEY, queue_keys, rq_name
+from duejobs.rq_wire.watch import ANYWHERE, Watch
 from duejobs.rq_wire.worker_side import Finished, RqWire, Taken
 from tests.support import wait_for
 from tests.support.cluster import QUEUES, push_due
@@ -212,3 +214,33 @@ def test_a_cluster_take_whose_later_call_failed_hands_out_the_jobs_its_first_cal
         wire.take(2, 0)
     handed = [t.job_id for _ in range(3) for t in wire.take(2, 0)]
     assert sorted(handed) == sorted(p.delivery.job_id for p in pushes)
+
+
+class _Stub:
+    """A cluster client's two calls a watch makes: list ``a`` never answers a job; list
+    ``b``'s first BLMOVE raises an error of the client's own, then it answers a job."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def get_connection_kwargs(self) -> dict[str, object]:
+        return {"socket_timeout": 10.0}
+
+    def execute_command(self, *command: object) -> object:
+        if command[1] == "b" and not self.failed:
+            self.failed = True
+            raise AttributeError("'NoneType' object has no attribute 'name'")
+        time.sleep(0.05)
+        return None if command[1] == "a" else b"job"
+
+
+def test_a_watch_whose_client_fails_of_its_own_wakes_the_take_and_goes_on_watching() -> None:
+    """An error of redis-py's own (not a Redis failure) wakes the take to look through every
+    queue, and the watch answers the waits after it. Seen failing with the watch catching
+    Redis' failures alone: its thread ended, and the waits after it heard nothing from it."""
+    watch = Watch(cast(RedisCluster, _Stub()), ["a", "b"])
+    try:
+        assert watch.wait(5.0) == ANYWHERE
+        assert [watch.wait(2.0) for _ in range(3)] == [1, 1, 1]
+    finally:
+        watch.close()

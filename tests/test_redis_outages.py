@@ -153,6 +153,7 @@ def test_a_cluster_no_node_of_which_answers_or_a_slot_unserved_is_an_outage_to_w
     is a defect, raised. Seen failing: the worker's waits let them through, and it exited."""
     assert is_outage(RedisClusterUnreachableError("Redis Cluster cannot be connected"))
     assert is_outage(SlotNotCoveredError('Slot "1" is not covered by the cluster.'))
+    assert is_outage(RedisClusterException("All slots are not covered after query all nodes"))
     assert not is_outage(RedisClusterException("Keys in request don't hash to the same slot"))
     calls: list[int] = []
 

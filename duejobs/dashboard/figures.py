@@ -10,10 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from redis.exceptions import RedisError
-
 from duejobs import App, store
 from duejobs.errors import DuejobsError, describe, outage
+from duejobs.redis_urls import redis_failures
 from duejobs.services import stats
 from duejobs.store import dbapi
 
@@ -71,7 +70,9 @@ class Figures:
                 return Reading(*got, self._clock() - read_at, self._failed)
             try:
                 return Reading(*self._read(), 0.0, None)
-            except (DuejobsError, RedisError, dbapi.SQLAlchemyError):
+            except Exception as exc:
+                if not isinstance(exc, (DuejobsError, dbapi.SQLAlchemyError, *redis_failures())):
+                    raise
                 if current is None:
                     raise  # nothing to show: the page says what is unavailable
                 return Reading(*current, age, self._failed)

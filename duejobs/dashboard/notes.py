@@ -10,14 +10,12 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from markupsafe import Markup
-from redis.exceptions import RedisError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from duejobs.delivery import JobState
-from duejobs.errors import DuejobsError, outage
+from duejobs.errors import outage
 from duejobs.models import Schedule, Status
-from duejobs.store import dbapi
 from duejobs.terminal import bidi_escaped
 
 log = logging.getLogger("duejobs.dashboard")
@@ -50,8 +48,8 @@ def answering_outages(page: Callable[[P, Request], Response]) -> Callable[[P, Re
     def guarded(self: P, request: Request) -> Response:
         try:
             return page(self, request)
-        except (RedisError, dbapi.OperationalError, dbapi.InterfaceError, DuejobsError) as exc:
-            said = outage(exc)
+        except Exception as exc:
+            said = outage(exc)  # None for an error that is no outage: raised
             if said is None:
                 raise
         log.warning("dashboard page %s: %s", request.url.path, said)

@@ -42,7 +42,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 from jinja2 import Environment, PackageLoader, select_autoescape
-from redis.exceptions import RedisError
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
@@ -78,6 +77,7 @@ from duejobs.errors import (
     InvalidScheduleError,
 )
 from duejobs.models import Schedule, Status
+from duejobs.redis_urls import redis_failures
 from duejobs.services import stats
 from duejobs.validation import DEFAULT_TENANT
 
@@ -304,7 +304,7 @@ class Pages:
         """The schedule's queue job in Redis, or why it cannot be read."""
         try:
             return stats.queue_job(self.app, schedule)
-        except RedisError:
+        except redis_failures():
             return "Redis did not answer"
         except ConfigurationError:
             return "no Redis configured"

@@ -38,10 +38,10 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import Counter
-from redis.exceptions import RedisError
 
 from duejobs.delivery.deliverer import Deliverer
 from duejobs.models import QueueJob
+from duejobs.redis_urls import redis_failures
 
 log = logging.getLogger("duejobs.delivery")
 
@@ -148,7 +148,7 @@ class Removals:
             try:
                 self._deliverer().remove_many(jobs)
                 return
-            except RedisError as exc:  # the worker skips them; the reconciler removes them
+            except redis_failures() as exc:  # the worker skips them; the reconciler removes them
                 FAILED.inc()
                 log.warning(
                     "could not remove %d superseded queue jobs (%s)%s",

@@ -71,7 +71,7 @@ from duejobs.rq_wire.keys import (
     stamp,
 )
 from duejobs.rq_wire.scripts import TAKE
-from duejobs.rq_wire.watch import Watch
+from duejobs.rq_wire.watch import ANYWHERE, Watch
 
 BANDS = 3  # RQ queues per queue (:func:`duejobs.rq_wire.bands.bands`)
 
@@ -133,7 +133,7 @@ class RqWire:
         # On a cluster, several queues are waited on by a watch of each band list (a
         # command names one slot's keys); one queue's bands by one BLPOP, as on one node.
         several = self.cluster and len(self._marks) > 1
-        self._watch = Watch(self.redis, self._queue_keys) if several else None
+        self._watch = Watch(cast(RedisCluster, redis), self._queue_keys) if several else None
         self._takes = 0  # takes made, which sets each one's order (bands.take_order)
         self._script = redis.register_script(TAKE)
         self._lost: list[str] = []  # run-id bases of takes whose answers were lost
@@ -259,12 +259,13 @@ class RqWire:
             found = self._recovered()
             if found:
                 return found
-        taken = self._run(most, "", 0, finishing, state if finishing else "")
+        taken = self._run(most, "", ANYWHERE, finishing, state if finishing else "")
         finishing.clear()
         if taken or wait <= 0 or not may_block():
             return taken
         if self._watch is not None:
-            return self._run(most, "", 0, (), "") if self._watch.wait(wait) else []
+            came = self._watch.wait(wait)
+            return [] if came is None else self._run(most, "", came, (), "")
         popped = self.redis.blpop(self._queue_keys, wait)
         if popped is None:
             return []
@@ -274,7 +275,7 @@ class RqWire:
     def finish(self, done: Sequence[Finished], state: str) -> None:
         """RQ's finish of jobs that ran (one script), the worker's figures and ``state``
         written with them."""
-        self._run(0, "", 0, done, state)
+        self._run(0, "", ANYWHERE, done, state)
 
     def _run(
         self, most: int, first: str, index: int, finishing: Sequence[Finished], state: str
@@ -282,8 +283,9 @@ class RqWire:
         """The script: ``finishing`` finished, then ``first`` (an id popped already, from the
         RQ queue at ``index`` of :attr:`queues`) and as many more waiting jobs as make
         ``most`` started, looked for in this take's order of bands; the worker ``state`` if
-        none is. On a cluster, one call per queue in that order, each with its own jobs'
-        finishes; the worker's key written apart, after them."""
+        none is. On a cluster, one call per queue in that order — the queue of ``index``
+        first (a popped id's, or the list a watch saw a job on; ``ANYWHERE``: none) —, each
+        with its own jobs' finishes; the worker's key written apart, after them."""
         taking = bool(most or first)
         if taking:
             self._takes += 1
@@ -314,13 +316,13 @@ class RqWire:
         finishing: Sequence[Finished],
         state: str,
     ) -> list[Taken]:
-        """A cluster's take: one call per queue — the queue of ``first`` (popped already)
-        first, whatever the room, then the others in this take's order with the room left —
-        and the worker's key written after them."""
+        """A cluster's take: one call per queue — the queue of ``index`` first (``first``'s,
+        popped already, taken whatever the room), then the others in this take's order with
+        the room left — and the worker's key written after them."""
         taken: list[Taken] = []
         calls = sorted(
             self._by_queue(order, finishing).items(),
-            key=lambda call: not (first and index in call[1][0]),
+            key=lambda call: index not in call[1][0],
         )
         for group, (bands_, done) in calls:
             here = first if index in bands_ else ""

@@ -140,7 +140,10 @@ class Worker:
             suspended = self.waits.call(
                 "the worker's registration", lambda: self.wire.register(), self._stopping
             )
-            self._suspended = bool(suspended)
+            if suspended is None:  # stopped before Redis answered: nothing written, nothing taken
+                self._ended.set()
+                return
+            self._suspended = suspended
             beating = threading.Thread(target=self._beating, name="duejobs-beat", daemon=True)
             beating.start()
             previous = sys.getswitchinterval()
@@ -158,7 +161,7 @@ class Worker:
                 self._ended.set()
                 self._wake.put(None)
                 beating.join()
-                self.waits.call("the worker's retirement", self.wire.retire, lambda: True)
+                self.waits.call("the worker's retirement", lambda: self.wire.retire(), lambda: True)
 
     def stop(self) -> None:
         """A warm stop: take no more jobs, let the running ones finish. Safe in a signal
@@ -312,11 +315,10 @@ class Worker:
             return
         self._finish([finished])
         if put_back_at is not None:
-            deliverer = self.runtime.deliverer()
-            try:
+            try:  # the deliverer made in the call: a cluster's, once the cluster answers
                 self.waits.call(
                     "a put-back",
-                    lambda: deliverer.defer(taken.job_id, put_back_at, taken.queue),
+                    lambda: self.runtime.deliverer().defer(taken.job_id, put_back_at, taken.queue),
                     self._past_finish_grace,
                 )
             except redis_failures() as exc:  # the row is due then: the reconciler pushes it
