@@ -30,17 +30,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 from redis import Redis
 from redis.cluster import RedisCluster
 from sqlalchemy import text
 
-from bench.common import TABLES, Figure, fill_due, percentile, wait_until
-from bench.lag import JOBS as LAG_JOBS
-from bench.lag import offsets
-from bench.procs import ROOT, stop_all
+from bench.common import Figure, fill_due, percentile
+from bench.lag import duejobs_lags
+from bench.procs import ROOT
 from duejobs import App
 from duejobs.config import libpq_url
 from duejobs.rq_wire.worker_side import RqWire
@@ -115,42 +113,9 @@ def _succeeded(app: App) -> int:
 
 def _lags(database_url: str, redis_url: str) -> tuple[float, float]:
     """(p50, p99) in ms of a six-queue worker's start lag on the Redis of ``redis_url``."""
-    app = App(database_url=database_url, redis_url=redis_url, strict_types=False)
-    with app.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TABLES}"))
-    env = {
-        **os.environ,
-        "DUEJOBS_DATABASE_URL": database_url,
-        "DUEJOBS_REDIS_URL": redis_url,
-        "PYTHONPATH": str(ROOT),
-    }
-    serving = [flag for queue in QUEUES for flag in ("--queue", queue)]
-    cmd = [sys.executable, "-m", "duejobs"]
-    worker = [*cmd, "worker", "--app", "bench.jobs:app", "--concurrency", "8", *serving]
-    procs = [
-        subprocess.Popen([*cmd, "scheduler", "--log-level", "warning"], env=env, cwd=ROOT),
-        subprocess.Popen([*worker, "--log-level", "warning"], env=env, cwd=ROOT),
-    ]
-    try:
-        now = app.now()
-        for n, offset in enumerate(offsets()):
-            queue = QUEUES[n % len(QUEUES)]
-            app.schedule("noop", {}, run_at=now + timedelta(seconds=offset), queue=queue)
-        wait_until(lambda: _succeeded(app) == LAG_JOBS, 120, "the cluster's lag run")
-        with app.engine.connect() as conn:
-            lags = [
-                float(lag) * 1000
-                for lag in conn.execute(
-                    text(
-                        "SELECT extract(epoch FROM e.at - s.run_at) FROM scheduled_job_events e "
-                        "JOIN scheduled_jobs s ON s.id = e.schedule_id WHERE e.kind = 'started'"
-                    )
-                ).scalars()
-            ]
-        return statistics.median(lags), percentile(lags, 0.99)
-    finally:
-        stop_all(procs)
-        app.close()
+    flags = ("--concurrency", "8")
+    lags = [lag * 1000 for lag in duejobs_lags(database_url, redis_url, False, QUEUES, flags)]
+    return statistics.median(lags), percentile(lags, 0.99)
 
 
 def _on_cluster(database_url: str, masters: int) -> tuple[float, float]:

@@ -2,7 +2,7 @@
 `enqueue_at` measured in the same run.
 
 Steady load: LAG_JOBS jobs (300) at LAG_RATE per second (20/s), at random sub-second
-offsets. duejobs: one scheduler and one worker process; lag = the `started` event's database
+_offsets. duejobs: one scheduler and one worker process; lag = the `started` event's database
 time minus `run_at` (so an early start is a negative lag by the database clock). RQ: one
 `rq worker --with-scheduler` (SimpleWorker, JSON); lag = the job's own `time.time()` at start
 minus its target.
@@ -34,13 +34,14 @@ from sqlalchemy import text
 from bench.common import TABLES, Figure, percentile, wait_until
 from bench.procs import ROOT, stop_all
 from duejobs import App
+from duejobs.redis_urls import cluster_url
 
 JOBS = int(os.environ.get("LAG_JOBS", "300"))
 RATE = float(os.environ.get("LAG_RATE", "20"))
 LEAD = 3.0  # seconds before the first job is due, so that everything is running
 
 
-def offsets() -> list[float]:
+def _offsets() -> list[float]:
     rng = random.Random(42)
     return [LEAD + i / RATE + rng.random() / RATE for i in range(JOBS)]
 
@@ -53,9 +54,19 @@ def _paced(call: Callable[[], object]) -> None:
         call()
 
 
-def duejobs_lags(database_url: str, redis_url: str, due_now: bool = False) -> list[float]:
+def duejobs_lags(
+    database_url: str,
+    redis_url: str,
+    due_now: bool = False,
+    queues: tuple[str, ...] = (),
+    worker_flags: tuple[str, ...] = (),
+) -> list[float]:
+    """Each job's start lag (seconds) on the Redis of ``redis_url`` (emptied first, unless a
+    cluster the caller started); ``queues``: the jobs spread over them in turn, the worker
+    serving them all, given ``worker_flags`` too."""
     app = App(database_url=database_url, redis_url=redis_url)
-    Redis.from_url(redis_url).flushdb()
+    if cluster_url(redis_url) is None:
+        Redis.from_url(redis_url).flushdb()
     with app.engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {TABLES}"))
     env = {
@@ -65,19 +76,20 @@ def duejobs_lags(database_url: str, redis_url: str, due_now: bool = False) -> li
         "PYTHONPATH": str(ROOT),
     }
     cmd = [sys.executable, "-m", "duejobs"]
+    serving = [flag for queue in queues for flag in ("--queue", queue)]
+    worker = [*cmd, "worker", "--app", "bench.jobs:app", *worker_flags, *serving]
     procs = [
         subprocess.Popen([*cmd, "scheduler", "--log-level", "warning"], env=env, cwd=ROOT),
-        subprocess.Popen(
-            [*cmd, "worker", "--app", "bench.jobs:app", "--log-level", "warning"], env=env, cwd=ROOT
-        ),
+        subprocess.Popen([*worker, "--log-level", "warning"], env=env, cwd=ROOT),
     ]
+    placed = (lambda n: {"queue": queues[n % len(queues)]}) if queues else (lambda n: {})
     try:
         if due_now:
             _paced(lambda: app.schedule("noop", {}, delay=0))
         else:
             now = app.now()
-            for offset in offsets():
-                app.schedule("noop", {}, run_at=now + timedelta(seconds=offset))
+            for n, offset in enumerate(_offsets()):
+                app.schedule("noop", {}, run_at=now + timedelta(seconds=offset), **placed(n))
         done = text("SELECT count(*) FROM scheduled_jobs WHERE status = 'succeeded'")
 
         def finished() -> bool:
@@ -126,7 +138,7 @@ def rq_lags(redis_url: str, due_now: bool = False) -> list[float]:
             _paced(lambda: queue.enqueue("bench.jobs.stamp", time.time()))
         else:
             start = time.time()
-            for offset in offsets():
+            for offset in _offsets():
                 target = start + offset
                 queue.enqueue_at(datetime.fromtimestamp(target, UTC), "bench.jobs.stamp", target)
         wait_until(
