@@ -8,8 +8,9 @@ they knew a cluster: tests/test_cluster_delivery.py, tests/test_cluster_wire.py)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import text
@@ -24,6 +25,8 @@ from duejobs.worker import Runtime, Worker, WorkerConfig
 from tests.support import wait_for
 from tests.support.apps import register
 from tests.support.cluster import QUEUES, Cluster
+from tests.support.network import free_ports
+from tests.support.processes import Proc
 
 PER_QUEUE = 5
 
@@ -112,3 +115,38 @@ def test_a_node_mapping_beside_a_cluster_is_refused(database_url: str) -> None:
             redis_url="redis+cluster://10.0.0.1:7000",
             redis_nodes={"mail": "redis://10.0.0.9:6379/0"},
         )
+
+
+def test_a_cluster_url_naming_a_server_that_is_no_cluster_ends_a_service_naming_it(
+    spawn: Callable[..., Proc], redis_url: str
+) -> None:
+    """No retry mends it: exit 2 at the start, naming the Redis (no password) and what it
+    answered. Seen failing with the start's check letting redis-py's cluster errors through:
+    a traceback, exit 1."""
+    parts = urlsplit(redis_url)
+    if parts.port is None:
+        pytest.skip("the suite's Redis listens on no TCP port")
+    url = f"redis+cluster://:s3cret@{parts.hostname}:{parts.port}"
+    scheduler = spawn("scheduler", extra_env={"DUEJOBS_REDIS_URL": url})
+    assert scheduler.ended() == 2, scheduler.output()
+    said = scheduler.output()
+    assert "refuses duejobs" in said and "Cluster mode is not enabled" in said, said
+    assert "s3cret" not in said and "Traceback" not in said
+
+
+def test_a_worker_stopped_while_its_cluster_is_away_ends_at_once_and_cleanly(
+    spawn: Callable[..., Proc],
+) -> None:
+    """A worker waiting for its cluster's first answer, SIGTERMed: it ends with 0, having
+    written nothing. Seen failing with its retirement making the cluster's client outside
+    the outage's wait: "ended by RedisClusterUnreachableError", exit 1."""
+    port = free_ports(1)[0]
+    worker = spawn(
+        "worker",
+        "--app",
+        "tests.support.apps:app",
+        extra_env={"DUEJOBS_REDIS_URL": f"redis+cluster://127.0.0.1:{port}"},
+    )
+    wait_for(lambda: "did not answer" in worker.output(), 30, "the worker to wait for Redis")
+    assert worker.stop() == 0, worker.output()
+    assert "Traceback" not in worker.output()

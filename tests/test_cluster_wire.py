@@ -244,3 +244,56 @@ def test_a_watch_whose_client_fails_of_its_own_wakes_the_take_and_goes_on_watchi
         assert [watch.wait(2.0) for _ in range(3)] == [1, 1, 1]
     finally:
         watch.close()
+
+
+def test_a_take_woken_by_a_watch_takes_first_from_the_queue_whose_list_answered(
+    deliverer: Deliverer, cluster_client: RedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Jobs on the first and the last queue, the watch of the last one's list answering
+    first: a take of one takes the last queue's. Seen failing with the calls in the take's
+    usual order (the first queue's job taken)."""
+    wire = RqWire(cluster_client, QUEUES, "w6")
+    last = push_due(QUEUES[-1], -1)
+    answered = wire.queues.index(rq_name(QUEUES[-1], True))  # its default band's list
+    assert wire._watch is not None
+    monkeypatch.setattr(wire._watch, "wait", lambda seconds: answered)
+
+    def jobs_arrive() -> bool:
+        deliverer.push([push_due(QUEUES[0], -1), last], datetime.now(UTC))
+        return True
+
+    try:
+        assert [t.job_id for t in wire.take(1, 1.0, may_block=jobs_arrive)] == [
+            last.delivery.job_id
+        ]
+    finally:
+        wire.retire()
+
+
+class _Timed:
+    """A cluster client of a short socket timeout whose lists never answer, recording the
+    blocks asked for."""
+
+    def __init__(self) -> None:
+        self.blocks: list[float] = []
+
+    def get_connection_kwargs(self) -> dict[str, object]:
+        return {"socket_timeout": 0.4}
+
+    def execute_command(self, *command: object) -> object:
+        block = float(cast(float, command[-1]))
+        self.blocks.append(block)
+        time.sleep(block)
+        return None
+
+
+def test_a_watch_blocks_at_most_half_its_clients_socket_timeout() -> None:
+    """A block as long as the socket timeout would fail as a timeout at every idle wait.
+    Seen failing with the block capped at 1 s whatever the client's timeout."""
+    client = _Timed()
+    watch = Watch(cast(RedisCluster, client), ["a"])
+    try:
+        assert watch.wait(1.0) is None
+        assert client.blocks and max(client.blocks) <= 0.2
+    finally:
+        watch.close()
